@@ -1,0 +1,1 @@
+"""Pagoda's Kubernetes operator: InferenceService objects reconciled into GPU deployments."""

@@ -1,0 +1,33 @@
+"""What one forward step tells the attention kernels about the batch.
+
+The batch is "flat": the new tokens of every scheduled sequence are concatenated, decode
+sequences contributing one token and prefill chunks several. Sequence i owns query rows
+query_start_loc[i]:query_start_loc[i+1]; its keys are the first seq_lens[i] slots named by
+block_tables[i] (cached prefix plus the tokens of this step, which are written to the cache
+before attention runs). Query j of sequence i sits at position seq_lens[i] - query_len_i + j
+and attends causally to keys at positions <= its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # int64 [num_tokens]: block_id * block_size + offset of each new token
+    query_start_loc: torch.Tensor  # int32 [num_seqs + 1]
+    seq_lens: torch.Tensor  # int32 [num_seqs]: context length after this step
+    block_tables: torch.Tensor  # int32 [num_seqs, max_blocks_per_seq], padded with 0
+    max_query_len: int
+    max_seq_len: int
+
+    @property
+    def num_seqs(self) -> int:
+        return self.seq_lens.shape[0]
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.max_query_len == 1

@@ -1,0 +1,69 @@
+"""Typed configuration: the model's architecture and the engine's limits.
+
+Both are plain data built once at the edge (CLI flags, config.json, GGUF metadata) and read
+everywhere else; nothing inside the engine parses strings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3.1 style frequency scaling ("rope_type": "llama3") or linear scaling."""
+
+    rope_type: str
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str  # one of SUPPORTED_ARCHITECTURES
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool = False  # Qwen2 puts a bias on q, k and v
+    rope_scaling: RopeScaling | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "smollm2-135m"
+    served_model_name: str | None = None
+    dtype: str = "auto"  # auto, float32, float16, bfloat16
+    device: str = "auto"  # auto, cpu, cuda, cuda:N
+    quantization: str = "none"
+    max_model_len: int | None = None  # None: the model's own limit
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    block_size: int = 16
+    # Bytes, or a fraction (0, 1] of the device's free memory when <= 1.
+    kv_cache_memory: float = 0.9
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = False
+    seed: int = 0
+    extra: dict = field(default_factory=dict)

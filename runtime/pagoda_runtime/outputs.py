@@ -1,0 +1,41 @@
+"""What the engine hands back: per request, per sample, with timings for the metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Per generated token: the chosen token's logprob and the top-n alternatives {token_id: logprob}.
+TokenLogprobs = dict[int, float]
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] | None = None
+    finish_reason: str | None = None  # "stop", "length", "abort"; None while running
+    stop_reason: int | str | None = None  # the stop string or token id that ended it
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float  # time.monotonic() when the engine accepted the request
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
+
+
+@dataclass
+class RequestOutput:
+    """Cumulative state of a request. In streams, `delta` holds what is new since the last one."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics
+    num_cached_tokens: int = 0
+    delta: list[CompletionOutput] | None = None
