@@ -1,0 +1,338 @@
+"""Open a model source (a Hugging Face folder or a GGUF file): its ModelConfig, its tokenizer and a
+lazy stream of its weights under Hugging Face names.
+
+Everything that can be checked without reading the weights (the architecture, every tensor's
+presence and shape, truncated files) is checked before `load_model_source` returns, so a bad model
+fails at start-up with one sentence; the weights themselves are read one tensor at a time while the
+model consumes them, so a large model never sits in memory twice.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from pagoda_runtime.bundled import resolve_model
+from pagoda_runtime.config import ModelConfig, RopeScaling
+from pagoda_runtime.gguf_reader import GGUFFile
+from pagoda_runtime.tokenizer import Tokenizer
+
+HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
+GGUF_ARCHITECTURES = ("llama", "qwen2")
+_ROPE_TYPES = ("default", "linear", "llama3")
+
+_GGUF_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GGUF_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+class ModelLoadError(ValueError):
+    pass
+
+
+@dataclass
+class LoadedModel:
+    config: ModelConfig
+    weights: Iterator[tuple[str, torch.Tensor]]  # Hugging Face names, each tensor read on demand
+    tokenizer: Tokenizer
+
+
+def load_model_source(path: str | Path, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """`path`: a Hugging Face model folder, a .gguf file, or the bundled model's name."""
+    path = resolve_model(str(path))
+    if path.is_dir():
+        return _load_hf_folder(path, dtype)
+    if path.suffix == ".gguf":
+        return _load_gguf(path, dtype)
+    raise ModelLoadError(f"{path} is neither a Hugging Face model folder nor a .gguf file")
+
+
+def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the model needs, by Hugging Face name, with the shape the config implies."""
+    hidden, inter = config.hidden_size, config.intermediate_size
+    shapes = {"model.embed_tokens.weight": (config.vocab_size, hidden), "model.norm.weight": (hidden,)}
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, hidden)
+    for i in range(config.num_hidden_layers):
+        layer = f"model.layers.{i}."
+        shapes[layer + "input_layernorm.weight"] = (hidden,)
+        shapes[layer + "post_attention_layernorm.weight"] = (hidden,)
+        shapes[layer + "self_attn.q_proj.weight"] = (config.q_size, hidden)
+        shapes[layer + "self_attn.k_proj.weight"] = (config.kv_size, hidden)
+        shapes[layer + "self_attn.v_proj.weight"] = (config.kv_size, hidden)
+        shapes[layer + "self_attn.o_proj.weight"] = (hidden, config.q_size)
+        if config.attention_bias:
+            shapes[layer + "self_attn.q_proj.bias"] = (config.q_size,)
+            shapes[layer + "self_attn.k_proj.bias"] = (config.kv_size,)
+            shapes[layer + "self_attn.v_proj.bias"] = (config.kv_size,)
+        shapes[layer + "mlp.gate_proj.weight"] = (inter, hidden)
+        shapes[layer + "mlp.up_proj.weight"] = (inter, hidden)
+        shapes[layer + "mlp.down_proj.weight"] = (hidden, inter)
+    return shapes
+
+
+def _check_shapes(
+    found: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], where, implied_by: str
+):
+    """`where(name)` names the file holding a tensor, for the error message."""
+    for name, shape in expected.items():
+        if name not in found:
+            raise ModelLoadError(f"{where(name)} has no tensor {name!r}, which {implied_by} requires")
+        if tuple(found[name]) != shape:
+            raise ModelLoadError(
+                f"tensor {name!r} in {where(name)} has shape {list(found[name])}, "
+                f"but {implied_by} implies {list(shape)}"
+            )
+
+
+# ---- Hugging Face folders -------------------------------------------------------------------------
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{path} is not valid JSON ({e}); fix or download the file again") from e
+
+
+def config_from_hf(
+    raw: dict[str, Any], source: Path, generation: dict[str, Any] | None = None
+) -> ModelConfig:
+    architectures = raw.get("architectures") or [raw.get("model_type", "unknown")]
+    architecture = next((HF_ARCHITECTURES[a] for a in architectures if a in HF_ARCHITECTURES), None)
+    if architecture is None:
+        raise ModelLoadError(
+            f"{source} is a {', '.join(architectures)} model; Pagoda supports {', '.join(HF_ARCHITECTURES)}"
+        )
+    if raw.get("hidden_act", "silu") != "silu" or raw.get("mlp_bias", False):
+        raise ModelLoadError(
+            f"{source} asks for hidden_act={raw.get('hidden_act')!r}, mlp_bias={raw.get('mlp_bias', False)}; "
+            "Pagoda supports only the standard SiLU MLP without bias"
+        )
+    heads = raw["num_attention_heads"]
+    # transformers 5 writes rope_parameters; older configs have rope_theta and rope_scaling.
+    rope = raw.get("rope_parameters") or {}
+    scaling = raw.get("rope_scaling") or rope
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type not in _ROPE_TYPES:
+        raise ModelLoadError(
+            f"{source} uses rope scaling {rope_type!r}; Pagoda supports {', '.join(_ROPE_TYPES)}"
+        )
+    rope_scaling = None
+    if rope_type != "default":
+        fields = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+        rope_scaling = RopeScaling(rope_type, **{k: scaling[k] for k in fields if k in scaling})
+    max_positions = raw.get("max_position_embeddings", 4096)
+    sliding = raw.get("sliding_window")
+    if sliding and (architecture == "mistral" or raw.get("use_sliding_window", False)):
+        # Attention is only full-context up to the window; capping the context keeps it exact.
+        max_positions = min(max_positions, sliding)
+    eos = (generation or {}).get("eos_token_id", raw.get("eos_token_id"))
+    return ModelConfig(
+        architecture=architecture,
+        vocab_size=raw["vocab_size"],
+        hidden_size=raw["hidden_size"],
+        intermediate_size=raw["intermediate_size"],
+        num_hidden_layers=raw["num_hidden_layers"],
+        num_attention_heads=heads,
+        num_key_value_heads=raw.get("num_key_value_heads") or heads,
+        head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+        rope_theta=raw.get("rope_theta", rope.get("rope_theta", 10000.0)),
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=raw.get("tie_word_embeddings", False),
+        attention_bias=architecture == "qwen2" or raw.get("attention_bias", False),
+        rope_scaling=rope_scaling,
+        bos_token_id=raw.get("bos_token_id"),
+        eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
+    )
+
+
+def _safetensors_shapes(file: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor shapes from a safetensors header, checking that the file holds all the bytes it promises."""
+    if not file.is_file():
+        raise ModelLoadError(f"weight file {file} is missing; download the model again")
+    size = file.stat().st_size
+    with open(file, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise ModelLoadError(f"{file} is truncated: expected at least 8 bytes but the file has {size}")
+        header_size = struct.unpack("<Q", prefix)[0]
+        if 8 + header_size > size:
+            raise ModelLoadError(
+                f"{file} is truncated: expected a {header_size}-byte safetensors header "
+                f"but the file has {size} bytes"
+            )
+        try:
+            header = json.loads(f.read(header_size))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ModelLoadError(f"{file} is not a safetensors file: its header is not JSON ({e})") from e
+    header.pop("__metadata__", None)
+    data_end = 8 + header_size + max((t["data_offsets"][1] for t in header.values()), default=0)
+    if data_end > size:
+        raise ModelLoadError(
+            f"{file} is truncated: its header describes {data_end} bytes but the file has {size}; "
+            "download it again"
+        )
+    return {name: tuple(t["shape"]) for name, t in header.items()}
+
+
+def _weight_files(folder: Path) -> dict[str, Path]:
+    """Which safetensors file holds each tensor."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = _read_json(index).get("weight_map", {})
+        return {name: folder / file for name, file in weight_map.items()}
+    single = folder / "model.safetensors"
+    if not single.is_file():
+        raise ModelLoadError(
+            f"{folder} has neither model.safetensors nor model.safetensors.index.json; "
+            "Pagoda loads weights from safetensors files"
+        )
+    return dict.fromkeys(_safetensors_shapes(single), single)
+
+
+def _load_hf_folder(folder: Path, dtype: torch.dtype) -> LoadedModel:
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise ModelLoadError(f"{folder} has no config.json; expected a Hugging Face model folder")
+    generation_file = folder / "generation_config.json"
+    generation = _read_json(generation_file) if generation_file.is_file() else None
+    config = config_from_hf(_read_json(config_file), config_file, generation)
+    tokenizer = Tokenizer.from_folder(folder, config.eos_token_ids)
+    config = replace(config, eos_token_ids=tokenizer.eos_token_ids)
+
+    file_of = _weight_files(folder)
+    found: dict[str, tuple[int, ...]] = {}
+    for file in dict.fromkeys(file_of.values()):
+        found.update(_safetensors_shapes(file))
+    expected = expected_weight_shapes(config)
+    _check_shapes(found, expected, lambda name: file_of.get(name, folder), f"{config_file}")
+
+    def weights() -> Iterator[tuple[str, torch.Tensor]]:
+        by_file: dict[Path, list[str]] = {}
+        for name in expected:
+            by_file.setdefault(file_of[name], []).append(name)
+        for file, names in by_file.items():
+            with safe_open(file, framework="pt") as f:
+                for name in names:
+                    yield name, f.get_tensor(name).to(dtype)
+
+    return LoadedModel(config, weights(), tokenizer)
+
+
+# ---- GGUF files -----------------------------------------------------------------------------------
+
+
+def config_from_gguf(gguf: GGUFFile, tokenizer: Tokenizer) -> ModelConfig:
+    meta = gguf.metadata
+    arch = meta.get("general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise ModelLoadError(
+            f"{gguf.path} holds a {arch!r} model; Pagoda reads GGUF files of {', '.join(GGUF_ARCHITECTURES)}"
+        )
+    if "rope_freqs.weight" in gguf.tensors:
+        raise ModelLoadError(
+            f"{gguf.path} carries per-frequency rope factors (Llama 3.1 scaling), "
+            "which Pagoda reads only from "
+            "Hugging Face folders; load the original folder instead"
+        )
+    scaling_type = meta.get(f"{arch}.rope.scaling.type", "none")
+    if scaling_type not in ("none", "linear"):
+        raise ModelLoadError(
+            f"{gguf.path} uses rope scaling {scaling_type!r}; Pagoda reads none or linear from GGUF"
+        )
+    rope_scaling = None
+    if scaling_type == "linear":
+        rope_scaling = RopeScaling("linear", factor=float(meta[f"{arch}.rope.scaling.factor"]))
+    try:
+        hidden = meta[f"{arch}.embedding_length"]
+        heads = meta[f"{arch}.attention.head_count"]
+        return ModelConfig(
+            architecture=arch,
+            vocab_size=meta.get(f"{arch}.vocab_size", len(meta["tokenizer.ggml.tokens"])),
+            hidden_size=hidden,
+            intermediate_size=meta[f"{arch}.feed_forward_length"],
+            num_hidden_layers=meta[f"{arch}.block_count"],
+            num_attention_heads=heads,
+            num_key_value_heads=meta.get(f"{arch}.attention.head_count_kv", heads),
+            head_dim=meta.get(f"{arch}.attention.key_length", hidden // heads),
+            rms_norm_eps=meta[f"{arch}.attention.layer_norm_rms_epsilon"],
+            rope_theta=meta.get(f"{arch}.rope.freq_base", 10000.0),
+            max_position_embeddings=meta[f"{arch}.context_length"],
+            tie_word_embeddings="output.weight" not in gguf.tensors,
+            attention_bias="blk.0.attn_q.bias" in gguf.tensors,
+            rope_scaling=rope_scaling,
+            bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+            eos_token_ids=tokenizer.eos_token_ids,
+        )
+    except KeyError as e:
+        raise ModelLoadError(
+            f"{gguf.path} lacks the metadata key {e.args[0]!r} that a {arch} model needs"
+        ) from e
+
+
+def hf_name_of_gguf(name: str) -> str | None:
+    if name in _GGUF_GLOBAL_NAMES:
+        return _GGUF_GLOBAL_NAMES[name]
+    parts = name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _GGUF_LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_GGUF_LAYER_NAMES[parts[2]]}"
+    return None
+
+
+def unpermute_rotary(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's converter, which reorders each head's q/k rows from HF's rotate-half layout
+    to the interleaved pairs its RoPE expects; works for weights [rows, cols] and biases [rows]."""
+    rows = weight.shape[0]
+    return (
+        weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
+        .transpose(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def _load_gguf(path: Path, dtype: torch.dtype) -> LoadedModel:
+    gguf = GGUFFile(path)
+    tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata, str(path))
+    config = config_from_gguf(gguf, tokenizer)
+    gguf_name = {hf: name for name in gguf.tensors if (hf := hf_name_of_gguf(name))}
+    found = {hf: gguf.tensors[name].shape for hf, name in gguf_name.items()}
+    expected = expected_weight_shapes(config)
+    _check_shapes(found, expected, lambda name: path, f"the {config.architecture} metadata of {path}")
+    # Only llama.cpp's LLaMA converter permutes q/k; Qwen2 files keep the Hugging Face layout.
+    permuted = config.architecture == "llama"
+
+    def weights() -> Iterator[tuple[str, torch.Tensor]]:
+        for hf in expected:
+            tensor = gguf.dequantize(gguf_name[hf])
+            if permuted and ".self_attn.q_proj." in hf:
+                tensor = unpermute_rotary(tensor, config.num_attention_heads)
+            elif permuted and ".self_attn.k_proj." in hf:
+                tensor = unpermute_rotary(tensor, config.num_key_value_heads)
+            yield hf, tensor.to(dtype)
+
+    return LoadedModel(config, weights(), tokenizer)
