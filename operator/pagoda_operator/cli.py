@@ -1,0 +1,66 @@
+"""`pagoda-operator`: runs the kopf handlers with peering, a liveness endpoint and metrics."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+import kopf
+from prometheus_client import start_http_server
+
+PEERING_NAME = "pagoda-operator"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="pagoda-operator", description=__doc__)
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        default=[],
+        help="watch this namespace (repeatable; globs allowed)",
+    )
+    scope.add_argument(
+        "--all-namespaces", "-A", action="store_true", help="watch every namespace (the default)"
+    )
+    p.add_argument(
+        "--standalone",
+        action="store_true",
+        help="no peering: run even if another operator is active (tests, local runs)",
+    )
+    p.add_argument("--peering-name", default=PEERING_NAME, help="the ClusterKopfPeering/KopfPeering object")
+    p.add_argument("--priority", type=int, default=0, help="peering priority; the highest active one works")
+    p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="liveness endpoint URL")
+    p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port (0: none)")
+    p.add_argument("--verbose", "-v", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    import pagoda_operator.handlers  # noqa: F401  (registers the handlers with kopf)
+
+    if args.metrics_port:
+        start_http_server(args.metrics_port)
+    asyncio.run(
+        kopf.operator(
+            clusterwide=not args.namespace,
+            namespaces=args.namespace,
+            standalone=args.standalone,
+            peering_name=args.peering_name,
+            priority=args.priority,
+            liveness_endpoint=args.liveness or None,
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

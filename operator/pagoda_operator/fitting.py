@@ -1,0 +1,24 @@
+"""Whether a variant's model fits its pods, from the spec alone (pagoda_runtime.sizing does the bytes)."""
+
+from __future__ import annotations
+
+from kubernetes.utils import parse_quantity
+from pagoda_runtime.sizing import FitResult, fits
+
+from pagoda_operator.models import InferenceServiceSpec, VariantSpec
+
+
+def capacity_bytes(spec: InferenceServiceSpec) -> int | None:
+    """Memory the model must fit in: one GPU's memory, or the pod's memory on the CPU."""
+    quantity = spec.resources.gpu_memory if spec.resources.gpus else spec.resources.memory
+    return None if quantity is None else int(parse_quantity(str(quantity)))
+
+
+def variant_fit(spec: InferenceServiceSpec, variant: VariantSpec) -> FitResult | None:
+    """None when the spec lacks the architecture or the capacity needed to decide."""
+    arch = spec.model.sizing_architecture()
+    capacity = capacity_bytes(spec)
+    if arch is None or capacity is None:
+        return None
+    max_model_len = spec.model.max_model_len or arch.max_position_embeddings
+    return fits(arch, variant.quantization, max_model_len, capacity)

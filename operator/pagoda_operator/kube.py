@@ -1,0 +1,128 @@
+"""The few Kubernetes API calls the operator makes, as plain JSON over the kubernetes client.
+
+Plain dicts rather than the client's typed models: server-side apply sends exactly the rendered
+manifest, and responses from a newer apiserver never fail to parse.
+"""
+
+from __future__ import annotations
+
+import json
+
+from kubernetes import client, config
+
+from pagoda_operator.models import GROUP, PLURAL, VERSION
+
+FIELD_MANAGER = "pagoda-operator"
+
+# kind → (API prefix, plural) of every child kind the operator manages.
+CHILD_KINDS: dict[str, tuple[str, str]] = {
+    "Deployment": ("/apis/apps/v1", "deployments"),
+    "Service": ("/api/v1", "services"),
+    "HorizontalPodAutoscaler": ("/apis/autoscaling/v2", "horizontalpodautoscalers"),
+    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
+    "ServiceMonitor": ("/apis/monitoring.coreos.com/v1", "servicemonitors"),
+}
+SERVICE_MONITOR_API = ("monitoring.coreos.com", "v1", "servicemonitors")
+
+
+def load_credentials() -> None:
+    """In-cluster credentials in a pod, the kubeconfig elsewhere."""
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+
+
+class Kube:
+    def __init__(self, api_client: client.ApiClient | None = None):
+        self.api = api_client or client.ApiClient()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list | None = None,
+        body=None,
+        content_type: str = "application/json",
+    ) -> dict:
+        method, url, headers, body, _ = self.api.param_serialize(
+            method,
+            path,
+            query_params=query or [],
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(method, url, headers, body)
+        data = response.read()
+        if not 200 <= response.status < 300:
+            raise client.ApiException(status=response.status, reason=response.reason, body=data.decode())
+        return json.loads(data) if data else {}
+
+    def apply(self, manifest: dict) -> dict:
+        prefix, plural = CHILD_KINDS[manifest["kind"]]
+        meta = manifest["metadata"]
+        return self.request(
+            "PATCH",
+            f"{prefix}/namespaces/{meta['namespace']}/{plural}/{meta['name']}",
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            body=manifest,
+            content_type="application/apply-patch+yaml",
+        )
+
+    def list(self, kind: str, namespace: str, label_selector: str) -> list[dict]:
+        prefix, plural = CHILD_KINDS[kind] if kind != "Pod" else ("/api/v1", "pods")
+        found = self.request(
+            "GET", f"{prefix}/namespaces/{namespace}/{plural}", query=[("labelSelector", label_selector)]
+        )
+        return found.get("items", [])
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        prefix, plural = CHILD_KINDS[kind]
+        try:
+            self.request(
+                "DELETE",
+                f"{prefix}/namespaces/{namespace}/{plural}/{name}",
+                body={"propagationPolicy": "Background"},
+            )
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def get_inference_service(self, namespace: str, name: str) -> dict | None:
+        try:
+            return self.request("GET", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}")
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def patch_status(self, namespace: str, name: str, status: dict) -> None:
+        self.request(
+            "PATCH",
+            f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status",
+            body={"status": status},
+            content_type="application/merge-patch+json",
+        )
+
+    def has_api(self, group: str, version: str, plural: str) -> bool:
+        try:
+            resources = self.request("GET", f"/apis/{group}/{version}")
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return any(r.get("name") == plural for r in resources.get("resources", []))
+
+    def ensure_cluster_peering(self, name: str) -> None:
+        """Creates the ClusterKopfPeering object through which replicas elect the active one."""
+        try:
+            self.request(
+                "POST",
+                "/apis/kopf.dev/v1/clusterkopfpeerings",
+                body={"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": name}},
+            )
+        except client.ApiException as exc:
+            if exc.status != 409:
+                raise

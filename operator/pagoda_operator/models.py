@@ -1,0 +1,365 @@
+"""The InferenceService spec and status as pydantic models: parsed once, at the edge.
+
+The CRD's schema is generated from these models (`pagoda_operator.crd`), so every description
+here is what `kubectl explain inferenceservice.spec...` shows, and the defaults here are the
+defaults the apiserver fills in.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pagoda_runtime.sizing import KNOWN_ARCHITECTURES, ModelArchitecture
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "pagoda.dev"
+VERSION = "v1alpha1"
+KIND = "InferenceService"
+PLURAL = "inferenceservices"
+
+DEFAULT_RUNTIME_IMAGE = "pagoda-runtime:0.1.0"
+SOURCE_PATTERN = (
+    r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?|file:///.+|hf://[^/\s]+/[^/\s]+|bundled://[a-z0-9.-]+)$"
+)
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+Quantization = Literal["none", "int8", "int4", "fp8", "awq", "gptq"]
+
+
+def _rules(*rules: tuple[str, str]) -> dict:
+    return {"x-kubernetes-validations": [{"rule": rule, "message": message} for rule, message in rules]}
+
+
+class Spec(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+
+class SecretKeyRef(Spec):
+    name: str = Field(description="Name of a Secret in the InferenceService's namespace.", min_length=1)
+    key: str = Field(description="Key inside the Secret whose value is used.", min_length=1)
+
+
+class ArchitectureSpec(Spec):
+    num_layers: int = Field(ge=1, description="Number of decoder layers (num_hidden_layers).")
+    hidden_size: int = Field(ge=1, description="Width of the residual stream (hidden_size).")
+    intermediate_size: int = Field(ge=1, description="Width of the MLP (intermediate_size).")
+    num_attention_heads: int = Field(ge=1, description="Number of query heads.")
+    num_key_value_heads: int = Field(ge=1, description="Number of key/value heads (grouped-query attention).")
+    head_dim: int = Field(ge=1, description="Size of one attention head.")
+    vocab_size: int = Field(ge=1, description="Number of tokens in the vocabulary.")
+    tie_word_embeddings: bool = Field(
+        default=False, description="Whether the LM head shares the input embedding matrix."
+    )
+    max_position_embeddings: int = Field(ge=1, description="Longest context the model was trained for.")
+    attention_bias: bool = Field(
+        default=False, description="Whether q, k and v projections have a bias (Qwen2)."
+    )
+
+    def to_sizing(self) -> ModelArchitecture:
+        return ModelArchitecture(
+            num_layers=self.num_layers,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_attention_heads=self.num_attention_heads,
+            num_kv_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            vocab_size=self.vocab_size,
+            tie_word_embeddings=self.tie_word_embeddings,
+            max_position_embeddings=self.max_position_embeddings,
+            attention_bias=self.attention_bias,
+        )
+
+
+class ModelCacheSpec(Spec):
+    claim_name: str | None = Field(
+        default=None,
+        description="PersistentVolumeClaim that keeps downloads across restarts (ReadWriteMany when "
+        "there is more than one replica); an emptyDir per pod when unset.",
+    )
+    size_limit: str = Field(default="100Gi", description="Size limit of the emptyDir download cache.")
+
+
+class ModelSpec(Spec):
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            (
+                "self.source.startsWith('hf://') || (!has(self.tokenSecretRef) && !has(self.revision) "
+                "&& !has(self.cache))",
+                "tokenSecretRef, revision and cache apply only to hf:// sources",
+            ),
+            (
+                "!has(self.family) || !has(self.architecture)",
+                "give either family or architecture, not both",
+            ),
+        )
+    )
+
+    source: str = Field(
+        pattern=SOURCE_PATTERN,
+        description="Where the model comes from: pvc://claim/path (mounted read-only), file:///path "
+        "(baked into the image), hf://org/name (downloaded by an init container) or bundled://smollm2-135m "
+        "(the small model shipped in the runtime image).",
+    )
+    served_name: str | None = Field(
+        default=None,
+        description="Model name clients send in requests; defaults to the InferenceService's name.",
+    )
+    max_model_len: int | None = Field(
+        default=None,
+        ge=16,
+        description="Longest prompt plus completion in tokens; defaults to the model's own limit.",
+    )
+    family: str | None = Field(
+        default=None,
+        description="Known model family whose architecture sizes the pods: "
+        + ", ".join(KNOWN_ARCHITECTURES)
+        + ". Without family or architecture the operator cannot check that the model fits.",
+        json_schema_extra={"enum": list(KNOWN_ARCHITECTURES)},
+    )
+    architecture: ArchitectureSpec | None = Field(
+        default=None, description="The model's shape, for models that are not a known family."
+    )
+    revision: str | None = Field(default=None, description="Branch, tag or commit of an hf:// model.")
+    token_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Secret holding a Hugging Face token, for gated or private hf:// models."
+    )
+    cache: ModelCacheSpec | None = Field(default=None, description="Where an hf:// model is downloaded to.")
+
+    @field_validator("family")
+    @classmethod
+    def _known_family(cls, family: str | None) -> str | None:
+        if family is not None and family not in KNOWN_ARCHITECTURES:
+            raise ValueError(f"unknown family {family!r}; use one of {', '.join(KNOWN_ARCHITECTURES)}")
+        return family
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelSpec:
+        if not self.source.startswith("hf://") and (self.token_secret_ref or self.revision or self.cache):
+            raise ValueError("tokenSecretRef, revision and cache apply only to hf:// sources")
+        if self.family and self.architecture:
+            raise ValueError("give either family or architecture, not both")
+        return self
+
+    @property
+    def scheme(self) -> str:
+        return self.source.split("://", 1)[0]
+
+    def sizing_architecture(self) -> ModelArchitecture | None:
+        if self.architecture is not None:
+            return self.architecture.to_sizing()
+        return KNOWN_ARCHITECTURES.get(self.family) if self.family else None
+
+
+class EnvVar(Spec):
+    name: str = Field(min_length=1, description="Environment variable name.")
+    value: str = Field(default="", description="Environment variable value.")
+
+
+class RuntimeSpec(Spec):
+    image: str = Field(default=DEFAULT_RUNTIME_IMAGE, description="The pagoda-runtime container image.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        default="IfNotPresent", description="When the kubelet pulls the image."
+    )
+    image_pull_secrets: list[str] = Field(default=[], description="Secrets for pulling the image.")
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        default="auto", description="Activation and unquantized weight dtype."
+    )
+    max_num_seqs: int = Field(default=256, ge=1, description="Most sequences batched together per step.")
+    max_num_batched_tokens: int = Field(default=8192, ge=1, description="Token budget of one engine step.")
+    block_size: int = Field(default=16, ge=1, description="Tokens per KV cache block.")
+    kv_cache_memory: float = Field(
+        default=0.9, gt=0, description="KV cache size: bytes, or a fraction (0, 1] of the free device memory."
+    )
+    enable_prefix_caching: bool = Field(
+        default=True, description="Reuse KV blocks of shared prompt prefixes."
+    )
+    max_queue: int | None = Field(
+        default=None,
+        ge=0,
+        description="Waiting requests beyond which new ones get HTTP 429; unlimited when unset.",
+    )
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Secret whose value clients must send as a bearer token on /v1/*."
+    )
+    log_format: Literal["text", "json"] = Field(default="json", description="Runtime log format.")
+    startup_timeout_seconds: int = Field(
+        default=1800, ge=60, description="How long a pod may take to load its model before it is restarted."
+    )
+    extra_args: list[str] = Field(default=[], description="More pagoda-runtime serve flags, appended last.")
+    env: list[EnvVar] = Field(default=[], description="More environment variables for the runtime container.")
+
+
+class ReplicaRange(Spec):
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            ("self.min <= self.max", "replicas.min must not exceed replicas.max"),
+            (
+                "self.min >= 1 || self.min == self.max",
+                "replicas.min must be at least 1 when the variant autoscales (max > min)",
+            ),
+        )
+    )
+
+    min: int = Field(default=1, ge=0, description="Fewest replicas; the autoscaler never goes below it.")
+    max: int = Field(default=1, ge=0, description="Most replicas; equal to min disables autoscaling.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ReplicaRange:
+        if self.min > self.max:
+            raise ValueError(f"replicas.min ({self.min}) must not exceed replicas.max ({self.max})")
+        if self.min == 0 and self.max > 0:
+            raise ValueError("replicas.min must be at least 1 when the variant autoscales (max > min)")
+        return self
+
+
+class VariantSpec(Spec):
+    name: str = Field(
+        pattern=DNS_LABEL, max_length=20, description="Variant name, used in child object names and labels."
+    )
+    quantization: Quantization = Field(default="none", description="Weight quantization of this variant.")
+    replicas: ReplicaRange = Field(default=ReplicaRange(), description="Replica range of this variant.")
+
+
+class ResourcesSpec(Spec):
+    gpus: int = Field(
+        default=1,
+        ge=0,
+        le=1,
+        description="GPUs per pod: 1, or 0 to run on the CPU. The runtime uses one device; "
+        "scale out with replicas.",
+    )
+    gpu_product: str | None = Field(
+        default=None, description="Value of the nvidia.com/gpu.product node label the pods must run on."
+    )
+    gpu_memory: str | int | None = Field(
+        default=None,
+        description="Memory of one GPU (a quantity such as 80Gi), used to check that variants fit.",
+    )
+    cpu: str | int | None = Field(default=None, description="CPU request of each pod.")
+    memory: str | int | None = Field(
+        default=None,
+        description="Memory request and limit of each pod; the capacity CPU variants are sized against.",
+    )
+
+
+class AutoscalingSpec(Spec):
+    enabled: bool = Field(
+        default=True, description="Create a HorizontalPodAutoscaler for variants with max > min."
+    )
+    target_queue_depth: int = Field(
+        default=4,
+        ge=1,
+        description="Waiting requests per pod (pagoda_num_requests_waiting) the autoscaler aims for.",
+    )
+    scale_up_stabilization_seconds: int = Field(
+        default=0, ge=0, le=3600, description="Window of recommendations considered before scaling up."
+    )
+    scale_down_stabilization_seconds: int = Field(
+        default=300, ge=0, le=3600, description="Window of recommendations considered before scaling down."
+    )
+
+
+class DrainSpec(Spec):
+    timeout_seconds: int = Field(
+        default=120, ge=0, description="How long a stopping pod keeps finishing accepted requests."
+    )
+    endpoint_removal_seconds: int = Field(
+        default=10,
+        ge=0,
+        description="How long a stopping pod keeps serving before it drains, so Services and load balancers "
+        "stop sending it traffic first (the preStop sleep).",
+    )
+
+
+class Toleration(Spec):
+    key: str | None = Field(
+        default=None, description="Taint key the toleration matches; empty matches all keys."
+    )
+    operator: Literal["Exists", "Equal"] = Field(default="Equal", description="Exists or Equal.")
+    value: str | None = Field(default=None, description="Taint value to match with operator Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to match; empty matches all effects."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, description="How long a NoExecute taint is tolerated before eviction."
+    )
+
+
+class SchedulingSpec(Spec):
+    node_selector: dict[str, str] = Field(default={}, description="Node labels the pods must run on.")
+    tolerations: list[Toleration] = Field(default=[], description="Taints the pods tolerate.")
+    priority_class_name: str | None = Field(default=None, description="PriorityClass of the pods.")
+
+
+class MonitoringSpec(Spec):
+    service_monitor: bool = Field(
+        default=True,
+        description="Create a Prometheus Operator ServiceMonitor (when the monitoring.coreos.com CRD "
+        "exists).",
+    )
+    interval: str = Field(default="15s", pattern=r"^[0-9]+(ms|s|m)$", description="Scrape interval.")
+
+
+class InferenceServiceSpec(Spec):
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            (
+                "self.variants.all(v, self.variants.exists_one(w, w.name == v.name))",
+                "variant names must be unique",
+            ),
+        )
+    )
+
+    model: ModelSpec = Field(description="The model to serve.")
+    runtime: RuntimeSpec = Field(
+        default=RuntimeSpec(), description="The pagoda-runtime container and its engine."
+    )
+    variants: list[VariantSpec] = Field(
+        min_length=1,
+        max_length=8,
+        description="Quantization variants served side by side behind one Service, each its own Deployment.",
+    )
+    resources: ResourcesSpec = Field(default=ResourcesSpec(), description="Resources of each pod.")
+    autoscaling: AutoscalingSpec = Field(default=AutoscalingSpec(), description="Autoscaling on queue depth.")
+    drain: DrainSpec = Field(default=DrainSpec(), description="Graceful shutdown of pods.")
+    scheduling: SchedulingSpec = Field(default=SchedulingSpec(), description="Where the pods may run.")
+    monitoring: MonitoringSpec = Field(default=MonitoringSpec(), description="Prometheus scraping.")
+
+    @field_validator("variants")
+    @classmethod
+    def _unique_names(cls, variants: list[VariantSpec]) -> list[VariantSpec]:
+        names = [v.name for v in variants]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"variant names must be unique; repeated: {', '.join(duplicates)}")
+        return variants
+
+
+class Condition(Spec):
+    type: str = Field(description="Ready, Progressing, Degraded or ModelFits.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="One CamelCase word saying why.")
+    message: str = Field(default="", description="What happened, for humans.")
+    last_transition_time: str | None = Field(default=None, description="When the status last changed.")
+    observed_generation: int | None = Field(
+        default=None, description="The generation this condition is about."
+    )
+
+
+class VariantStatus(Spec):
+    name: str = Field(description="Variant name.")
+    replicas: int = Field(default=0, description="Pods of this variant.")
+    ready_replicas: int = Field(default=0, description="Pods of this variant that are ready to serve.")
+    fits: bool | None = Field(default=None, description="Whether the model fits this variant's pods.")
+
+
+class InferenceServiceStatus(Spec):
+    conditions: list[Condition] = Field(default=[], description="Ready, Progressing, Degraded and ModelFits.")
+    variants: list[VariantStatus] = Field(default=[], description="Replicas per variant.")
+    url: str | None = Field(default=None, description="In-cluster base URL of the OpenAI-compatible API.")
+    observed_generation: int | None = Field(default=None, description="The spec generation last reconciled.")
+    variant_names: str | None = Field(default=None, description="Variant names, comma-separated (printed).")
+    replica_summary: str | None = Field(
+        default=None, description="Ready replicas over desired replicas (printed)."
+    )

@@ -1,0 +1,448 @@
+"""InferenceService → the child manifests that serve it. Pure: no I/O, same input, same output.
+
+Per variant: a Deployment, a Service, a PodDisruptionBudget and (when it autoscales) an HPA on
+queue depth. Over all variants: one Service, and a ServiceMonitor when Prometheus Operator is
+installed. A variant whose model cannot fit its pods gets no workload at all: pods that can only
+crash-loop help nobody, and the status says why.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pagoda_operator.fitting import variant_fit
+from pagoda_operator.models import GROUP, KIND, VERSION, InferenceServiceSpec, VariantSpec
+
+PORT = 8000
+QUEUE_METRIC = "pagoda_num_requests_waiting"
+RUNTIME_CONTAINER = "runtime"
+RUNTIME_UID = 10001  # the user images/runtime.Dockerfile creates
+TERMINATION_LOG = "/dev/termination-log"
+MODEL_MOUNT = "/models"
+CACHE_MOUNT = "/cache"
+SHUTDOWN_MARGIN_SECONDS = 15
+PROBE_PERIOD_SECONDS = 10
+LABEL_ISVC = f"{GROUP}/inference-service"
+LABEL_VARIANT = f"{GROUP}/variant"
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    service_monitor: bool = False  # whether the monitoring.coreos.com CRD exists
+
+
+def variant_object_name(name: str, variant: str) -> str:
+    return f"{name}-{variant}"
+
+
+def service_url(name: str, namespace: str) -> str:
+    return f"http://{name}.{namespace}.svc:{PORT}/v1"
+
+
+def selector_labels(name: str, variant: str | None = None) -> dict[str, str]:
+    labels = {LABEL_ISVC: name}
+    if variant is not None:
+        labels[LABEL_VARIANT] = variant
+    return labels
+
+
+def _labels(name: str, variant: str | None = None) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "pagoda-runtime",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": "inference-server",
+        "app.kubernetes.io/part-of": "pagoda",
+        "app.kubernetes.io/managed-by": "pagoda-operator",
+        **selector_labels(name, variant),
+    }
+
+
+def _metadata(object_name: str, namespace: str, name: str, uid: str, variant: str | None) -> dict:
+    return {
+        "name": object_name,
+        "namespace": namespace,
+        "labels": _labels(name, variant),
+        "ownerReferences": [
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": KIND,
+                "name": name,
+                "uid": uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ],
+    }
+
+
+def _model_argument(spec: InferenceServiceSpec) -> str:
+    scheme, rest = spec.model.source.split("://", 1)
+    if scheme == "pvc":
+        _claim, _, path = rest.partition("/")
+        return f"{MODEL_MOUNT}/{path}".rstrip("/")
+    if scheme == "hf":
+        return f"{MODEL_MOUNT}/{rest}"
+    return rest  # file:///x keeps its leading slash; bundled://name is the runtime's own name
+
+
+def runtime_args(spec: InferenceServiceSpec, variant: VariantSpec, served_name: str) -> list[str]:
+    rt = spec.runtime
+    args = [
+        "serve",
+        "--model",
+        _model_argument(spec),
+        "--served-model-name",
+        served_name,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(PORT),
+        "--device",
+        "cuda" if spec.resources.gpus else "cpu",
+        "--dtype",
+        rt.dtype,
+        "--quantization",
+        variant.quantization,
+    ]
+    if spec.model.max_model_len is not None:
+        args += ["--max-model-len", str(spec.model.max_model_len)]
+    args += [
+        "--max-num-seqs",
+        str(rt.max_num_seqs),
+        "--max-num-batched-tokens",
+        str(rt.max_num_batched_tokens),
+        "--block-size",
+        str(rt.block_size),
+        "--kv-cache-memory",
+        str(rt.kv_cache_memory),
+        "--enable-prefix-caching" if rt.enable_prefix_caching else "--no-enable-prefix-caching",
+    ]
+    if rt.max_queue is not None:
+        args += ["--max-queue", str(rt.max_queue)]
+    args += [
+        "--drain-timeout",
+        str(spec.drain.timeout_seconds),
+        "--termination-log",
+        TERMINATION_LOG,
+        "--log-format",
+        rt.log_format,
+    ]
+    return args + list(rt.extra_args)
+
+
+_CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+}
+
+
+def _resources(spec: InferenceServiceSpec) -> dict:
+    res = spec.resources
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if res.cpu is not None:
+        requests["cpu"] = str(res.cpu)
+    if res.memory is not None:
+        requests["memory"] = limits["memory"] = str(res.memory)
+    if res.gpus:
+        requests["nvidia.com/gpu"] = limits["nvidia.com/gpu"] = str(res.gpus)
+    out = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _http_probe(path: str, period: int, failures: int, timeout: int) -> dict:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": timeout,
+        "failureThreshold": failures,
+    }
+
+
+def _runtime_container(spec: InferenceServiceSpec, variant: VariantSpec, served_name: str) -> dict:
+    rt = spec.runtime
+    env = [
+        {"name": "HOME", "value": CACHE_MOUNT},
+        {"name": "XDG_CACHE_HOME", "value": CACHE_MOUNT},
+        {"name": "TRITON_CACHE_DIR", "value": f"{CACHE_MOUNT}/triton"},
+    ]
+    if rt.api_key_secret_ref is not None:
+        ref = rt.api_key_secret_ref
+        env.append(
+            {"name": "PAGODA_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+        )
+    env += [{"name": e.name, "value": e.value} for e in rt.env]
+    mounts = [
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "cache", "mountPath": CACHE_MOUNT},
+    ]
+    if spec.model.scheme in ("pvc", "hf"):
+        mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+    container = {
+        "name": RUNTIME_CONTAINER,
+        "image": rt.image,
+        "imagePullPolicy": rt.image_pull_policy,
+        "command": ["pagoda-runtime"],
+        "args": runtime_args(spec, variant, served_name),
+        "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
+        "env": env,
+        "resources": _resources(spec),
+        "volumeMounts": mounts,
+        # Model loading can take many minutes; liveness only starts once the pod was ready once.
+        "startupProbe": _http_probe(
+            "/health/ready",
+            PROBE_PERIOD_SECONDS,
+            math.ceil(rt.startup_timeout_seconds / PROBE_PERIOD_SECONDS),
+            5,
+        ),
+        "readinessProbe": _http_probe("/health/ready", 5, 2, 3),
+        # A busy engine still beats its heartbeat; a minute of silence means it is stuck.
+        "livenessProbe": _http_probe("/health/live", PROBE_PERIOD_SECONDS, 6, 5),
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": _CONTAINER_SECURITY,
+    }
+    if spec.drain.endpoint_removal_seconds:
+        # The runtime drains on SIGTERM; keep serving until endpoints controllers and load
+        # balancers have stopped routing here, or requests arriving meanwhile get a 503.
+        container["lifecycle"] = {"preStop": {"sleep": {"seconds": spec.drain.endpoint_removal_seconds}}}
+    return container
+
+
+def _download_container(spec: InferenceServiceSpec) -> dict:
+    model = spec.model
+    repo = model.source.removeprefix("hf://")
+    command = ["hf", "download", repo, "--local-dir", f"{MODEL_MOUNT}/{repo}"]
+    if model.revision:
+        command += ["--revision", model.revision]
+    env = [
+        {"name": "HF_HUB_OFFLINE", "value": "0"},
+        {"name": "HF_HOME", "value": f"{CACHE_MOUNT}/huggingface"},
+        {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
+    ]
+    if model.token_secret_ref is not None:
+        ref = model.token_secret_ref
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    return {
+        "name": "download-model",
+        "image": spec.runtime.image,
+        "imagePullPolicy": spec.runtime.image_pull_policy,
+        "command": command,
+        "env": env,
+        "volumeMounts": [
+            {"name": "model", "mountPath": MODEL_MOUNT},
+            {"name": "cache", "mountPath": CACHE_MOUNT},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": _CONTAINER_SECURITY,
+    }
+
+
+def _volumes(spec: InferenceServiceSpec) -> list[dict]:
+    volumes = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "cache", "emptyDir": {}},
+    ]
+    model = spec.model
+    if model.scheme == "pvc":
+        claim = model.source.removeprefix("pvc://").partition("/")[0]
+        volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+    elif model.scheme == "hf":
+        cache = model.cache
+        if cache is not None and cache.claim_name:
+            volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": cache.claim_name}})
+        else:
+            size = cache.size_limit if cache is not None else "100Gi"
+            volumes.append({"name": "model", "emptyDir": {"sizeLimit": size}})
+    return volumes
+
+
+def _pod_spec(spec: InferenceServiceSpec, variant: VariantSpec, served_name: str) -> dict:
+    sched = spec.scheduling
+    node_selector = dict(sched.node_selector)
+    tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in sched.tolerations]
+    if spec.resources.gpus:
+        if spec.resources.gpu_product:
+            node_selector["nvidia.com/gpu.product"] = spec.resources.gpu_product
+        tolerations.append({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})
+    pod = {
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUNTIME_UID,
+            "runAsGroup": RUNTIME_UID,
+            "fsGroup": RUNTIME_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": (
+            spec.drain.endpoint_removal_seconds + spec.drain.timeout_seconds + SHUTDOWN_MARGIN_SECONDS
+        ),
+        "containers": [_runtime_container(spec, variant, served_name)],
+        "volumes": _volumes(spec),
+    }
+    if spec.model.scheme == "hf":
+        pod["initContainers"] = [_download_container(spec)]
+    if node_selector:
+        pod["nodeSelector"] = node_selector
+    if tolerations:
+        pod["tolerations"] = tolerations
+    if sched.priority_class_name:
+        pod["priorityClassName"] = sched.priority_class_name
+    if spec.runtime.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": s} for s in spec.runtime.image_pull_secrets]
+    return pod
+
+
+def autoscales(spec: InferenceServiceSpec, variant: VariantSpec) -> bool:
+    return spec.autoscaling.enabled and variant.replicas.max > variant.replicas.min
+
+
+def _deployment(spec, variant, *, namespace, name, uid, served_name) -> dict:
+    object_name = variant_object_name(name, variant.name)
+    deployment_spec = {
+        "selector": {"matchLabels": selector_labels(name, variant.name)},
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+        # Loading a model may take the whole startup timeout; only then is a rollout stuck.
+        "progressDeadlineSeconds": spec.runtime.startup_timeout_seconds + 300,
+        "template": {
+            "metadata": {
+                "labels": _labels(name, variant.name),
+                "annotations": {
+                    "kubectl.kubernetes.io/default-container": RUNTIME_CONTAINER,
+                    "prometheus.io/scrape": "true",
+                    "prometheus.io/port": str(PORT),
+                    "prometheus.io/path": "/metrics",
+                },
+            },
+            "spec": _pod_spec(spec, variant, served_name),
+        },
+    }
+    if not autoscales(spec, variant):
+        # Left out when the HPA owns the replica count, so that re-applying does not fight it.
+        deployment_spec["replicas"] = variant.replicas.min
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(object_name, namespace, name, uid, variant.name),
+        "spec": deployment_spec,
+    }
+
+
+def _service(object_name, selector, *, namespace, name, uid, variant) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(object_name, namespace, name, uid, variant),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector,
+            "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def _hpa(spec, variant, *, namespace, name, uid) -> dict:
+    object_name = variant_object_name(name, variant.name)
+    scaling = spec.autoscaling
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": _metadata(object_name, namespace, name, uid, variant.name),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": object_name},
+            "minReplicas": variant.replicas.min,
+            "maxReplicas": variant.replicas.max,
+            "metrics": [
+                {
+                    "type": "Pods",
+                    "pods": {
+                        "metric": {"name": QUEUE_METRIC},
+                        "target": {"type": "AverageValue", "averageValue": str(scaling.target_queue_depth)},
+                    },
+                }
+            ],
+            "behavior": {
+                # A queue means users are waiting now: double (or add 4 pods) every 15 s.
+                "scaleUp": {
+                    "stabilizationWindowSeconds": scaling.scale_up_stabilization_seconds,
+                    "selectPolicy": "Max",
+                    "policies": [
+                        {"type": "Percent", "value": 100, "periodSeconds": 15},
+                        {"type": "Pods", "value": 4, "periodSeconds": 15},
+                    ],
+                },
+                # GPU pods are slow to come back: remove one per minute after a quiet window.
+                "scaleDown": {
+                    "stabilizationWindowSeconds": scaling.scale_down_stabilization_seconds,
+                    "selectPolicy": "Min",
+                    "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}],
+                },
+            },
+        },
+    }
+
+
+def _pdb(variant, *, namespace, name, uid) -> dict:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(variant_object_name(name, variant.name), namespace, name, uid, variant.name),
+        "spec": {
+            # One pod at a time: node drains proceed, capacity never drops by more than one pod.
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector_labels(name, variant.name)},
+            # A pod that is not serving anyway must not block a node drain.
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
+def _service_monitor(spec, *, namespace, name, uid) -> dict:
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": _metadata(name, namespace, name, uid, None),
+        "spec": {
+            # The variant Services only: the all-variant Service would scrape every pod twice.
+            "selector": {
+                "matchLabels": selector_labels(name),
+                "matchExpressions": [{"key": LABEL_VARIANT, "operator": "Exists"}],
+            },
+            "endpoints": [{"port": "http", "path": "/metrics", "interval": spec.monitoring.interval}],
+        },
+    }
+
+
+def servable_variants(spec: InferenceServiceSpec) -> list[VariantSpec]:
+    """Variants that get pods: all but those whose model is known not to fit."""
+    return [v for v in spec.variants if (fit := variant_fit(spec, v)) is None or fit.fits]
+
+
+def render(
+    spec: InferenceServiceSpec, *, namespace: str, name: str, uid: str, options: RenderOptions
+) -> list[dict]:
+    served_name = spec.model.served_name or name
+    ids = {"namespace": namespace, "name": name, "uid": uid}
+    objects = [_service(name, selector_labels(name), variant=None, **ids)]
+    for variant in servable_variants(spec):
+        object_name = variant_object_name(name, variant.name)
+        objects.append(_deployment(spec, variant, served_name=served_name, **ids))
+        objects.append(
+            _service(object_name, selector_labels(name, variant.name), variant=variant.name, **ids)
+        )
+        objects.append(_pdb(variant, **ids))
+        if autoscales(spec, variant):
+            objects.append(_hpa(spec, variant, **ids))
+    if options.service_monitor and spec.monitoring.service_monitor:
+        objects.append(_service_monitor(spec, **ids))
+    return objects

@@ -1,0 +1,187 @@
+"""The InferenceService's status from what the cluster reports. Pure: objects in, status dict out.
+
+Conditions keep their lastTransitionTime while their status stays the same, so recomputing the
+status of a settled service yields exactly the stored one and the handler writes nothing.
+"""
+
+from __future__ import annotations
+
+from pagoda_operator.fitting import variant_fit
+from pagoda_operator.models import InferenceServiceSpec
+from pagoda_operator.render import LABEL_VARIANT, servable_variants, service_url, variant_object_name
+
+# Container waiting reasons that mean the pod will not get better on its own.
+_STUCK_REASONS = (
+    "CrashLoopBackOff",
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+)
+
+
+def _condition(type_: str, status: bool | None, reason: str, message: str) -> dict:
+    return {
+        "type": type_,
+        "status": "Unknown" if status is None else str(status),
+        "reason": reason,
+        "message": message,
+    }
+
+
+def model_fits_condition(spec: InferenceServiceSpec) -> dict:
+    misfits, unknown = [], []
+    for variant in spec.variants:
+        fit = variant_fit(spec, variant)
+        if fit is None:
+            unknown.append(variant.name)
+        elif not fit.fits:
+            misfits.append(f"variant {variant.name} ({variant.quantization}) {fit.describe()}")
+    if misfits:
+        return _condition(
+            "ModelFits",
+            False,
+            "InsufficientMemory",
+            "; ".join(misfits) + ": pick a smaller quantization, a shorter maxModelLen or a larger GPU",
+        )
+    if unknown:
+        return _condition(
+            "ModelFits",
+            None,
+            "SizeUnknown",
+            f"cannot size variants {', '.join(unknown)}: set model.family or model.architecture, and "
+            "resources.gpuMemory (resources.memory for CPU pods)",
+        )
+    return _condition("ModelFits", True, "Fits", "every variant fits its pods")
+
+
+def pod_problems(pods: list[dict]) -> list[tuple[str, str]]:
+    """(reason, message) for each pod that is stuck, most telling message first per pod."""
+    problems = []
+    for pod in pods:
+        pod_name = pod["metadata"]["name"]
+        status = pod.get("status", {})
+        for cond in status.get("conditions", []):
+            if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
+                problems.append(("Unschedulable", f"pod {pod_name}: {cond.get('message', '')}".strip()))
+        for cs in status.get("initContainerStatuses", []) + status.get("containerStatuses", []):
+            waiting = cs.get("state", {}).get("waiting") or {}
+            reason = waiting.get("reason")
+            if reason not in _STUCK_REASONS:
+                continue
+            terminated = cs.get("lastState", {}).get("terminated") or {}
+            # The runtime writes its fatal start-up error to the termination log: the real cause.
+            detail = (terminated.get("message") or waiting.get("message") or "").strip()
+            problems.append((reason, f"pod {pod_name} container {cs['name']}: {detail}".rstrip(": ")))
+    return problems
+
+
+def _variant_status(name: str, variant, deployments: dict[str, dict], fit) -> dict:
+    deployment = deployments.get(variant_object_name(name, variant.name), {})
+    dep_status = deployment.get("status", {})
+    entry = {
+        "name": variant.name,
+        "replicas": dep_status.get("replicas", 0),
+        "readyReplicas": dep_status.get("readyReplicas", 0),
+    }
+    if fit is not None:
+        entry["fits"] = fit.fits
+    return entry
+
+
+def _rolling_out(deployment: dict) -> bool:
+    spec, status = deployment.get("spec", {}), deployment.get("status", {})
+    desired = spec.get("replicas", 1)
+    return (
+        status.get("observedGeneration", 0) < deployment["metadata"].get("generation", 0)
+        or status.get("updatedReplicas", 0) < desired
+        or status.get("replicas", 0) > desired
+        or status.get("readyReplicas", 0) < desired
+    )
+
+
+def compute_status(
+    spec: InferenceServiceSpec,
+    *,
+    namespace: str,
+    name: str,
+    generation: int,
+    deployments: list[dict],
+    pods: list[dict],
+    previous: dict | None,
+    now: str,
+) -> dict:
+    by_name = {d["metadata"]["name"]: d for d in deployments}
+    servable = servable_variants(spec)
+    variants = [_variant_status(name, v, by_name, variant_fit(spec, v)) for v in spec.variants]
+
+    missing = [v.name for v in servable if variant_object_name(name, v.name) not in by_name]
+    rolling = [
+        v.name for v in servable if (d := by_name.get(variant_object_name(name, v.name))) and _rolling_out(d)
+    ]
+    if missing or rolling:
+        progressing = _condition(
+            "Progressing", True, "RollingOut", f"variants rolling out: {', '.join(missing + rolling)}"
+        )
+    else:
+        progressing = _condition("Progressing", False, "Stable", "every variant has its desired replicas")
+
+    servable_names = {v.name for v in servable}
+    own_pods = [p for p in pods if p["metadata"].get("labels", {}).get(LABEL_VARIANT) in servable_names]
+    problems = pod_problems(own_pods)
+    if problems:
+        degraded = _condition("Degraded", True, problems[0][0], "; ".join(message for _, message in problems))
+    else:
+        degraded = _condition("Degraded", False, "Healthy", "no pod is failing")
+
+    fits = model_fits_condition(spec)
+    not_ready = [
+        entry["name"]
+        for entry in variants
+        if entry["name"] in servable_names
+        and (entry["name"] in missing or entry["readyReplicas"] < 1)
+        and not _scaled_to_zero(by_name.get(variant_object_name(name, entry["name"])))
+    ]
+    if not servable:
+        ready = _condition("Ready", False, "NoVariantFits", fits["message"])
+    elif not_ready:
+        reason = degraded["reason"] if problems else "Starting"
+        ready = _condition("Ready", False, reason, f"variants not ready: {', '.join(not_ready)}")
+    else:
+        ready = _condition("Ready", True, "Serving", f"serving at {service_url(name, namespace)}")
+
+    previous = previous or {}
+    old_conditions = {c["type"]: c for c in previous.get("conditions", [])}
+    conditions = []
+    for cond in (ready, progressing, degraded, fits):
+        old = old_conditions.get(cond["type"])
+        cond["lastTransitionTime"] = (
+            old["lastTransitionTime"] if old and old.get("status") == cond["status"] else now
+        )
+        cond["observedGeneration"] = generation
+        conditions.append(cond)
+
+    desired = sum(
+        by_name[variant_object_name(name, v.name)].get("spec", {}).get("replicas", 0)
+        for v in servable
+        if variant_object_name(name, v.name) in by_name
+    )
+    return {
+        "conditions": conditions,
+        "variants": variants,
+        "url": service_url(name, namespace),
+        "observedGeneration": generation,
+        "variantNames": ",".join(v.name for v in spec.variants),
+        "replicaSummary": f"{sum(e['readyReplicas'] for e in variants)}/{desired}",
+    }
+
+
+def _scaled_to_zero(deployment: dict | None) -> bool:
+    return deployment is not None and deployment.get("spec", {}).get("replicas", 1) == 0
+
+
+def status_changed(previous: dict | None, new: dict) -> bool:
+    """Whether the stored status differs from the new one in anything the new one says."""
+    previous = previous or {}
+    return any(previous.get(key) != value for key, value in new.items())

@@ -1,0 +1,172 @@
+"""How many bytes a model needs: weights per quantization, KV cache per token, and whether it fits.
+
+One function for both halves of Pagoda: the runtime reports these numbers at start-up and the
+operator refuses to create pods for a variant that cannot fit. Torch-free on purpose, so that the
+operator can import it.
+
+Only the linear layers of the decoder blocks are quantized (as in vLLM, AWQ and GPTQ); the
+embeddings, the LM head and the norms stay in 16 bits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 1024**3
+# CUDA context, activations of one max-size batch, sampler buffers and CUDA graphs; measured
+# footprints of an 8B model beyond weights and KV stay under this.
+DEFAULT_OVERHEAD_BYTES = 2 * GIB
+
+
+@dataclass(frozen=True)
+class ModelArchitecture:
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    attention_bias: bool = False
+
+    def linear_shapes(self) -> list[tuple[int, int]]:
+        """(out_features, in_features) of the quantizable linear layers of one decoder block."""
+        q = self.num_attention_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        h, i = self.hidden_size, self.intermediate_size
+        return [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]
+
+    def unquantized_parameters(self) -> int:
+        """Embeddings, LM head, norms and attention biases: kept in 16 bits by every variant."""
+        embeddings = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+        norms = (2 * self.num_layers + 1) * self.hidden_size
+        biases = (
+            (self.num_attention_heads + 2 * self.num_kv_heads) * self.head_dim if self.attention_bias else 0
+        )
+        return embeddings + norms + biases * self.num_layers
+
+    def num_parameters(self) -> int:
+        linear = sum(out * inp for out, inp in self.linear_shapes()) * self.num_layers
+        return linear + self.unquantized_parameters()
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """Storage of a quantized linear layer: packed weights plus per-group and per-row metadata."""
+
+    bits: int
+    group_size: int = 0  # 0: no groups
+    group_bytes: float = 0.0  # scale (+ zero point) stored per group of group_size inputs
+    row_bytes: float = 0.0  # per output channel (per-channel scales)
+    input_bytes: float = 0.0  # per input channel (GPTQ's g_idx)
+
+    def linear_bytes(self, out_features: int, in_features: int) -> float:
+        groups = out_features * (in_features // self.group_size) if self.group_size else 0
+        return (
+            out_features * in_features * self.bits / 8
+            + groups * self.group_bytes
+            + out_features * self.row_bytes
+            + in_features * self.input_bytes
+        )
+
+
+WEIGHT_FORMATS: dict[str, WeightFormat] = {
+    "none": WeightFormat(bits=16),
+    "bf16": WeightFormat(bits=16),
+    "fp16": WeightFormat(bits=16),
+    "float32": WeightFormat(bits=32),
+    "int8": WeightFormat(bits=8, row_bytes=2),  # symmetric, one fp16 scale per output channel
+    "fp8": WeightFormat(bits=8, row_bytes=4),  # e4m3, one float32 scale per output channel
+    # Asymmetric groups of 128: an fp16 scale and an fp16 zero point per group.
+    "int4": WeightFormat(bits=4, group_size=128, group_bytes=4),
+    # Packed layouts: fp16 scale plus a zero point packed in 4 bits per group of 128.
+    "awq": WeightFormat(bits=4, group_size=128, group_bytes=2.5),
+    "gptq": WeightFormat(bits=4, group_size=128, group_bytes=2.5, input_bytes=4),
+}
+QUANTIZATIONS = ("none", "int8", "int4", "fp8", "awq", "gptq")
+
+KV_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1}
+
+
+# Hugging Face config.json values of the families users deploy most.
+KNOWN_ARCHITECTURES: dict[str, ModelArchitecture] = {
+    "llama-3-8b": ModelArchitecture(32, 4096, 14336, 32, 8, 128, 128256, False, 8192),
+    "llama-3.1-8b": ModelArchitecture(32, 4096, 14336, 32, 8, 128, 128256, False, 131072),
+    "llama-3.2-1b": ModelArchitecture(16, 2048, 8192, 32, 8, 64, 128256, True, 131072),
+    "llama-3.2-3b": ModelArchitecture(28, 3072, 8192, 24, 8, 128, 128256, True, 131072),
+    "llama-3-70b": ModelArchitecture(80, 8192, 28672, 64, 8, 128, 128256, False, 8192),
+    "llama-3.1-70b": ModelArchitecture(80, 8192, 28672, 64, 8, 128, 128256, False, 131072),
+    "mistral-7b": ModelArchitecture(32, 4096, 14336, 32, 8, 128, 32768, False, 32768),
+    "qwen2.5-1.5b": ModelArchitecture(28, 1536, 8960, 12, 2, 128, 151936, True, 32768, attention_bias=True),
+    "qwen2.5-7b": ModelArchitecture(28, 3584, 18944, 28, 4, 128, 152064, False, 32768, attention_bias=True),
+    "smollm2-135m": ModelArchitecture(30, 576, 1536, 9, 3, 64, 49152, True, 8192),
+    "smollm2-360m": ModelArchitecture(32, 960, 2560, 15, 5, 64, 49152, True, 8192),
+    "smollm2-1.7b": ModelArchitecture(24, 2048, 8192, 32, 32, 64, 49152, True, 8192),
+}
+
+
+def weight_bytes(arch: ModelArchitecture, quantization: str) -> int:
+    if quantization not in WEIGHT_FORMATS:
+        raise ValueError(
+            f"unknown quantization {quantization!r}; use one of {', '.join(sorted(WEIGHT_FORMATS))}"
+        )
+    fmt = WEIGHT_FORMATS[quantization]
+    linear = sum(fmt.linear_bytes(out, inp) for out, inp in arch.linear_shapes()) * arch.num_layers
+    unquantized_bits = 32 if quantization == "float32" else 16
+    return int(linear + arch.unquantized_parameters() * unquantized_bits // 8)
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype: str = "auto") -> int:
+    if kv_dtype not in KV_DTYPE_BYTES:
+        raise ValueError(f"unknown KV cache dtype {kv_dtype!r}; use one of {', '.join(KV_DTYPE_BYTES)}")
+    return 2 * num_layers * num_kv_heads * head_dim * KV_DTYPE_BYTES[kv_dtype]
+
+
+def kv_bytes_per_block(
+    num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, kv_dtype: str = "auto"
+) -> int:
+    return block_size * kv_bytes_per_token(num_layers, num_kv_heads, head_dim, kv_dtype)
+
+
+@dataclass(frozen=True)
+class FitResult:
+    fits: bool
+    weight_bytes: int
+    kv_bytes: int  # one sequence of max_model_len tokens
+    overhead_bytes: int
+    capacity_bytes: int
+
+    @property
+    def required_bytes(self) -> int:
+        return self.weight_bytes + self.kv_bytes + self.overhead_bytes
+
+    def describe(self) -> str:
+        verdict = "fits in" if self.fits else "does not fit in"
+        return (
+            f"needs {self.required_bytes / GIB:.1f} GiB (weights {self.weight_bytes / GIB:.1f} GiB, "
+            f"KV for one full-length sequence {self.kv_bytes / GIB:.2f} GiB, overhead "
+            f"{self.overhead_bytes / GIB:.1f} GiB), which {verdict} {self.capacity_bytes / GIB:.1f} GiB"
+        )
+
+
+def fits(
+    arch: ModelArchitecture,
+    quantization: str,
+    max_model_len: int,
+    capacity_bytes: int,
+    *,
+    kv_dtype: str = "auto",
+    overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
+) -> FitResult:
+    """Whether the weights plus the KV cache of one max_model_len sequence fit the device memory."""
+    weights = weight_bytes(arch, quantization)
+    kv = max_model_len * kv_bytes_per_token(arch.num_layers, arch.num_kv_heads, arch.head_dim, kv_dtype)
+    return FitResult(
+        fits=weights + kv + overhead_bytes <= capacity_bytes,
+        weight_bytes=weights,
+        kv_bytes=kv,
+        overhead_bytes=overhead_bytes,
+        capacity_bytes=capacity_bytes,
+    )

@@ -1,0 +1,201 @@
+"""The CRD: in sync with the models, structural, documented, validated; examples and install parse."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes_schema import validate
+from pagoda_operator.crd import build_crd, render_yaml
+from pagoda_operator.models import InferenceServiceSpec
+from pydantic import ValidationError
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_FILE = ROOT / "crds" / "inferenceservices.pagoda.dev.yaml"
+EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
+
+
+def _schema() -> dict:
+    return yaml.safe_load(CRD_FILE.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def test_committed_crd_matches_the_models():
+    assert CRD_FILE.read_text() == render_yaml(), "regenerate: python -m pagoda_operator.crd > " + str(
+        CRD_FILE.relative_to(ROOT)
+    )
+
+
+def test_crd_is_a_valid_kubernetes_object():
+    validate(yaml.safe_load(CRD_FILE.read_text()))
+
+
+def _walk(schema: dict, path: str):
+    yield path, schema
+    for name, prop in schema.get("properties", {}).items():
+        yield from _walk(prop, f"{path}.{name}")
+    if "items" in schema:
+        yield from _walk(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        yield from _walk(schema["additionalProperties"], f"{path}{{}}")
+
+
+def test_schema_is_structural_and_every_field_is_described():
+    for path, node in _walk(_schema(), ""):
+        assert "type" in node or node.get("x-kubernetes-int-or-string"), f"{path} has no type"
+        assert not {"$ref", "anyOf", "allOf", "oneOf", "title"} & set(node), f"{path} is not structural"
+        if path and not path.endswith(("[]", "{}")):
+            assert node.get("description"), f"{path} has no description"
+
+
+def test_cel_rules_cover_the_static_checks():
+    rules = {
+        r["rule"]: r["message"]
+        for _, node in _walk(_schema(), "")
+        for r in node.get("x-kubernetes-validations", [])
+    }
+    assert any("exists_one" in r and "name" in r for r in rules)
+    assert "self.min <= self.max" in rules
+    spec = _schema()["properties"]["spec"]["properties"]
+    assert spec["variants"]["minItems"] == 1
+    variant = spec["variants"]["items"]["properties"]
+    assert variant["quantization"]["enum"] == ["none", "int8", "int4", "fp8", "awq", "gptq"]
+    assert spec["model"]["properties"]["source"]["pattern"].startswith("^(pvc://")
+    assert all(message for message in rules.values())
+
+
+def test_printer_columns_short_name_and_status_subresource():
+    version = build_crd()["spec"]["versions"][0]
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+        "Ready",
+        "Variants",
+        "Replicas",
+        "Model",
+        "URL",
+        "Age",
+    ]
+    assert version["subresources"] == {"status": {}}
+    assert build_crd()["spec"]["names"]["shortNames"] == ["infsvc"]
+    status = _schema()["properties"]["status"]["properties"]
+    for column in version["additionalPrinterColumns"]:
+        head = column["jsonPath"].split(".")[1:3]
+        if head[0] == "status":
+            assert head[1].split("[")[0] in status
+
+
+def test_defaults_in_the_crd_are_the_models_defaults():
+    spec = _schema()["properties"]["spec"]["properties"]
+    parsed = InferenceServiceSpec.model_validate(
+        {"model": {"source": "file:///m"}, "variants": [{"name": "a"}]}
+    )
+    assert (
+        spec["runtime"]["properties"]["startupTimeoutSeconds"]["default"]
+        == parsed.runtime.startup_timeout_seconds
+    )
+    assert (
+        spec["autoscaling"]["properties"]["targetQueueDepth"]["default"]
+        == parsed.autoscaling.target_queue_depth
+    )
+    assert spec["drain"]["properties"]["timeoutSeconds"]["default"] == parsed.drain.timeout_seconds
+    replicas = spec["variants"]["items"]["properties"]["replicas"]["properties"]
+    assert (replicas["min"]["default"], replicas["max"]["default"]) == (1, 1)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_parse(path):
+    doc = yaml.safe_load(path.read_text())
+    assert doc["apiVersion"] == "pagoda.dev/v1alpha1" and doc["kind"] == "InferenceService"
+    InferenceServiceSpec.model_validate(doc["spec"])
+
+
+def test_examples_include_minimal_full_two_variants_and_cpu():
+    names = {p.name for p in EXAMPLES}
+    assert {"minimal.yaml", "full.yaml", "two-variants.yaml", "cpu-smollm2.yaml"} <= names
+    cpu = yaml.safe_load((ROOT / "manifests/examples/cpu-smollm2.yaml").read_text())["spec"]
+    assert cpu["resources"]["gpus"] == 0 and cpu["model"]["source"] == "bundled://smollm2-135m"
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({"variants": []}, "at least 1"),
+        ({"variants": [{"name": "a"}, {"name": "a"}]}, "unique"),
+        ({"variants": [{"name": "a", "replicas": {"min": 3, "max": 2}}]}, "must not exceed"),
+        ({"variants": [{"name": "a", "quantization": "int3"}]}, "int4"),
+        ({"model": {"source": "s3://bucket/m"}}, "pattern"),
+        ({"model": {"source": "pvc://m/x", "tokenSecretRef": {"name": "a", "key": "b"}}}, "hf://"),
+        ({"model": {"source": "pvc://m/x", "family": "gpt-5"}}, "unknown family"),
+    ],
+)
+def test_invalid_specs_are_refused_with_a_message(spec, message):
+    raw = {"model": {"source": "pvc://m/x"}, "variants": [{"name": "a"}], **spec}
+    with pytest.raises(ValidationError, match=message):
+        InferenceServiceSpec.model_validate(raw)
+
+
+def test_install_base_is_valid_and_lists_its_files():
+    base = ROOT / "manifests"
+    kustomization = yaml.safe_load((base / "kustomization.yaml").read_text())
+    for resource in kustomization["resources"]:
+        target = base / resource
+        assert target.exists(), resource
+        if target.is_file():
+            for doc in yaml.safe_load_all(target.read_text()):
+                validate(doc)
+    deployment = yaml.safe_load((base / "deployment.yaml").read_text())
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "pagoda-operator"
+
+
+def test_rbac_grants_what_the_operator_applies():
+    rules = [
+        d
+        for d in yaml.safe_load_all((ROOT / "manifests/rbac.yaml").read_text())
+        if d["kind"] == "ClusterRole"
+    ]
+    granted = {
+        (g, r, v)
+        for rule in rules[0]["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    for group, resource in [
+        ("apps", "deployments"),
+        ("", "services"),
+        ("autoscaling", "horizontalpodautoscalers"),
+        ("policy", "poddisruptionbudgets"),
+        ("monitoring.coreos.com", "servicemonitors"),
+    ]:
+        for verb in ("create", "patch", "list", "delete"):
+            assert (group, resource, verb) in granted, (group, resource, verb)
+    assert ("pagoda.dev", "inferenceservices/status", "patch") in granted
+    assert not any(v == "*" or r == "*" for _, r, v in granted)
+
+
+def test_monitoring_assets_use_the_runtime_metrics():
+    adapter = yaml.safe_load((ROOT / "manifests/monitoring/prometheus-adapter-rules.yaml").read_text())
+    rules = yaml.safe_load(adapter["data"]["config.yaml"])["rules"]
+    assert rules[0]["name"]["as"] == "pagoda_num_requests_waiting"
+    assert set(rules[0]["resources"]["overrides"]) == {"namespace", "pod"}
+    dashboard = json.loads((ROOT / "manifests/monitoring/grafana-dashboard.json").read_text())
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    for metric in (
+        "pagoda_num_requests_waiting",
+        "pagoda_kv_cache_usage_ratio",
+        "pagoda_time_to_first_token_seconds",
+        "pagoda_generation_tokens_total",
+        "pagoda_prefix_cache_hits_total",
+    ):
+        assert metric in exprs
+
+
+def test_importing_the_operator_does_not_import_torch():
+    code = (
+        "import sys, pagoda_operator.cli, pagoda_operator.handlers, pagoda_operator.render, "
+        "pagoda_operator.status, pagoda_operator.crd, pagoda_operator.kube, pagoda_operator.metrics;"
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

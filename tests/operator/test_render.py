@@ -1,0 +1,359 @@
+"""render(): each spec feature → the manifest fields it must produce, all valid Kubernetes objects."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes_schema import validate
+from operator_specs import spec
+from pagoda_operator.render import RenderOptions, render, runtime_args
+
+NS, NAME, UID = "ml", "llama", "0b7e1d2a-0000-4000-8000-000000000001"
+
+
+def objects(s, service_monitor=False) -> dict[tuple[str, str], dict]:
+    rendered = render(
+        s, namespace=NS, name=NAME, uid=UID, options=RenderOptions(service_monitor=service_monitor)
+    )
+    return {(o["kind"], o["metadata"]["name"]): o for o in rendered}
+
+
+def deployment(s, variant="bf16") -> dict:
+    return objects(s)[("Deployment", f"{NAME}-{variant}")]
+
+
+def pod(s, variant="bf16") -> dict:
+    return deployment(s, variant)["spec"]["template"]["spec"]
+
+
+def container(s, variant="bf16") -> dict:
+    return pod(s, variant)["containers"][0]
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+FULL = dict(
+    model={
+        "source": "hf://meta-llama/Meta-Llama-3-8B-Instruct",
+        "servedName": "llama3",
+        "maxModelLen": 4096,
+        "family": "llama-3-8b",
+        "revision": "v1",
+        "tokenSecretRef": {"name": "hf", "key": "token"},
+        "cache": {"claimName": "hf-cache"},
+    },
+    runtime={
+        "image": "r.example/pagoda-runtime:1",
+        "imagePullSecrets": ["pull"],
+        "maxQueue": 64,
+        "apiKeySecretRef": {"name": "api", "key": "key"},
+        "env": [{"name": "A", "value": "b"}],
+        "extraArgs": ["--seed", "7"],
+        "enablePrefixCaching": False,
+    },
+    variants=[
+        {"name": "bf16", "replicas": {"min": 1, "max": 4}},
+        {"name": "int4", "quantization": "int4", "replicas": {"min": 2, "max": 2}},
+    ],
+    resources={
+        "gpus": 1,
+        "gpuProduct": "NVIDIA-H100-80GB-HBM3",
+        "gpuMemory": "80Gi",
+        "cpu": 8,
+        "memory": "64Gi",
+    },
+    scheduling={
+        "nodeSelector": {"pool": "gpu"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"}],
+        "priorityClassName": "high",
+    },
+)
+
+
+@pytest.mark.parametrize(
+    "s",
+    [
+        spec(),
+        spec(**FULL),
+        spec(model={"source": "file:///models/x"}, resources={"gpus": 0, "memory": "4Gi"}),
+        spec(model={"source": "bundled://smollm2-135m", "family": "smollm2-135m"}),
+    ],
+    ids=["minimal", "full", "cpu-file", "bundled"],
+)
+def test_every_rendered_object_is_a_valid_kubernetes_object(s):
+    for (kind, _), obj in objects(s).items():
+        if kind != "ServiceMonitor":
+            validate(obj)
+
+
+def test_the_validator_rejects_a_misspelled_field_and_a_wrong_type():
+    good = deployment(spec())
+    bad_name = {**good, "spec": {**good["spec"], "replicaz": 1}}
+    with pytest.raises(ValueError, match="replicaz"):
+        validate(bad_name)
+    bad_port = objects(spec())[("Service", NAME)]
+    bad_port["spec"]["ports"][0]["port"] = "8000"
+    with pytest.raises(ValueError, match="port"):
+        validate(bad_port)
+
+
+def test_children_per_variant_and_one_service_over_all():
+    kinds = sorted(objects(spec(**FULL)))
+    assert kinds == sorted(
+        [
+            ("Service", NAME),
+            ("Deployment", f"{NAME}-bf16"),
+            ("Service", f"{NAME}-bf16"),
+            ("PodDisruptionBudget", f"{NAME}-bf16"),
+            ("HorizontalPodAutoscaler", f"{NAME}-bf16"),  # min < max autoscales
+            ("Deployment", f"{NAME}-int4"),
+            ("Service", f"{NAME}-int4"),
+            ("PodDisruptionBudget", f"{NAME}-int4"),
+        ]
+    )
+
+
+def test_every_child_is_owned_and_labelled():
+    for obj in objects(spec(**FULL), service_monitor=True).values():
+        meta = obj["metadata"]
+        assert meta["namespace"] == NS
+        (owner,) = meta["ownerReferences"]
+        assert owner == {
+            "apiVersion": "pagoda.dev/v1alpha1",
+            "kind": "InferenceService",
+            "name": NAME,
+            "uid": UID,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        assert meta["labels"]["pagoda.dev/inference-service"] == NAME
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "pagoda-operator"
+        assert meta["labels"]["app.kubernetes.io/instance"] == NAME
+
+
+def test_services_select_one_variant_or_all_of_them():
+    objs = objects(spec(**FULL))
+    assert objs[("Service", NAME)]["spec"]["selector"] == {"pagoda.dev/inference-service": NAME}
+    selector = {"pagoda.dev/inference-service": NAME, "pagoda.dev/variant": "int4"}
+    assert objs[("Service", f"{NAME}-int4")]["spec"]["selector"] == selector
+    dep = objs[("Deployment", f"{NAME}-int4")]
+    assert dep["spec"]["selector"]["matchLabels"] == selector
+    assert selector.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert objs[("Service", NAME)]["spec"]["ports"] == [
+        {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}
+    ]
+
+
+def test_runtime_arguments_follow_the_spec():
+    s = spec(**FULL)
+    c = container(s, "int4")
+    args = c["args"]
+    assert c["command"] == ["pagoda-runtime"] and args[0] == "serve"
+    assert flag(args, "--model") == "/models/meta-llama/Meta-Llama-3-8B-Instruct"
+    assert flag(args, "--served-model-name") == "llama3"
+    assert flag(args, "--quantization") == "int4"
+    assert flag(args, "--max-model-len") == "4096"
+    assert flag(args, "--max-num-seqs") == "256"
+    assert flag(args, "--max-num-batched-tokens") == "8192"
+    assert flag(args, "--max-queue") == "64"
+    assert flag(args, "--drain-timeout") == "120"
+    assert flag(args, "--port") == "8000"
+    assert flag(args, "--device") == "cuda"
+    assert flag(args, "--termination-log") == "/dev/termination-log"
+    assert "--no-enable-prefix-caching" in args and "--enable-prefix-caching" not in args
+    assert args[-2:] == ["--seed", "7"]  # extraArgs come last and so win
+    env = {e["name"]: e for e in c["env"]}
+    assert env["PAGODA_API_KEY"]["valueFrom"] == {"secretKeyRef": {"name": "api", "key": "key"}}
+    assert env["A"]["value"] == "b"
+
+
+def test_runtime_arguments_parse_with_the_runtime_cli():
+    cli = pytest.importorskip("pagoda_runtime.cli")
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    cli._add_serve(parser.add_subparsers(dest="command"))
+    s = spec(**FULL)
+    parsed = parser.parse_args(runtime_args(s, s.variants[1], "llama3"))
+    assert parsed.quantization == "int4" and parsed.max_model_len == 4096
+    assert parsed.enable_prefix_caching is False and parsed.drain_timeout == 120
+
+
+def test_defaults_omit_max_model_len_and_name_the_model_after_the_service():
+    args = container(spec())["args"]
+    assert "--max-model-len" not in args and "--max-queue" not in args
+    assert flag(args, "--served-model-name") == NAME
+    assert "--enable-prefix-caching" in args
+
+
+def test_model_sources():
+    pvc = pod(spec(model={"source": "pvc://models/llama/8b"}))
+    assert {"name": "model", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in pvc[
+        "volumes"
+    ]
+    mount = next(m for m in pvc["containers"][0]["volumeMounts"] if m["name"] == "model")
+    assert mount == {"name": "model", "mountPath": "/models", "readOnly": True}
+    assert flag(pvc["containers"][0]["args"], "--model") == "/models/llama/8b"
+    assert "initContainers" not in pvc
+
+    baked = pod(spec(model={"source": "file:///opt/models/x"}))
+    assert flag(baked["containers"][0]["args"], "--model") == "/opt/models/x"
+    assert all(v["name"] != "model" for v in baked["volumes"])
+
+    bundled = pod(spec(model={"source": "bundled://smollm2-135m"}))
+    assert flag(bundled["containers"][0]["args"], "--model") == "smollm2-135m"
+
+
+def test_hf_sources_download_in_an_init_container_with_the_token():
+    p = pod(spec(**FULL))
+    (init,) = p["initContainers"]
+    assert init["command"][:3] == ["hf", "download", "meta-llama/Meta-Llama-3-8B-Instruct"]
+    assert flag(init["command"], "--local-dir") == "/models/meta-llama/Meta-Llama-3-8B-Instruct"
+    assert flag(init["command"], "--revision") == "v1"
+    env = {e["name"]: e for e in init["env"]}
+    assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
+    assert env["HF_HUB_OFFLINE"]["value"] == "0"  # the runtime image is offline by default
+    assert {"name": "model", "persistentVolumeClaim": {"claimName": "hf-cache"}} in p["volumes"]
+    assert init["image"] == "r.example/pagoda-runtime:1"
+
+    scratch = pod(spec(model={"source": "hf://org/m"}))
+    assert {"name": "model", "emptyDir": {"sizeLimit": "100Gi"}} in scratch["volumes"]
+    assert "HF_TOKEN" not in {e["name"] for e in scratch["initContainers"][0]["env"]}
+
+
+def test_gpu_resources_node_selector_and_toleration():
+    p = pod(spec(**FULL))
+    c = p["containers"][0]
+    assert c["resources"] == {
+        "requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "1"},
+        "limits": {"memory": "64Gi", "nvidia.com/gpu": "1"},
+    }
+    assert p["nodeSelector"] == {"pool": "gpu", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in p["tolerations"]
+    assert {"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"} in p[
+        "tolerations"
+    ]
+    assert p["priorityClassName"] == "high"
+    assert p["imagePullSecrets"] == [{"name": "pull"}]
+
+
+def test_cpu_variants_ask_for_no_gpu():
+    p = pod(spec(resources={"gpus": 0, "cpu": "2", "memory": "4Gi"}))
+    c = p["containers"][0]
+    assert "nvidia.com/gpu" not in c["resources"]["limits"]
+    assert flag(c["args"], "--device") == "cpu"
+    assert "nodeSelector" not in p and "tolerations" not in p
+
+
+def test_probes_give_model_loading_the_startup_timeout():
+    c = container(spec(runtime={"startupTimeoutSeconds": 1200}))
+    startup = c["startupProbe"]
+    assert startup["httpGet"] == {"path": "/health/ready", "port": "http"}
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 1200
+    assert c["readinessProbe"]["httpGet"]["path"] == "/health/ready"
+    live = c["livenessProbe"]
+    assert live["httpGet"]["path"] == "/health/live"
+    assert live["periodSeconds"] * live["failureThreshold"] >= 60  # conservative
+    default = container(spec())["startupProbe"]
+    assert default["periodSeconds"] * default["failureThreshold"] == 1800
+
+
+def test_shutdown_waits_for_endpoint_removal_then_the_drain():
+    s = spec(drain={"timeoutSeconds": 90, "endpointRemovalSeconds": 7})
+    p = pod(s)
+    assert p["containers"][0]["lifecycle"] == {"preStop": {"sleep": {"seconds": 7}}}
+    assert p["terminationGracePeriodSeconds"] > 7 + 90
+    assert flag(p["containers"][0]["args"], "--drain-timeout") == "90"
+    assert "lifecycle" not in pod(spec(drain={"endpointRemovalSeconds": 0}))["containers"][0]
+
+
+def test_rollouts_never_reduce_serving_pods():
+    strategy = deployment(spec())["spec"]["strategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    assert deployment(spec())["spec"]["progressDeadlineSeconds"] > 1800
+
+
+def test_pods_are_locked_down():
+    p = pod(spec(**FULL))
+    assert p["securityContext"]["runAsNonRoot"] is True
+    assert p["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for c in p["containers"] + p["initContainers"]:
+        sc = c["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        assert sc["readOnlyRootFilesystem"] is True
+        assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    c = p["containers"][0]
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in p["volumes"]}
+    assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory"}
+    assert "emptyDir" in volumes[mounts["/tmp"]]
+    assert "emptyDir" in volumes[mounts["/cache"]]
+    assert c["terminationMessagePath"] == "/dev/termination-log"
+
+
+def test_hpa_scales_on_queue_depth_fast_up_slow_down():
+    s = spec(**FULL, autoscaling={"targetQueueDepth": 6, "scaleDownStabilizationSeconds": 120})
+    hpa = objects(s)[("HorizontalPodAutoscaler", f"{NAME}-bf16")]["spec"]
+    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": f"{NAME}-bf16"}
+    assert (hpa["minReplicas"], hpa["maxReplicas"]) == (1, 4)
+    (metric,) = hpa["metrics"]
+    assert metric == {
+        "type": "Pods",
+        "pods": {
+            "metric": {"name": "pagoda_num_requests_waiting"},
+            "target": {"type": "AverageValue", "averageValue": "6"},
+        },
+    }
+    assert hpa["behavior"]["scaleUp"]["stabilizationWindowSeconds"] == 0
+    assert hpa["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 120
+    up = max(p["value"] for p in hpa["behavior"]["scaleUp"]["policies"] if p["type"] == "Percent")
+    assert up >= 100
+
+
+def test_replicas_belong_to_the_hpa_when_there_is_one():
+    objs = objects(spec(**FULL))
+    assert "replicas" not in objs[("Deployment", f"{NAME}-bf16")]["spec"]
+    assert objs[("Deployment", f"{NAME}-int4")]["spec"]["replicas"] == 2
+    off = objects(spec(**{**FULL, "autoscaling": {"enabled": False}}))
+    assert off[("Deployment", f"{NAME}-bf16")]["spec"]["replicas"] == 1
+    assert not [k for k in off if k[0] == "HorizontalPodAutoscaler"]
+
+
+def test_pdb_lets_node_drains_take_one_pod_at_a_time():
+    pdb = objects(spec())[("PodDisruptionBudget", f"{NAME}-bf16")]["spec"]
+    assert pdb["maxUnavailable"] == 1
+    assert pdb["selector"]["matchLabels"] == {
+        "pagoda.dev/inference-service": NAME,
+        "pagoda.dev/variant": "bf16",
+    }
+
+
+def test_service_monitor_only_when_the_crd_exists_and_asked():
+    assert ("ServiceMonitor", NAME) not in objects(spec())
+    sm = objects(spec(), service_monitor=True)[("ServiceMonitor", NAME)]
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert sm["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "15s"}]
+    assert {"key": "pagoda.dev/variant", "operator": "Exists"} in sm["spec"]["selector"]["matchExpressions"]
+    assert ("ServiceMonitor", NAME) not in objects(
+        spec(monitoring={"serviceMonitor": False}), service_monitor=True
+    )
+
+
+def test_a_variant_that_cannot_fit_gets_no_pods():
+    s = spec(
+        model={"source": "pvc://m/70b", "family": "llama-3-70b"},
+        variants=[{"name": "bf16"}, {"name": "int4", "quantization": "int4"}],
+        resources={"gpus": 1, "gpuMemory": "80Gi"},
+    )
+    names = {name for _, name in objects(s)}
+    assert not any(n.startswith(f"{NAME}-bf16") for n in names)
+    assert {("Deployment", f"{NAME}-int4"), ("Service", NAME)} <= set(objects(s))
+
+
+def test_render_is_deterministic():
+    s = spec(**FULL)
+    assert render(s, namespace=NS, name=NAME, uid=UID, options=RenderOptions()) == render(
+        s, namespace=NS, name=NAME, uid=UID, options=RenderOptions()
+    )

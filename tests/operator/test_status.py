@@ -1,0 +1,167 @@
+"""Status from fabricated Deployments and Pods: conditions, replicas, URL, no needless writes."""
+
+from __future__ import annotations
+
+from operator_specs import spec
+from pagoda_operator.status import compute_status, status_changed
+
+NS, NAME = "ml", "llama"
+T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
+TWO = [{"name": "bf16"}, {"name": "int4", "quantization": "int4"}]
+
+
+def dep(variant, *, desired=1, ready=1, updated=None, generation=1, observed=1):
+    return {
+        "metadata": {"name": f"{NAME}-{variant}", "generation": generation},
+        "spec": {"replicas": desired},
+        "status": {
+            "replicas": desired,
+            "readyReplicas": ready,
+            "updatedReplicas": desired if updated is None else updated,
+            "observedGeneration": observed,
+        },
+    }
+
+
+def waiting_pod(variant, reason, message="", last_message=""):
+    status = {"name": "runtime", "state": {"waiting": {"reason": reason, "message": message}}}
+    if last_message:
+        status["lastState"] = {"terminated": {"exitCode": 1, "message": last_message}}
+    return {
+        "metadata": {"name": f"{NAME}-{variant}-abc", "labels": {"pagoda.dev/variant": variant}},
+        "status": {"containerStatuses": [status]},
+    }
+
+
+def status(s, deployments, pods=(), previous=None, now=T0, generation=3):
+    return compute_status(
+        s,
+        namespace=NS,
+        name=NAME,
+        generation=generation,
+        deployments=list(deployments),
+        pods=list(pods),
+        previous=previous,
+        now=now,
+    )
+
+
+def cond(st, type_):
+    return next(c for c in st["conditions"] if c["type"] == type_)
+
+
+def test_ready_when_every_variant_has_ready_pods():
+    st = status(spec(variants=TWO), [dep("bf16"), dep("int4", desired=2, ready=2)])
+    assert cond(st, "Ready")["status"] == "True"
+    assert cond(st, "Progressing")["status"] == "False"
+    assert cond(st, "Degraded")["status"] == "False"
+    assert st["url"] == "http://llama.ml.svc:8000/v1"
+    assert st["observedGeneration"] == 3
+    assert st["variants"] == [
+        {"name": "bf16", "replicas": 1, "readyReplicas": 1},
+        {"name": "int4", "replicas": 2, "readyReplicas": 2},
+    ]
+    assert st["variantNames"] == "bf16,int4" and st["replicaSummary"] == "3/3"
+    assert all(c["observedGeneration"] == 3 for c in st["conditions"])
+
+
+def test_not_ready_and_progressing_while_a_variant_starts():
+    st = status(spec(variants=TWO), [dep("bf16"), dep("int4", ready=0)])
+    assert cond(st, "Ready")["status"] == "False"
+    assert "int4" in cond(st, "Ready")["message"]
+    assert cond(st, "Progressing")["status"] == "True"
+    missing = status(spec(variants=TWO), [dep("bf16")])
+    assert (
+        cond(missing, "Progressing")["status"] == "True" and "int4" in cond(missing, "Progressing")["message"]
+    )
+
+
+def test_a_rollout_is_progressing_but_still_ready():
+    st = status(spec(), [dep("bf16", desired=2, ready=2, updated=1, generation=2, observed=2)])
+    assert cond(st, "Progressing")["status"] == "True"
+    assert cond(st, "Ready")["status"] == "True"
+
+
+def test_crash_loop_surfaces_the_runtime_termination_message():
+    pod = waiting_pod(
+        "bf16",
+        "CrashLoopBackOff",
+        "back-off 5m0s",
+        last_message="model '/models/x' not found: give a Hugging Face model folder",
+    )
+    st = status(spec(), [dep("bf16", ready=0)], [pod])
+    degraded = cond(st, "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "CrashLoopBackOff"
+    assert "model '/models/x' not found" in degraded["message"]
+    assert cond(st, "Ready")["reason"] == "CrashLoopBackOff"
+
+
+def test_image_pull_and_unschedulable_are_degraded():
+    pulled = status(
+        spec(), [dep("bf16", ready=0)], [waiting_pod("bf16", "ImagePullBackOff", "pull access denied")]
+    )
+    assert cond(pulled, "Degraded")["reason"] == "ImagePullBackOff"
+    assert "pull access denied" in cond(pulled, "Degraded")["message"]
+    pending = {
+        "metadata": {"name": "llama-bf16-x", "labels": {"pagoda.dev/variant": "bf16"}},
+        "status": {
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+                }
+            ]
+        },
+    }
+    st = status(spec(), [dep("bf16", ready=0)], [pending])
+    assert cond(st, "Degraded")["reason"] == "Unschedulable"
+    assert "Insufficient nvidia.com/gpu" in cond(st, "Degraded")["message"]
+
+
+def test_a_starting_pod_is_not_degraded():
+    st = status(spec(), [dep("bf16", ready=0)], [waiting_pod("bf16", "ContainerCreating")])
+    assert cond(st, "Degraded")["status"] == "False"
+    assert cond(st, "Ready")["reason"] == "Starting"
+
+
+def test_model_fits_true_false_and_unknown():
+    fitting = spec(model={"source": "pvc://m/x", "family": "llama-3-8b"}, resources={"gpuMemory": "80Gi"})
+    assert cond(status(fitting, [dep("bf16")]), "ModelFits")["status"] == "True"
+    unknown = status(spec(), [dep("bf16")])
+    assert cond(unknown, "ModelFits")["status"] == "Unknown"
+    assert "model.family" in cond(unknown, "ModelFits")["message"]
+
+    too_big = spec(
+        model={"source": "pvc://m/x", "family": "llama-3-70b"}, variants=TWO, resources={"gpuMemory": "80Gi"}
+    )
+    st = status(too_big, [dep("int4")])
+    fits = cond(st, "ModelFits")
+    assert fits["status"] == "False" and fits["reason"] == "InsufficientMemory"
+    assert "bf16" in fits["message"] and "GiB" in fits["message"] and "int4" not in fits["message"]
+    assert {"name": "bf16", "replicas": 0, "readyReplicas": 0, "fits": False} in st["variants"]
+    # The variant that fits serves; the one that cannot does not hold Ready back.
+    assert cond(st, "Ready")["status"] == "True"
+
+
+def test_nothing_fits_is_not_ready():
+    s = spec(model={"source": "pvc://m/x", "family": "llama-3-70b"}, resources={"gpuMemory": "24Gi"})
+    st = status(s, [])
+    assert cond(st, "Ready")["status"] == "False" and cond(st, "Ready")["reason"] == "NoVariantFits"
+
+
+def test_recomputing_a_settled_status_changes_nothing():
+    s = spec(variants=TWO)
+    first = status(s, [dep("bf16"), dep("int4")], now=T0)
+    again = status(s, [dep("bf16"), dep("int4")], previous=first, now=T1)
+    assert again == first and not status_changed(first, again)
+
+
+def test_transition_time_moves_only_when_the_status_does():
+    s = spec()
+    starting = status(s, [dep("bf16", ready=0)], now=T0)
+    ready = status(s, [dep("bf16")], previous=starting, now=T1)
+    assert status_changed(starting, ready)
+    assert cond(ready, "Ready")["lastTransitionTime"] == T1
+    assert cond(ready, "Degraded")["lastTransitionTime"] == T0

@@ -1,0 +1,109 @@
+"""Memory sizing: parameter counts match the published models, bytes per format, and fits()."""
+
+from __future__ import annotations
+
+import pytest
+from pagoda_runtime.sizing import (
+    GIB,
+    KNOWN_ARCHITECTURES,
+    fits,
+    kv_bytes_per_block,
+    kv_bytes_per_token,
+    weight_bytes,
+)
+
+# Parameter counts from the models' safetensors metadata on the Hugging Face Hub.
+PUBLISHED_PARAMETERS = {
+    "llama-3-8b": 8_030_261_248,
+    "llama-3.2-1b": 1_235_814_400,
+    "llama-3.2-3b": 3_212_749_824,
+    "llama-3-70b": 70_553_706_496,
+    "mistral-7b": 7_248_023_552,
+    "qwen2.5-1.5b": 1_543_714_304,
+    "qwen2.5-7b": 7_615_616_512,
+    "smollm2-135m": 134_515_008,
+    "smollm2-360m": 361_821_120,
+    "smollm2-1.7b": 1_711_376_384,
+}
+
+
+@pytest.mark.parametrize("family", sorted(PUBLISHED_PARAMETERS))
+def test_known_families_have_the_published_parameter_count(family):
+    assert KNOWN_ARCHITECTURES[family].num_parameters() == PUBLISHED_PARAMETERS[family]
+
+
+def test_smollm2_family_matches_the_bundled_gguf_metadata():
+    gguf = pytest.importorskip("gguf")
+    from pagoda_runtime.bundled import resolve_model
+
+    reader = gguf.GGUFReader(resolve_model("smollm2-135m"))
+
+    def field(key):
+        return reader.fields[key].contents()
+
+    arch = KNOWN_ARCHITECTURES["smollm2-135m"]
+    assert field("llama.block_count") == arch.num_layers
+    assert field("llama.embedding_length") == arch.hidden_size
+    assert field("llama.feed_forward_length") == arch.intermediate_size
+    assert field("llama.attention.head_count") == arch.num_attention_heads
+    assert field("llama.attention.head_count_kv") == arch.num_kv_heads
+    assert field("llama.context_length") == arch.max_position_embeddings
+    assert len(field("tokenizer.ggml.tokens")) == arch.vocab_size
+
+
+def test_bf16_weights_take_two_bytes_per_parameter():
+    arch = KNOWN_ARCHITECTURES["llama-3-8b"]
+    assert weight_bytes(arch, "none") == weight_bytes(arch, "bf16") == 2 * arch.num_parameters()
+    assert weight_bytes(arch, "fp16") == 2 * arch.num_parameters()
+
+
+def _linear_parameters(arch):
+    return sum(o * i for o, i in arch.linear_shapes()) * arch.num_layers
+
+
+def test_quantized_formats_shrink_only_the_linear_layers_by_their_bit_width():
+    arch = KNOWN_ARCHITECTURES["llama-3-8b"]
+    linear = _linear_parameters(arch)
+    kept = 2 * arch.unquantized_parameters()
+    # int4 group 128, asymmetric: 4 bits plus an fp16 scale and an fp16 zero per 128 weights.
+    assert weight_bytes(arch, "int4") == kept + linear * (0.5 + 4 / 128)
+    # AWQ: 4 bits plus an fp16 scale and a 4-bit zero per 128 weights.
+    assert weight_bytes(arch, "awq") == kept + linear * (0.5 + 2.5 / 128)
+    assert weight_bytes(arch, "gptq") > weight_bytes(arch, "awq")  # GPTQ also keeps g_idx
+    int8 = weight_bytes(arch, "int8")
+    assert kept + linear < int8 < kept + linear * 1.001  # a scale per output row is small
+    assert weight_bytes(arch, "fp8") > int8  # float32 scales
+    assert weight_bytes(arch, "int4") < int8 < weight_bytes(arch, "none")
+
+
+def test_kv_cache_of_llama3_8b_is_128_kib_per_token():
+    arch = KNOWN_ARCHITECTURES["llama-3-8b"]
+    per_token = kv_bytes_per_token(arch.num_layers, arch.num_kv_heads, arch.head_dim)
+    assert per_token == 128 * 1024
+    assert kv_bytes_per_token(arch.num_layers, arch.num_kv_heads, arch.head_dim, "fp8") == per_token // 2
+    assert kv_bytes_per_block(arch.num_layers, arch.num_kv_heads, arch.head_dim, 16) == 16 * per_token
+
+
+def test_llama3_70b_bf16_does_not_fit_one_h100_but_int4_does():
+    arch = KNOWN_ARCHITECTURES["llama-3-70b"]
+    bf16 = fits(arch, "none", 8192, 80 * GIB)
+    int4 = fits(arch, "int4", 8192, 80 * GIB)
+    assert not bf16.fits and int4.fits
+    assert bf16.required_bytes == bf16.weight_bytes + bf16.kv_bytes + bf16.overhead_bytes
+    assert "does not fit in 80.0 GiB" in bf16.describe()
+    assert f"{bf16.weight_bytes / GIB:.1f} GiB" in bf16.describe()
+
+
+def test_a_longer_context_needs_more_kv_memory():
+    arch = KNOWN_ARCHITECTURES["llama-3.1-8b"]
+    short, long = fits(arch, "none", 8192, 24 * GIB), fits(arch, "none", 131072, 24 * GIB)
+    assert long.kv_bytes == 16 * short.kv_bytes
+    assert short.fits and not long.fits
+
+
+def test_unknown_names_are_refused_with_the_choices():
+    arch = KNOWN_ARCHITECTURES["smollm2-135m"]
+    with pytest.raises(ValueError, match="unknown quantization 'int3'.*int4"):
+        weight_bytes(arch, "int3")
+    with pytest.raises(ValueError, match="unknown KV cache dtype"):
+        kv_bytes_per_token(1, 1, 1, "int2")
