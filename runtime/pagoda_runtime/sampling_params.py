@@ -34,7 +34,10 @@ class SamplingParams:
             self.top_k = 0
         checks = [
             (self.n >= 1, f"n must be at least 1, got {self.n}"),
-            (self.max_tokens is None or self.max_tokens >= 1, f"max_tokens must be at least 1, got {self.max_tokens}"),
+            (
+                self.max_tokens is None or self.max_tokens >= 1,
+                f"max_tokens must be at least 1, got {self.max_tokens}",
+            ),
             (self.min_tokens >= 0, f"min_tokens must be non-negative, got {self.min_tokens}"),
             (
                 self.max_tokens is None or self.min_tokens <= self.max_tokens,
@@ -44,13 +47,22 @@ class SamplingParams:
             (0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"),
             (self.top_k >= 0, f"top_k must be -1, 0 or positive, got {self.top_k}"),
             (0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}"),
-            (-2.0 <= self.presence_penalty <= 2.0, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
+            (
+                -2.0 <= self.presence_penalty <= 2.0,
+                f"presence_penalty must be in [-2, 2], got {self.presence_penalty}",
+            ),
             (
                 -2.0 <= self.frequency_penalty <= 2.0,
                 f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}",
             ),
-            (self.repetition_penalty > 0.0, f"repetition_penalty must be positive, got {self.repetition_penalty}"),
-            (self.logprobs is None or 0 <= self.logprobs <= 20, f"logprobs must be in [0, 20], got {self.logprobs}"),
+            (
+                self.repetition_penalty > 0.0,
+                f"repetition_penalty must be positive, got {self.repetition_penalty}",
+            ),
+            (
+                self.logprobs is None or 0 <= self.logprobs <= 20,
+                f"logprobs must be in [0, 20], got {self.logprobs}",
+            ),
             (all(s for s in self.stop), "stop strings must not be empty"),
         ]
         for ok, message in checks:
