@@ -1,0 +1,67 @@
+"""The model's device kernels, chosen by device: Triton on CUDA, the PyTorch reference elsewhere.
+
+`get_attention_ops(device)` gives the attention-side trio the model calls in every layer;
+`rms_norm` and `silu_and_mul` dispatch on their input's device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from . import reference
+from .rope_cache import SUPPORTED_ROPE_TYPES, build_cos_sin_cache
+
+
+@dataclass(frozen=True)
+class AttentionOps:
+    """rotary(positions, q, k, cos_sin_cache) -> (q, k), rotated in place;
+    write_kv(k, v, kv_cache, slot_mapping), in place, negative slots skipped;
+    attention(q, kv_cache, meta, scale) -> out [T, H, D], reading keys and values from the cache only.
+    """
+
+    rotary: Callable
+    write_kv: Callable
+    attention: Callable
+
+
+def get_attention_ops(device: torch.device | str) -> AttentionOps:
+    if torch.device(device).type == "cuda":
+        from .triton_kv_write import write_kv
+        from .triton_paged_attention import paged_attention
+        from .triton_rotary import rotary
+
+        return AttentionOps(rotary=rotary, write_kv=write_kv, attention=paged_attention)
+    return AttentionOps(rotary=reference.rotary, write_kv=reference.write_kv, attention=reference.attention)
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(x + residual) * weight, x + residual); without a residual, (RMSNorm(x) * weight, x)."""
+    if x.is_cuda:
+        from .triton_rmsnorm import rms_norm as triton_rms_norm
+
+        return triton_rms_norm(x, weight, eps, residual)
+    return reference.rms_norm(x, weight, eps, residual)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up for gate_up [T, 2 * I] holding gate in the first half."""
+    if gate_up.is_cuda:
+        from .triton_silu_mul import silu_and_mul as triton_silu_and_mul
+
+        return triton_silu_and_mul(gate_up)
+    return reference.silu_and_mul(gate_up)
+
+
+__all__ = [
+    "SUPPORTED_ROPE_TYPES",
+    "AttentionOps",
+    "build_cos_sin_cache",
+    "get_attention_ops",
+    "rms_norm",
+    "silu_and_mul",
+]

@@ -1,0 +1,119 @@
+"""PyTorch reference for every kernel: what runs on the CPU, and what the Triton kernels must match.
+
+Everything is computed in float32 with the formulation Hugging Face transformers' eager Llama uses
+(matmul, scale, mask, float32 softmax, matmul), so a float32 model reproduces its greedy tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..attention_metadata import AttentionMetadata
+
+
+def rotary(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q [T, H, D] and k [T, Hkv, D] in place, rotate_half style; returns (q, k)."""
+    half = cos_sin_cache.shape[1] // 2
+    cos_sin = cos_sin_cache[positions].float()
+    cos = cos_sin[:, None, :half]
+    sin = cos_sin[:, None, half:]
+    for x in (q, k):
+        x1 = x[..., :half].float()
+        x2 = x[..., half:].float()
+        x.copy_(torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1))
+    return q, k
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Store k, v [T, Hkv, D] at their slots of kv_cache [2, blocks, block_size, Hkv, D].
+
+    A negative slot marks a padding token (a CUDA-graph batch padded to its bucket) and is skipped.
+    """
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    kv_cache[0].flatten(0, 1)[slots] = k[keep].to(kv_cache.dtype)
+    kv_cache[1].flatten(0, 1)[slots] = v[keep].to(kv_cache.dtype)
+
+
+def _slots(block_table: torch.Tensor, context_lens: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Cache slots of key positions 0..max(context_lens)-1 for each row of block_table [S, W]."""
+    positions = torch.arange(int(context_lens.max()), device=block_table.device)
+    pages = block_table[:, positions // block_size].long()
+    return pages * block_size + positions % block_size
+
+
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """q [.., Hkv, G*M, D], k/v [.., Hkv, L, D], mask broadcastable to the scores (True = attend)."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32), v)
+
+
+def attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Causal attention of q [T, H, D] over the paged cache; returns [T, H, D] in q's dtype.
+
+    Decode rows of the batch are done together (one gather, one padded batch); each prefill chunk
+    is done alone, since padding chunks of different lengths to one shape wastes more than it saves.
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+    group = num_heads // num_kv_heads
+    key_cache = kv_cache[0].flatten(0, 1)
+    value_cache = kv_cache[1].flatten(0, 1)
+    out = torch.empty_like(q)
+    starts = meta.query_start_loc.tolist()
+    query_lens = meta.query_start_loc.diff()
+
+    decode = torch.nonzero(query_lens == 1).flatten()
+    if decode.numel():
+        rows = meta.query_start_loc[decode].long()
+        lens = meta.seq_lens[decode]
+        slots = _slots(meta.block_tables[decode], lens, block_size)
+        mask = torch.arange(slots.shape[1], device=q.device)[None, :] < lens[:, None]
+        # Padding positions read a real key of their own sequence: the rest of the cache may hold
+        # NaN garbage, and a zero probability times NaN is still NaN.
+        slots = torch.where(mask, slots, slots[:, :1])
+        k = key_cache[slots].float().permute(0, 2, 1, 3)  # [S, Hkv, L, D]
+        v = value_cache[slots].float().permute(0, 2, 1, 3)
+        qd = q[rows].float().view(-1, num_kv_heads, group, head_dim)
+        o = _attend(qd, k, v, mask[:, None, None, :], scale)
+        out[rows] = o.reshape(-1, num_heads, head_dim).to(q.dtype)
+
+    for i in torch.nonzero(query_lens > 1).flatten().tolist():
+        start, end = starts[i], starts[i + 1]
+        query_len = end - start
+        context_len = int(meta.seq_lens[i])
+        slots = _slots(meta.block_tables[i : i + 1], meta.seq_lens[i : i + 1], block_size)[0]
+        k = key_cache[slots].float().transpose(0, 1)  # [Hkv, L, D]
+        v = value_cache[slots].float().transpose(0, 1)
+        # [M, H, D] -> [Hkv, G*M, D], rows ordered (head in group, token).
+        qp = q[start:end].float().view(query_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
+        qp = qp.reshape(num_kv_heads, group * query_len, head_dim)
+        key_pos = torch.arange(context_len, device=q.device)
+        query_pos = torch.arange(context_len - query_len, context_len, device=q.device)
+        mask = (key_pos[None, :] <= query_pos[:, None]).repeat(group, 1)
+        o = _attend(qp, k, v, mask, scale).view(num_kv_heads, group, query_len, head_dim)
+        out[start:end] = o.permute(2, 0, 1, 3).reshape(query_len, num_heads, head_dim).to(q.dtype)
+    return out
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(x + residual) * weight, x + residual), the sum in x's dtype as transformers adds it."""
+    if residual is not None:
+        x = x + residual
+    hidden = x.float()
+    hidden = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * hidden.to(x.dtype), x
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up for gate_up [T, 2 * I] holding gate in the first half."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up

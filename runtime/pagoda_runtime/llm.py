@@ -1,0 +1,82 @@
+"""The offline API: `LLM(model=...).generate(prompts, params)`, one finished output per prompt."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from pagoda_runtime.config import EngineConfig
+from pagoda_runtime.engine import LLMEngine
+from pagoda_runtime.outputs import RequestOutput
+from pagoda_runtime.sampling_params import SamplingParams
+from pagoda_runtime.tokenizer import Tokenizer
+
+Prompt = str | list[int]
+
+
+class LLM:
+    """`model`: a Hugging Face folder, a .gguf file or the bundled model's name; the other keyword
+    arguments are EngineConfig fields (max_num_seqs, block_size, kv_cache_memory, ...)."""
+
+    def __init__(
+        self,
+        model: str = "smollm2-135m",
+        dtype: str = "auto",
+        device: str = "auto",
+        quantization: str = "none",
+        max_model_len: int | None = None,
+        **engine_kwargs,
+    ) -> None:
+        config = EngineConfig(
+            model=str(model),
+            dtype=dtype,
+            device=device,
+            quantization=quantization,
+            max_model_len=max_model_len,
+            **engine_kwargs,
+        )
+        self.engine = LLMEngine(config)
+        self._ids = itertools.count()
+
+    def get_tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion; the outputs come back in the order of the prompts."""
+        if isinstance(prompts, str) or (prompts and all(isinstance(t, int) for t in prompts)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(
+                f"got {len(params)} sampling params for {len(prompts)} prompts; pass one or one each"
+            )
+        request_ids = [f"offline-{next(self._ids)}" for _ in prompts]
+        # All validated before any is queued, so that a bad prompt leaves nothing behind.
+        requests = [
+            self.engine.make_request(request_id, prompt, p)
+            for request_id, prompt, p in zip(request_ids, prompts, params, strict=True)
+        ]
+        for request in requests:
+            self.engine.add(request)
+        finished: dict[str, RequestOutput] = {}
+        progress = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            progress = tqdm(total=len(prompts), desc="generating")
+        while self.engine.has_unfinished():
+            for output in self.engine.step():
+                if output.finished:
+                    finished[output.request_id] = output
+                    if progress is not None:
+                        progress.update(1)
+        if progress is not None:
+            progress.close()
+        return [finished[request_id] for request_id in request_ids]

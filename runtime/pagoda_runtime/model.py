@@ -1,0 +1,207 @@
+"""The Llama family (Llama 1/2/3, Mistral, Qwen2, SmolLM) as plain PyTorch modules, gpt-fast style.
+
+q, k and v share one fused projection, as do gate and up; `load_weights` fills the fused weights
+from Hugging Face's separate tensors. Attention goes through the device's kernels: rotate q and k,
+write this step's keys and values into the layer's paged cache, attend over the cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from pagoda_runtime.attention_metadata import AttentionMetadata
+from pagoda_runtime.config import ModelConfig
+from pagoda_runtime.kernels import AttentionOps, build_cos_sin_cache, rms_norm, silu_and_mul
+from pagoda_runtime.model_source import expected_weight_shapes
+from pagoda_runtime.quantization import make_linear
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size, device=device, dtype=dtype), requires_grad=False)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return rms_norm(x, self.weight, self.eps, residual)
+
+
+class Attention(nn.Module):
+    def __init__(
+        self,
+        config: ModelConfig,
+        ops: AttentionOps,
+        quantization: str,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        self.ops = ops
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size, self.kv_size = config.q_size, config.kv_size
+        self.scale = self.head_dim**-0.5
+        self.qkv_proj = make_linear(
+            config.hidden_size,
+            self.q_size + 2 * self.kv_size,
+            config.attention_bias,
+            quantization,
+            device,
+            dtype,
+        )
+        self.o_proj = make_linear(self.q_size, config.hidden_size, False, quantization, device, dtype)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        x: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        cos_sin_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(-1, self.num_heads, self.head_dim)
+        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
+        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
+        q, k = self.ops.rotary(positions, q, k, cos_sin_cache)
+        self.ops.write_kv(k, v, kv_cache, meta.slot_mapping)
+        out = self.ops.attention(q, kv_cache, meta, self.scale)
+        return self.o_proj(out.reshape(-1, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(
+        self, config: ModelConfig, quantization: str, device: torch.device, dtype: torch.dtype
+    ) -> None:
+        super().__init__()
+        self.gate_up_proj = make_linear(
+            config.hidden_size, 2 * config.intermediate_size, False, quantization, device, dtype
+        )
+        self.down_proj = make_linear(
+            config.intermediate_size, config.hidden_size, False, quantization, device, dtype
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(
+        self,
+        config: ModelConfig,
+        ops: AttentionOps,
+        quantization: str,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
+        self.self_attn = Attention(config, ops, quantization, device, dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
+        self.mlp = MLP(config, quantization, device, dtype)
+
+    def forward(self, positions, x, residual, kv_cache, meta, cos_sin_cache):
+        x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x, kv_cache, meta, cos_sin_cache)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(
+        self,
+        config: ModelConfig,
+        ops: AttentionOps,
+        max_position: int,
+        quantization: str = "none",
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        device = torch.device(device)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, device=device, dtype=dtype)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, ops, quantization, device, dtype) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
+        self.lm_head = None
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(
+                config.hidden_size, config.vocab_size, bias=False, device=device, dtype=dtype
+            )
+        self.requires_grad_(False)
+        self.register_buffer(
+            "cos_sin_cache", build_cos_sin_cache(config, max_position, device, dtype), persistent=False
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        residual = None
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            x, residual = layer(positions, x, residual, kv_cache, meta, self.cos_sin_cache)
+        x, _ = self.norm(x, residual)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return torch.nn.functional.linear(hidden, weight).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Fill the model from Hugging Face-named tensors; every tensor the config implies must come."""
+        config = self.config
+        fused = {
+            "q_proj": ("qkv_proj", 0),
+            "k_proj": ("qkv_proj", config.q_size),
+            "v_proj": ("qkv_proj", config.q_size + config.kv_size),
+            "gate_proj": ("gate_up_proj", 0),
+            "up_proj": ("gate_up_proj", config.intermediate_size),
+        }
+        params = dict(self.named_parameters())
+        loaded = set()
+        for hf_name, tensor in weights:
+            name = hf_name.removeprefix("model.")
+            if name == "lm_head.weight" and self.lm_head is None:
+                continue  # a tied checkpoint may still carry the copy
+            module_path, _, leaf = name.rpartition(".")
+            owner, _, proj = module_path.rpartition(".")
+            target, offset = fused.get(proj, (proj, 0))
+            projection = self._projection(f"{owner}.{target}") if owner.startswith("layers.") else None
+            if projection is not None:
+                (projection.load if leaf == "weight" else projection.load_bias)(tensor, offset)
+            elif name in params:
+                if params[name].shape != tensor.shape:
+                    raise ValueError(
+                        f"weight {hf_name!r} has shape {list(tensor.shape)}, "
+                        f"but the model's config implies {list(params[name].shape)}"
+                    )
+                params[name].copy_(tensor)
+            else:
+                raise ValueError(
+                    f"the checkpoint holds {hf_name!r}, which a {config.architecture} model has no place for"
+                )
+            loaded.add(name if name == "lm_head.weight" else "model." + name)
+        missing = sorted(set(expected_weight_shapes(config)) - loaded)
+        if missing:
+            raise ValueError(
+                f"the checkpoint lacks {missing[0]!r} and {len(missing) - 1} other tensors the model needs"
+            )
+
+    def _projection(self, path: str) -> nn.Module | None:
+        try:
+            module = self.get_submodule(path)
+        except AttributeError:
+            return None
+        return module if hasattr(module, "load") else None

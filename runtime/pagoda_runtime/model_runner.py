@@ -1,0 +1,238 @@
+"""The executor: the one place that knows devices. It builds the model and its paged KV cache,
+turns a scheduled batch into flat tensors, runs the model and samples.
+
+On CUDA, decode-only steps replay CUDA graphs captured once per batch-size bucket (1, 2, 4, 8, ...
+up to max_num_seqs): the batch is padded to its bucket, padding tokens write to no slot (slot -1),
+and the attention metadata lives in static buffers that each replay refills.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from pagoda_runtime.attention_metadata import AttentionMetadata
+from pagoda_runtime.config import EngineConfig, ModelConfig
+from pagoda_runtime.kernels import get_attention_ops
+from pagoda_runtime.model import LlamaForCausalLM
+from pagoda_runtime.sampler import Sampler, SamplerOutput
+from pagoda_runtime.scheduler import ScheduledBatch
+
+logger = logging.getLogger(__name__)
+
+# A fractional --kv-cache-memory means a share of the GPU's free memory; a CPU has no such
+# figure worth trusting (other processes, swap), so there the cache gets this fixed budget.
+CPU_KV_CACHE_BYTES = 512 * 2**20
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name} asks for a GPU, but torch sees none; use --device cpu")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; use auto, float32, float16 or bfloat16")
+    return _DTYPES[name]
+
+
+def graph_batch_sizes(max_num_seqs: int) -> list[int]:
+    sizes = [1]
+    while sizes[-1] * 2 <= max_num_seqs:
+        sizes.append(sizes[-1] * 2)
+    if sizes[-1] != max_num_seqs:
+        sizes.append(max_num_seqs)
+    return sizes
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    hidden: torch.Tensor
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        weights: Iterable[tuple[str, torch.Tensor]],
+        engine_config: EngineConfig,
+        max_model_len: int,
+    ) -> None:
+        self.config = model_config
+        self.device = resolve_device(engine_config.device)
+        self.dtype = resolve_dtype(engine_config.dtype, self.device)
+        self.block_size = engine_config.block_size
+        self.max_model_len = max_model_len
+        self.max_blocks_per_seq = -(-max_model_len // self.block_size)
+        self.model = LlamaForCausalLM(
+            model_config,
+            get_attention_ops(self.device),
+            max_model_len,
+            engine_config.quantization,
+            self.device,
+            self.dtype,
+        )
+        self.model.load_weights(weights)
+        self.model.eval()
+        self.num_blocks = self._num_blocks(engine_config.kv_cache_memory)
+        self.kv_caches = [
+            torch.empty(
+                2,
+                self.num_blocks,
+                self.block_size,
+                model_config.num_key_value_heads,
+                model_config.head_dim,
+                device=self.device,
+                dtype=self.dtype,
+            )
+            for _ in range(model_config.num_hidden_layers)
+        ]
+        self.sampler = Sampler(self.device, model_config.eos_token_ids, engine_config.seed)
+        self._graphs: dict[int, _Graph] = {}
+        self._graph_pool = None
+        self._max_graph_size = 0
+        if self.device.type == "cuda" and not engine_config.enforce_eager:
+            self._capture_graphs(engine_config.max_num_seqs)
+
+    @property
+    def kv_bytes_per_block(self) -> int:
+        c = self.config
+        itemsize = torch.tensor([], dtype=self.dtype).element_size()
+        return 2 * c.num_hidden_layers * self.block_size * c.num_key_value_heads * c.head_dim * itemsize
+
+    def _num_blocks(self, kv_cache_memory: float) -> int:
+        if kv_cache_memory > 1:
+            budget = int(kv_cache_memory)
+        elif self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            budget = int(free * kv_cache_memory)
+        else:
+            budget = CPU_KV_CACHE_BYTES
+        num_blocks = budget // self.kv_bytes_per_block
+        if num_blocks < 1:
+            raise ValueError(
+                f"the KV cache budget of {budget} bytes holds no block of {self.kv_bytes_per_block} bytes; "
+                "raise --kv-cache-memory"
+            )
+        return num_blocks
+
+    # ---- one step ----------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> tuple[list[int], SamplerOutput]:
+        """Run one step; returns the indices (into batch.seqs) that sampled, and their samples."""
+        sampling_rows = [i for i in range(len(batch)) if batch.samples(i)]
+        input_ids, positions, meta = self._prepare(batch)
+        if meta.is_decode_only and len(batch) <= self._max_graph_size:
+            hidden = self._replay(input_ids, positions, meta)
+            logits_rows = torch.tensor(sampling_rows, device=self.device)
+        else:
+            hidden = self.model(input_ids, positions, self.kv_caches, meta)
+            ends = meta.query_start_loc[1:].long() - 1
+            logits_rows = ends[torch.tensor(sampling_rows, device=self.device, dtype=torch.long)]
+        if not sampling_rows:
+            return [], SamplerOutput([], [])
+        logits = self.model.compute_logits(hidden[logits_rows])
+        return sampling_rows, self.sampler(logits, [batch.seqs[i] for i in sampling_rows])
+
+    def _prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_start = [0]
+        seq_lens: list[int] = []
+        for seq, num_new in zip(batch.seqs, batch.num_new_tokens, strict=True):
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            table = seq.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            query_start.append(query_start[-1] + num_new)
+            seq_lens.append(end)
+        width = max(len(seq.block_table) for seq in batch.seqs)
+        tables = [seq.block_table + [0] * (width - len(seq.block_table)) for seq in batch.seqs]
+        meta = AttentionMetadata(
+            slot_mapping=self._tensor(slots, torch.int64),
+            query_start_loc=self._tensor(query_start, torch.int32),
+            seq_lens=self._tensor(seq_lens, torch.int32),
+            block_tables=self._tensor(tables, torch.int32),
+            max_query_len=max(batch.num_new_tokens),
+            max_seq_len=max(seq_lens),
+        )
+        return self._tensor(input_ids, torch.int64), self._tensor(positions, torch.int64), meta
+
+    def _tensor(self, data: list, dtype: torch.dtype) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return torch.tensor(data, dtype=dtype)
+        return torch.tensor(data, dtype=dtype, pin_memory=True).to(self.device, non_blocking=True)
+
+    # ---- CUDA graphs -------------------------------------------------------------------------
+
+    def _capture_graphs(self, max_num_seqs: int) -> None:
+        sizes = graph_batch_sizes(max_num_seqs)
+        largest = sizes[-1]
+        device = self.device
+        self._static = {
+            "input_ids": torch.zeros(largest, dtype=torch.int64, device=device),
+            "positions": torch.zeros(largest, dtype=torch.int64, device=device),
+            "slot_mapping": torch.full((largest,), -1, dtype=torch.int64, device=device),
+            "query_start_loc": torch.arange(largest + 1, dtype=torch.int32, device=device),
+            "seq_lens": torch.ones(largest, dtype=torch.int32, device=device),
+            "block_tables": torch.zeros(largest, self.max_blocks_per_seq, dtype=torch.int32, device=device),
+        }
+        # Largest first, so that the smaller graphs fit in the memory pool the largest reserved.
+        for size in reversed(sizes):
+            meta = self._static_meta(size)
+            args = (self._static["input_ids"][:size], self._static["positions"][:size], self.kv_caches, meta)
+            self.model(*args)  # warm-up: Triton compiles outside the capture
+            torch.cuda.synchronize(device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._graph_pool):
+                hidden = self.model(*args)
+            if self._graph_pool is None:
+                self._graph_pool = graph.pool()
+            self._graphs[size] = _Graph(graph, hidden)
+        torch.cuda.synchronize(device)
+        self._max_graph_size = largest
+        logger.info("captured CUDA graphs for decode batch sizes %s", sizes)
+
+    def _static_meta(self, size: int) -> AttentionMetadata:
+        s = self._static
+        return AttentionMetadata(
+            slot_mapping=s["slot_mapping"][:size],
+            query_start_loc=s["query_start_loc"][: size + 1],
+            seq_lens=s["seq_lens"][:size],
+            block_tables=s["block_tables"][:size],
+            max_query_len=1,
+            # The kernels size their loops from this; a graph must cover every length it replays.
+            max_seq_len=self.max_model_len,
+        )
+
+    def _replay(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        n = input_ids.shape[0]
+        size = min(s for s in self._graphs if s >= n)
+        s = self._static
+        s["input_ids"][:n] = input_ids
+        s["positions"][:n] = positions
+        s["slot_mapping"].fill_(-1)
+        s["slot_mapping"][:n] = meta.slot_mapping
+        s["seq_lens"].fill_(1)
+        s["seq_lens"][:n] = meta.seq_lens
+        width = meta.block_tables.shape[1]
+        s["block_tables"][:n, :width] = meta.block_tables
+        self._graphs[size].graph.replay()
+        return self._graphs[size].hidden[:n]

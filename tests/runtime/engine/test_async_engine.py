@@ -1,0 +1,96 @@
+"""The asyncio front: streamed deltas add up to the final output; aborts and cancellations free blocks."""
+
+import asyncio
+
+import pytest
+from pagoda_runtime.async_engine import AsyncLLMEngine
+from pagoda_runtime.config import EngineConfig
+from pagoda_runtime.sampling_params import SamplingParams
+
+from tests.runtime.tiny_models import build_tiny_model
+
+
+@pytest.fixture(scope="module")
+def engine_config(tmp_path_factory):
+    folder = build_tiny_model(tmp_path_factory.mktemp("tiny") / "llama3", "llama3")
+    return EngineConfig(model=str(folder), dtype="float32", device="cpu", block_size=4)
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+def test_stream_deltas_add_up_and_abort_ends_a_stream(engine_config):
+    async def main():
+        engine = AsyncLLMEngine.from_engine_config(engine_config)
+        await engine.start()
+        params = SamplingParams(n=2, temperature=1.0, seed=0, max_tokens=20, ignore_eos=True)
+        text, tokens, last = ["", ""], [[], []], None
+        async for out in engine.generate("Hello, world!", params, "s"):
+            for delta in out.delta:
+                text[delta.index] += delta.text
+                tokens[delta.index] += delta.token_ids
+            last = out
+        assert last.finished and [o.text for o in last.outputs] == text
+        assert [o.token_ids for o in last.outputs] == tokens and all(len(t) == 20 for t in tokens)
+
+        long = SamplingParams(max_tokens=200, ignore_eos=True)
+        reasons = []
+
+        async def consume():
+            async for out in engine.generate("Once upon a time", long, "a"):
+                if out.finished:
+                    reasons.extend(o.finish_reason for o in out.outputs)
+
+        task = asyncio.create_task(consume())
+        while engine.stats().num_running == 0:
+            await asyncio.sleep(0.01)
+        await engine.abort("a")
+        await task
+        assert reasons == ["abort"]
+        assert engine.stats().kv_cache_usage == 0.0
+        await engine.shutdown()
+
+    run(main())
+
+
+def test_cancelled_consumer_aborts_its_request_and_the_loop_stays_responsive(engine_config):
+    async def main():
+        engine = AsyncLLMEngine.from_engine_config(engine_config)
+        await engine.start()
+
+        async def consume():
+            async for _ in engine.generate("The quick", SamplingParams(max_tokens=300, ignore_eos=True), "c"):
+                pass
+
+        task = asyncio.create_task(consume())
+        while engine.stats().num_running == 0:
+            await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(200):
+            if engine.stats().kv_cache_usage == 0.0 and engine.stats().num_running == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert engine.stats().kv_cache_usage == 0.0 and not engine.engine.has_unfinished()
+        beat = engine.last_heartbeat
+        await asyncio.sleep(0.7)
+        assert engine.last_heartbeat > beat  # the idle loop still ticks
+        assert engine.errored is None
+        await engine.shutdown()
+
+    run(main())
+
+
+def test_a_request_that_cannot_fit_raises_before_streaming(engine_config):
+    async def main():
+        engine = AsyncLLMEngine.from_engine_config(engine_config)
+        await engine.start()
+        with pytest.raises(ValueError, match="max_model_len"):
+            async for _ in engine.generate([5] * 10, SamplingParams(max_tokens=engine.max_model_len), "x"):
+                pass
+        engine.abort_all()
+        await engine.shutdown()
+
+    run(main())

@@ -1,0 +1,87 @@
+"""The sampler on hand-made logits: penalties with vLLM's semantics, masks, and truncation."""
+
+import torch
+from pagoda_runtime.sampler import Sampler
+from pagoda_runtime.sampling_params import SamplingParams
+from pagoda_runtime.sequence import Sequence, SequenceGroup
+
+EOS = 9
+
+
+def seq_with(params: SamplingParams, prompt: list[int], output: list[int] = ()) -> Sequence:
+    group = SequenceGroup("r", prompt, params, 0.0)
+    group.seqs = [Sequence(group, 0)]
+    group.seqs[0].token_ids.extend(output)
+    return group.seqs[0]
+
+
+def logits_row(values: dict[int, float], vocab: int = 10) -> torch.Tensor:
+    row = torch.full((vocab,), -5.0)
+    for token, value in values.items():
+        row[token] = value
+    return row
+
+
+def sample(params: SamplingParams, row: torch.Tensor, prompt=(5,), output=()) -> int:
+    sampler = Sampler(torch.device("cpu"), [EOS])
+    return sampler(row[None, :], [seq_with(params, list(prompt), list(output))]).token_ids[0]
+
+
+def test_repetition_penalty_covers_prompt_and_output_and_pushes_negatives_down():
+    row = logits_row({0: 2.0, 1: 1.9})
+    greedy = dict(temperature=0.0)
+    assert sample(SamplingParams(**greedy), row, prompt=[0]) == 0
+    assert sample(SamplingParams(repetition_penalty=2.0, **greedy), row, prompt=[0]) == 1
+    assert sample(SamplingParams(repetition_penalty=2.0, **greedy), row, prompt=[5], output=[0]) == 1
+    negative = logits_row({0: -1.0, 1: -1.5})
+    assert sample(SamplingParams(repetition_penalty=2.0, **greedy), negative, prompt=[0]) == 1
+
+
+def test_presence_and_frequency_penalties_count_only_output_tokens():
+    row = logits_row({0: 2.0, 1: 1.5})
+    greedy = dict(temperature=0.0)
+    assert sample(SamplingParams(presence_penalty=1.0, **greedy), row, prompt=[0, 0]) == 0
+    assert sample(SamplingParams(presence_penalty=1.0, **greedy), row, output=[0]) == 1
+    assert sample(SamplingParams(frequency_penalty=0.3, **greedy), row, output=[0]) == 0
+    assert sample(SamplingParams(frequency_penalty=0.3, **greedy), row, output=[0, 0]) == 1
+
+
+def test_min_tokens_masks_eos_and_stop_ids_until_reached():
+    row = logits_row({EOS: 3.0, 4: 2.0, 1: 1.0})
+    assert sample(SamplingParams(temperature=0.0, min_tokens=2), row, output=[1]) == 4
+    assert sample(SamplingParams(temperature=0.0, min_tokens=2), row, output=[1, 1]) == EOS
+    row = logits_row({4: 3.0, 1: 1.0})
+    assert sample(SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=[4]), row) == 1
+
+
+def test_truncation_to_one_token_is_greedy():
+    row = torch.randn(50, generator=torch.Generator().manual_seed(0)) * 3
+    best = int(row.argmax())
+    for params in (
+        SamplingParams(top_k=1, seed=1),
+        SamplingParams(top_p=1e-6, seed=2),
+        SamplingParams(min_p=1.0, seed=3),
+        SamplingParams(temperature=1e-4, seed=4),
+    ):
+        assert all(sample(params, row) == best for _ in range(5))
+
+
+def test_top_k_and_top_p_never_pick_outside_their_set():
+    row = torch.tensor([4.0, 3.9, 3.8, 0.0, -1.0, 0.5, 0.1, 0.2])
+    sampler = Sampler(torch.device("cpu"), [EOS])
+    seqs = [seq_with(SamplingParams(top_k=3, temperature=5.0), [5]) for _ in range(200)]
+    assert set(sampler(row.repeat(200, 1), seqs).token_ids) == {0, 1, 2}
+    probs = torch.softmax(row, -1)
+    nucleus = float(probs[:2].sum()) - 1e-3  # tokens 0 and 1 reach it, token 2 is not needed
+    seqs = [seq_with(SamplingParams(top_p=nucleus), [5]) for _ in range(200)]
+    assert set(sampler(row.repeat(200, 1), seqs).token_ids) == {0, 1}
+
+
+def test_logprobs_are_of_the_raw_distribution_with_the_chosen_token_included():
+    row = logits_row({0: 2.0, 1: 1.5, 2: 1.0})
+    sampler = Sampler(torch.device("cpu"), [EOS])
+    params = SamplingParams(temperature=0.0, logprobs=2, repetition_penalty=3.0)
+    out = sampler(row[None, :], [seq_with(params, [0])])
+    raw = torch.log_softmax(row, -1)
+    assert out.token_ids == [1]  # the penalty moved the choice ...
+    assert out.logprobs[0] == {1: float(raw[1]), 0: float(raw[0])}  # ... but not the reported logprobs

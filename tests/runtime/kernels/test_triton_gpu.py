@@ -1,0 +1,109 @@
+"""On a CUDA GPU, in bf16 and fp16, the Triton kernels compute what the float32 reference computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pagoda_runtime.config import ModelConfig
+from pagoda_runtime.kernels import build_cos_sin_cache, get_attention_ops, reference
+from pagoda_runtime.kernels.triton_paged_attention import paged_attention
+from pagoda_runtime.kernels.triton_rmsnorm import rms_norm
+from pagoda_runtime.kernels.triton_silu_mul import silu_and_mul
+
+from .paged_batch import make_paged_batch, relative_error
+
+pytestmark = pytest.mark.gpu
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+def _batch(seqs, heads, kv_heads, head_dim, block_size, dtype, seed=0):
+    batch = make_paged_batch(
+        seqs, heads, kv_heads, head_dim, block_size, dtype=dtype, device="cuda", seed=seed
+    )
+    get_attention_ops("cuda").write_kv(batch.k_new, batch.v_new, batch.kv_cache, batch.meta.slot_mapping)
+    return batch
+
+
+def _reference(batch, scale):
+    return reference.attention(batch.q.float(), batch.kv_cache.float(), batch.meta, scale)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(32, 8, 128), (9, 3, 64), (14, 2, 64)])
+def test_mixed_batch(dtype, block_size, heads, kv_heads, head_dim) -> None:
+    seqs = [(700, 1), (129, 1), (512, 512), (1500, 300), (3, 1), (64, 2)]
+    batch = _batch(seqs, heads, kv_heads, head_dim, block_size, dtype, seed=block_size)
+    out = paged_attention(batch.q, batch.kv_cache, batch.meta, head_dim**-0.5)
+    assert out.dtype == dtype
+    assert relative_error(out, _reference(batch, head_dim**-0.5)) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_seqs", [1, 3, 64])
+def test_long_context_decode_with_default_splits(dtype, num_seqs) -> None:
+    seqs = [(8192 - (997 * i) % 8000, 1) for i in range(num_seqs)]
+    batch = _batch(seqs, 32, 8, 128, 16, dtype, seed=num_seqs)
+    out = paged_attention(batch.q, batch.kv_cache, batch.meta, 128**-0.5)
+    assert relative_error(out, _reference(batch, 128**-0.5)) < 1e-2
+
+
+def test_decode_replayed_from_a_cuda_graph_as_contexts_grow() -> None:
+    batch = _batch([(100, 1), (37, 1), (2000, 1)], 32, 8, 128, 16, torch.bfloat16)
+    scale = 128**-0.5
+    true_lens = batch.meta.seq_lens.clone()
+    batch.meta.seq_lens.copy_(torch.tensor([90, 30, 1000], dtype=torch.int32))
+    paged_attention(batch.q, batch.kv_cache, batch.meta, scale)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = paged_attention(batch.q, batch.kv_cache, batch.meta, scale)
+    batch.meta.seq_lens.copy_(true_lens)
+    graph.replay()
+    assert relative_error(out, _reference(batch, scale)) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_and_kv_write(dtype) -> None:
+    config = ModelConfig(
+        architecture="llama",
+        vocab_size=8,
+        hidden_size=4096,
+        intermediate_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
+    )
+    cache = build_cos_sin_cache(config, 8192, "cuda", torch.float32)
+    positions = torch.randint(0, 8192, (300,), device="cuda")
+    qkv = torch.randn(300, 48 * 128, device="cuda", dtype=dtype)
+    q, k = qkv[:, : 32 * 128].view(300, 32, 128), qkv[:, 32 * 128 : 40 * 128].view(300, 8, 128)
+    q_ref, k_ref = reference.rotary(positions, q.float(), k.float(), cache)
+    ops = get_attention_ops("cuda")
+    ops.rotary(positions, q, k, cache)
+    assert relative_error(q, q_ref) < 1e-2 and relative_error(k, k_ref) < 1e-2
+    v = qkv[:, 40 * 128 :].view(300, 8, 128)
+    kv_cache = torch.zeros(2, 40, 16, 8, 128, device="cuda", dtype=dtype)
+    slots = torch.randperm(40 * 16, device="cuda")[:300]
+    ops.write_kv(k, v, kv_cache, slots)
+    assert torch.equal(kv_cache[0].flatten(0, 1)[slots], k) and torch.equal(
+        kv_cache[1].flatten(0, 1)[slots], v
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_and_silu_and_mul(dtype) -> None:
+    x, residual = (
+        torch.randn(64, 4096, device="cuda", dtype=dtype),
+        torch.randn(64, 4096, device="cuda", dtype=dtype),
+    )
+    weight = torch.randn(4096, device="cuda", dtype=dtype)
+    normed, summed = rms_norm(x, weight, 1e-5, residual)
+    normed_ref, summed_ref = reference.rms_norm(x, weight, 1e-5, residual)
+    assert torch.equal(summed, summed_ref) and relative_error(normed, normed_ref) < 1e-2
+    gate_up = torch.randn(64, 2 * 14336, device="cuda", dtype=dtype)
+    assert relative_error(silu_and_mul(gate_up), reference.silu_and_mul(gate_up)) < 1e-2

@@ -1,0 +1,115 @@
+"""The Triton kernels compute what the PyTorch reference computes (interpreter mode on the CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pagoda_runtime.config import ModelConfig
+from pagoda_runtime.kernels import build_cos_sin_cache, reference
+from pagoda_runtime.kernels.triton_kv_write import write_kv
+from pagoda_runtime.kernels.triton_paged_attention import paged_attention
+from pagoda_runtime.kernels.triton_rmsnorm import rms_norm
+from pagoda_runtime.kernels.triton_rotary import rotary
+from pagoda_runtime.kernels.triton_silu_mul import silu_and_mul
+
+from .paged_batch import dense_attention, make_paged_batch, relative_error
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+MIXED = [(37, 1), (20, 20), (50, 13), (1, 1), (16, 1), (70, 2)]
+
+
+def _written(batch):
+    reference.write_kv(batch.k_new, batch.v_new, batch.kv_cache, batch.meta.slot_mapping)
+    return batch
+
+
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (9, 3), (8, 2)])
+def test_paged_attention_on_mixed_batches(block_size: int, heads: int, kv_heads: int) -> None:
+    batch = _written(make_paged_batch(MIXED, heads, kv_heads, 64, block_size, device=DEVICE, seed=block_size))
+    out = paged_attention(batch.q, batch.kv_cache, batch.meta, 0.125)
+    assert relative_error(out, reference.attention(batch.q, batch.kv_cache, batch.meta, 0.125)) < 1e-5
+    assert relative_error(out, dense_attention(batch, 0.125)) < 1e-5
+
+
+@pytest.mark.parametrize("head_dim,block_size", [(128, 16), (80, 8)])
+def test_paged_attention_head_dims(head_dim: int, block_size: int) -> None:
+    batch = _written(make_paged_batch([(40, 1), (33, 17)], 8, 2, head_dim, block_size, device=DEVICE, seed=1))
+    out = paged_attention(batch.q, batch.kv_cache, batch.meta, head_dim**-0.5)
+    assert relative_error(out, dense_attention(batch, head_dim**-0.5)) < 1e-5
+
+
+@pytest.mark.parametrize("num_splits", [2, 5])
+def test_split_k_decode_merges_to_the_same_result(num_splits: int) -> None:
+    # Contexts shorter than one split's share leave some splits empty.
+    seqs = [(150, 1), (3, 1), (64, 1), (129, 1)]
+    batch = _written(make_paged_batch(seqs, 12, 4, 64, 16, device=DEVICE, seed=num_splits))
+    out = paged_attention(batch.q, batch.kv_cache, batch.meta, 0.125, num_splits=num_splits)
+    assert relative_error(out, dense_attention(batch, 0.125)) < 1e-5
+
+
+def test_split_k_over_prefill_chunks() -> None:
+    batch = _written(make_paged_batch([(90, 30), (12, 1)], 6, 3, 64, 8, device=DEVICE, seed=7))
+    out = paged_attention(batch.q, batch.kv_cache, batch.meta, 0.125, num_splits=3)
+    assert relative_error(out, dense_attention(batch, 0.125)) < 1e-5
+
+
+def test_paged_attention_reads_queries_from_a_fused_qkv_view() -> None:
+    batch = _written(make_paged_batch(MIXED, 8, 2, 64, 16, device=DEVICE, seed=2))
+    qkv = torch.randn(batch.q.shape[0], 12 * 64, device=DEVICE)
+    q = qkv[:, : 8 * 64].view(-1, 8, 64)
+    q.copy_(batch.q)
+    out = paged_attention(q, batch.kv_cache, batch.meta, 0.125)
+    assert relative_error(out, dense_attention(batch, 0.125)) < 1e-5
+
+
+@pytest.mark.parametrize("kv_heads,head_dim,block_size", [(3, 64, 8), (8, 128, 32)])
+def test_kv_write_matches_reference_and_skips_padding(kv_heads: int, head_dim: int, block_size: int) -> None:
+    cache = torch.randn(2, 6, block_size, kv_heads, head_dim, device=DEVICE)
+    expected = cache.clone()
+    kv = torch.randn(5, 2 * kv_heads, head_dim, device=DEVICE)  # k and v as views of one tensor
+    k, v = kv[:, :kv_heads], kv[:, kv_heads:]
+    slots = torch.tensor([3, -1, 6 * block_size - 1, block_size, 0], device=DEVICE)
+    write_kv(k, v, cache, slots)
+    reference.write_kv(k, v, expected, slots)
+    assert torch.equal(cache, expected)
+
+
+def test_rotary_matches_reference_in_place() -> None:
+    config = ModelConfig(
+        architecture="llama",
+        vocab_size=8,
+        hidden_size=576,
+        intermediate_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        rms_norm_eps=1e-5,
+        rope_theta=100000.0,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+    )
+    cache = build_cos_sin_cache(config, 2048, DEVICE, torch.float32)
+    positions = torch.tensor([0, 1, 2, 1000, 2047, 7], device=DEVICE)
+    qkv = torch.randn(6, 15 * 64, device=DEVICE)
+    q, k = qkv[:, : 9 * 64].view(6, 9, 64), qkv[:, 9 * 64 : 12 * 64].view(6, 3, 64)
+    q_ref, k_ref = reference.rotary(positions, q.clone(), k.clone(), cache)
+    q_out, k_out = rotary(positions, q, k, cache)
+    assert q_out.data_ptr() == qkv.data_ptr()
+    assert torch.allclose(q_out, q_ref, atol=1e-5) and torch.allclose(k_out, k_ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_matches_reference(with_residual: bool) -> None:
+    x, weight = torch.randn(5, 576, device=DEVICE), torch.randn(576, device=DEVICE)
+    residual = torch.randn(5, 576, device=DEVICE) if with_residual else None
+    normed, summed = rms_norm(x, weight, 1e-5, residual)
+    normed_ref, summed_ref = reference.rms_norm(x, weight, 1e-5, residual)
+    assert torch.equal(summed, summed_ref)
+    assert torch.allclose(normed, normed_ref, atol=1e-5, rtol=1e-5)
+
+
+def test_silu_and_mul_matches_reference() -> None:
+    gate_up = torch.randn(4, 2 * 1536, device=DEVICE) * 4
+    assert torch.allclose(silu_and_mul(gate_up), reference.silu_and_mul(gate_up), atol=1e-5, rtol=1e-5)
