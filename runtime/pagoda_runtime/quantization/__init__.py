@@ -1,0 +1,25 @@
+"""Weight quantization: packed layouts, online quantizers, checkpoint converters and the matmuls."""
+
+from .gguf_blocks import gguf_to_packed
+from .hf_checkpoints import CheckpointQuantization, awq_to_packed, gptq_to_packed, parse_quantization_config
+from .linear import METHODS, DenseLinear, QuantizedLinear, make_linear, quantized_matmul
+from .online import quantize_fp8, quantize_int4, quantize_int8
+from .packed import PackedWeight, dequantize
+
+__all__ = [
+    "METHODS",
+    "CheckpointQuantization",
+    "DenseLinear",
+    "PackedWeight",
+    "QuantizedLinear",
+    "awq_to_packed",
+    "dequantize",
+    "gguf_to_packed",
+    "gptq_to_packed",
+    "make_linear",
+    "parse_quantization_config",
+    "quantize_fp8",
+    "quantize_int4",
+    "quantize_int8",
+    "quantized_matmul",
+]

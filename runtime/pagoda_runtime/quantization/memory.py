@@ -1,0 +1,18 @@
+"""Bytes the linear weights of a built model really occupy, to report beside sizing.py's estimate."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .linear import DenseLinear, QuantizedLinear
+
+
+def linear_weight_bytes(model: nn.Module) -> int:
+    """Stored bytes of every projection built by make_linear (packed weights, scales, offsets)."""
+    total = 0
+    for module in model.modules():
+        if isinstance(module, QuantizedLinear) and module.qweight is not None:
+            total += module.weight.nbytes
+        elif isinstance(module, DenseLinear):
+            total += module.weight.numel() * module.weight.element_size()
+    return total
