@@ -1,0 +1,102 @@
+"""Paged attention on the Llama-3-8B head layout (32 query heads, 8 kv heads, head dim 128), bf16.
+
+Decode: batch 1 and 64, contexts 512..8192, with split-K chosen by default and with one split.
+Each decode time comes from a CUDA graph that cycles several caches, so the 50 MB L2 cannot hold
+the keys and values; GB/s counts the keys and values read once, and the fraction is of the
+device's measured copy bandwidth. Prefill: one 2048-token chunk, alone and over a 2048-token
+cached prefix, in causal TFLOP/s.
+
+    PYTHONPATH=runtime python benchmarks/kernels_bench.py
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton.testing
+from pagoda_runtime.attention_metadata import AttentionMetadata
+from pagoda_runtime.kernels.triton_paged_attention import default_num_splits, paged_attention
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
+SCALE = HEAD_DIM**-0.5
+STREAM_BYTES = 256 * 2**20
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second of a large device-to-device copy, counting bytes read plus written."""
+    src = torch.empty(2**30, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    seconds = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median") / 1e3
+    return 2 * src.numel() / seconds
+
+
+def make_batch(query_lens: list[int], context_lens: list[int]):
+    """A random bf16 cache whose blocks are scattered, q for the new tokens, and the metadata."""
+    blocks = [math.ceil(c / BLOCK_SIZE) for c in context_lens]
+    order = torch.randperm(sum(blocks), device="cuda", dtype=torch.int32)
+    tables = torch.zeros(len(blocks), max(blocks), dtype=torch.int32, device="cuda")
+    offset = 0
+    for i, n in enumerate(blocks):
+        tables[i, :n] = order[offset : offset + n]
+        offset += n
+    cache = torch.randn(2, sum(blocks), BLOCK_SIZE, KV_HEADS, HEAD_DIM, dtype=torch.bfloat16, device="cuda")
+    q = torch.randn(sum(query_lens), HEADS, HEAD_DIM, dtype=torch.bfloat16, device="cuda")
+    starts = torch.tensor([0, *query_lens], device="cuda").cumsum(0).to(torch.int32)
+    meta = AttentionMetadata(
+        slot_mapping=torch.zeros(sum(query_lens), dtype=torch.int64, device="cuda"),
+        query_start_loc=starts,
+        seq_lens=torch.tensor(context_lens, dtype=torch.int32, device="cuda"),
+        block_tables=tables,
+        max_query_len=max(query_lens),
+        max_seq_len=max(context_lens),
+    )
+    return q, cache, meta
+
+
+def decode_seconds(batch: int, context: int, num_splits: int | None) -> float:
+    kv_bytes = 2 * batch * context * KV_HEADS * HEAD_DIM * 2
+    copies = max(1, math.ceil(STREAM_BYTES / kv_bytes))
+    batches = [make_batch([1] * batch, [context] * batch) for _ in range(copies)]
+    for q, cache, meta in batches:
+        paged_attention(q, cache, meta, SCALE, num_splits)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for q, cache, meta in batches:
+            paged_attention(q, cache, meta, SCALE, num_splits)
+    ms = triton.testing.do_bench(graph.replay, warmup=25, rep=200, return_mode="median")
+    return ms / 1e3 / copies
+
+
+def prefill_seconds(chunk: int, prefix: int) -> tuple[float, int]:
+    """Median seconds of one causal chunk over a cached prefix, and the matmul flops it must do."""
+    q, cache, meta = make_batch([chunk], [prefix + chunk])
+    ms = triton.testing.do_bench(lambda: paged_attention(q, cache, meta, SCALE), return_mode="median")
+    return ms / 1e3, 4 * HEADS * HEAD_DIM * sum(prefix + i + 1 for i in range(chunk))
+
+
+def main() -> None:
+    bandwidth = copy_bandwidth()
+    print(f"device: {torch.cuda.get_device_name()}; copy bandwidth {bandwidth / 1e9:.0f} GB/s")
+    print("batch context splits        us    GB/s of copy | 1 split us    GB/s")
+    for batch in (1, 64):
+        for context in (512, 1024, 2048, 4096, 8192):
+            kv_bytes = 2 * batch * context * KV_HEADS * HEAD_DIM * 2
+            splits = default_num_splits(batch, KV_HEADS, torch.device("cuda"))
+            t = decode_seconds(batch, context, None)
+            t1 = decode_seconds(batch, context, 1)
+            print(
+                f"{batch:>5} {context:>7} {splits:>6} {t * 1e6:>9.1f} {kv_bytes / t / 1e9:>7.0f} "
+                f"{kv_bytes / t / bandwidth:>7.0%} | {t1 * 1e6:>10.1f} {kv_bytes / t1 / 1e9:>7.0f}"
+            )
+    for prefix in (0, 2048):
+        seconds, flops = prefill_seconds(2048, prefix)
+        print(
+            f"prefill chunk 2048 over prefix {prefix}: {seconds * 1e6:.0f} us, "
+            f"{flops / seconds / 1e12:.0f} TFLOP/s"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Benchmarks of the runtime: `pagoda-runtime bench ...`."""

@@ -1,0 +1,152 @@
+"""`pagoda-runtime serve` (the OpenAI-compatible server) and `pagoda-runtime bench serve` (its load test)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from pagoda_runtime.config import EngineConfig
+
+API_KEY_ENV = "PAGODA_API_KEY"
+
+
+def _add_serve(sub) -> None:
+    p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    defaults = EngineConfig()
+    p.add_argument("--model", default=defaults.model, help="model folder, .gguf file, or 'smollm2-135m'")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None, help="the name clients use (default: --model)")
+    p.add_argument("--dtype", default=defaults.dtype, choices=["auto", "float32", "float16", "bfloat16"])
+    p.add_argument("--device", default=defaults.device, help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--quantization", default=defaults.quantization)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
+    p.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
+    p.add_argument("--block-size", type=int, default=defaults.block_size)
+    p.add_argument(
+        "--kv-cache-memory",
+        type=float,
+        default=defaults.kv_cache_memory,
+        help="KV cache size in bytes, or a fraction (0, 1] of free device memory",
+    )
+    p.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.enable_prefix_caching,
+    )
+    p.add_argument("--enforce-eager", action="store_true", help="do not capture CUDA graphs")
+    p.add_argument("--seed", type=int, default=defaults.seed)
+    p.add_argument(
+        "--max-queue", type=int, default=None, help="waiting requests beyond which new ones get 429"
+    )
+    p.add_argument(
+        "--drain-timeout", type=float, default=30.0, help="seconds to finish requests after SIGTERM"
+    )
+    p.add_argument("--canary-interval", type=float, default=10.0, help="seconds between readiness canaries")
+    p.add_argument(
+        "--termination-log",
+        default=None,
+        help="file for a fatal start-up error (default: /dev/termination-log when writable)",
+    )
+    p.add_argument("--api-key", default=None, help=f"require this bearer key on /v1/* (or set {API_KEY_ENV})")
+    p.add_argument("--log-format", choices=["text", "json"], default="text")
+    p.add_argument("--log-level", default="INFO")
+
+
+def _add_bench(sub) -> None:
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", required=True)
+    p = bench.add_parser("serve", help="load-test a running server (vLLM benchmark_serving style)")
+    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--model", default=None, help="served model name (default: the server's only model)")
+    p.add_argument("--num-prompts", type=int, default=100)
+    p.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s, Poisson arrivals")
+    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--random-input-len", type=int, default=128)
+    p.add_argument("--random-output-len", type=int, default=64)
+    p.add_argument(
+        "--random-vocab-size", type=int, default=8000, help="prompt token ids are drawn below this"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--result-json", default=None, help="write the results here as JSON")
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=args.model,
+        served_model_name=args.served_model_name,
+        dtype=args.dtype,
+        device=args.device,
+        quantization=args.quantization,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+        kv_cache_memory=args.kv_cache_memory,
+        enable_prefix_caching=args.enable_prefix_caching,
+        enforce_eager=args.enforce_eager,
+        seed=args.seed,
+    )
+
+
+def server_settings(args: argparse.Namespace):
+    from pagoda_runtime.server.state import ServerSettings
+
+    return ServerSettings(
+        served_model_name=args.served_model_name or args.model,
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        max_queue=args.max_queue,
+        drain_timeout=args.drain_timeout,
+        canary_interval=args.canary_interval,
+    )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from pagoda_runtime.server.logs import configure_logging
+    from pagoda_runtime.server.process import default_termination_log, engine_loader, serve
+
+    configure_logging(args.log_format, args.log_level.upper())
+    termination_log = args.termination_log or default_termination_log()
+    return serve(
+        engine_loader(engine_config(args)), server_settings(args), args.host, args.port, termination_log
+    )
+
+
+def _bench_serve(args: argparse.Namespace) -> int:
+    from pagoda_runtime.bench.serve import BenchConfig, run
+
+    config = BenchConfig(
+        base_url=args.base_url,
+        model=args.model,
+        num_prompts=args.num_prompts,
+        request_rate=args.request_rate,
+        max_concurrency=args.max_concurrency,
+        input_len=args.random_input_len,
+        output_len=args.random_output_len,
+        vocab_size=args.random_vocab_size,
+        seed=args.seed,
+        api_key=args.api_key or os.environ.get(API_KEY_ENV),
+        result_json=args.result_json,
+    )
+    return run(config)
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="pagoda-runtime")
+    sub = top.add_subparsers(dest="command", required=True)
+    _add_serve(sub)
+    _add_bench(sub)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    return _bench_serve(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Whether a request may enter the engine now: the model it names, drain, load, queue depth, context.
+
+Refusals here are cheap and early, and each says what the client can do: 404 for a model this
+server does not serve, 503 with Retry-After while draining or loading, 429 with Retry-After when
+the waiting queue is full, 400 with the token counts when the request cannot fit the context.
+"""
+
+from __future__ import annotations
+
+from pagoda_runtime.server.drain import RETRY_AFTER_S
+from pagoda_runtime.server.errors import APIError
+from pagoda_runtime.server.state import ServerState
+
+QUEUE_FULL_RETRY_AFTER_S = 1
+LOADING_RETRY_AFTER_S = 5
+
+
+def check_model(state: ServerState, model: str | None) -> None:
+    served = state.settings.served_model_name
+    if model is not None and model != served:
+        raise APIError(
+            404,
+            f"The model '{model}' does not exist; this server serves '{served}'.",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def admit(state: ServerState):
+    """The engine, if this request may enter it now; otherwise 503 (draining, loading) or 429 (queue full)."""
+    if state.drain.draining:
+        state.drain.refused += 1
+        state.metrics.reject("draining")
+        raise APIError(
+            503,
+            "The server is shutting down; retry on another replica.",
+            code="draining",
+            retry_after=RETRY_AFTER_S,
+        )
+    engine = state.engine
+    if engine is None or engine.errored is not None:
+        state.metrics.reject("not_ready")
+        message = "The model is still loading; retry shortly." if engine is None else "The engine has failed."
+        raise APIError(503, message, code="not_ready", retry_after=LOADING_RETRY_AFTER_S)
+    limit = state.settings.max_queue
+    if limit is not None and (waiting := engine.stats().num_waiting) >= limit:
+        state.metrics.reject("queue_full")
+        raise APIError(
+            429,
+            f"The request queue is full ({waiting} waiting); retry after a short wait.",
+            code="queue_full",
+            retry_after=QUEUE_FULL_RETRY_AFTER_S,
+        )
+    return engine
+
+
+def completion_budget(prompt_len: int, max_tokens: int | None, max_model_len: int, field: str) -> int:
+    """max_tokens, defaulted to what the context has left, after checking that it fits."""
+    if prompt_len >= max_model_len:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens, but the prompt has {prompt_len} "
+            f"tokens; shorten the prompt.",
+            param="prompt" if field == "max_tokens" else "messages",
+            code="context_length_exceeded",
+        )
+    if max_tokens is None:
+        return max_model_len - prompt_len
+    if prompt_len + max_tokens > max_model_len:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens, but you requested "
+            f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} in the completion); "
+            f"shorten the prompt or lower {field}.",
+            param=field,
+            code="context_length_exceeded",
+        )
+    return max_tokens

@@ -1,0 +1,99 @@
+"""The FastAPI application: routes, error handlers, the edge middleware, and background loading.
+
+The model loads after the server starts listening, so that Kubernetes sees a live process with
+a not-ready body (saying why) during a long load instead of connection refusals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from pagoda_runtime.server.chat import create_chat_completion
+from pagoda_runtime.server.completions import create_completion
+from pagoda_runtime.server.errors import install_error_handlers
+from pagoda_runtime.server.middleware import EdgeMiddleware
+from pagoda_runtime.server.protocol import ModelCard, ModelList
+from pagoda_runtime.server.state import ServerSettings, ServerState
+
+log = logging.getLogger("pagoda.server")
+
+EngineLoader = Callable[[], Awaitable[object]]
+
+
+def build_app(
+    settings: ServerSettings, load_engine: EngineLoader, on_fatal: Callable[[str], None] | None = None
+) -> FastAPI:
+    """The app; load_engine returns a started AsyncLLMEngine, on_fatal hears why it could not."""
+    state = ServerState(settings)
+    started = int(time.time())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        background: list[asyncio.Task] = []
+        background.append(asyncio.create_task(_load(state, load_engine, on_fatal, background)))
+        yield
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        if state.engine is not None:
+            await state.engine.shutdown()
+
+    app = FastAPI(title="Pagoda runtime", version="0.1.0", lifespan=lifespan)
+    app.state.pagoda = state
+    install_error_handlers(app)
+    app.add_middleware(EdgeMiddleware, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes)
+    app.add_api_route("/v1/completions", create_completion, methods=["POST"])
+    app.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"])
+
+    @app.get("/v1/models")
+    async def models() -> ModelList:
+        max_len = state.engine.max_model_len if state.engine is not None else 0
+        return ModelList(
+            data=[ModelCard(id=settings.served_model_name, created=started, max_model_len=max_len)]
+        )
+
+    @app.get("/health/live")
+    async def live() -> JSONResponse:
+        check = state.health.live(state.engine)
+        return JSONResponse({"live": check.ok, "detail": check.detail}, status_code=200 if check.ok else 503)
+
+    @app.get("/health/ready")
+    async def ready() -> JSONResponse:
+        checks = state.health.ready(state.engine, state.load_error, state.drain.draining)
+        ok = all(c.ok for c in checks.values())
+        body = {"ready": ok, "checks": {name: {"ok": c.ok, "detail": c.detail} for name, c in checks.items()}}
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+async def _load(
+    state: ServerState,
+    load_engine: EngineLoader,
+    on_fatal: Callable[[str], None] | None,
+    background: list[asyncio.Task],
+) -> None:
+    started = time.monotonic()
+    try:
+        engine = await load_engine()
+    except Exception as exc:  # every start-up failure is reported alike, as one line
+        state.load_error = " ".join(f"start-up failed: {exc}".split())
+        log.error(state.load_error)
+        if on_fatal is not None:
+            on_fatal(state.load_error)
+        return
+    state.engine = engine
+    log.info("model loaded in %.1fs; max_model_len=%d", time.monotonic() - started, engine.max_model_len)
+    background.append(asyncio.create_task(state.health.run_canaries(engine, lambda: state.drain.draining)))

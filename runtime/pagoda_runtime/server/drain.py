@@ -1,0 +1,63 @@
+"""Graceful drain: after SIGTERM, finish what was accepted, refuse what is new, then let go.
+
+Kubernetes keeps routing to a pod for a few seconds after it starts terminating, so new requests
+are answered 503 with Retry-After (the client retries elsewhere) rather than by a closed socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+
+RETRY_AFTER_S = 2
+# After aborting at the timeout, streams still have to send their final chunk and [DONE].
+_ABORT_GRACE_S = 10.0
+
+
+class Drain:
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.draining = False
+        self.in_flight = 0
+        self.refused = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._started_at = 0.0
+        self._in_flight_at_start = 0
+
+    @contextlib.contextmanager
+    def track(self) -> Iterator[None]:
+        """Counts one accepted request for as long as its response is being produced."""
+        self.in_flight += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self._idle.set()
+
+    def begin(self) -> None:
+        self.draining = True
+        self._started_at = time.monotonic()
+        self._in_flight_at_start = self.in_flight
+
+    async def wait(self, abort_all: Callable[[], None] | None) -> str:
+        """Waits for accepted requests up to the timeout, aborts the rest; returns a one-line summary."""
+        aborted = 0
+        try:
+            await asyncio.wait_for(self._idle.wait(), self.timeout)
+        except TimeoutError:
+            aborted = self.in_flight
+            if abort_all is not None:
+                abort_all()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), _ABORT_GRACE_S)
+        finished = self._in_flight_at_start - aborted
+        return (
+            f"drained in {time.monotonic() - self._started_at:.1f}s: "
+            f"{finished} in-flight requests completed, "
+            f"{aborted} aborted at the {self.timeout:g}s drain timeout, {self.refused} new requests refused"
+        )

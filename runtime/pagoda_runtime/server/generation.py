@@ -1,0 +1,164 @@
+"""One admitted request's way through the engine and back out as a response, for both endpoints.
+
+Sampling parameters, per-token metrics, the in-flight count the drain waits on, and the rule that
+a request whose client went away is aborted at once so its KV blocks go back to the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+from fastapi import Request, Response
+from pydantic import BaseModel
+
+from pagoda_runtime.outputs import RequestOutput
+from pagoda_runtime.sampling_params import SamplingParams
+from pagoda_runtime.server import sse
+from pagoda_runtime.server.errors import APIError
+from pagoda_runtime.server.protocol import SamplingFields, UsageInfo
+from pagoda_runtime.server.state import ServerState
+
+T = TypeVar("T")
+# What nginx logs for a client that closed the connection; nobody receives it.
+CLIENT_CLOSED = 499
+
+
+class Disconnected(Exception):
+    """The client closed the connection before the response was ready."""
+
+
+def usage(out: RequestOutput) -> UsageInfo:
+    prompt = len(out.prompt_token_ids)
+    completion = sum(len(o.token_ids) for o in out.outputs)
+    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+def sampling_params(body: SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    try:
+        return SamplingParams(
+            n=body.n,
+            max_tokens=max_tokens,
+            min_tokens=body.min_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=body.top_k,
+            min_p=body.min_p,
+            seed=body.seed,
+            presence_penalty=body.presence_penalty,
+            frequency_penalty=body.frequency_penalty,
+            repetition_penalty=body.repetition_penalty,
+            stop=body.stop_list(),
+            ignore_eos=body.ignore_eos,
+            logprobs=logprobs,
+        )
+    except ValueError as exc:
+        raise APIError(400, f"{exc}.") from exc
+
+
+async def generate(
+    state: ServerState, engine, prompt_ids: list[int], params: SamplingParams, request_id: str
+) -> AsyncIterator[RequestOutput]:
+    """The engine's outputs for one request, observed for metrics; aborted if left unfinished."""
+    finished = refused = False
+    last_token_at = None
+    out = None
+    try:
+        async for out in engine.generate(prompt_ids, params, request_id):
+            now = time.monotonic()
+            new_tokens = max((len(d.token_ids) for d in out.delta or ()), default=0)
+            if new_tokens:
+                if last_token_at is not None:
+                    state.metrics.token_gap(now - last_token_at, new_tokens)
+                last_token_at = now
+            if out.finished:
+                finished = True
+                state.metrics.finished(out)
+            yield out
+    except ValueError as exc:
+        # The engine refuses, before the first output, a request that could never fit its KV cache.
+        refused = True
+        raise APIError(400, str(exc), code="context_length_exceeded") from exc
+    finally:
+        if not finished and not refused:
+            await engine.abort(request_id)
+            state.metrics.abandoned(out, len(prompt_ids))
+
+
+async def respond(
+    request: Request,
+    state: ServerState,
+    outputs: AsyncIterator[RequestOutput],
+    whole: Callable[[RequestOutput], BaseModel],
+    stream: Callable[[AsyncIterator[RequestOutput]], AsyncIterator[bytes]] | None,
+) -> BaseModel | Response:
+    """The response for one admitted request: whole (stream is None) or as Server-Sent Events.
+
+    The request counts as in flight for the drain until its last byte is produced.
+    """
+    in_flight = contextlib.ExitStack()
+    in_flight.enter_context(state.drain.track())
+    if stream is None:
+        with in_flight:
+            try:
+                return whole(await unless_disconnected(request, _last(outputs)))
+            except Disconnected:
+                return Response(status_code=CLIENT_CLOSED)
+    try:
+        # Awaited before answering so that a request the engine refuses still gets a 400, not a 200 stream.
+        first = await unless_disconnected(request, anext(outputs))
+    except Disconnected:
+        in_flight.close()
+        return Response(status_code=CLIENT_CLOSED)
+    except BaseException:
+        in_flight.close()
+        raise
+
+    async def events():
+        async for chunk in stream(_prepend(first, outputs)):
+            yield chunk
+        yield sse.DONE
+
+    async def close() -> None:
+        await outputs.aclose()
+        in_flight.close()
+
+    return sse.EventStreamResponse(events(), on_close=close)
+
+
+async def _last(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
+    final = None
+    async for out in outputs:
+        final = out
+    return final
+
+
+async def _prepend(first: RequestOutput, rest: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
+    yield first
+    async for out in rest:
+        yield out
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Runs work, cancelling it (which aborts the engine request) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():
+        raise Disconnected
+    return task.result()
+
+
+async def _disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

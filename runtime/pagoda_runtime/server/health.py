@@ -1,0 +1,105 @@
+"""Kubernetes health: liveness from the engine loop's heartbeat, readiness from a real canary.
+
+Liveness only asks "is the loop still turning", so a busy pod is never restarted. Readiness asks
+"can this pod generate right now", answered by a few greedy tokens through the real engine on a
+timer; probes read the last result instead of each one costing a generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+
+from pagoda_runtime.sampling_params import SamplingParams
+
+log = logging.getLogger("pagoda.health")
+
+# A single engine step on a loaded CPU can take seconds; a loop silent for this long is stuck.
+LIVENESS_MAX_HEARTBEAT_AGE_S = 60.0
+CANARY_TIMEOUT_S = 60.0
+CANARY_PROMPT = "Hello"
+CANARY_TOKENS = 2
+
+
+@dataclass
+class Check:
+    ok: bool
+    detail: str
+
+
+class Health:
+    def __init__(self, canary_interval: float) -> None:
+        self.canary_interval = canary_interval
+        self.canary_ok_at: float | None = None
+        self.canary_error: str | None = "no canary has run yet"
+        self._ids = itertools.count()
+
+    async def run_canaries(self, engine, is_draining) -> None:
+        while not is_draining():
+            await self._canary(engine)
+            await asyncio.sleep(self.canary_interval)
+
+    async def _canary(self, engine) -> None:
+        params = SamplingParams(max_tokens=CANARY_TOKENS, temperature=0.0, ignore_eos=True)
+        prompt = engine.tokenizer.encode(CANARY_PROMPT)
+        final = None
+        try:
+            async with asyncio.timeout(CANARY_TIMEOUT_S):
+                async for out in engine.generate(
+                    prompt, params, f"canary-{next(self._ids)}", internal=True
+                ):
+                    final = out
+        except TimeoutError:
+            self._fail(f"the canary generation took longer than {CANARY_TIMEOUT_S:g}s")
+            return
+        except Exception as exc:  # an engine failure makes the pod unready, not the server dead
+            self._fail(f"the canary generation failed: {exc}")
+            return
+        produced = len(final.outputs[0].token_ids) if final is not None else 0
+        if produced != CANARY_TOKENS:
+            self._fail(f"the canary generation produced {produced} tokens instead of {CANARY_TOKENS}")
+            return
+        self.canary_ok_at = time.monotonic()
+        self.canary_error = None
+
+    def _fail(self, message: str) -> None:
+        if self.canary_error != message:
+            log.warning(message)
+        self.canary_error = message
+
+    def live(self, engine) -> Check:
+        if engine is None:
+            return Check(True, "the model is loading")
+        if engine.errored is not None:
+            return Check(False, f"the engine loop died: {engine.errored}")
+        age = time.monotonic() - engine.last_heartbeat
+        if age > LIVENESS_MAX_HEARTBEAT_AGE_S:
+            return Check(False, f"the engine loop has not ticked for {age:.0f}s")
+        return Check(True, f"the engine loop ticked {age:.1f}s ago")
+
+    def ready(self, engine, load_error: str | None, draining: bool) -> dict[str, Check]:
+        if engine is None:
+            loaded = Check(False, load_error or "the model is loading")
+        else:
+            loaded = Check(True, "the model is loaded")
+        loop = self.live(engine) if engine is not None else Check(False, "the engine loop has not started")
+        return {
+            "model_loaded": loaded,
+            "engine_loop": loop,
+            "canary": self._canary_check(),
+            "not_draining": Check(
+                not draining, "draining for shutdown" if draining else "accepting requests"
+            ),
+        }
+
+    def _canary_check(self) -> Check:
+        if self.canary_error is not None:
+            return Check(False, self.canary_error)
+        age = time.monotonic() - self.canary_ok_at
+        # The last attempt succeeded; if it is this old the canary loop itself has stalled.
+        if age > 2 * self.canary_interval + CANARY_TIMEOUT_S:
+            return Check(False, f"the last successful canary was {age:.0f}s ago")
+        return Check(True, f"the last canary succeeded {age:.1f}s ago")

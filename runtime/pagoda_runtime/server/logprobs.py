@@ -1,0 +1,53 @@
+"""Engine logprobs ({token_id: logprob} per generated token) in OpenAI's two formats."""
+
+from __future__ import annotations
+
+from pagoda_runtime.outputs import TokenLogprobs
+from pagoda_runtime.server.protocol import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
+
+# JSON has no -Infinity; OpenAI-compatible servers report masked-out tokens with this floor instead.
+_FLOOR = -9999.0
+
+
+def _text(tokenizer, token_id: int) -> str:
+    # Special tokens are shown as what they are, not dropped as they are from the completion text.
+    return tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def _top(alternatives: TokenLogprobs, n: int) -> list[tuple[int, float]]:
+    ranked = sorted(alternatives.items(), key=lambda item: item[1], reverse=True)[:n]
+    return [(token_id, max(lp, _FLOOR)) for token_id, lp in ranked]
+
+
+def completion_logprobs(
+    tokenizer, token_ids: list[int], logprobs: list[TokenLogprobs], top_n: int, text_offset: int
+) -> CompletionLogprobs:
+    """The legacy completions format; text_offset is where these tokens start in the choice's text."""
+    result = CompletionLogprobs()
+    for token_id, alternatives in zip(token_ids, logprobs, strict=True):
+        token = _text(tokenizer, token_id)
+        result.tokens.append(token)
+        result.token_logprobs.append(max(alternatives[token_id], _FLOOR))
+        result.top_logprobs.append({_text(tokenizer, t): lp for t, lp in _top(alternatives, top_n)})
+        result.text_offset.append(text_offset)
+        text_offset += len(token)
+    return result
+
+
+def chat_logprobs(tokenizer, token_ids: list[int], logprobs: list[TokenLogprobs], top_n: int) -> ChatLogprobs:
+    content = []
+    for token_id, alternatives in zip(token_ids, logprobs, strict=True):
+        token = _text(tokenizer, token_id)
+        top = []
+        for alt_id, alt_lp in _top(alternatives, top_n):
+            alt = _text(tokenizer, alt_id)
+            top.append(TopLogprob(token=alt, logprob=alt_lp, bytes=list(alt.encode())))
+        content.append(
+            TokenLogprob(
+                token=token,
+                logprob=max(alternatives[token_id], _FLOOR),
+                bytes=list(token.encode()),
+                top_logprobs=top,
+            )
+        )
+    return ChatLogprobs(content=content)

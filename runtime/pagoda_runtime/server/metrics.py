@@ -1,0 +1,187 @@
+"""Prometheus metrics, named as ARCHITECTURE.md lists them, labelled by model_name.
+
+Engine state (queue depth, running, KV usage, prefix cache counters) is read from engine.stats()
+at scrape time, so the numbers the autoscaler sees are never stale. Per-request latencies and
+token counts are observed by the server from the timings each RequestOutput carries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from pagoda_runtime.outputs import RequestOutput
+
+_TTFT_BUCKETS = (
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+_ITL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
+_REQUEST_BUCKETS = (
+    0.1,
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+)
+# A request with any aborted sample was aborted; otherwise "length" says it was cut short.
+_FINISH_PRIORITY = ("abort", "length", "stop")
+
+
+class _EngineStatsCollector:
+    def __init__(self, model_name: str, stats: Callable[[], object | None]) -> None:
+        self.model_name = model_name
+        self.stats = stats
+
+    def collect(self) -> Iterable[Metric]:
+        stats = self.stats()
+        if stats is None:
+            return
+        gauges = (
+            ("pagoda_num_requests_waiting", "Requests waiting to be scheduled.", stats.num_waiting),
+            ("pagoda_num_requests_running", "Requests in the running batch.", stats.num_running),
+            (
+                "pagoda_kv_cache_usage_ratio",
+                "Fraction of KV cache blocks in use (0 to 1).",
+                stats.kv_cache_usage,
+            ),
+        )
+        for name, doc, value in gauges:
+            gauge = GaugeMetricFamily(name, doc, labels=["model_name"])
+            gauge.add_metric([self.model_name], value)
+            yield gauge
+        counters = (
+            (
+                "pagoda_prefix_cache_queries",
+                "Prompt tokens looked up in the prefix cache.",
+                stats.prefix_cache_queries,
+            ),
+            ("pagoda_prefix_cache_hits", "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits),
+            ("pagoda_num_preemptions", "Sequences preempted for lack of KV cache.", stats.num_preemptions),
+        )
+        for name, doc, value in counters:
+            counter = CounterMetricFamily(name, doc, labels=["model_name"])
+            counter.add_metric([self.model_name], value)
+            yield counter
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str, stats: Callable[[], object | None]) -> None:
+        self.model_name = model_name
+        # A registry per app, so that tests can build several apps in one process.
+        self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        self.registry.register(_EngineStatsCollector(model_name, stats))
+        labels = ["model_name"]
+        reg = self.registry
+        self.prompt_tokens = Counter("pagoda_prompt_tokens", "Prompt tokens processed.", labels, registry=reg)
+        self.generation_tokens = Counter(
+            "pagoda_generation_tokens", "Tokens generated.", labels, registry=reg
+        )
+        self.requests = Counter(
+            "pagoda_requests", "Finished requests by finish reason.", [*labels, "finish_reason"], registry=reg
+        )
+        self.rejected = Counter(
+            "pagoda_requests_rejected",
+            "Requests refused before reaching the engine.",
+            [*labels, "reason"],
+            registry=reg,
+        )
+        self.ttft = Histogram(
+            "pagoda_time_to_first_token_seconds",
+            "Time to first token.",
+            labels,
+            buckets=_TTFT_BUCKETS,
+            registry=reg,
+        )
+        self.itl = Histogram(
+            "pagoda_inter_token_latency_seconds",
+            "Time between tokens.",
+            labels,
+            buckets=_ITL_BUCKETS,
+            registry=reg,
+        )
+        self.e2e = Histogram(
+            "pagoda_e2e_request_latency_seconds",
+            "Arrival to last token.",
+            labels,
+            buckets=_REQUEST_BUCKETS,
+            registry=reg,
+        )
+        self.queue_time = Histogram(
+            "pagoda_request_queue_time_seconds",
+            "Arrival to first scheduled.",
+            labels,
+            buckets=_REQUEST_BUCKETS,
+            registry=reg,
+        )
+
+    def reject(self, reason: str) -> None:
+        self.rejected.labels(self.model_name, reason).inc()
+
+    def token_gap(self, seconds: float, num_tokens: int) -> None:
+        """One step delivered num_tokens new tokens per sample, seconds after the previous one."""
+        child = self.itl.labels(self.model_name)
+        for _ in range(num_tokens):
+            child.observe(seconds / num_tokens)
+
+    def abandoned(self, last: RequestOutput | None, prompt_len: int) -> None:
+        """A request whose client went away before it finished; last is what it had produced."""
+        self.prompt_tokens.labels(self.model_name).inc(prompt_len)
+        if last is not None:
+            self.generation_tokens.labels(self.model_name).inc(sum(len(o.token_ids) for o in last.outputs))
+        self.requests.labels(self.model_name, "abort").inc()
+
+    def finished(self, out: RequestOutput) -> None:
+        name = self.model_name
+        m = out.metrics
+        self.prompt_tokens.labels(name).inc(len(out.prompt_token_ids))
+        self.generation_tokens.labels(name).inc(sum(len(o.token_ids) for o in out.outputs))
+        reasons = {o.finish_reason for o in out.outputs}
+        reason = next((r for r in _FINISH_PRIORITY if r in reasons), "stop")
+        self.requests.labels(name, reason).inc()
+        if m.first_token_time is not None:
+            self.ttft.labels(name).observe(m.first_token_time - m.arrival_time)
+        if m.first_scheduled_time is not None:
+            self.queue_time.labels(name).observe(m.first_scheduled_time - m.arrival_time)
+        end = m.finished_time or m.last_token_time
+        if end is not None:
+            self.e2e.labels(name).observe(end - m.arrival_time)

@@ -1,0 +1,148 @@
+"""The serving process: uvicorn with Pagoda's signal handling and start-up failure reporting.
+
+The first SIGTERM (or SIGINT) starts a graceful drain; a second one aborts at once. A start-up
+failure ends the process non-zero after writing one line to the termination-message file, which
+Kubernetes shows in the pod's status for the operator to surface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import uvicorn
+
+from pagoda_runtime.config import EngineConfig
+from pagoda_runtime.server.app import EngineLoader, build_app
+from pagoda_runtime.server.state import ServerSettings, ServerState
+
+log = logging.getLogger("pagoda.server")
+
+DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+# Kubernetes keeps at most this much of the termination message.
+_TERMINATION_MESSAGE_LIMIT = 4096
+
+
+def default_termination_log() -> str | None:
+    path = Path(DEFAULT_TERMINATION_LOG)
+    writable = os.access(path, os.W_OK) if path.exists() else os.access(path.parent, os.W_OK)
+    return str(path) if writable else None
+
+
+def write_termination_message(path: str | None, message: str) -> None:
+    if path is None:
+        return
+    try:
+        Path(path).write_text(message[:_TERMINATION_MESSAGE_LIMIT] + "\n")
+    except OSError as exc:
+        log.error("could not write the termination message to %s: %s", path, exc)
+
+
+async def _in_daemon_thread(fn: Callable[[], object]) -> object:
+    """Runs fn in a daemon thread, off the event loop, so that a signal during a long load still ends us."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(setter, value) -> None:
+        if not future.done():
+            setter(value)
+
+    def run() -> None:
+        try:
+            result = fn()
+        except BaseException as exc:  # handed to the awaiting coroutine
+            loop.call_soon_threadsafe(settle, future.set_exception, exc)
+        else:
+            loop.call_soon_threadsafe(settle, future.set_result, result)
+
+    threading.Thread(target=run, name="model-loader", daemon=True).start()
+    return await future
+
+
+def engine_loader(engine_config: EngineConfig) -> EngineLoader:
+    async def load():
+        def construct():
+            # Imported here so that torch loads in the background while the probes already get answers.
+            from pagoda_runtime.async_engine import AsyncLLMEngine
+
+            return AsyncLLMEngine.from_engine_config(engine_config)
+
+        engine = await _in_daemon_thread(construct)
+        await engine.start()
+        return engine
+
+    return load
+
+
+class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+        super().__init__(config)
+        self.state = state
+        self.exit_code = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_task: asyncio.Task | None = None
+
+    async def serve(self, sockets=None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame) -> None:
+        # Runs as a signal handler between bytecodes; do the work on the loop.
+        self._loop.call_soon_threadsafe(self._on_signal, sig)
+
+    def _on_signal(self, sig: int) -> None:
+        engine = self.state.engine
+        if not self.state.drain.draining:
+            log.info(
+                "signal %d: draining for up to %gs; a second signal aborts", sig, self.state.drain.timeout
+            )
+            self.state.drain.begin()
+            self._drain_task = asyncio.ensure_future(self._drain())
+            return
+        log.warning("second signal %d: aborting %d in-flight requests now", sig, self.state.drain.in_flight)
+        if engine is not None:
+            engine.abort_all()
+        self.exit_code = 1
+        self.force_exit = True
+        self.should_exit = True
+
+    async def _drain(self) -> None:
+        engine = self.state.engine
+        summary = await self.state.drain.wait(engine.abort_all if engine is not None else None)
+        log.info(summary)
+        self.should_exit = True
+
+    def fatal(self, message: str, termination_log: str | None) -> None:
+        write_termination_message(termination_log, message)
+        self.exit_code = 1
+        self.should_exit = True
+
+
+def serve(
+    load_engine: EngineLoader,
+    settings: ServerSettings,
+    host: str,
+    port: int,
+    termination_log: str | None,
+) -> int:
+    """Serves until drained or failed; returns the process exit code."""
+    holder: list[_Server] = []
+    app = build_app(
+        settings,
+        load_engine,
+        on_fatal=lambda message: holder[0].fatal(message, termination_log),
+    )
+    config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="on")
+    server = _Server(config, app.state.pagoda)
+    holder.append(server)
+    try:
+        server.run()
+    except SystemExit:
+        # uvicorn exits this way when it cannot listen (port taken, bad host).
+        write_termination_message(termination_log, f"could not listen on {host}:{port}; is the port free?")
+        return 1
+    return server.exit_code

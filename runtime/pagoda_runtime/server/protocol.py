@@ -1,0 +1,247 @@
+"""Request and response bodies in OpenAI's shapes, field for field where we support a field.
+
+Fields we know but do not implement are rejected by name instead of being silently ignored, so a
+client never gets a result computed without the behaviour it asked for. Unknown fields are ignored,
+as OpenAI-compatible servers commonly do, so that SDKs sending newer fields keep working.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+StopStrings = str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=4)] | None
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class SamplingFields(BaseModel):
+    """The sampling knobs both endpoints share."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    n: int = Field(default=1, ge=1, le=128)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: Int64 | None = None
+    stop: StopStrings = None
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    logit_bias: dict[str, float] | None = None
+    # vLLM's extensions, which load generators and evaluation harnesses rely on.
+    top_k: int = Field(default=0, ge=-1)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0)
+    min_tokens: int = Field(default=0, ge=0)
+    ignore_eos: bool = False
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_not_empty(cls, stop: StopStrings) -> StopStrings:
+        if stop == "":
+            raise ValueError("stop strings must not be empty")
+        return stop
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        if bias:
+            raise ValueError("logit_bias is not supported by this server; remove it")
+        return bias
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=1)
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, echo: bool) -> bool:
+        if echo:
+            raise ValueError("echo is not supported by this server; set it to false")
+        return echo
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_is_n(cls, best_of: int | None, info: ValidationInfo) -> int | None:
+        if best_of is not None and best_of != info.data.get("n", 1):
+            raise ValueError("best_of other than n is not supported by this server; remove it")
+        return best_of
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, suffix: str | None) -> str | None:
+        if suffix:
+            raise ValueError("suffix (insertion) is not supported by this server; remove it")
+        return suffix
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[Any] | None = None
+    functions: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+    @field_validator("tools", "functions")
+    @classmethod
+    def _no_tools(cls, tools: list[Any] | None) -> list[Any] | None:
+        if tools:
+            raise ValueError("tool and function calling are not supported by this server; remove it")
+        return tools
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_format_only(cls, response_format: dict[str, Any] | None) -> dict[str, Any] | None:
+        if response_format and response_format.get("type", "text") != "text":
+            raise ValueError('only response_format {"type": "text"} is supported by this server')
+        return response_format
+
+    def completion_token_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob] = Field(default_factory=list)
+    refusal: list[TokenLogprob] | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+    refusal: str | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[ChatChoice]
+    usage: UsageInfo
+
+
+class DeltaMessage(BaseModel):
+    # OpenAI omits what a chunk does not carry: the role comes once, the last delta is {}.
+    role: Literal["assistant"] | None = Field(default=None, exclude_if=lambda v: v is None)
+    content: str | None = Field(default=None, exclude_if=lambda v: v is None)
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[ChatChunkChoice]
+    usage: UsageInfo | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "pagoda"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,34 @@
+"""What the server knows while it runs: its settings, the engine once loaded, drain and health."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pagoda_runtime.server.drain import Drain
+from pagoda_runtime.server.health import Health
+from pagoda_runtime.server.metrics import ServerMetrics
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    served_model_name: str
+    api_key: str | None = None
+    max_queue: int | None = None  # waiting requests beyond which new ones get 429
+    drain_timeout: float = 30.0
+    canary_interval: float = 10.0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+
+class ServerState:
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.engine = None  # the AsyncLLMEngine, once loaded and started
+        self.load_error: str | None = None
+        self.drain = Drain(settings.drain_timeout)
+        self.health = Health(settings.canary_interval)
+        self.metrics = ServerMetrics(settings.served_model_name, self.engine_stats)
+
+    def engine_stats(self):
+        return self.engine.stats() if self.engine is not None else None

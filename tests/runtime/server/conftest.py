@@ -1,0 +1,152 @@
+"""Fixtures for the server tests: an app over the fake engine (fast), a real server process (slow)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from pagoda_runtime.server.app import build_app
+from pagoda_runtime.server.state import ServerSettings
+
+from .fake_engine import FakeEngine
+
+MODEL = "fake-model"
+
+
+def fake_app(engine: FakeEngine | None = None, **settings):
+    engine = engine or FakeEngine()
+
+    async def load():
+        await engine.start()
+        return engine
+
+    return build_app(ServerSettings(served_model_name=MODEL, canary_interval=0.05, **settings), load), engine
+
+
+def wait_ready(client: TestClient, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if client.get("/health/ready").status_code == 200:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"not ready after {timeout}s: {client.get('/health/ready').json()}")
+
+
+@pytest.fixture
+def fake():
+    """(client, engine) for an app over the fake engine, ready to serve."""
+    app, engine = fake_app()
+    with TestClient(app) as client:
+        wait_ready(client)
+        yield client, engine
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """A serving process on loopback, as a real child: `pagoda-runtime serve` with the bundled model,
+    or (fake=True) the same process code over the fake engine."""
+
+    def __init__(self, *flags: str, log_dir: Path, fake: bool = False) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_dir / f"server-{self.port}.log"
+        if fake:
+            command = [sys.executable, str(Path(__file__).parent / "fake_server.py"), str(self.port), *flags]
+        else:
+            command = [sys.executable, "-m", "pagoda_runtime.cli", "serve", "--model", "smollm2-135m"]
+            command += [
+                "--device",
+                "cpu",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--max-model-len",
+                "1024",
+            ]
+            command += ["--kv-cache-memory", str(200 * 2**20), "--canary-interval", "1", *flags]
+        self._log = self.log_path.open("w")
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def wait_ready(self, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"server exited with {self.process.returncode}:\n{self.log()[-3000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + "/health/ready", timeout=5).status_code == 200:
+                    return
+            time.sleep(0.1)
+        raise AssertionError(f"server not ready after {timeout}s:\n{self.log()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(30)
+        self._log.close()
+
+
+def metric(url: str, name: str) -> float:
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} is not in /metrics")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One real server per test module, shared by its tests."""
+    process = ServerProcess(log_dir=tmp_path_factory.mktemp("server"))
+    try:
+        process.wait_ready()
+        yield process
+    finally:
+        process.stop()
+
+
+def stream_completion(
+    url: str, max_tokens: int, record: dict, started: threading.Event | None = None
+) -> None:
+    """Streams one completion, recording its chunks' finish reasons, usage and whether [DONE] came."""
+    body = {
+        "prompt": "Once upon a time",
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    record.update(finish_reasons=[], usage=None, done=False, status=None, error=None)
+    try:
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as response:
+            record["status"] = response.status_code
+            for line in response.iter_lines():
+                if line == "data: [DONE]":
+                    record["done"] = True
+                elif line.startswith("data: "):
+                    chunk = json.loads(line.removeprefix("data: "))
+                    record["finish_reasons"] += [
+                        c["finish_reason"] for c in chunk["choices"] if c["finish_reason"]
+                    ]
+                    record["usage"] = chunk.get("usage") or record["usage"]
+                    if started is not None:
+                        started.set()
+    except httpx.HTTPError as exc:
+        # A cut connection is what some tests look for: recorded here, not raised in the thread.
+        record["error"] = repr(exc)

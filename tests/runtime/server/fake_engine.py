@@ -1,0 +1,171 @@
+"""A test double of the AsyncLLMEngine contract, for fast tests of the HTTP layer alone.
+
+It "generates" a fixed text character by character (one token per character), so tests can
+predict text, token counts, stops and lengths without a model. The real engine is exercised by
+the tests that start `pagoda-runtime serve` with the bundled model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from pagoda_runtime.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from pagoda_runtime.sampling_params import SamplingParams
+
+SCRIPT = "the quick brown fox jumps over the lazy dog. " * 20
+EOS = 0
+
+
+class FakeTokenizer:
+    """One token per character: id = code point (below 256)."""
+
+    vocab_size = 256
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) % 256 for c in text]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(i) for i in ids)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        rendered = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
+        return rendered + ("<assistant>" if add_generation_prompt else "")
+
+
+@dataclass
+class FakeModelConfig:
+    vocab_size: int = 256
+
+
+@dataclass
+class FakeStats:
+    num_waiting: int = 0
+    num_running: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0
+
+
+@dataclass
+class _Request:
+    params: SamplingParams
+    prompt_ids: list[int]
+    aborted: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class FakeEngine:
+    def __init__(self, max_model_len: int = 512, step_s: float = 0.005, max_running: int = 64) -> None:
+        self.tokenizer = FakeTokenizer()
+        self.model_config = FakeModelConfig()
+        self.engine_config = None
+        self.max_model_len = max_model_len
+        self.step_s = step_s
+        self.max_running = max_running
+        self.last_heartbeat = time.monotonic()
+        self.errored: BaseException | None = None
+        self.requests: dict[str, _Request] = {}
+        self.internal_ids: set[str] = set()
+        self.running: list[str] = []
+        self.aborted_ids: list[str] = []
+        self.seen_prompts: list[list[int]] = []
+        self._ticker: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self._ticker = asyncio.create_task(self._tick())
+
+    async def _tick(self) -> None:
+        while True:
+            self.last_heartbeat = time.monotonic()
+            await asyncio.sleep(0.05)
+
+    async def shutdown(self) -> None:
+        if self._ticker:
+            self._ticker.cancel()
+
+    def stats(self) -> FakeStats:
+        running = [r for r in self.running if r not in self.internal_ids]
+        waiting = sum(1 for r in self.requests if r not in self.internal_ids) - len(running)
+        return FakeStats(num_waiting=waiting, num_running=len(running), kv_cache_usage=len(running) / 64)
+
+    async def abort(self, request_id: str) -> None:
+        request = self.requests.get(request_id)
+        if request is not None:
+            self.aborted_ids.append(request_id)
+            request.aborted.set()
+
+    def abort_all(self) -> None:
+        for request_id, request in self.requests.items():
+            self.aborted_ids.append(request_id)
+            request.aborted.set()
+
+    async def generate(self, prompt, params: SamplingParams, request_id: str, internal: bool = False):
+        if internal:
+            self.internal_ids.add(request_id)
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if len(ids) + (params.max_tokens or 0) > self.max_model_len:
+            raise ValueError(
+                f"the request needs {len(ids) + params.max_tokens} tokens, more than {self.max_model_len}"
+            )
+        self.seen_prompts.append(ids)
+        request = _Request(params, ids)
+        self.requests[request_id] = request
+        metrics = RequestMetrics(arrival_time=time.monotonic())
+        outputs = [
+            CompletionOutput(index=i, logprobs=[] if params.logprobs is not None else None)
+            for i in range(params.n)
+        ]
+        try:
+            while len(self.running) >= self.max_running and not request.aborted.is_set():
+                await asyncio.sleep(self.step_s)
+            self.running.append(request_id)
+            metrics.first_scheduled_time = time.monotonic()
+            step = 0
+            while True:
+                await asyncio.sleep(self.step_s)
+                deltas = []
+                for out in outputs:
+                    if out.finish_reason is not None:
+                        continue
+                    delta = CompletionOutput(
+                        index=out.index, logprobs=[] if out.logprobs is not None else None
+                    )
+                    if request.aborted.is_set():
+                        out.finish_reason = delta.finish_reason = "abort"
+                        deltas.append(delta)
+                        continue
+                    char = SCRIPT[(step + out.index) % len(SCRIPT)]
+                    token = ord(char)
+                    out.token_ids.append(token)
+                    delta.token_ids.append(token)
+                    out.text += char
+                    delta.text = char
+                    if out.logprobs is not None:
+                        alternatives = {token: -0.25, (token + 1) % 256: -1.5, (token + 2) % 256: -3.0}
+                        out.logprobs.append(alternatives)
+                        delta.logprobs.append(alternatives)
+                    hit = next((s for s in params.stop if out.text.endswith(s)), None)
+                    if hit is not None:
+                        out.text = out.text[: -len(hit)]
+                        delta.text = delta.text[: max(0, len(delta.text) - len(hit))]
+                        out.finish_reason = delta.finish_reason = "stop"
+                        out.stop_reason = hit
+                    elif len(out.token_ids) >= params.max_tokens:
+                        out.finish_reason = delta.finish_reason = "length"
+                    deltas.append(delta)
+                now = time.monotonic()
+                metrics.first_token_time = metrics.first_token_time or now
+                metrics.last_token_time = now
+                finished = all(o.finish_reason is not None for o in outputs)
+                if finished:
+                    metrics.finished_time = now
+                yield RequestOutput(request_id, None, ids, outputs, finished, metrics, delta=deltas)
+                if finished:
+                    return
+                step += 1
+        finally:
+            self.requests.pop(request_id, None)
+            if request_id in self.running:
+                self.running.remove(request_id)

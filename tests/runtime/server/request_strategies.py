@@ -1,0 +1,99 @@
+"""Hypothesis strategies for OpenAI request bodies: mostly valid, with a few fields made wrong.
+
+Valid requests are kept cheap (at most 3 tokens, n <= 2) so that a run stays short on a CPU.
+"""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import strategies as st
+
+junk = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=12),
+    st.lists(st.integers(-3, 70000), max_size=4),
+    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+)
+_sampling = {
+    "n": st.integers(1, 2),
+    "temperature": st.floats(0, 2),
+    "top_p": st.floats(0.01, 1),
+    "seed": st.integers(0, 2**63 - 1),
+    "stop": st.one_of(st.text(min_size=1, max_size=4), st.lists(st.text(min_size=1, max_size=4), max_size=4)),
+    "presence_penalty": st.floats(-2, 2),
+    "frequency_penalty": st.floats(-2, 2),
+    "stream": st.booleans(),
+    "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
+    "user": st.text(max_size=8),
+    "top_k": st.integers(-1, 50),
+}
+_completion = {
+    **_sampling,
+    "logprobs": st.integers(0, 5),
+    "prompt": st.one_of(
+        st.text(min_size=1, max_size=40), st.lists(st.integers(0, 40000), min_size=1, max_size=6)
+    ),
+}
+_message = st.fixed_dictionaries(
+    {
+        "role": st.sampled_from(["system", "developer", "user", "assistant"]),
+        "content": st.one_of(
+            st.text(max_size=30),
+            st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=9)})),
+        ),
+    }
+)
+_chat = {
+    **_sampling,
+    "messages": st.lists(_message, min_size=1, max_size=3),
+    "logprobs": st.booleans(),
+    "top_logprobs": st.integers(0, 20),
+}
+# Wrong values a client might send for a field, on top of wrong types.
+_wrong = st.one_of(junk, st.integers(max_value=0), st.integers(min_value=5000), st.floats(min_value=2.5))
+
+
+def _body(model: str, fields: dict, required: list[str]):
+    valid = st.fixed_dictionaries(
+        {"model": st.just(model), "max_tokens": st.integers(1, 3), **{k: fields[k] for k in required}},
+        optional={k: v for k, v in fields.items() if k not in required},
+    )
+    names = st.sampled_from(sorted({"model", "max_tokens", "max_completion_tokens", *fields}))
+    wrong = st.dictionaries(names, _wrong, max_size=2)
+    dropped = st.sets(st.sampled_from(["model", "max_tokens", *required]), max_size=1)
+
+    def build(parts) -> bytes:
+        body, changes, drop = parts
+        body = {**body, **changes}
+        for name in drop:
+            body.pop(name, None)
+        # Only wrong values may ask for more than 3 tokens: a missing limit here would mean the whole context.
+        if "max_tokens" not in body and "max_completion_tokens" not in body:
+            body["max_tokens"] = 2
+        return json.dumps(body).encode()
+
+    return st.tuples(valid, wrong, dropped).map(build)
+
+
+def request_bodies(model: str):
+    """(path, raw body) pairs for both endpoints, including bodies that are not JSON at all."""
+    return st.one_of(
+        st.tuples(st.just("/v1/completions"), _body(model, _completion, ["prompt"])),
+        st.tuples(st.just("/v1/chat/completions"), _body(model, _chat, ["messages"])),
+        st.tuples(st.sampled_from(["/v1/completions", "/v1/chat/completions"]), st.binary(max_size=30)),
+    )
+
+
+def check_response(status: int, content_type: str, body: bytes) -> None:
+    assert status < 500, body[:500]
+    if status != 200:
+        error = json.loads(body)["error"]
+        assert isinstance(error["message"], str) and error["message"] and error["type"]
+    elif content_type.startswith("text/event-stream"):
+        assert body.endswith(b"data: [DONE]\n\n"), body[-200:]
+    else:
+        assert json.loads(body)["choices"]

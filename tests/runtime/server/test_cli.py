@@ -1,0 +1,48 @@
+"""`pagoda-runtime serve` flags become the engine's and the server's settings as a vLLM user expects."""
+
+from __future__ import annotations
+
+from pagoda_runtime.cli import API_KEY_ENV, engine_config, parser, server_settings
+
+
+def test_serve_flags_reach_the_engine_config():
+    args = parser().parse_args(
+        [
+            "serve",
+            "--model",
+            "/m/llama.gguf",
+            "--max-model-len",
+            "2048",
+            "--max-num-seqs",
+            "8",
+            "--max-num-batched-tokens",
+            "512",
+            "--block-size",
+            "32",
+            "--kv-cache-memory",
+            "1e9",
+            "--no-enable-prefix-caching",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+        ]
+    )
+    config = engine_config(args)
+    assert (config.model, config.max_model_len, config.max_num_seqs, config.max_num_batched_tokens) == (
+        "/m/llama.gguf",
+        2048,
+        8,
+        512,
+    )
+    assert (config.block_size, config.kv_cache_memory, config.enable_prefix_caching) == (32, 1e9, False)
+    assert (config.device, config.dtype) == ("cpu", "float32")
+
+
+def test_server_settings_default_the_name_and_read_the_key_from_the_environment(monkeypatch):
+    monkeypatch.setenv(API_KEY_ENV, "from-env")
+    settings = server_settings(parser().parse_args(["serve", "--max-queue", "4", "--drain-timeout", "90"]))
+    assert settings.served_model_name == "smollm2-135m"
+    assert settings.api_key == "from-env" and settings.max_queue == 4 and settings.drain_timeout == 90
+    named = server_settings(parser().parse_args(["serve", "--served-model-name", "m", "--api-key", "flag"]))
+    assert named.served_model_name == "m" and named.api_key == "flag"

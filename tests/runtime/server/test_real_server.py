@@ -1,0 +1,159 @@
+"""The real server process with the bundled model, driven by the official OpenAI client and raw HTTP."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import openai
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from .conftest import metric
+from .request_strategies import check_response, request_bodies
+
+pytestmark = pytest.mark.slow
+
+MODEL = "smollm2-135m"
+PROMPT = "The three primary colors are"
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_completion_whole_and_streamed_agree_with_exact_usage(client):
+    whole = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, logprobs=0)
+    choice = whole.choices[0]
+    assert choice.finish_reason in ("length", "stop") and choice.text
+    assert whole.usage.completion_tokens == len(choice.logprobs.tokens)
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
+    if choice.finish_reason == "length":
+        assert whole.usage.completion_tokens == 8
+    assert "".join(choice.logprobs.tokens) == choice.text
+
+    stream = client.completions.create(
+        model=MODEL,
+        prompt=PROMPT,
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert "".join(c.text for chunk in chunks for c in chunk.choices) == choice.text
+    assert chunks[-1].usage.model_dump() == whole.usage.model_dump()
+
+
+def test_prompt_token_ids_are_counted_exactly(client):
+    ids = [504, 3458, 2361, 314, 253]
+    result = client.completions.create(
+        model=MODEL, prompt=ids, max_tokens=3, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert result.usage.prompt_tokens == len(ids) and result.usage.completion_tokens == 3
+
+
+def test_n_samples_each_count_in_usage(client):
+    result = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=5, n=3, temperature=1.0, seed=7, logprobs=0
+    )
+    assert sorted(c.index for c in result.choices) == [0, 1, 2]
+    assert result.usage.completion_tokens == sum(len(c.logprobs.tokens) for c in result.choices)
+
+
+def test_stop_string_ends_the_text_before_it(client):
+    free = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0).choices[0].text
+    words = free.split()
+    assert len(words) >= 3, free
+    stop = " " + words[2]
+    stopped = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, stop=[stop]
+    ).choices[0]
+    assert stopped.finish_reason == "stop"
+    assert stopped.text == free[: free.index(stop)]
+
+
+def test_chat_whole_and_streamed_agree(client):
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a fruit."}]
+    whole = client.chat.completions.create(
+        model=MODEL, messages=messages, max_completion_tokens=8, temperature=0
+    )
+    message = whole.choices[0].message
+    assert message.role == "assistant" and message.content
+    assert whole.usage.completion_tokens <= 8 and whole.usage.prompt_tokens > 10
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.delta.content or "" for chunk in chunks for c in chunk.choices) == message.content
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_chat_logprobs_in_openai_format(client):
+    result = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3, logprobs=True, top_logprobs=2
+    )
+    content = result.choices[0].logprobs.content
+    assert len(content) == result.usage.completion_tokens
+    for token in content:
+        assert token.logprob <= 0 and len(token.top_logprobs) == 2
+        assert token.top_logprobs[0].logprob >= token.top_logprobs[1].logprob
+
+
+def test_unknown_model_and_context_overflow(client):
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="no-such-model", prompt="x", max_tokens=1)
+    with pytest.raises(openai.BadRequestError) as overflow:
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5000)
+    assert "1024" in str(overflow.value) and "5000" in str(overflow.value)
+
+
+def test_raw_sse_framing(server):
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 5, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        raw = b"".join(response.iter_bytes())
+    events = raw.decode().split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    payloads = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+    assert all(e.startswith("data: {") for e in events[:-2])
+    assert payloads[-1]["choices"][-1]["finish_reason"] in ("length", "stop")
+    assert {p["id"] for p in payloads} == {payloads[0]["id"]}
+
+
+def test_disconnect_mid_stream_frees_the_blocks(server):
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 500, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
+        lines = response.iter_lines()
+        for _ in range(3):
+            next(line for line in lines if line.startswith("data: "))
+        assert metric(server.url, "pagoda_num_requests_running") == 1
+        assert metric(server.url, "pagoda_kv_cache_usage_ratio") > 0
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        # The readiness canary runs every second; look for the moment it is idle too.
+        if (
+            metric(server.url, "pagoda_num_requests_running") == 0
+            and metric(server.url, "pagoda_kv_cache_usage_ratio") == 0
+        ):
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the disconnected request still holds KV blocks")
+    assert metric(server.url, 'pagoda_requests_total{finish_reason="abort",model_name="smollm2-135m"}') >= 1
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(request=request_bodies(MODEL))
+def test_no_request_body_gets_a_500(server, request):
+    path, body = request
+    r = httpx.post(server.url + path, content=body, headers={"content-type": "application/json"}, timeout=120)
+    check_response(r.status_code, r.headers.get("content-type", ""), r.content)
