@@ -1,4 +1,4 @@
-"""`pagoda-runtime serve` (the OpenAI-compatible server) and `pagoda-runtime bench serve` (its load test)."""
+"""`pagoda-runtime serve` (the OpenAI-compatible server) and `pagoda-runtime bench ...` (benchmarks)."""
 
 from __future__ import annotations
 
@@ -71,6 +71,60 @@ def _add_bench(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--api-key", default=None)
     p.add_argument("--result-json", default=None, help="write the results here as JSON")
+    _add_offline_bench(bench)
+
+
+def _add_offline_common(p) -> None:
+    p.add_argument("--shape", default="llama-3-8b", help="llama-3-8b, llama-3.2-1b, qwen2.5-7b or tiny-llama")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    p.add_argument("--quantization", default="none")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--kv-cache-memory", type=float, default=0.9)
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hf", action="store_true", help="also run transformers' generate and report the ratio")
+    p.add_argument("--result-json", default=None)
+
+
+def _add_offline_bench(bench) -> None:
+    p = bench.add_parser("throughput", help="offline throughput on a random-weight model of a named shape")
+    _add_offline_common(p)
+    p.add_argument("--num-prompts", type=int, default=256)
+    p.add_argument("--min-len", type=int, default=100, help="shortest prompt and output")
+    p.add_argument("--max-len", type=int, default=1024, help="longest prompt and output")
+    p.add_argument("--hf-num-prompts", type=int, default=64, help="requests the transformers run covers")
+    p.add_argument("--hf-batch-size", type=int, default=64)
+    p = bench.add_parser("latency", help="TTFT/TPOT/ITL and the bandwidth roofline at a fixed batch")
+    _add_offline_common(p)
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=256)
+
+
+def _bench_offline(args: argparse.Namespace) -> int:
+    from pagoda_runtime.bench import offline
+
+    config = offline.OfflineConfig(
+        shape=args.shape,
+        device=args.device,
+        dtype=args.dtype,
+        quantization=args.quantization,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_cache_memory=args.kv_cache_memory,
+        enforce_eager=args.enforce_eager,
+        seed=args.seed,
+        hf=args.hf,
+    )
+    if args.bench_command == "throughput":
+        report = offline.throughput(
+            config, args.num_prompts, args.min_len, args.max_len, args.hf_num_prompts, args.hf_batch_size
+        )
+    else:
+        report = offline.latency(config, args.batch_size, args.input_len, args.output_len)
+    return offline.finish(report, args.result_json)
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -145,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)
-    return _bench_serve(args)
+    if args.bench_command == "serve":
+        return _bench_serve(args)
+    return _bench_offline(args)
 
 
 if __name__ == "__main__":

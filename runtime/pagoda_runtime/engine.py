@@ -15,7 +15,7 @@ from pagoda_runtime.block_manager import BlockManager
 from pagoda_runtime.config import EngineConfig, ModelConfig
 from pagoda_runtime.detokenizer import IncrementalDetokenizer
 from pagoda_runtime.model_runner import ModelRunner, resolve_device, resolve_dtype
-from pagoda_runtime.model_source import load_model_source
+from pagoda_runtime.model_source import LoadedModel, load_model_source
 from pagoda_runtime.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprobs
 from pagoda_runtime.sampling_params import SamplingParams
 from pagoda_runtime.scheduler import Scheduler
@@ -33,6 +33,22 @@ class EngineStats:
     prefix_cache_queries: int  # cumulative, in prompt tokens
     prefix_cache_hits: int  # cumulative, in prompt tokens
     num_preemptions: int  # cumulative
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """Where one step's wall time went; the host parts are what the GPU may wait on."""
+
+    num_seqs: int
+    schedule_s: float
+    prepare_s: float  # building the batch tensors
+    execute_s: float  # the model and the sampler, including waiting for the device
+    output_s: float  # appending tokens, stop rules, detokenizing
+
+    @property
+    def host_fraction(self) -> float:
+        total = self.schedule_s + self.execute_s + self.output_s
+        return (self.schedule_s + self.prepare_s + self.output_s) / total if total else 0.0
 
 
 class Request:
@@ -106,10 +122,13 @@ class Request:
 
 
 class LLMEngine:
-    def __init__(self, engine_config: EngineConfig) -> None:
+    def __init__(self, engine_config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+        """`loaded`: a model already in memory (the benchmarks' random weights) instead of
+        `engine_config.model`."""
         self.engine_config = engine_config
-        device = resolve_device(engine_config.device)
-        loaded = load_model_source(engine_config.model, resolve_dtype(engine_config.dtype, device))
+        if loaded is None:
+            device = resolve_device(engine_config.device)
+            loaded = load_model_source(engine_config.model, resolve_dtype(engine_config.dtype, device))
         self.model_config: ModelConfig = loaded.config
         self.tokenizer: Tokenizer = loaded.tokenizer
         if engine_config.max_num_batched_tokens < 1 or engine_config.max_num_seqs < 1:
@@ -135,6 +154,7 @@ class LLMEngine:
             self.block_manager, engine_config.max_num_seqs, engine_config.max_num_batched_tokens
         )
         self.requests: dict[str, Request] = {}
+        self.last_step_timing: StepTiming | None = None
 
     # ---- requests ----------------------------------------------------------------------------
 
@@ -228,15 +248,18 @@ class LLMEngine:
     # ---- one step ----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        started = time.perf_counter()
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return []
+        scheduled = time.perf_counter()
         now = time.monotonic()
         for seq in batch.seqs:
             metrics = self.requests[seq.group.request_id].metrics
             if metrics.first_scheduled_time is None:
                 metrics.first_scheduled_time = now
         rows, sampled = self.runner.execute(batch)
+        executed = time.perf_counter()
         self.scheduler.update(batch)
         now = time.monotonic()
         deltas: dict[str, list[CompletionOutput]] = {}
@@ -253,6 +276,13 @@ class LLMEngine:
                 request.metrics.finished_time = now
                 del self.requests[request_id]
             outputs.append(request.output(request_deltas))
+        self.last_step_timing = StepTiming(
+            num_seqs=len(batch),
+            schedule_s=scheduled - started,
+            prepare_s=self.runner.last_prepare_s,
+            execute_s=executed - scheduled,
+            output_s=time.perf_counter() - executed,
+        )
         return outputs
 
     def _append(
@@ -269,13 +299,16 @@ class LLMEngine:
         elif not params.ignore_eos and token in self.model_config.eos_token_ids:
             self._finish(seq, "stop")
         else:
-            delta = detokenizer.add_tokens([token])
-            text = delta.text
-            if delta.stop is not None:
-                self._finish(seq, "stop", delta.stop)
-            elif seq.num_output_tokens == params.max_tokens or seq.num_tokens >= self.max_model_len:
+            if params.detokenize:
+                delta = detokenizer.add_tokens([token])
+                text = delta.text
+                if delta.stop is not None:
+                    self._finish(seq, "stop", delta.stop)
+            if not seq.is_finished and (
+                seq.num_output_tokens == params.max_tokens or seq.num_tokens >= self.max_model_len
+            ):
                 self._finish(seq, "length")
-        if seq.is_finished:
+        if seq.is_finished and params.detokenize:
             text += detokenizer.finish()
         return CompletionOutput(
             index=seq.index,

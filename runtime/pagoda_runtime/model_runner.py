@@ -9,6 +9,7 @@ and the attention metadata lives in static buffers that each replay refills.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -102,6 +103,7 @@ class ModelRunner:
         self._graphs: dict[int, _Graph] = {}
         self._graph_pool = None
         self._max_graph_size = 0
+        self.last_prepare_s = 0.0  # host time spent building the last step's tensors
         if self.device.type == "cuda" and not engine_config.enforce_eager:
             self._capture_graphs(engine_config.max_num_seqs)
 
@@ -132,8 +134,10 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> tuple[list[int], SamplerOutput]:
         """Run one step; returns the indices (into batch.seqs) that sampled, and their samples."""
+        started = time.perf_counter()
         sampling_rows = [i for i in range(len(batch)) if batch.samples(i)]
         input_ids, positions, meta = self._prepare(batch)
+        self.last_prepare_s = time.perf_counter() - started
         if meta.is_decode_only and len(batch) <= self._max_graph_size:
             hidden = self._replay(input_ids, positions, meta)
             logits_rows = torch.tensor(sampling_rows, device=self.device)

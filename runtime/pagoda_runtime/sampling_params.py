@@ -24,6 +24,8 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # top-n logprobs per generated token; 0 = only the chosen one
     skip_special_tokens: bool = True
+    # False: token ids only, no text (benchmarks of random-weight models have no real vocabulary).
+    detokenize: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -13,12 +13,13 @@ import asyncio
 import json
 import math
 import random
-import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 
 import httpx
+
+from pagoda_runtime.bench.stats import percentiles
 
 
 @dataclass(frozen=True)
@@ -45,20 +46,6 @@ class RequestResult:
     ttft: float = 0.0
     e2e: float = 0.0
     itl: list[float] = field(default_factory=list)
-
-
-def _percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"mean": 0.0, "p50": 0.0, "p95": 0.0, "p99": 0.0}
-    ordered = sorted(values)
-
-    def pct(q: float) -> float:
-        # Linear interpolation between closest ranks, as numpy.percentile does by default.
-        rank = (len(ordered) - 1) * q / 100
-        low, high = math.floor(rank), math.ceil(rank)
-        return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-    return {"mean": statistics.fmean(ordered), "p50": pct(50), "p95": pct(95), "p99": pct(99)}
 
 
 async def _one(client: httpx.AsyncClient, model: str, prompt: list[int], output_len: int) -> RequestResult:
@@ -151,10 +138,10 @@ def _summary(config: BenchConfig, model: str, results: list[RequestResult], dura
         "total_output_tokens": output_tokens,
         "request_throughput": len(done) / duration,
         "output_throughput": output_tokens / duration,
-        "ttft_s": _percentiles([r.ttft for r in done]),
-        "tpot_s": _percentiles(tpot),
-        "itl_s": _percentiles([gap for r in done for gap in r.itl]),
-        "e2e_s": _percentiles([r.e2e for r in done]),
+        "ttft_s": percentiles([r.ttft for r in done]),
+        "tpot_s": percentiles(tpot),
+        "itl_s": percentiles([gap for r in done for gap in r.itl]),
+        "e2e_s": percentiles([r.e2e for r in done]),
     }
 
 

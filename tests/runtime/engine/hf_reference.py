@@ -34,9 +34,9 @@ def hf_model_from_source(path: str) -> LlamaForCausalLM:
 
 
 @torch.inference_mode()
-def hf_greedy(model, prompt_token_ids: list[int], max_new_tokens: int) -> list[int]:
+def hf_greedy(model, prompt_token_ids: list[int], max_new_tokens: int, device: str = "cpu") -> list[int]:
     """Greedy ids running past end-of-sequence tokens, like the engine with ignore_eos."""
-    ids = torch.tensor([prompt_token_ids])
+    ids = torch.tensor([prompt_token_ids], device=device)
     # Without an eos id generate keeps going; min_new_tokens would instead mask eos out of the argmax.
     model.generation_config.eos_token_id = None
     out = model.generate(

@@ -8,14 +8,14 @@ import sys
 
 import numpy as np
 import pytest
-from pagoda_runtime.bench.serve import _percentiles
+from pagoda_runtime.bench.stats import percentiles
 
 from .conftest import ServerProcess
 
 
 def test_percentiles_match_numpy():
     values = [0.3, 0.1, 0.7, 0.2, 0.9, 0.5, 0.05]
-    result = _percentiles(values)
+    result = percentiles(values)
     for q in (50, 95, 99):
         assert result[f"p{q}"] == pytest.approx(np.percentile(values, q))
     assert result["mean"] == pytest.approx(np.mean(values))

@@ -1,0 +1,109 @@
+"""The anchor: Hugging Face transformers' `generate` with static batching, on the same shape,
+device and dtype as the engine, with random weights of its own.
+
+A static batch pads every prompt to the longest and runs until its longest output is done, so a
+request's useful tokens are only its own output length: that is what the rates count.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from pagoda_runtime.bench.shapes import shape_config
+from pagoda_runtime.config import ModelConfig
+from pagoda_runtime.model_runner import resolve_device, resolve_dtype
+
+if TYPE_CHECKING:
+    from pagoda_runtime.bench.offline import OfflineConfig, Workload
+
+
+def hf_config(config: ModelConfig):
+    from transformers import LlamaConfig, Qwen2Config
+
+    common = dict(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        rms_norm_eps=config.rms_norm_eps,
+        rope_theta=config.rope_theta,
+        max_position_embeddings=config.max_position_embeddings,
+        tie_word_embeddings=config.tie_word_embeddings,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    if config.architecture == "qwen2":
+        return Qwen2Config(**common)
+    return LlamaConfig(**common, attention_bias=config.attention_bias)
+
+
+def _model(offline: OfflineConfig):
+    from transformers import AutoModelForCausalLM
+
+    device = resolve_device(offline.device)
+    dtype = resolve_dtype(offline.dtype, device)
+    torch.manual_seed(offline.seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(hf_config(shape_config(offline.shape)), dtype=dtype)
+    return model.eval(), device
+
+
+def _generate(model, device: torch.device, prompts: list[list[int]], new_tokens: int) -> None:
+    width = max(len(p) for p in prompts)
+    # Left padding, as generate expects for decoder-only models.
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    with torch.inference_mode():
+        model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+        )
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _release() -> None:
+    """Hand the freed model's memory back to the device, so the engine's KV budget can use it."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def throughput(offline: OfflineConfig, workload: Workload, num_prompts: int, batch: int) -> float:
+    """Useful output tokens per second over the first `num_prompts` requests, `batch` at a time."""
+    model, device = _model(offline)
+    _generate(model, device, workload.prompts[:1], 4)
+    useful = 0
+    start = time.perf_counter()
+    for first in range(0, num_prompts, batch):
+        prompts = workload.prompts[first : min(first + batch, num_prompts)]
+        lens = workload.output_lens[first : first + len(prompts)]
+        _generate(model, device, prompts, max(lens))
+        useful += sum(lens)
+    seconds = time.perf_counter() - start
+    del model
+    _release()
+    return useful / seconds
+
+
+def latency(offline: OfflineConfig, workload: Workload) -> float:
+    """Output tokens per second over the whole batch (prefill included, as a user would see it)."""
+    model, device = _model(offline)
+    _generate(model, device, workload.prompts[:1], 4)
+    start = time.perf_counter()
+    _generate(model, device, workload.prompts, workload.output_lens[0])
+    seconds = time.perf_counter() - start
+    del model
+    _release()
+    return len(workload.prompts) * workload.output_lens[0] / seconds

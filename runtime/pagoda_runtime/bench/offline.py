@@ -1,0 +1,248 @@
+"""`pagoda-runtime bench throughput|latency`: the engine on a random-weight model of a named shape.
+
+throughput: nano-vllm's fixed workload (by default 256 requests, prompt and output lengths uniform
+in 100-1024, ignore_eos), all submitted at once; output tokens per second, and the host's share
+of each engine step (scheduling, batch preparation, output handling) at the largest batch.
+latency: a batch of identical-length requests; TTFT, TPOT and ITL percentiles, and for batch 1 the
+fraction of the memory-bandwidth roofline (weight bytes per token against the device's copy
+bandwidth, measured in the same run).
+With --hf, Hugging Face transformers' `generate` (static batches) runs the same shape and
+workload on the same device, and the report gives the ratio.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from pagoda_runtime.bench import hf_baseline
+from pagoda_runtime.bench.shapes import architecture, random_model, shape_config
+from pagoda_runtime.bench.stats import percentiles
+from pagoda_runtime.config import EngineConfig
+from pagoda_runtime.engine import LLMEngine
+from pagoda_runtime.model_runner import resolve_device, resolve_dtype
+from pagoda_runtime.sampling_params import SamplingParams
+from pagoda_runtime.sizing import WEIGHT_FORMATS
+
+
+@dataclass(frozen=True)
+class OfflineConfig:
+    shape: str
+    device: str = "auto"
+    dtype: str = "auto"
+    quantization: str = "none"
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    kv_cache_memory: float = 0.9
+    enforce_eager: bool = False
+    seed: int = 0
+    hf: bool = False
+    result_json: str | None = None
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompts: list[list[int]]
+    output_lens: list[int]
+
+
+@dataclass
+class Report:
+    shape: str
+    device: str
+    dtype: str
+    workload: dict
+    results: dict = field(default_factory=dict)
+
+    def print(self) -> None:
+        print(f"shape {self.shape} on {self.device} ({self.dtype}); workload {self.workload}")
+        for key, value in self.results.items():
+            if isinstance(value, dict):
+                print(f"{key:<34}" + "  ".join(f"{k} {v:.4g}" for k, v in value.items()))
+            else:
+                print(f"{key:<34}{value:.4g}" if isinstance(value, float) else f"{key:<34}{value}")
+
+
+def nano_vllm_workload(num_prompts: int, min_len: int, max_len: int, vocab: int, seed: int) -> Workload:
+    rng = random.Random(seed)
+    lens = [rng.randint(min_len, max_len) for _ in range(num_prompts)]
+    prompts = [[rng.randrange(vocab) for _ in range(n)] for n in lens]
+    return Workload(prompts, [rng.randint(min_len, max_len) for _ in range(num_prompts)])
+
+
+def fixed_workload(batch: int, input_len: int, output_len: int, vocab: int, seed: int) -> Workload:
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(vocab) for _ in range(input_len)] for _ in range(batch)]
+    return Workload(prompts, [output_len] * batch)
+
+
+def copy_bandwidth(device: torch.device) -> float | None:
+    """Bytes per second of a 1 GiB device-to-device copy, counting bytes read plus written."""
+    if device.type != "cuda":
+        return None
+    src = torch.empty(2**30, dtype=torch.uint8, device=device).random_(0, 255)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(20):
+        dst.copy_(src)
+    end.record()
+    torch.cuda.synchronize(device)
+    seconds = start.elapsed_time(end) / 1e3 / 20
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * 2**30 / seconds
+
+
+def weight_bytes(config: OfflineConfig) -> float:
+    """Bytes a decode step reads for the weights (each parameter once; the KV cache not counted)."""
+    arch = architecture(shape_config(config.shape))
+    per_linear = WEIGHT_FORMATS[config.quantization]
+    linear = sum(per_linear.linear_bytes(o, i) for o, i in arch.linear_shapes()) * arch.num_layers
+    return linear + arch.unquantized_parameters() * 2
+
+
+def build_engine(config: OfflineConfig, max_model_len: int) -> LLMEngine:
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    engine_config = EngineConfig(
+        model=config.shape,
+        dtype=config.dtype,
+        device=config.device,
+        quantization=config.quantization,
+        max_model_len=max_model_len,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        kv_cache_memory=config.kv_cache_memory,
+        enable_prefix_caching=False,  # random prompts share nothing; keep the hashing cost out
+        enforce_eager=config.enforce_eager,
+        seed=config.seed,
+    )
+    return LLMEngine(engine_config, random_model(config.shape, device, dtype, config.seed))
+
+
+@dataclass
+class _Trace:
+    token_times: dict[str, list[float]] = field(default_factory=dict)
+    arrival: float = 0.0
+    host_fractions: list[float] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(times) for times in self.token_times.values())
+
+
+def _run(engine: LLMEngine, workload: Workload, max_batch: int) -> tuple[float, _Trace]:
+    """Submit every request at once and step until all finish; seconds and per-token times."""
+    trace = _Trace()
+    for i, (prompt, out_len) in enumerate(zip(workload.prompts, workload.output_lens, strict=True)):
+        params = SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True, detokenize=False)
+        engine.add_request(f"bench-{i}", prompt, params)
+        trace.token_times[f"bench-{i}"] = []
+    _sync(engine)
+    trace.arrival = start = time.perf_counter()
+    while engine.has_unfinished():
+        outputs = engine.step()
+        now = time.perf_counter()
+        timing = engine.last_step_timing
+        if timing is not None and timing.num_seqs >= max_batch:
+            trace.host_fractions.append(timing.host_fraction)
+        for output in outputs:
+            trace.token_times[output.request_id].append(now)
+    return time.perf_counter() - start, trace
+
+
+def _sync(engine: LLMEngine) -> None:
+    if engine.runner.device.type == "cuda":
+        torch.cuda.synchronize(engine.runner.device)
+
+
+def _warm_up(engine: LLMEngine, vocab: int) -> None:
+    """Compile the kernels (Triton, prefill shapes) outside the timed run."""
+    warm = fixed_workload(4, min(64, engine.max_model_len - 8), 8, vocab, seed=1)
+    _run(engine, warm, max_batch=4)
+
+
+def throughput(config: OfflineConfig, num_prompts: int, min_len: int, max_len: int, hf_prompts: int,
+               hf_batch: int) -> Report:
+    model_config = shape_config(config.shape)
+    workload = nano_vllm_workload(num_prompts, min_len, max_len, model_config.vocab_size, config.seed)
+    device = resolve_device(config.device)
+    report = Report(config.shape, str(device), str(resolve_dtype(config.dtype, device)), {
+        "kind": "throughput", "num_prompts": num_prompts, "lengths": [min_len, max_len],
+        "max_num_seqs": config.max_num_seqs, "max_num_batched_tokens": config.max_num_batched_tokens,
+    })
+    hf_rate = None
+    if config.hf:
+        hf_rate = hf_baseline.throughput(config, workload, hf_prompts, hf_batch)
+    engine = build_engine(config, 2 * max_len)
+    _warm_up(engine, model_config.vocab_size)
+    seconds, trace = _run(engine, workload, config.max_num_seqs)
+    out_tokens = trace.num_tokens
+    in_tokens = sum(len(p) for p in workload.prompts)
+    report.results.update({
+        "duration_s": seconds,
+        "output_tokens": out_tokens,
+        "output_tok_per_s": out_tokens / seconds,
+        "total_tok_per_s": (in_tokens + out_tokens) / seconds,
+        "requests_per_s": num_prompts / seconds,
+        "kv_cache_blocks": engine.runner.num_blocks,
+        "preemptions": engine.scheduler.num_preemptions,
+    })
+    if trace.host_fractions:
+        report.results["host_share_of_step_at_max_batch"] = percentiles(trace.host_fractions)
+    if hf_rate is not None:
+        report.results["hf_output_tok_per_s"] = hf_rate
+        report.results["speedup_vs_hf"] = out_tokens / seconds / hf_rate
+    return report
+
+
+def latency(config: OfflineConfig, batch: int, input_len: int, output_len: int) -> Report:
+    model_config = shape_config(config.shape)
+    workload = fixed_workload(batch, input_len, output_len, model_config.vocab_size, config.seed)
+    device = resolve_device(config.device)
+    report = Report(config.shape, str(device), str(resolve_dtype(config.dtype, device)), {
+        "kind": "latency", "batch": batch, "input_len": input_len, "output_len": output_len,
+    })
+    bandwidth = copy_bandwidth(device)
+    hf_rate = hf_baseline.latency(config, workload) if config.hf else None
+    engine = build_engine(config, input_len + output_len + 16)
+    _warm_up(engine, model_config.vocab_size)
+    seconds, trace = _run(engine, workload, batch)
+    ttft = [times[0] - trace.arrival for times in trace.token_times.values()]
+    gaps = [b - a for times in trace.token_times.values() for a, b in zip(times, times[1:], strict=False)]
+    tpot = [(t[-1] - t[0]) / (len(t) - 1) for t in trace.token_times.values() if len(t) > 1]
+    decode_rate = batch / percentiles(tpot)["p50"] if tpot else 0.0
+    report.results.update({
+        "duration_s": seconds,
+        "output_tokens": trace.num_tokens,
+        "output_tok_per_s": trace.num_tokens / seconds,
+        "decode_tok_per_s": decode_rate,
+        "ttft_s": percentiles(ttft),
+        "tpot_s": percentiles(tpot),
+        "itl_s": percentiles(gaps),
+    })
+    if bandwidth is not None:
+        roofline = bandwidth / weight_bytes(config)
+        report.results["copy_bandwidth_GBps"] = bandwidth / 1e9
+        report.results["roofline_tok_per_s_batch1"] = roofline
+        if batch == 1:
+            report.results["fraction_of_roofline"] = decode_rate / roofline
+    if hf_rate is not None:
+        report.results["hf_output_tok_per_s"] = hf_rate
+        report.results["speedup_vs_hf"] = trace.num_tokens / seconds / hf_rate
+    return report
+
+
+def finish(report: Report, result_json: str | None) -> int:
+    report.print()
+    if result_json:
+        with open(result_json, "w") as f:
+            json.dump(asdict(report), f, indent=2)
+    return 0

@@ -1,0 +1,93 @@
+"""Named model shapes with random weights, built in memory: benchmarks need no checkpoint.
+
+The weights are drawn on the target device one tensor at a time, so an 8B model never sits in
+host memory. Token ids carry no meaning, so the tokenizer is a bare vocabulary of the right size
+and requests run with detokenize=False.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from tokenizers import Tokenizer as BackendTokenizer
+from tokenizers.models import WordLevel
+
+from pagoda_runtime.config import ModelConfig, RopeScaling
+from pagoda_runtime.model_source import LoadedModel, expected_weight_shapes
+from pagoda_runtime.sizing import ModelArchitecture
+from pagoda_runtime.tokenizer import Tokenizer
+
+_LLAMA3_ROPE = RopeScaling("llama3", 8.0, 1.0, 4.0, 8192)
+
+SHAPES: dict[str, ModelConfig] = {
+    "llama-3-8b": ModelConfig(
+        architecture="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+        rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=8192, tie_word_embeddings=False,
+    ),
+    "llama-3.2-1b": ModelConfig(
+        architecture="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+        num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+        rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=131072, tie_word_embeddings=True,
+        rope_scaling=RopeScaling("llama3", 32.0, 1.0, 4.0, 8192),
+    ),
+    "qwen2.5-7b": ModelConfig(
+        architecture="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944,
+        num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4, head_dim=128,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=32768, tie_word_embeddings=False,
+        attention_bias=True,
+    ),
+    # Small enough for the CPU: what the benchmark's own tests run.
+    "tiny-llama": ModelConfig(
+        architecture="llama", vocab_size=512, hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=2048, tie_word_embeddings=False,
+    ),
+}
+
+
+def shape_config(name: str) -> ModelConfig:
+    if name not in SHAPES:
+        raise ValueError(f"unknown model shape {name!r}; choose one of {', '.join(SHAPES)}")
+    return SHAPES[name]
+
+
+def architecture(config: ModelConfig) -> ModelArchitecture:
+    return ModelArchitecture(
+        num_layers=config.num_hidden_layers,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_attention_heads=config.num_attention_heads,
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        vocab_size=config.vocab_size,
+        tie_word_embeddings=config.tie_word_embeddings,
+        max_position_embeddings=config.max_position_embeddings,
+        attention_bias=config.attention_bias,
+    )
+
+
+def random_weights(
+    config: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0
+) -> Iterator[tuple[str, torch.Tensor]]:
+    generator = torch.Generator(device=device).manual_seed(seed)
+    for name, shape in expected_weight_shapes(config).items():
+        if name.endswith("norm.weight"):
+            yield name, torch.ones(shape, device=device, dtype=dtype)
+        else:
+            # Small enough that activations stay finite through every layer.
+            yield name, (torch.randn(shape, device=device, generator=generator) * 0.02).to(dtype)
+
+
+def bare_tokenizer(vocab_size: int) -> Tokenizer:
+    vocab = {f"<{i}>": i for i in range(vocab_size)}
+    backend = BackendTokenizer(WordLevel(vocab, unk_token="<0>"))
+    return Tokenizer(
+        backend, source="random", bos_token=None, eos_token=None, eos_token_ids=(), chat_template=None
+    )
+
+
+def random_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LoadedModel:
+    config = shape_config(name)
+    return LoadedModel(config, random_weights(config, device, dtype, seed), bare_tokenizer(config.vocab_size))

@@ -1,0 +1,69 @@
+"""`pagoda-runtime bench throughput|latency` run end to end on a tiny random model on the CPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from pagoda_runtime.bench.offline import nano_vllm_workload
+from pagoda_runtime.bench.shapes import SHAPES, random_model, shape_config
+
+
+def _bench(tmp_path, *args: str) -> dict:
+    out = tmp_path / "result.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pagoda_runtime.cli", "bench", *args, "--shape", "tiny-llama",
+         "--device", "cpu", "--result-json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "output_tok_per_s" in proc.stdout
+    return json.loads(out.read_text())
+
+
+def test_throughput_generates_every_requested_token_and_compares_with_transformers(tmp_path):
+    report = _bench(tmp_path, "throughput", "--num-prompts", "6", "--min-len", "8", "--max-len", "24",
+                    "--max-num-seqs", "4", "--hf", "--hf-num-prompts", "4", "--hf-batch-size", "2")
+    results = report["results"]
+    workload = nano_vllm_workload(6, 8, 24, shape_config("tiny-llama").vocab_size, seed=0)
+    assert results["output_tokens"] == sum(workload.output_lens)
+    assert results["output_tok_per_s"] == pytest.approx(results["output_tokens"] / results["duration_s"])
+    assert results["speedup_vs_hf"] == pytest.approx(
+        results["output_tok_per_s"] / results["hf_output_tok_per_s"]
+    )
+    assert 0 < results["host_share_of_step_at_max_batch"]["p50"] <= 1
+
+
+def test_latency_reports_per_token_percentiles(tmp_path):
+    report = _bench(tmp_path, "latency", "--batch-size", "2", "--input-len", "10", "--output-len", "6")
+    results = report["results"]
+    assert report["workload"] == {"kind": "latency", "batch": 2, "input_len": 10, "output_len": 6}
+    assert results["output_tokens"] == 12
+    ttft, tpot = results["ttft_s"], results["tpot_s"]
+    assert 0 < ttft["p50"] <= ttft["p99"] < results["duration_s"]
+    assert 0 < tpot["p50"] < results["duration_s"]
+    # The roofline needs a device copy bandwidth; the CPU has none worth quoting.
+    assert "fraction_of_roofline" not in results
+
+
+def test_workload_is_fixed_by_its_seed_and_within_bounds():
+    a = nano_vllm_workload(50, 100, 1024, 1000, seed=0)
+    assert a == nano_vllm_workload(50, 100, 1024, 1000, seed=0)
+    assert a != nano_vllm_workload(50, 100, 1024, 1000, seed=1)
+    assert all(100 <= len(p) <= 1024 for p in a.prompts) and all(100 <= n <= 1024 for n in a.output_lens)
+    assert all(0 <= t < 1000 for p in a.prompts for t in p)
+
+
+def test_every_named_shape_yields_the_weights_its_config_implies():
+    import torch
+
+    model = random_model("tiny-llama", torch.device("cpu"), torch.float32)
+    names = dict(model.weights)
+    assert names["model.norm.weight"].eq(1).all()
+    assert names["lm_head.weight"].shape == (512, 64)
+    assert {"llama-3-8b", "llama-3.2-1b", "qwen2.5-7b"} <= set(SHAPES)
+    with pytest.raises(ValueError, match="unknown model shape 'llama-9'"):
+        shape_config("llama-9")
+
