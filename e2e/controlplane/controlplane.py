@@ -650,7 +650,7 @@ class ControlPlane:
         ``aggregator_routing=False`` (the default) the aggregator dials the external name, while
         endpoint routing would need a non-loopback endpoint IP. ``rules_yaml`` is the adapter's
         ``--config`` (give at least one rule: with none the adapter serves no custom metrics API).
-        The adapter is stopped by ``stop()``. Returns its port.
+        The adapter is stopped by ``stop()`` or ``stop_prometheus_adapter()``. Returns its port.
         """
         adapter = ensure_binaries(("prometheus-adapter",))["prometheus-adapter"]
         port = _free_port()
@@ -707,6 +707,20 @@ class ControlPlane:
             interval=0.5,
         )
         return port
+
+    def stop_prometheus_adapter(self) -> None:
+        """Unregister custom.metrics.k8s.io/v1beta1 and stop every adapter started here.
+
+        An APIService whose backend is gone breaks discovery for every later client (kubectl,
+        kopf, the namespace controller, which then cannot finish deleting a namespace), so a
+        caller done with custom metrics removes the registration rather than leaving it dangling.
+        """
+        self.kubectl("delete", "apiservice", "v1beta1.custom.metrics.k8s.io", "--ignore-not-found")
+        self.kubectl("delete", "service", "prometheus-adapter", "-n", "kube-system",
+                     "--ignore-not-found")
+        for c in [c for c in self._components if c.name == "prometheus-adapter"]:
+            self._terminate(c)
+            self._components.remove(c)
 
     def node_ready(self, name: str) -> bool:
         try:

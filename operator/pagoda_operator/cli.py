@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 
 import kopf
 from prometheus_client import start_http_server
 
 PEERING_NAME = "pagoda-operator"
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return seconds
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -35,17 +44,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--priority", type=int, default=0, help="peering priority; the highest active one works")
     p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="liveness endpoint URL")
     p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port (0: none)")
+    p.add_argument(
+        "--resync-seconds",
+        type=positive_seconds,
+        default=30.0,
+        help="reconcile every InferenceService again this often, undoing changes made to its children",
+    )
     p.add_argument("--verbose", "-v", action="store_true")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    import pagoda_operator.handlers  # noqa: F401  (registers the handlers with kopf)
+    # kopf's formatter prefixes each line with the [namespace/name] of the object it is about.
+    kopf.configure(verbose=args.verbose, log_prefix=True)
+    from pagoda_operator import handlers  # importing registers the handlers with kopf
+
+    handlers.schedule_resync(args.resync_seconds)
 
     if args.metrics_port:
         start_http_server(args.metrics_port)

@@ -54,8 +54,12 @@ def _structural(schema: dict, defs: dict) -> dict:
     if schema["type"] == "array":
         out["items"] = _structural(schema["items"], defs)
     if "default" in schema and schema["default"] is not None:
-        # An object default of {} lets the apiserver fill the nested fields' own defaults.
-        out["default"] = {} if isinstance(schema["default"], dict) else schema["default"]
+        default = schema["default"]
+        # An object default of {} lets the apiserver fill the nested fields' own defaults, but the
+        # apiserver checks an object's CEL rules against its default as written: those keep it whole.
+        if isinstance(default, dict) and "x-kubernetes-validations" not in out:
+            default = {}
+        out["default"] = default
     return out
 
 
@@ -135,7 +139,8 @@ def build_crd() -> dict:
                                     "description": "API version: pagoda.dev/v1alpha1.",
                                 },
                                 "kind": {"type": "string", "description": "InferenceService."},
-                                "metadata": {"type": "object", "description": "Standard object metadata."},
+                                # The apiserver owns metadata's schema and refuses anything added.
+                                "metadata": {"type": "object"},
                                 "spec": spec,
                                 "status": status,
                             },

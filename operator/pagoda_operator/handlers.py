@@ -2,13 +2,15 @@
 
 Every path ends in the same reconcile: render, server-side apply (unchanged objects are not
 written), prune children that should no longer exist, recompute the status and patch it only
-when it changed. A timer repeats it, which corrects drift on the children; events of our
-Deployments and Pods refresh the status between timer ticks.
+when it changed. A timer repeats it (`schedule_resync`), which corrects drift on the children;
+events of our Deployments and Pods refresh the status between timer ticks.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import threading
 import time
 from datetime import UTC, datetime
 
@@ -22,8 +24,10 @@ from pagoda_operator.models import GROUP, PLURAL, VERSION, InferenceServiceSpec
 from pagoda_operator.render import LABEL_ISVC, RenderOptions, render
 from pagoda_operator.status import compute_status, status_changed
 
-RESYNC_SECONDS = 30
 _kube: Kube | None = None
+# The spec handler, the timer and Deployment and Pod events may refresh one object's status at
+# once; each must see the others' writes, or a transition (and its Warning) is reported twice.
+_STATUS_LOCKS = [threading.Lock() for _ in range(64)]
 
 
 def kube() -> Kube:
@@ -69,13 +73,21 @@ def _error_text(exc: ValidationError | ValueError) -> str:
     return str(exc)
 
 
-def _report_invalid(k: Kube, body, message: str, *, announce: bool) -> None:
+def _api_message(exc: ApiException) -> str:
+    """The apiserver's own sentence from its Status body (which object, what is wrong), else the body."""
+    try:
+        return json.loads(exc.body)["message"]
+    except (TypeError, ValueError, KeyError):
+        return str(exc.body)
+
+
+def _report_invalid(k: Kube, body, reason: str, message: str, *, announce: bool) -> None:
     namespace, name, _, generation = _ids(body)
     previous = dict(body.get("status") or {})
     ready = {
         "type": "Ready",
         "status": "False",
-        "reason": "InvalidSpec",
+        "reason": reason,
         "message": message,
         "observedGeneration": generation,
     }
@@ -88,26 +100,40 @@ def _report_invalid(k: Kube, body, message: str, *, announce: bool) -> None:
     if status_changed(previous, new):
         k.patch_status(namespace, name, new)
     if announce:
-        kopf.warn(body, reason="InvalidSpec", message=message)
+        kopf.warn(body, reason=reason, message=message)
 
 
-def refresh_status(k: Kube, body, spec: InferenceServiceSpec) -> None:
-    namespace, name, _, generation = _ids(body)
-    selector = f"{LABEL_ISVC}={name}"
-    previous = dict(body.get("status") or {})
-    new = compute_status(
-        spec,
-        namespace=namespace,
-        name=name,
-        generation=generation,
-        deployments=k.list("Deployment", namespace, selector),
-        pods=k.list("Pod", namespace, selector),
-        previous=previous,
-        now=_now(),
-    )
-    if not status_changed(previous, new):
-        return
-    k.patch_status(namespace, name, new)
+def refresh_status(k: Kube, namespace: str, name: str) -> None:
+    """Recomputes the status from the stored object, so that it compares with the latest write."""
+    with _STATUS_LOCKS[hash((namespace, name)) % len(_STATUS_LOCKS)]:
+        body = k.get_inference_service(namespace, name)
+        if body is None:
+            return
+        try:
+            spec = _parse(body)
+        except (ValidationError, ValueError):
+            return  # the spec handler reports it
+        _, _, _, generation = _ids(body)
+        selector = f"{LABEL_ISVC}={name}"
+        previous = dict(body.get("status") or {})
+        new = compute_status(
+            spec,
+            namespace=namespace,
+            name=name,
+            generation=generation,
+            deployments=k.list("Deployment", namespace, selector),
+            pods=k.list("Pod", namespace, selector),
+            previous=previous,
+            now=_now(),
+        )
+        if not status_changed(previous, new):
+            return
+        try:
+            k.patch_status(namespace, name, new)
+        except ApiException as exc:
+            if exc.status == 404:
+                return  # deleted since it was read
+            raise
     metrics.STATUS_WRITES.inc()
     fits = next(c for c in new["conditions"] if c["type"] == "ModelFits")
     was = next((c for c in previous.get("conditions", []) if c["type"] == "ModelFits"), {})
@@ -144,22 +170,23 @@ def reconcile(body, *, announce: bool) -> None:
         )
     except (ValidationError, ValueError) as exc:
         metrics.RECONCILES.labels(result="invalid").inc()
-        _report_invalid(k, body, _error_text(exc), announce=announce)
+        _report_invalid(k, body, "InvalidSpec", _error_text(exc), announce=announce)
         raise kopf.PermanentError(f"invalid spec: {_error_text(exc)}") from exc
     try:
         for manifest in manifests:
             k.apply(manifest)
         kinds = [kind for kind in CHILD_KINDS if kind != "ServiceMonitor" or service_monitor]
         _prune(k, body, manifests, kinds)
-        refresh_status(k, body, spec)
+        refresh_status(k, namespace, name)
     except ApiException as exc:
         metrics.RECONCILES.labels(result="error").inc()
         if exc.status in (0, 409, 429) or exc.status >= 500:
             raise kopf.TemporaryError(
                 f"Kubernetes API error {exc.status} {exc.reason}; retrying", delay=10
             ) from exc
-        message = f"the API refused a child object ({exc.status} {exc.reason}): {exc.body}"
-        _report_invalid(k, body, message, announce=announce)
+        # Not the spec's fault alone: RBAC, quotas and admission policies refuse children too.
+        message = f"the API refused a child object ({exc.status} {exc.reason}): {_api_message(exc)}"
+        _report_invalid(k, body, "ChildRejected", message, announce=announce)
         raise kopf.PermanentError(message) from exc
     metrics.RECONCILES.labels(result="ok").inc()
     metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
@@ -172,7 +199,6 @@ def on_spec(body, **_) -> None:
     reconcile(body, announce=True)
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
 def resync(body, **_) -> None:
     try:
         reconcile(body, announce=False)
@@ -181,23 +207,16 @@ def resync(body, **_) -> None:
         return
 
 
-def _refresh_owner(namespace: str, labels) -> None:
-    k = kube()
-    parent = k.get_inference_service(namespace, labels[LABEL_ISVC])
-    if parent is None:
-        return
-    try:
-        spec = _parse(parent)
-    except (ValidationError, ValueError):
-        return
-    refresh_status(k, parent, spec)
+def schedule_resync(interval: float) -> None:
+    """Reconciles every InferenceService again each `interval` seconds (the CLI's --resync-seconds)."""
+    kopf.timer(GROUP, VERSION, PLURAL, interval=interval, initial_delay=interval)(resync)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={LABEL_ISVC: kopf.PRESENT})
 def deployment_changed(namespace, labels, **_) -> None:
-    _refresh_owner(namespace, labels)
+    refresh_status(kube(), namespace, labels[LABEL_ISVC])
 
 
 @kopf.on.event("v1", "pods", labels={LABEL_ISVC: kopf.PRESENT})
 def pod_changed(namespace, labels, **_) -> None:
-    _refresh_owner(namespace, labels)
+    refresh_status(kube(), namespace, labels[LABEL_ISVC])

@@ -102,6 +102,7 @@ class Kube:
         self.request(
             "PATCH",
             f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status",
+            query=[("fieldManager", FIELD_MANAGER)],
             body={"status": status},
             content_type="application/merge-patch+json",
         )

@@ -1,0 +1,60 @@
+"""Reading, writing and waiting on cluster objects through the pinned kubectl, as a user would."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import yaml
+
+ISVC_LABEL = "pagoda.dev/inference-service"
+CHILD_KINDS = "deployments,services,horizontalpodautoscalers,poddisruptionbudgets"
+
+
+def wait_for(
+    fetch, *, check=bool, timeout: float = 30.0, what: str, interval: float = 0.25, details=None
+):
+    """Polls `fetch()` until `check` accepts its value and returns that value; a timeout names `what`,
+    the last value and, from `details()`, whatever else explains it (such as the operator's log)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        last = fetch()
+        if check(last):
+            return last
+        if time.monotonic() > deadline:
+            extra = f"\n{details()}" if details else ""
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}{extra}")
+        time.sleep(interval)
+
+
+def get(cp, *args: str) -> dict:
+    return json.loads(cp.kubectl("get", *args, "-o", "json").stdout)
+
+
+def get_or_none(cp, *args: str) -> dict | None:
+    found = cp.kubectl("get", *args, "-o", "json", "--ignore-not-found", check=False)
+    return json.loads(found.stdout) if found.returncode == 0 and found.stdout.strip() else None
+
+
+def apply(cp, namespace: str, manifest: dict | str) -> str:
+    text = manifest if isinstance(manifest, str) else yaml.safe_dump(manifest)
+    return cp.kubectl("apply", "-n", namespace, "-f", "-", input=text).stdout
+
+
+def children(cp, namespace: str, name: str) -> dict[tuple[str, str], dict]:
+    """The InferenceService's children by (kind, name), found by the label the operator sets."""
+    items = get(cp, CHILD_KINDS, "-n", namespace, "-l", f"{ISVC_LABEL}={name}")["items"]
+    return {(item["kind"], item["metadata"]["name"]): item for item in items}
+
+
+def pods(cp, namespace: str, selector: str) -> list[dict]:
+    return get(cp, "pods", "-n", namespace, "-l", selector)["items"]
+
+
+def condition(obj: dict, type_: str) -> dict:
+    found = [c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == type_]
+    return found[0] if found else {}
+
+
+def is_ready(pod: dict) -> bool:
+    return condition(pod, "Ready").get("status") == "True"
