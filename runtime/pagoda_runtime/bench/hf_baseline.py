@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from pagoda_runtime.bench.offline import OfflineConfig, Workload
 
 
-def hf_config(config: ModelConfig):
+def hf_config(config: ModelConfig, **overrides):
+    """transformers' config for the same architecture; `overrides` go to its constructor."""
     from transformers import LlamaConfig, Qwen2Config
 
     common = dict(
@@ -39,6 +40,7 @@ def hf_config(config: ModelConfig):
         bos_token_id=None,
         eos_token_id=None,
         pad_token_id=0,
+        **overrides,
     )
     if config.architecture == "qwen2":
         return Qwen2Config(**common)
