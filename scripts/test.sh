@@ -5,5 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
+# The loopback control plane's binaries, built once per machine and version (minutes when cold),
+# outside pytest so that no test's timeout has to cover a Go build.
+if command -v go >/dev/null; then
+    bash e2e/controlplane/build.sh all
+fi
 export TRITON_INTERPRET=${TRITON_INTERPRET:-1}
 .venv/bin/python -m pytest "$@"
