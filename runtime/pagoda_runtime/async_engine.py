@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from pagoda_runtime.config import EngineConfig
 from pagoda_runtime.engine import EngineStats, LLMEngine, Request
+from pagoda_runtime.memory_report import MemoryReport
 from pagoda_runtime.outputs import RequestOutput
 from pagoda_runtime.sampling_params import SamplingParams
 
@@ -54,6 +55,10 @@ class AsyncLLMEngine:
     @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len
+
+    @property
+    def memory(self) -> MemoryReport:
+        return self.engine.memory
 
     def stats(self) -> EngineStats:
         return self.engine.stats()

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from pagoda_runtime.config import EngineConfig
+from pagoda_runtime.config import KV_CACHE_DTYPES, QUANTIZATION_CHOICES, EngineConfig
 
 API_KEY_ENV = "PAGODA_API_KEY"
 
@@ -20,7 +20,19 @@ def _add_serve(sub) -> None:
     p.add_argument("--served-model-name", default=None, help="the name clients use (default: --model)")
     p.add_argument("--dtype", default=defaults.dtype, choices=["auto", "float32", "float16", "bfloat16"])
     p.add_argument("--device", default=defaults.device, help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--quantization", default=defaults.quantization)
+    p.add_argument(
+        "--quantization",
+        default=defaults.quantization,
+        choices=QUANTIZATION_CHOICES,
+        help="how to hold the projections; auto serves the checkpoint as it was saved (AWQ, GPTQ, GGUF "
+        "blocks on a GPU) and float weights unquantized",
+    )
+    p.add_argument(
+        "--kv-cache-dtype",
+        default=defaults.kv_cache_dtype,
+        choices=KV_CACHE_DTYPES,
+        help="auto: the model's dtype; fp8: e4m3 with a per-tensor scale of 1.0, half the bytes of bf16",
+    )
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
     p.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
@@ -134,6 +146,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         dtype=args.dtype,
         device=args.device,
         quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,

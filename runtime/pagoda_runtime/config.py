@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pagoda_runtime.sizing import ModelArchitecture
+
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+# How the decoder projections are held; --quantization auto picks one from the checkpoint
+# (quantization/selection.py).
+QUANTIZATION_METHODS = ("none", "int8", "int4", "fp8", "awq", "gptq", "gguf")
+QUANTIZATION_CHOICES = ("auto", *QUANTIZATION_METHODS)
+# auto: the model's dtype; fp8: e4m3, half the bytes of bf16.
+KV_CACHE_DTYPES = ("auto", "fp8")
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,20 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
 
+    def to_sizing(self) -> ModelArchitecture:
+        return ModelArchitecture(
+            num_layers=self.num_hidden_layers,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_attention_heads=self.num_attention_heads,
+            num_kv_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            vocab_size=self.vocab_size,
+            tie_word_embeddings=self.tie_word_embeddings,
+            max_position_embeddings=self.max_position_embeddings,
+            attention_bias=self.attention_bias,
+        )
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -56,7 +78,8 @@ class EngineConfig:
     served_model_name: str | None = None
     dtype: str = "auto"  # auto, float32, float16, bfloat16
     device: str = "auto"  # auto, cpu, cuda, cuda:N
-    quantization: str = "none"
+    quantization: str = "auto"  # one of QUANTIZATION_CHOICES
+    kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
     max_model_len: int | None = None  # None: the model's own limit
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192

@@ -2,7 +2,8 @@
 
 `add_request` validates and tokenizes a prompt and queues one sequence per sample; `step` lets
 the scheduler pick a batch, runs it, appends the sampled tokens, applies the stop rules and
-returns a RequestOutput (cumulative, with `delta`) for every request that changed.
+returns a RequestOutput (cumulative, with `delta`) for every request that changed. `score` gives
+the model's next-token logits over a whole text, which is how quantization quality is measured.
 """
 
 from __future__ import annotations
@@ -11,15 +12,20 @@ import logging
 import time
 from dataclasses import dataclass
 
+import torch
+
 from pagoda_runtime.block_manager import BlockManager
 from pagoda_runtime.config import EngineConfig, ModelConfig
 from pagoda_runtime.detokenizer import IncrementalDetokenizer
-from pagoda_runtime.model_runner import ModelRunner, resolve_device, resolve_dtype
+from pagoda_runtime.memory_report import MemoryReport
+from pagoda_runtime.model_runner import ModelRunner, dtype_name, resolve_device, resolve_dtype
 from pagoda_runtime.model_source import LoadedModel, load_model_source
 from pagoda_runtime.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprobs
+from pagoda_runtime.quantization.selection import select_quantization
 from pagoda_runtime.sampling_params import SamplingParams
 from pagoda_runtime.scheduler import Scheduler
 from pagoda_runtime.sequence import Sequence, SequenceGroup
+from pagoda_runtime.sizing import weight_bytes
 from pagoda_runtime.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -126,15 +132,30 @@ class LLMEngine:
         """`loaded`: a model already in memory (the benchmarks' random weights) instead of
         `engine_config.model`."""
         self.engine_config = engine_config
+        device = resolve_device(engine_config.device)
+        dtype = resolve_dtype(engine_config.dtype, device)
         if loaded is None:
-            device = resolve_device(engine_config.device)
-            loaded = load_model_source(engine_config.model, resolve_dtype(engine_config.dtype, device))
+            loaded = load_model_source(engine_config.model, dtype, keep_quantized=True)
+        self.quantization = select_quantization(
+            engine_config.quantization, loaded.quantization, device.type, engine_config.model
+        )
+        if loaded.quantization is not None and self.quantization != loaded.quantization:
+            if engine_config.quantization == "auto":
+                logger.info(
+                    "%s stores %s blocks; on the %s they are dequantized at load "
+                    "(--quantization %s keeps them packed)",
+                    engine_config.model,
+                    loaded.quantization,
+                    device.type,
+                    loaded.quantization,
+                )
+            loaded = loaded.dequantized(dtype)
         self.model_config: ModelConfig = loaded.config
         self.tokenizer: Tokenizer = loaded.tokenizer
         if engine_config.max_num_batched_tokens < 1 or engine_config.max_num_seqs < 1:
             raise ValueError("--max-num-batched-tokens and --max-num-seqs must both be at least 1")
         limit = engine_config.max_model_len or self.model_config.max_position_embeddings
-        self.runner = ModelRunner(self.model_config, loaded.weights, engine_config, limit)
+        self.runner = ModelRunner(self.model_config, loaded.weights, engine_config, limit, self.quantization)
         capacity = self.runner.num_blocks * engine_config.block_size
         if limit > capacity:
             if engine_config.max_model_len is not None:
@@ -155,6 +176,20 @@ class LLMEngine:
         )
         self.requests: dict[str, Request] = {}
         self.last_step_timing: StepTiming | None = None
+        self.memory = MemoryReport(
+            model=engine_config.model,
+            quantization=self.quantization,
+            dtype=dtype_name(dtype),
+            kv_cache_dtype=self.runner.kv_cache_dtype_name,
+            weight_bytes=self.runner.weight_bytes,
+            predicted_weight_bytes=weight_bytes(
+                self.model_config.to_sizing(), self.quantization, dtype_name(dtype)
+            ),
+            kv_bytes_per_block=self.runner.kv_bytes_per_block,
+            block_size=engine_config.block_size,
+            num_kv_blocks=self.runner.num_blocks,
+        )
+        logger.info("memory: %s", self.memory.describe())
 
     # ---- requests ----------------------------------------------------------------------------
 
@@ -230,20 +265,49 @@ class LLMEngine:
         return bool(self.requests)
 
     def stats(self) -> EngineStats:
-        running = {
-            seq.group.request_id
-            for seq in self.scheduler.running
-            if not self.requests[seq.group.request_id].internal
-        }
-        user_requests = sum(1 for request in self.requests.values() if not request.internal)
+        # Called from the server's event loop while a step may run in the engine's thread: read
+        # snapshots (list() of a dict or list is atomic under the GIL), never live iterators.
+        requests = [r for r in list(self.requests.values()) if not r.internal]
+        running_ids = {seq.group.request_id for seq in list(self.scheduler.running)}
+        num_running = sum(1 for r in requests if r.request_id in running_ids)
         return EngineStats(
-            num_waiting=user_requests - len(running),
-            num_running=len(running),
+            num_waiting=len(requests) - num_running,
+            num_running=num_running,
             kv_cache_usage=self.block_manager.usage,
             prefix_cache_queries=self.block_manager.prefix_queries,
             prefix_cache_hits=self.block_manager.prefix_hits,
             num_preemptions=self.scheduler.num_preemptions,
         )
+
+    # ---- scoring -----------------------------------------------------------------------------
+
+    def score(self, token_ids: list[int]) -> torch.Tensor:
+        """Float32 next-token logits [len(token_ids), vocab] of the engine's own model: row i predicts
+        token i + 1. One prefill over blocks borrowed from the block manager and given back, so it
+        may run between steps while requests hold other blocks."""
+        if not token_ids:
+            raise ValueError("there is nothing to score; send at least one token")
+        vocab = self.model_config.vocab_size
+        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is outside the model's vocabulary of {vocab} tokens")
+        if len(token_ids) > self.max_model_len:
+            raise ValueError(
+                f"{len(token_ids)} tokens exceed max_model_len {self.max_model_len}; score a shorter text"
+            )
+        group = SequenceGroup("score", list(token_ids), SamplingParams(max_tokens=1), time.monotonic())
+        seq = Sequence(group, 0)
+        needed = self.block_manager.blocks_needed(seq, seq.num_tokens)
+        if not self.block_manager.can_append(seq, seq.num_tokens):
+            raise ValueError(
+                f"scoring {seq.num_tokens} tokens needs {needed} free KV blocks but "
+                f"{self.block_manager.num_free_blocks} are free; wait for running requests to finish"
+            )
+        self.block_manager.append(seq, seq.num_tokens)
+        try:
+            return self.runner.score(seq)
+        finally:
+            self.block_manager.free(seq)
 
     # ---- one step ----------------------------------------------------------------------------
 

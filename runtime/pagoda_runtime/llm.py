@@ -23,7 +23,7 @@ class LLM:
         model: str = "smollm2-135m",
         dtype: str = "auto",
         device: str = "auto",
-        quantization: str = "none",
+        quantization: str = "auto",
         max_model_len: int | None = None,
         **engine_kwargs,
     ) -> None:

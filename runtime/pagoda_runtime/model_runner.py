@@ -16,11 +16,15 @@ from dataclasses import dataclass
 import torch
 
 from pagoda_runtime.attention_metadata import AttentionMetadata
-from pagoda_runtime.config import EngineConfig, ModelConfig
+from pagoda_runtime.config import KV_CACHE_DTYPES, EngineConfig, ModelConfig
 from pagoda_runtime.kernels import get_attention_ops
+from pagoda_runtime.kernels.reference import FP8_KV_DTYPE
 from pagoda_runtime.model import LlamaForCausalLM
+from pagoda_runtime.quantization.memory import model_weight_bytes
 from pagoda_runtime.sampler import Sampler, SamplerOutput
 from pagoda_runtime.scheduler import ScheduledBatch
+from pagoda_runtime.sequence import Sequence
+from pagoda_runtime.sizing import kv_bytes_per_block
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +51,26 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """The --dtype name of a torch dtype ("float32", "bfloat16", "float16")."""
+    return str(dtype).removeprefix("torch.")
+
+
+def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    if name not in KV_CACHE_DTYPES:
+        raise ValueError(f"unknown KV cache dtype {name!r}; use one of {', '.join(KV_CACHE_DTYPES)}")
+    if name == "auto":
+        return model_dtype
+    # Triton has e4m3 ("fp8e4nv") loads and casts only from Ada and Hopper on.
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        major, minor = torch.cuda.get_device_capability(device)
+        raise ValueError(
+            f"--kv-cache-dtype fp8 needs a GPU of compute capability 8.9 or newer, but this one is "
+            f"{major}.{minor}; use --kv-cache-dtype auto"
+        )
+    return FP8_KV_DTYPE
+
+
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     sizes = [1]
     while sizes[-1] * 2 <= max_num_seqs:
@@ -69,10 +93,14 @@ class ModelRunner:
         weights: Iterable[tuple[str, torch.Tensor]],
         engine_config: EngineConfig,
         max_model_len: int,
+        quantization: str,
     ) -> None:
+        """quantization: the method the projections are built with (already checked against the
+        checkpoint by quantization/selection.py)."""
         self.config = model_config
         self.device = resolve_device(engine_config.device)
         self.dtype = resolve_dtype(engine_config.dtype, self.device)
+        self.kv_cache_dtype = resolve_kv_cache_dtype(engine_config.kv_cache_dtype, self.dtype, self.device)
         self.block_size = engine_config.block_size
         self.max_model_len = max_model_len
         self.max_blocks_per_seq = -(-max_model_len // self.block_size)
@@ -80,12 +108,13 @@ class ModelRunner:
             model_config,
             get_attention_ops(self.device),
             max_model_len,
-            engine_config.quantization,
+            quantization,
             self.device,
             self.dtype,
         )
         self.model.load_weights(weights)
         self.model.eval()
+        self.weight_bytes = model_weight_bytes(self.model)
         self.num_blocks = self._num_blocks(engine_config.kv_cache_memory)
         self.kv_caches = [
             torch.empty(
@@ -95,7 +124,7 @@ class ModelRunner:
                 model_config.num_key_value_heads,
                 model_config.head_dim,
                 device=self.device,
-                dtype=self.dtype,
+                dtype=self.kv_cache_dtype,
             )
             for _ in range(model_config.num_hidden_layers)
         ]
@@ -108,10 +137,15 @@ class ModelRunner:
             self._capture_graphs(engine_config.max_num_seqs)
 
     @property
+    def kv_cache_dtype_name(self) -> str:
+        return "fp8" if self.kv_cache_dtype == FP8_KV_DTYPE else dtype_name(self.kv_cache_dtype)
+
+    @property
     def kv_bytes_per_block(self) -> int:
         c = self.config
-        itemsize = torch.tensor([], dtype=self.dtype).element_size()
-        return 2 * c.num_hidden_layers * self.block_size * c.num_key_value_heads * c.head_dim * itemsize
+        return kv_bytes_per_block(
+            c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.block_size, self.kv_cache_dtype_name
+        )
 
     def _num_blocks(self, kv_cache_memory: float) -> int:
         if kv_cache_memory > 1:
@@ -149,6 +183,13 @@ class ModelRunner:
             return [], SamplerOutput([], [])
         logits = self.model.compute_logits(hidden[logits_rows])
         return sampling_rows, self.sampler(logits, [batch.seqs[i] for i in sampling_rows])
+
+    @torch.inference_mode()
+    def score(self, seq: Sequence) -> torch.Tensor:
+        """Float32 logits [num_tokens, vocab] after each token of `seq`, in one prefill; `seq` holds
+        blocks for all its tokens and none of them is computed yet."""
+        input_ids, positions, meta = self._prepare(ScheduledBatch([seq], [seq.num_tokens]))
+        return self.model.compute_logits(self.model(input_ids, positions, self.kv_caches, meta))
 
     def _prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         bs = self.block_size

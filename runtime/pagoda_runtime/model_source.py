@@ -1,6 +1,10 @@
 """Open a model source (a Hugging Face folder or a GGUF file): its ModelConfig, its tokenizer and a
 lazy stream of its weights under Hugging Face names.
 
+Projections a checkpoint stores quantized (AWQ and GPTQ folders; Q4_0, Q4_1 and Q8_0 tensors of a
+GGUF file) arrive as PackedWeights converted straight from the stored blocks, or, when the caller
+does not keep them quantized, dequantized one tensor at a time.
+
 Everything that can be checked without reading the weights (the architecture, every tensor's
 presence and shape, truncated files) is checked before `load_model_source` returns, so a bad model
 fails at start-up with one sentence; the weights themselves are read one tensor at a time while the
@@ -9,6 +13,7 @@ model consumes them, so a large model never sits in memory twice.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import struct
 from collections.abc import Iterator
@@ -22,6 +27,14 @@ from safetensors import safe_open
 from pagoda_runtime.bundled import resolve_model
 from pagoda_runtime.config import ModelConfig, RopeScaling
 from pagoda_runtime.gguf_reader import GGUFFile
+from pagoda_runtime.quantization.gguf_blocks import gguf_to_packed, is_packable
+from pagoda_runtime.quantization.hf_checkpoints import (
+    CheckpointQuantization,
+    parse_quantization_config,
+    stored_shapes,
+    to_packed,
+)
+from pagoda_runtime.quantization.packed import PackedWeight, dequantize
 from pagoda_runtime.tokenizer import Tokenizer
 
 HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
@@ -53,21 +66,47 @@ class ModelLoadError(ValueError):
     pass
 
 
+Weight = torch.Tensor | PackedWeight
+
+
 @dataclass
 class LoadedModel:
     config: ModelConfig
-    weights: Iterator[tuple[str, torch.Tensor]]  # Hugging Face names, each tensor read on demand
+    weights: Iterator[tuple[str, Weight]]  # Hugging Face names, each tensor read on demand
     tokenizer: Tokenizer
+    # How the projections that arrive as PackedWeights were stored: "awq", "gptq" or "gguf";
+    # None when every weight arrives as a float tensor.
+    quantization: str | None = None
+
+    def dequantized(self, dtype: torch.dtype) -> LoadedModel:
+        """The same model with each PackedWeight turned into a float tensor as it streams past."""
+        weights = (
+            (name, dequantize(weight, dtype) if isinstance(weight, PackedWeight) else weight)
+            for name, weight in self.weights
+        )
+        return LoadedModel(self.config, weights, self.tokenizer)
 
 
-def load_model_source(path: str | Path, dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """`path`: a Hugging Face model folder, a .gguf file, or the bundled model's name."""
+def load_model_source(
+    path: str | Path, dtype: torch.dtype = torch.float32, keep_quantized: bool = False
+) -> LoadedModel:
+    """`path`: a Hugging Face model folder, a .gguf file, or the bundled model's name.
+
+    keep_quantized: projections stored quantized arrive as PackedWeights instead of float tensors.
+    """
     path = resolve_model(str(path))
     if path.is_dir():
-        return _load_hf_folder(path, dtype)
-    if path.suffix == ".gguf":
-        return _load_gguf(path, dtype)
-    raise ModelLoadError(f"{path} is neither a Hugging Face model folder nor a .gguf file")
+        loaded = _load_hf_folder(path, dtype)
+    elif path.suffix == ".gguf":
+        loaded = _load_gguf(path, dtype)
+    else:
+        raise ModelLoadError(f"{path} is neither a Hugging Face model folder nor a .gguf file")
+    return loaded if keep_quantized else loaded.dequantized(dtype)
+
+
+def is_projection(hf_name: str) -> bool:
+    """Whether a weight is one of the decoder's linear projections, the layers quantization touches."""
+    return hf_name.startswith("model.layers.") and hf_name.endswith("_proj.weight")
 
 
 def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -215,13 +254,52 @@ def _weight_files(folder: Path) -> dict[str, Path]:
     return dict.fromkeys(_safetensors_shapes(single), single)
 
 
+def _checkpoint_quantization(raw: dict[str, Any], config_file: Path) -> CheckpointQuantization | None:
+    try:
+        return parse_quantization_config(raw)
+    except ValueError as e:
+        raise ModelLoadError(f"{config_file}: {e}") from e
+
+
+def _stored_projections(
+    expected: dict[str, tuple[int, ...]],
+    found: dict[str, tuple[int, ...]],
+    spec: CheckpointQuantization | None,
+    file_of: dict[str, Path],
+) -> dict[str, dict[str, tuple[int, ...]]]:
+    """For each projection stored quantized: its stored tensors' names and the shapes they must have."""
+    quantized = {name.removesuffix(".qweight") + ".weight" for name in found if name.endswith(".qweight")}
+    if quantized and spec is None:
+        name = min(quantized).removesuffix(".weight") + ".qweight"
+        raise ModelLoadError(
+            f"{file_of[name]} holds the packed tensor {name!r} but config.json has no quantization_config; "
+            "restore the config.json the checkpoint was exported with"
+        )
+    stray = sorted(name for name in quantized if name not in expected or not is_projection(name))
+    if stray:
+        raise ModelLoadError(
+            f"{file_of[stray[0].removesuffix('.weight') + '.qweight']} stores {stray[0]!r} quantized; "
+            "Pagoda loads AWQ and GPTQ quantization of the decoder projections only"
+        )
+    stored = {}
+    for name in sorted(quantized):
+        prefix = name.removesuffix("weight")
+        shapes = {prefix + part: shape for part, shape in stored_shapes(spec, *expected[name]).items()}
+        if spec.method == "gptq" and prefix + "g_idx" not in found:
+            del shapes[prefix + "g_idx"]  # optional: without it the groups are in input order
+        stored[name] = shapes
+    return stored
+
+
 def _load_hf_folder(folder: Path, dtype: torch.dtype) -> LoadedModel:
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise ModelLoadError(f"{folder} has no config.json; expected a Hugging Face model folder")
     generation_file = folder / "generation_config.json"
     generation = _read_json(generation_file) if generation_file.is_file() else None
-    config = config_from_hf(_read_json(config_file), config_file, generation)
+    raw = _read_json(config_file)
+    config = config_from_hf(raw, config_file, generation)
+    spec = _checkpoint_quantization(raw, config_file)
     tokenizer = Tokenizer.from_folder(folder, config.eos_token_ids)
     config = replace(config, eos_token_ids=tokenizer.eos_token_ids)
 
@@ -230,18 +308,30 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype) -> LoadedModel:
     for file in dict.fromkeys(file_of.values()):
         found.update(_safetensors_shapes(file))
     expected = expected_weight_shapes(config)
-    _check_shapes(found, expected, lambda name: file_of.get(name, folder), f"{config_file}")
+    stored = _stored_projections(expected, found, spec, file_of)
+    required = {name: shape for name, shape in expected.items() if name not in stored}
+    for shapes in stored.values():
+        required.update(shapes)
+    _check_shapes(found, required, lambda name: file_of.get(name, folder), f"{config_file}")
 
-    def weights() -> Iterator[tuple[str, torch.Tensor]]:
-        by_file: dict[Path, list[str]] = {}
-        for name in expected:
-            by_file.setdefault(file_of[name], []).append(name)
-        for file, names in by_file.items():
-            with safe_open(file, framework="pt") as f:
-                for name in names:
-                    yield name, f.get_tensor(name).to(dtype)
+    def weights() -> Iterator[tuple[str, Weight]]:
+        with contextlib.ExitStack() as files:
+            opened = {}
 
-    return LoadedModel(config, weights(), tokenizer)
+            def read(name: str) -> torch.Tensor:
+                file = file_of[name]
+                if file not in opened:
+                    opened[file] = files.enter_context(safe_open(file, framework="pt"))
+                return opened[file].get_tensor(name)
+
+            for name in expected:
+                if name in stored:
+                    # A projection's parts may sit in different shards.
+                    yield name, to_packed(spec, {part.rsplit(".", 1)[1]: read(part) for part in stored[name]})
+                else:
+                    yield name, read(name).to(dtype)
+
+    return LoadedModel(config, weights(), tokenizer, spec.method if stored else None)
 
 
 # ---- GGUF files -----------------------------------------------------------------------------------
@@ -323,16 +413,26 @@ def _load_gguf(path: Path, dtype: torch.dtype) -> LoadedModel:
     found = {hf: gguf.tensors[name].shape for hf, name in gguf_name.items()}
     expected = expected_weight_shapes(config)
     _check_shapes(found, expected, lambda name: path, f"the {config.architecture} metadata of {path}")
+    packed = {
+        hf for hf in expected if is_projection(hf) and is_packable(gguf.tensors[gguf_name[hf]].ggml_type)
+    }
     # Only llama.cpp's LLaMA converter permutes q/k; Qwen2 files keep the Hugging Face layout.
-    permuted = config.architecture == "llama"
+    permuted_heads = {}
+    if config.architecture == "llama":
+        permuted_heads = {".self_attn.q_proj.": config.num_attention_heads}
+        permuted_heads[".self_attn.k_proj."] = config.num_key_value_heads
 
-    def weights() -> Iterator[tuple[str, torch.Tensor]]:
+    def weights() -> Iterator[tuple[str, Weight]]:
         for hf in expected:
-            tensor = gguf.dequantize(gguf_name[hf])
-            if permuted and ".self_attn.q_proj." in hf:
-                tensor = unpermute_rotary(tensor, config.num_attention_heads)
-            elif permuted and ".self_attn.k_proj." in hf:
-                tensor = unpermute_rotary(tensor, config.num_key_value_heads)
-            yield hf, tensor.to(dtype)
+            info = gguf.tensors[gguf_name[hf]]
+            heads = next((n for part, n in permuted_heads.items() if part in hf), None)
+            if hf in packed:
+                weight = gguf_to_packed(gguf.raw_bytes(info.name), info.ggml_type, info.shape)
+                # Whole rows move, so the blocks are un-permuted without touching their values.
+                order = unpermute_rotary(torch.arange(weight.out_features), heads) if heads else None
+                yield hf, weight if order is None else weight.rows(order)
+            else:
+                tensor = gguf.dequantize(info.name)
+                yield hf, (unpermute_rotary(tensor, heads) if heads else tensor).to(dtype)
 
-    return LoadedModel(config, weights(), tokenizer)
+    return LoadedModel(config, weights(), tokenizer, "gguf" if packed else None)

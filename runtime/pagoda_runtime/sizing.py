@@ -5,7 +5,7 @@ operator refuses to create pods for a variant that cannot fit. Torch-free on pur
 operator can import it.
 
 Only the linear layers of the decoder blocks are quantized (as in vLLM, AWQ and GPTQ); the
-embeddings, the LM head and the norms stay in 16 bits.
+embeddings, the LM head and the norms stay in the model's float dtype (bf16 unless told otherwise).
 """
 
 from __future__ import annotations
@@ -52,6 +52,15 @@ class ModelArchitecture:
         return linear + self.unquantized_parameters()
 
 
+def fitted_group_size(in_features: int, preferred: int) -> int:
+    """The largest power of two up to `preferred` that divides in_features: the group a layer of that
+    width really gets (SmolLM2-135M's 576 inputs take int4 groups of 64, not 128)."""
+    size = preferred
+    while in_features % size:
+        size //= 2
+    return size
+
+
 @dataclass(frozen=True)
 class WeightFormat:
     """Storage of a quantized linear layer: packed weights plus per-group and per-row metadata."""
@@ -60,15 +69,15 @@ class WeightFormat:
     group_size: int = 0  # 0: no groups
     group_bytes: float = 0.0  # scale (+ zero point) stored per group of group_size inputs
     row_bytes: float = 0.0  # per output channel (per-channel scales)
-    input_bytes: float = 0.0  # per input channel (GPTQ's g_idx)
 
     def linear_bytes(self, out_features: int, in_features: int) -> float:
-        groups = out_features * (in_features // self.group_size) if self.group_size else 0
+        groups = 0
+        if self.group_size:
+            groups = out_features * (in_features // fitted_group_size(in_features, self.group_size))
         return (
             out_features * in_features * self.bits / 8
             + groups * self.group_bytes
             + out_features * self.row_bytes
-            + in_features * self.input_bytes
         )
 
 
@@ -81,12 +90,18 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {
     "fp8": WeightFormat(bits=8, row_bytes=4),  # e4m3, one float32 scale per output channel
     # Asymmetric groups of 128: an fp16 scale and an fp16 zero point per group.
     "int4": WeightFormat(bits=4, group_size=128, group_bytes=4),
-    # Packed layouts: fp16 scale plus a zero point packed in 4 bits per group of 128.
-    "awq": WeightFormat(bits=4, group_size=128, group_bytes=2.5),
-    "gptq": WeightFormat(bits=4, group_size=128, group_bytes=2.5, input_bytes=4),
+    # AWQ and GPTQ checkpoints are converted at load to that int4 layout: their 4-bit zero points
+    # become fp16 offsets and GPTQ's g_idx (refused unless trivial) is dropped.
+    "awq": WeightFormat(bits=4, group_size=128, group_bytes=4),
+    "gptq": WeightFormat(bits=4, group_size=128, group_bytes=4),
+    # GGUF Q4_0/Q4_1 blocks kept as int4 groups of 32 with an fp16 scale and an fp16 offset each;
+    # Q8_0 blocks (int8 plus an fp16 scale per 32) take 8.5 bits instead of these 5.
+    "gguf": WeightFormat(bits=4, group_size=32, group_bytes=4),
 }
-QUANTIZATIONS = ("none", "int8", "int4", "fp8", "awq", "gptq")
+QUANTIZATIONS = ("none", "int8", "int4", "fp8", "awq", "gptq", "gguf")
 
+# Bytes of one element of the tensors a model keeps unquantized, by the runtime's --dtype names.
+FLOAT_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 KV_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1}
 
 
@@ -107,15 +122,18 @@ KNOWN_ARCHITECTURES: dict[str, ModelArchitecture] = {
 }
 
 
-def weight_bytes(arch: ModelArchitecture, quantization: str) -> int:
+def weight_bytes(arch: ModelArchitecture, quantization: str, float_dtype: str = "bfloat16") -> int:
+    """float_dtype: what the unquantized tensors are held in (every tensor, for "none")."""
     if quantization not in WEIGHT_FORMATS:
         raise ValueError(
             f"unknown quantization {quantization!r}; use one of {', '.join(sorted(WEIGHT_FORMATS))}"
         )
-    fmt = WEIGHT_FORMATS[quantization]
+    if float_dtype not in FLOAT_DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {float_dtype!r}; use one of {', '.join(FLOAT_DTYPE_BYTES)}")
+    float_bytes = 4 if quantization == "float32" else FLOAT_DTYPE_BYTES[float_dtype]
+    fmt = WeightFormat(bits=8 * float_bytes) if quantization == "none" else WEIGHT_FORMATS[quantization]
     linear = sum(fmt.linear_bytes(out, inp) for out, inp in arch.linear_shapes()) * arch.num_layers
-    unquantized_bits = 32 if quantization == "float32" else 16
-    return int(linear + arch.unquantized_parameters() * unquantized_bits // 8)
+    return int(linear + arch.unquantized_parameters() * float_bytes)
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype: str = "auto") -> int:

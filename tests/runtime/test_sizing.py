@@ -67,13 +67,29 @@ def test_quantized_formats_shrink_only_the_linear_layers_by_their_bit_width():
     kept = 2 * arch.unquantized_parameters()
     # int4 group 128, asymmetric: 4 bits plus an fp16 scale and an fp16 zero per 128 weights.
     assert weight_bytes(arch, "int4") == kept + linear * (0.5 + 4 / 128)
-    # AWQ: 4 bits plus an fp16 scale and a 4-bit zero per 128 weights.
-    assert weight_bytes(arch, "awq") == kept + linear * (0.5 + 2.5 / 128)
-    assert weight_bytes(arch, "gptq") > weight_bytes(arch, "awq")  # GPTQ also keeps g_idx
+    # AWQ and GPTQ are held in that same layout once loaded.
+    assert weight_bytes(arch, "awq") == weight_bytes(arch, "gptq") == weight_bytes(arch, "int4")
+    # GGUF Q4_0/Q4_1: groups of 32 instead of 128.
+    assert weight_bytes(arch, "gguf") == kept + linear * (0.5 + 4 / 32)
     int8 = weight_bytes(arch, "int8")
     assert kept + linear < int8 < kept + linear * 1.001  # a scale per output row is small
     assert weight_bytes(arch, "fp8") > int8  # float32 scales
     assert weight_bytes(arch, "int4") < int8 < weight_bytes(arch, "none")
+
+
+def test_int4_groups_shrink_to_divide_a_narrow_layer():
+    arch = KNOWN_ARCHITECTURES["smollm2-135m"]  # 576 inputs: groups of 64; 1536 inputs: groups of 128
+    per_layer = sum(
+        o * i / 2 + o * (i // (64 if i == 576 else 128)) * 4 for o, i in arch.linear_shapes()
+    )
+    assert weight_bytes(arch, "int4") == 2 * arch.unquantized_parameters() + per_layer * arch.num_layers
+
+
+def test_float32_models_take_four_bytes_per_parameter():
+    arch = KNOWN_ARCHITECTURES["smollm2-135m"]
+    assert weight_bytes(arch, "none", "float32") == 4 * arch.num_parameters()
+    int8 = weight_bytes(arch, "int8", "float32")
+    assert int8 - weight_bytes(arch, "int8") == 2 * arch.unquantized_parameters()
 
 
 def test_kv_cache_of_llama3_8b_is_128_kib_per_token():

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from pagoda_runtime.bench import hf_baseline
-from pagoda_runtime.bench.shapes import architecture, random_model, shape_config
+from pagoda_runtime.bench.shapes import random_model, shape_config
 from pagoda_runtime.bench.stats import percentiles
 from pagoda_runtime.config import EngineConfig
 from pagoda_runtime.engine import LLMEngine
@@ -102,7 +102,7 @@ def copy_bandwidth(device: torch.device) -> float | None:
 
 def weight_bytes(config: OfflineConfig) -> float:
     """Bytes a decode step reads for the weights (each parameter once; the KV cache not counted)."""
-    arch = architecture(shape_config(config.shape))
+    arch = shape_config(config.shape).to_sizing()
     per_linear = WEIGHT_FORMATS[config.quantization]
     linear = sum(per_linear.linear_bytes(o, i) for o, i in arch.linear_shapes()) * arch.num_layers
     return linear + arch.unquantized_parameters() * 2

@@ -15,10 +15,7 @@ from tokenizers.models import WordLevel
 
 from pagoda_runtime.config import ModelConfig, RopeScaling
 from pagoda_runtime.model_source import LoadedModel, expected_weight_shapes
-from pagoda_runtime.sizing import ModelArchitecture
 from pagoda_runtime.tokenizer import Tokenizer
-
-_LLAMA3_ROPE = RopeScaling("llama3", 8.0, 1.0, 4.0, 8192)
 
 SHAPES: dict[str, ModelConfig] = {
     "llama-3-8b": ModelConfig(
@@ -51,21 +48,6 @@ def shape_config(name: str) -> ModelConfig:
     if name not in SHAPES:
         raise ValueError(f"unknown model shape {name!r}; choose one of {', '.join(SHAPES)}")
     return SHAPES[name]
-
-
-def architecture(config: ModelConfig) -> ModelArchitecture:
-    return ModelArchitecture(
-        num_layers=config.num_hidden_layers,
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_attention_heads=config.num_attention_heads,
-        num_kv_heads=config.num_key_value_heads,
-        head_dim=config.head_dim,
-        vocab_size=config.vocab_size,
-        tie_word_embeddings=config.tie_word_embeddings,
-        max_position_embeddings=config.max_position_embeddings,
-        attention_bias=config.attention_bias,
-    )
 
 
 def random_weights(

@@ -2,6 +2,10 @@
 
 Everything is computed in float32 with the formulation Hugging Face transformers' eager Llama uses
 (matmul, scale, mask, float32 softmax, matmul), so a float32 model reproduces its greedy tokens.
+
+The KV cache holds k / k_scale and v / v_scale in its own dtype: the model's dtype, or fp8 e4m3
+(float8_e4m3fn), where values beyond +-448 saturate instead of becoming NaN. The engine passes no
+scales, so they are 1.0, as in vLLM when a checkpoint carries no calibrated KV scales.
 """
 
 from __future__ import annotations
@@ -10,6 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from ..attention_metadata import AttentionMetadata
+
+FP8_KV_DTYPE = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8_KV_DTYPE).max
 
 
 def rotary(
@@ -27,15 +34,30 @@ def rotary(
     return q, k
 
 
-def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+def to_cache_dtype(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """x / scale in the cache's dtype (multiplied by the float32 inverse, as the Triton kernel does)."""
+    scaled = x.float() * (1.0 / scale)
+    if dtype == FP8_KV_DTYPE:
+        scaled = scaled.clamp(-FP8_MAX, FP8_MAX)
+    return scaled.to(dtype)
+
+
+def write_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> None:
     """Store k, v [T, Hkv, D] at their slots of kv_cache [2, blocks, block_size, Hkv, D].
 
     A negative slot marks a padding token (a CUDA-graph batch padded to its bucket) and is skipped.
     """
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
-    kv_cache[0].flatten(0, 1)[slots] = k[keep].to(kv_cache.dtype)
-    kv_cache[1].flatten(0, 1)[slots] = v[keep].to(kv_cache.dtype)
+    kv_cache[0].flatten(0, 1)[slots] = to_cache_dtype(k[keep], k_scale, kv_cache.dtype)
+    kv_cache[1].flatten(0, 1)[slots] = to_cache_dtype(v[keep], v_scale, kv_cache.dtype)
 
 
 def _slots(block_table: torch.Tensor, context_lens: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -54,7 +76,14 @@ def _attend(
     return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32), v)
 
 
-def attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+def attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> torch.Tensor:
     """Causal attention of q [T, H, D] over the paged cache; returns [T, H, D] in q's dtype.
 
     Decode rows of the batch are done together (one gather, one padded batch); each prefill chunk
@@ -78,8 +107,8 @@ def attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, 
         # Padding positions read a real key of their own sequence: the rest of the cache may hold
         # NaN garbage, and a zero probability times NaN is still NaN.
         slots = torch.where(mask, slots, slots[:, :1])
-        k = key_cache[slots].float().permute(0, 2, 1, 3)  # [S, Hkv, L, D]
-        v = value_cache[slots].float().permute(0, 2, 1, 3)
+        k = (key_cache[slots].float() * k_scale).permute(0, 2, 1, 3)  # [S, Hkv, L, D]
+        v = (value_cache[slots].float() * v_scale).permute(0, 2, 1, 3)
         qd = q[rows].float().view(-1, num_kv_heads, group, head_dim)
         o = _attend(qd, k, v, mask[:, None, None, :], scale)
         out[rows] = o.reshape(-1, num_heads, head_dim).to(q.dtype)
@@ -89,8 +118,8 @@ def attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, 
         query_len = end - start
         context_len = int(meta.seq_lens[i])
         slots = _slots(meta.block_tables[i : i + 1], meta.seq_lens[i : i + 1], block_size)[0]
-        k = key_cache[slots].float().transpose(0, 1)  # [Hkv, L, D]
-        v = value_cache[slots].float().transpose(0, 1)
+        k = (key_cache[slots].float() * k_scale).transpose(0, 1)  # [Hkv, L, D]
+        v = (value_cache[slots].float() * v_scale).transpose(0, 1)
         # [M, H, D] -> [Hkv, G*M, D], rows ordered (head in group, token).
         qp = q[start:end].float().view(query_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
         qp = qp.reshape(num_kv_heads, group * query_len, head_dim)

@@ -4,6 +4,8 @@ One program per (sequence, kv head, query tile[, KV split]). Its rows are the qu
 share the kv head times the tile's tokens, so grouped-query attention reads each key and value
 once for the whole group. Keys are walked in tiles of BLOCK_N positions, each position's cache row
 found through the block table, with an online softmax in float32 (exp2 of log2-scaled scores).
+Keys and values are widened to q's dtype as they load (an fp8 cache included); the cache's
+per-tensor scales fold into the score scale (k_scale) and the final normalisation (v_scale).
 
 Split-K (flash-decoding): when a decode batch has too few (sequence, kv head) pairs to fill the
 GPU, each program takes one of NUM_SPLITS contiguous key ranges and writes a partial output and
@@ -37,6 +39,7 @@ def _paged_attention_kernel(
     partial_out_ptr,
     partial_lse_ptr,
     qk_scale,
+    v_scale,
     stride_qt,
     stride_qh,
     stride_bt,
@@ -91,7 +94,7 @@ def _paged_attention_kernel(
         slot = page.to(tl.int64) * BLOCK_SIZE + keys % BLOCK_SIZE
         kv_offsets = slot[:, None] * (NUM_KV_HEADS * HEAD_DIM) + kv_head * HEAD_DIM + dims[None, :]
         kv_mask = key_valid[:, None] & dim_valid[None, :]
-        k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+        k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(q.dtype)
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         allowed = key_valid[None, :] & (keys[None, :] <= query_pos[:, None])
         scores = tl.where(allowed, scores, float("-inf"))
@@ -101,13 +104,13 @@ def _paged_attention_kernel(
         p = tl.exp2(scores - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
         start += BLOCK_N
 
     has_keys = l_i > 0
-    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    out = acc * v_scale / tl.where(has_keys, l_i, 1.0)[:, None]
     out_rows = (query_start + token).to(tl.int64) * NUM_HEADS + head
     store_mask = row_valid[:, None] & dim_valid[None, :]
     if NUM_SPLITS == 1:
@@ -168,6 +171,8 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     num_splits: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal attention of q [T, H, D] over kv_cache [2, blocks, block_size, Hkv, D] -> [T, H, D].
 
@@ -206,7 +211,8 @@ def paged_attention(
         out,
         partial_out,
         partial_lse,
-        scale * LOG2E,
+        scale * k_scale * LOG2E,
+        v_scale,
         q.stride(0),
         q.stride(1),
         meta.block_tables.stride(0),

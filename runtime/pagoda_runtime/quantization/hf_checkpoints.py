@@ -45,6 +45,11 @@ def parse_quantization_config(config: dict) -> CheckpointQuantization | None:
             f"this {method.upper()} checkpoint uses {bits}-bit weights; Pagoda loads 4-bit ones only"
         )
     group_size = int(qc.get("group_size", qc.get("q_group_size", 128)))
+    if group_size != -1 and (group_size < 32 or group_size & (group_size - 1)):
+        raise ValueError(
+            f"this {method.upper()} checkpoint uses groups of {group_size} inputs; Pagoda loads groups of "
+            "a power of two from 32 up, or -1 (one group per row)"
+        )
     if method == "awq":
         version = str(qc.get("version", "gemm")).lower()
         if version != "gemm" or not qc.get("zero_point", True):
@@ -105,3 +110,22 @@ def gptq_to_packed(
     q = _nibbles(qweight).permute(0, 2, 1).reshape(k, -1)
     zeros = _nibbles(qzeros).reshape(qzeros.shape[0], -1) + spec.zero_offset
     return _affine(q.t(), zeros.t(), scales.t(), group_size)
+
+
+def stored_shapes(
+    spec: CheckpointQuantization, out_features: int, in_features: int
+) -> dict[str, tuple[int, ...]]:
+    """The tensors a checkpoint stores for one [out_features, in_features] projection, by suffix."""
+    n, k = out_features, in_features
+    groups = 1 if spec.group_size == -1 else k // spec.group_size
+    if spec.method == "awq":
+        return {"qweight": (k, n // 8), "qzeros": (groups, n // 8), "scales": (groups, n)}
+    return {"qweight": (k // 8, n), "qzeros": (groups, n // 8), "scales": (groups, n), "g_idx": (k,)}
+
+
+def to_packed(spec: CheckpointQuantization, tensors: dict[str, torch.Tensor]) -> PackedWeight:
+    """One projection's stored tensors (named as stored_shapes names them) -> PackedWeight."""
+    if spec.method == "awq":
+        return awq_to_packed(tensors["qweight"], tensors["qzeros"], tensors["scales"], spec.group_size)
+    g_idx = tensors.get("g_idx")
+    return gptq_to_packed(tensors["qweight"], tensors["qzeros"], tensors["scales"], g_idx, spec)

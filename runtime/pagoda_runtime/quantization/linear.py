@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pagoda_runtime.config import QUANTIZATION_METHODS
+
 from .online import ONLINE_QUANTIZERS, int4_group_size
 from .packed import PackedWeight
 from .reference import reference_matmul
@@ -17,7 +19,7 @@ from .scaled_mm import fp8_scaled_mm, scaled_mm_supported
 from .triton_gemm import gemm
 from .triton_gemv import gemv
 
-METHODS = ("none", "int8", "int4", "fp8", "awq", "gptq", "gguf")
+METHODS = QUANTIZATION_METHODS
 # Float weights that reach a layer of a pre-quantized checkpoint (a GGUF file may keep a few
 # tensors in F16) are quantized with this method, chosen to lose as little as possible.
 _FLOAT_FALLBACK = {"awq": "int4", "gptq": "int4", "gguf": "int8"}

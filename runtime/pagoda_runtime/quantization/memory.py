@@ -1,4 +1,4 @@
-"""Bytes the linear weights of a built model really occupy, to report beside sizing.py's estimate."""
+"""Bytes the weights of a built model really occupy, to report beside sizing.py's estimate."""
 
 from __future__ import annotations
 
@@ -16,3 +16,9 @@ def linear_weight_bytes(model: nn.Module) -> int:
         elif isinstance(module, DenseLinear):
             total += module.weight.numel() * module.weight.element_size()
     return total
+
+
+def model_weight_bytes(model: nn.Module) -> int:
+    """Stored bytes of everything a checkpoint fills: parameters and packed buffers, but not derived
+    buffers such as the rotary cos/sin table, which are not saved with the model."""
+    return sum(tensor.numel() * tensor.element_size() for tensor in model.state_dict().values())

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from pagoda_runtime.sizing import fitted_group_size
+
 from .packed import PackedWeight, pack_int4
 
 INT4_GROUP_SIZE = 128
@@ -20,11 +22,9 @@ def int4_group_size(in_features: int, preferred: int = INT4_GROUP_SIZE) -> int:
     Small models have widths like 576 that 128 does not divide; groups of 64 there keep the same
     kernel and cost 2 extra bits per 64 weights instead of refusing the model.
     """
-    size = preferred
-    while size >= 32:
-        if in_features % size == 0:
-            return size
-        size //= 2
+    size = fitted_group_size(in_features, preferred)
+    if size >= 32:
+        return size
     raise ValueError(
         f"int4 needs the input width to be a multiple of 32, but this layer has {in_features} inputs; "
         "use --quantization int8 or fp8 for this model"

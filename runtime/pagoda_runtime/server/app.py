@@ -16,9 +16,10 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from pagoda_runtime.server.admission import LOADING_RETRY_AFTER_S
 from pagoda_runtime.server.chat import create_chat_completion
 from pagoda_runtime.server.completions import create_completion
-from pagoda_runtime.server.errors import install_error_handlers
+from pagoda_runtime.server.errors import APIError, install_error_handlers
 from pagoda_runtime.server.middleware import EdgeMiddleware
 from pagoda_runtime.server.protocol import ModelCard, ModelList
 from pagoda_runtime.server.state import ServerSettings, ServerState
@@ -59,6 +60,15 @@ def build_app(
         return ModelList(
             data=[ModelCard(id=settings.served_model_name, created=started, max_model_len=max_len)]
         )
+
+    @app.get("/v1/info")
+    async def info() -> JSONResponse:
+        """What the loaded model occupies (quantization, weight bytes beside sizing's, KV cache)."""
+        if state.engine is None:
+            message = "The model is still loading; retry shortly."
+            raise APIError(503, message, code="not_ready", retry_after=LOADING_RETRY_AFTER_S)
+        memory = state.engine.memory.to_json()
+        return JSONResponse({"served_model_name": settings.served_model_name, **memory})
 
     @app.get("/health/live")
     async def live() -> JSONResponse:

@@ -3,7 +3,8 @@
 A batch is a list of (context_len, query_len) pairs: query_len 1 is a decode step, more is a
 prefill chunk over a cached prefix of context_len - query_len tokens. Blocks are handed out in a
 shuffled order, so each sequence's pages are scattered through the cache, and every cache slot
-no sequence owns holds NaN, so a kernel that reads outside a sequence's keys returns NaN.
+no sequence owns holds NaN, so a kernel that reads outside a sequence's keys returns NaN. The
+cache may have its own dtype (fp8) and per-tensor scales; the prefixes are stored as write_kv would.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 from pagoda_runtime.attention_metadata import AttentionMetadata
+from pagoda_runtime.kernels.reference import to_cache_dtype
 
 
 @dataclass
@@ -34,6 +36,9 @@ def make_paged_batch(
     dtype: torch.dtype = torch.float32,
     device: str = "cpu",
     seed: int = 0,
+    kv_cache_dtype: torch.dtype | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> PagedBatch:
     gen = torch.Generator().manual_seed(seed)
     blocks_per_seq = [-(-context_len // block_size) for context_len, _ in seqs]
@@ -41,7 +46,8 @@ def make_paged_batch(
     order = torch.randperm(num_blocks, generator=gen).tolist()
     width = max(blocks_per_seq) + 1  # one padding column past the longest sequence
     block_tables = torch.zeros(len(seqs), width, dtype=torch.int32)
-    kv_cache = torch.full((2, num_blocks, block_size, num_kv_heads, head_dim), float("nan"))
+    cache_dtype = kv_cache_dtype or dtype
+    kv_cache = torch.full((2, num_blocks, block_size, num_kv_heads, head_dim), float("nan")).to(cache_dtype)
     flat_k, flat_v = kv_cache[0].flatten(0, 1), kv_cache[1].flatten(0, 1)
     keys, values, queries, slot_mapping, new_k, new_v = [], [], [], [], [], []
     for i, (context_len, query_len) in enumerate(seqs):
@@ -52,8 +58,8 @@ def make_paged_batch(
         k = torch.randn(context_len, num_kv_heads, head_dim, generator=gen)
         v = torch.randn(context_len, num_kv_heads, head_dim, generator=gen)
         prefix = context_len - query_len
-        flat_k[slots[:prefix]] = k[:prefix]
-        flat_v[slots[:prefix]] = v[:prefix]
+        flat_k[slots[:prefix]] = to_cache_dtype(k[:prefix].to(dtype), k_scale, cache_dtype)
+        flat_v[slots[:prefix]] = to_cache_dtype(v[:prefix].to(dtype), v_scale, cache_dtype)
         keys.append(k.to(dtype).to(device))
         values.append(v.to(dtype).to(device))
         queries.append(torch.randn(query_len, num_heads, head_dim, generator=gen))
@@ -73,7 +79,7 @@ def make_paged_batch(
         q=torch.cat(queries).to(dtype).to(device),
         k_new=torch.cat(new_k).to(dtype).to(device),
         v_new=torch.cat(new_v).to(dtype).to(device),
-        kv_cache=kv_cache.to(dtype).to(device),
+        kv_cache=kv_cache.to(device),
         meta=meta,
         keys=keys,
         values=values,

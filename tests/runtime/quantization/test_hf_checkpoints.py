@@ -11,15 +11,9 @@ from pagoda_runtime.quantization.hf_checkpoints import (
 )
 from pagoda_runtime.quantization.packed import dequantize
 
+from .quantized_folders import AWQ_ORDER, NATURAL_ORDER, pack_columns
+
 K, N, GROUP = 256, 64, 128
-
-
-def _pack_columns(values: torch.Tensor, order: list[int]) -> torch.Tensor:
-    """[R, C] of 0..15 -> int32 [R, C/8]; nibble i holds column 8j + order[i] (AutoAWQ/AutoGPTQ style)."""
-    packed = torch.zeros(values.shape[0], values.shape[1] // 8, dtype=torch.int64)
-    for i, column in enumerate(order):
-        packed |= values[:, column::8].to(torch.int64) << (4 * i)
-    return packed.to(torch.int32)  # wraps like numpy's uint32 -> int32 view
 
 
 def _problem():
@@ -35,16 +29,14 @@ def _problem():
 
 def test_awq_gemm_layout_converts_to_the_same_weights() -> None:
     q, zeros, scales, expected = _problem()
-    order = [0, 2, 4, 6, 1, 3, 5, 7]
-    packed = awq_to_packed(_pack_columns(q, order), _pack_columns(zeros, order), scales, GROUP)
+    packed = awq_to_packed(pack_columns(q, AWQ_ORDER), pack_columns(zeros, AWQ_ORDER), scales, GROUP)
     assert torch.allclose(dequantize(packed), expected, atol=2e-4)
 
 
 def test_gptq_layout_with_zero_minus_one_converts_to_the_same_weights() -> None:
     q, zeros, scales, expected = _problem()
-    natural = list(range(8))
-    qweight = _pack_columns(q.t().contiguous(), natural).t().contiguous()  # packed along the inputs
-    qzeros = _pack_columns((zeros - 1) & 0xF, natural)
+    qweight = pack_columns(q.t().contiguous(), NATURAL_ORDER).t().contiguous()  # packed along the inputs
+    qzeros = pack_columns((zeros - 1) & 0xF, NATURAL_ORDER)
     spec = parse_quantization_config(
         {"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128}}
     )

@@ -11,6 +11,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+from pagoda_runtime.memory_report import MemoryReport
 from pagoda_runtime.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from pagoda_runtime.sampling_params import SamplingParams
 
@@ -61,6 +62,17 @@ class FakeEngine:
         self.tokenizer = FakeTokenizer()
         self.model_config = FakeModelConfig()
         self.engine_config = None
+        self.memory = MemoryReport(
+            model="fake-model",
+            quantization="int4",
+            dtype="bfloat16",
+            kv_cache_dtype="fp8",
+            weight_bytes=1000,
+            predicted_weight_bytes=1024,
+            kv_bytes_per_block=256,
+            block_size=16,
+            num_kv_blocks=10,
+        )
         self.max_model_len = max_model_len
         self.step_s = step_s
         self.max_running = max_running

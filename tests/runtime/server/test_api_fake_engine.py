@@ -186,6 +186,23 @@ def test_models_lists_the_served_name(fake):
     assert body["object"] == "list" and [m["id"] for m in body["data"]] == [MODEL]
 
 
+def test_info_reports_the_variant_and_its_memory(fake):
+    client, engine = fake
+    assert client.get("/v1/info").json() == {
+        "served_model_name": MODEL,
+        "model": "fake-model",
+        "quantization": "int4",
+        "dtype": "bfloat16",
+        "kv_cache_dtype": "fp8",
+        "weight_bytes": 1000,
+        "predicted_weight_bytes": 1024,
+        "kv_bytes_per_block": 256,
+        "block_size": 16,
+        "num_kv_blocks": 10,
+        "kv_cache_bytes": 2560,
+    }
+
+
 def test_api_key_guards_v1_only():
     app, _ = fake_app(api_key="sekrit")
     with TestClient(app) as client:
@@ -248,8 +265,11 @@ def test_not_ready_until_loaded_then_ready():
         assert client.get("/health/live").status_code == 200
         refused = client.post("/v1/completions", json={"prompt": "x"})
         assert refused.status_code == 503 and "retry-after" in refused.headers
+        info = client.get("/v1/info")
+        assert info.status_code == 503 and info.json()["error"]["code"] == "not_ready"
         loaded.set()
         wait_ready(client)
+        assert client.get("/v1/info").status_code == 200
 
 
 def test_load_failure_reports_one_line():

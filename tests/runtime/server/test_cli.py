@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from pagoda_runtime.cli import API_KEY_ENV, engine_config, parser, server_settings
 
 
@@ -26,6 +27,10 @@ def test_serve_flags_reach_the_engine_config():
             "cpu",
             "--dtype",
             "float32",
+            "--quantization",
+            "gguf",
+            "--kv-cache-dtype",
+            "fp8",
         ]
     )
     config = engine_config(args)
@@ -37,6 +42,16 @@ def test_serve_flags_reach_the_engine_config():
     )
     assert (config.block_size, config.kv_cache_memory, config.enable_prefix_caching) == (32, 1e9, False)
     assert (config.device, config.dtype) == ("cpu", "float32")
+    assert (config.quantization, config.kv_cache_dtype) == ("gguf", "fp8")
+
+
+def test_quantization_defaults_to_the_checkpoints_own_and_unknown_choices_are_refused(capsys):
+    config = engine_config(parser().parse_args(["serve"]))
+    assert (config.quantization, config.kv_cache_dtype) == ("auto", "auto")
+    for flags in (["--quantization", "int3"], ["--kv-cache-dtype", "fp16"]):
+        with pytest.raises(SystemExit):
+            parser().parse_args(["serve", *flags])
+        assert "invalid choice" in capsys.readouterr().err
 
 
 def test_server_settings_default_the_name_and_read_the_key_from_the_environment(monkeypatch):

@@ -1,0 +1,39 @@
+"""What a served model occupies: its weights as measured beside sizing.py's prediction, and its KV cache.
+
+The engine logs it once at start-up and the server returns it from GET /v1/info, so an operator can
+check the sizing that admitted a variant against what the pod really holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    model: str  # the --model the engine loaded
+    quantization: str  # the method the projections are held in (never "auto")
+    dtype: str  # of the unquantized weights and the activations
+    kv_cache_dtype: str  # "fp8", or the model's dtype
+    weight_bytes: int  # measured: every tensor the checkpoint filled, as stored
+    predicted_weight_bytes: int  # sizing.weight_bytes for this architecture, quantization and dtype
+    kv_bytes_per_block: int  # all layers, keys and values
+    block_size: int  # tokens per block
+    num_kv_blocks: int
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return self.kv_bytes_per_block * self.num_kv_blocks
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "kv_cache_bytes": self.kv_cache_bytes}
+
+    def describe(self) -> str:
+        return (
+            f"{self.model}: quantization {self.quantization}, weights {self.weight_bytes / MIB:.1f} MiB "
+            f"({self.weight_bytes} bytes; sizing predicts {self.predicted_weight_bytes}); KV cache "
+            f"{self.kv_cache_dtype}, {self.kv_bytes_per_block} bytes per block of {self.block_size} tokens, "
+            f"{self.num_kv_blocks} blocks ({self.kv_cache_bytes / MIB:.1f} MiB)"
+        )

@@ -1,0 +1,52 @@
+"""Which quantization a model is served with: the --quantization a user asked for, checked against
+how the checkpoint stores its projections.
+
+"auto" (the default) serves a checkpoint the way it was saved, as vLLM does: an AWQ or GPTQ folder
+as awq or gptq, a GGUF file with Q4_0/Q4_1/Q8_0 projections as gguf, float weights unquantized. The
+one exception is a quantized GGUF on the CPU: there every packed matmul dequantizes its weight at
+every step (decode of the bundled model measured 8x slower than float32), so "auto" dequantizes the
+file once at load; --quantization gguf keeps it packed there too. A quantized GGUF may also be
+served dequantized ("none") or re-quantized online (int8, int4, fp8); AWQ and GPTQ weights are
+served only as they are.
+"""
+
+from __future__ import annotations
+
+from pagoda_runtime.config import QUANTIZATION_CHOICES as CHOICES
+
+STORED_FORMATS = ("awq", "gptq", "gguf")  # formats a checkpoint can hold its projections in
+_ONLINE = ("none", "int8", "int4", "fp8")
+
+
+def select_quantization(requested: str, stored: str | None, device_type: str, source: str) -> str:
+    """The method to build the model's projections with.
+
+    stored: "awq", "gptq" or "gguf" when the checkpoint holds its projections in that format,
+    None for float weights; device_type: "cpu" or "cuda"; source names the model in messages.
+    """
+    if requested not in CHOICES:
+        raise ValueError(f"unknown quantization {requested!r}; use one of {', '.join(CHOICES)}")
+    if stored in ("awq", "gptq"):
+        if requested not in ("auto", stored):
+            raise ValueError(
+                f"{source} holds {stored.upper()} 4-bit weights, which Pagoda serves only as they are; "
+                f"use --quantization {stored} or auto"
+            )
+        return stored
+    if stored == "gguf":
+        if requested == "auto":
+            return "gguf" if device_type == "cuda" else "none"
+        if requested in ("awq", "gptq"):
+            raise ValueError(
+                f"{source} holds GGUF blocks, not {requested.upper()} weights; "
+                f"use --quantization gguf, auto, {', '.join(_ONLINE)}"
+            )
+        return requested
+    if requested == "auto":
+        return "none"
+    if requested in STORED_FORMATS:
+        raise ValueError(
+            f"{source} holds float weights, so there are no {requested.upper()} blocks to load; "
+            f"use --quantization {', '.join(_ONLINE)} or auto, or a {requested.upper()} checkpoint"
+        )
+    return requested
