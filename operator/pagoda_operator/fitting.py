@@ -14,6 +14,17 @@ def capacity_bytes(spec: InferenceServiceSpec) -> int | None:
     return None if quantity is None else int(parse_quantity(str(quantity)))
 
 
+def sized_quantization(spec: InferenceServiceSpec, variant: VariantSpec) -> str:
+    """What the runtime's --quantization auto will pick, as far as the spec tells.
+
+    A GGUF file stays packed on a GPU and is dequantized on the CPU; any other source is taken for
+    float weights, so a 4-bit AWQ or GPTQ checkpoint is sized exactly only when the variant names it.
+    """
+    if variant.quantization != "auto":
+        return variant.quantization
+    return "gguf" if spec.model.is_gguf and spec.resources.gpus else "none"
+
+
 def variant_fit(spec: InferenceServiceSpec, variant: VariantSpec) -> FitResult | None:
     """None when the spec lacks the architecture or the capacity needed to decide."""
     arch = spec.model.sizing_architecture()
@@ -21,4 +32,6 @@ def variant_fit(spec: InferenceServiceSpec, variant: VariantSpec) -> FitResult |
     if arch is None or capacity is None:
         return None
     max_model_len = spec.model.max_model_len or arch.max_position_embeddings
-    return fits(arch, variant.quantization, max_model_len, capacity)
+    return fits(
+        arch, sized_quantization(spec, variant), max_model_len, capacity, kv_dtype=variant.kv_cache_dtype
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pagoda_runtime.config import KV_CACHE_DTYPES, QUANTIZATION_CHOICES
 from pagoda_runtime.sizing import KNOWN_ARCHITECTURES, ModelArchitecture
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -23,8 +24,12 @@ SOURCE_PATTERN = (
     r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?|file:///.+|hf://[^/\s]+/[^/\s]+|bundled://[a-z0-9.-]+)$"
 )
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+GGUF_NEEDS_GGUF = "quantization gguf needs a GGUF model source (a .gguf file or bundled://); use auto or none"
+GGUF_IS_NOT_AWQ = "a GGUF model source holds GGUF blocks, not AWQ or GPTQ weights; use gguf, auto or none"
 
-Quantization = Literal["none", "int8", "int4", "fp8", "awq", "gptq"]
+# The runtime's own flag values, so that a variant the apiserver admits is one the pods can start.
+Quantization = Literal[QUANTIZATION_CHOICES]
+KvCacheDtype = Literal[KV_CACHE_DTYPES]
 
 
 def _rules(*rules: tuple[str, str]) -> dict:
@@ -97,6 +102,7 @@ class ModelSpec(Spec):
 
     source: str = Field(
         pattern=SOURCE_PATTERN,
+        max_length=1024,
         description="Where the model comes from: pvc://claim/path (mounted read-only), file:///path "
         "(baked into the image), hf://org/name (downloaded by an init container) or bundled://smollm2-135m "
         "(the small model shipped in the runtime image).",
@@ -144,6 +150,11 @@ class ModelSpec(Spec):
     @property
     def scheme(self) -> str:
         return self.source.split("://", 1)[0]
+
+    @property
+    def is_gguf(self) -> bool:
+        """A GGUF file; the bundled model is one."""
+        return self.scheme == "bundled" or self.source.endswith(".gguf")
 
     def sizing_architecture(self) -> ModelArchitecture | None:
         if self.architecture is not None:
@@ -217,7 +228,18 @@ class VariantSpec(Spec):
     name: str = Field(
         pattern=DNS_LABEL, max_length=20, description="Variant name, used in child object names and labels."
     )
-    quantization: Quantization = Field(default="none", description="Weight quantization of this variant.")
+    quantization: Quantization = Field(
+        default="auto",
+        description="Weight quantization of this variant: auto serves the checkpoint as stored (AWQ, "
+        "GPTQ, or GGUF blocks kept packed on a GPU; float weights unquantized); none serves float or "
+        "dequantized weights; int8, int4 and fp8 quantize float weights at load; awq, gptq and gguf "
+        "require a checkpoint in that format.",
+    )
+    kv_cache_dtype: KvCacheDtype = Field(
+        default="auto",
+        description="Element type of the KV cache: auto (the model's dtype) or fp8 (e4m3: half the "
+        "bytes of bf16, so twice the cached tokens).",
+    )
     replicas: ReplicaRange = Field(default=ReplicaRange(), description="Replica range of this variant.")
 
 
@@ -308,6 +330,16 @@ class InferenceServiceSpec(Spec):
                 "self.variants.all(v, self.variants.exists_one(w, w.name == v.name))",
                 "variant names must be unique",
             ),
+            (
+                "self.variants.all(v, !has(v.quantization) || v.quantization != 'gguf' || "
+                "self.model.source.endsWith('.gguf') || self.model.source.startsWith('bundled://'))",
+                GGUF_NEEDS_GGUF,
+            ),
+            (
+                "self.variants.all(v, !has(v.quantization) || !(v.quantization in ['awq', 'gptq']) || "
+                "!(self.model.source.endsWith('.gguf') || self.model.source.startsWith('bundled://')))",
+                GGUF_IS_NOT_AWQ,
+            ),
         )
     )
 
@@ -334,6 +366,15 @@ class InferenceServiceSpec(Spec):
         if duplicates:
             raise ValueError(f"variant names must be unique; repeated: {', '.join(duplicates)}")
         return variants
+
+    @model_validator(mode="after")
+    def _quantization_matches_the_checkpoint(self) -> InferenceServiceSpec:
+        for variant in self.variants:
+            if variant.quantization == "gguf" and not self.model.is_gguf:
+                raise ValueError(GGUF_NEEDS_GGUF)
+            if variant.quantization in ("awq", "gptq") and self.model.is_gguf:
+                raise ValueError(GGUF_IS_NOT_AWQ)
+        return self
 
 
 class Condition(Spec):

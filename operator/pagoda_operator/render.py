@@ -104,6 +104,8 @@ def runtime_args(spec: InferenceServiceSpec, variant: VariantSpec, served_name: 
         rt.dtype,
         "--quantization",
         variant.quantization,
+        "--kv-cache-dtype",
+        variant.kv_cache_dtype,
     ]
     if spec.model.max_model_len is not None:
         args += ["--max-model-len", str(spec.model.max_model_len)]

@@ -6,7 +6,7 @@ status of a settled service yields exactly the stored one and the handler writes
 
 from __future__ import annotations
 
-from pagoda_operator.fitting import variant_fit
+from pagoda_operator.fitting import sized_quantization, variant_fit
 from pagoda_operator.models import InferenceServiceSpec
 from pagoda_operator.render import LABEL_VARIANT, servable_variants, service_url, variant_object_name
 
@@ -37,13 +37,14 @@ def model_fits_condition(spec: InferenceServiceSpec) -> dict:
         if fit is None:
             unknown.append(variant.name)
         elif not fit.fits:
-            misfits.append(f"variant {variant.name} ({variant.quantization}) {fit.describe()}")
+            misfits.append(f"variant {variant.name} ({sized_quantization(spec, variant)}) {fit.describe()}")
     if misfits:
         return _condition(
             "ModelFits",
             False,
             "InsufficientMemory",
-            "; ".join(misfits) + ": pick a smaller quantization, a shorter maxModelLen or a larger GPU",
+            "; ".join(misfits)
+            + ": pick a smaller quantization or kvCacheDtype fp8, a shorter maxModelLen or a larger GPU",
         )
     if unknown:
         return _condition(

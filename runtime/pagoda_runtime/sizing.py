@@ -98,7 +98,6 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {
     # Q8_0 blocks (int8 plus an fp16 scale per 32) take 8.5 bits instead of these 5.
     "gguf": WeightFormat(bits=4, group_size=32, group_bytes=4),
 }
-QUANTIZATIONS = ("none", "int8", "int4", "fp8", "awq", "gptq", "gguf")
 
 # Bytes of one element of the tensors a model keeps unquantized, by the runtime's --dtype names.
 FLOAT_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}

@@ -36,7 +36,7 @@ RESYNCED = "Timer 'resync' succeeded"
 
 
 def inference_service(variants=(("bf16", "none"), ("int4", "int4")), max_replicas=2):
-    """"chat", which the fake GPU node can run: a model baked into the image, one H100 per pod."""
+    """ "chat", which the fake GPU node can run: a model baked into the image, one H100 per pod."""
     return {
         "apiVersion": "pagoda.dev/v1alpha1",
         "kind": "InferenceService",
@@ -431,6 +431,13 @@ INVALID = {
     "unknown-quantization": (
         lambda s: s["variants"][0].update(quantization="int3"),
         'spec.variants[0].quantization: Unsupported value: "int3"',
+    ),
+    "gguf-variant-of-a-folder": (
+        lambda s: (
+            s["model"].update(source="file:///models/llama"),
+            s["variants"][0].update(quantization="gguf"),
+        ),
+        "quantization gguf needs a GGUF model source",
     ),
     "bad-model-source-scheme": (
         lambda s: s["model"].update(source="s3://bucket/llama"),

@@ -62,7 +62,8 @@ def test_cel_rules_cover_the_static_checks():
     spec = _schema()["properties"]["spec"]["properties"]
     assert spec["variants"]["minItems"] == 1
     variant = spec["variants"]["items"]["properties"]
-    assert variant["quantization"]["enum"] == ["none", "int8", "int4", "fp8", "awq", "gptq"]
+    assert variant["quantization"]["enum"] == ["auto", "none", "int8", "int4", "fp8", "awq", "gptq", "gguf"]
+    assert variant["kvCacheDtype"]["enum"] == ["auto", "fp8"]
     assert spec["model"]["properties"]["source"]["pattern"].startswith("^(pvc://")
     assert all(message for message in rules.values())
 
@@ -125,6 +126,15 @@ def test_examples_include_minimal_full_two_variants_and_cpu():
         ({"variants": [{"name": "a"}, {"name": "a"}]}, "unique"),
         ({"variants": [{"name": "a", "replicas": {"min": 3, "max": 2}}]}, "must not exceed"),
         ({"variants": [{"name": "a", "quantization": "int3"}]}, "int4"),
+        ({"variants": [{"name": "a", "kvCacheDtype": "int8"}]}, "fp8"),
+        ({"variants": [{"name": "a", "quantization": "gguf"}]}, "needs a GGUF model source"),
+        (
+            {
+                "model": {"source": "file:///m/llama.Q4_0.gguf"},
+                "variants": [{"name": "a", "quantization": "awq"}],
+            },
+            "not AWQ or GPTQ",
+        ),
         ({"model": {"source": "s3://bucket/m"}}, "pattern"),
         ({"model": {"source": "pvc://m/x", "tokenSecretRef": {"name": "a", "key": "b"}}}, "hf://"),
         ({"model": {"source": "pvc://m/x", "family": "gpt-5"}}, "unknown family"),

@@ -54,7 +54,7 @@ FULL = dict(
     },
     variants=[
         {"name": "bf16", "replicas": {"min": 1, "max": 4}},
-        {"name": "int4", "quantization": "int4", "replicas": {"min": 2, "max": 2}},
+        {"name": "int4", "quantization": "int4", "kvCacheDtype": "fp8", "replicas": {"min": 2, "max": 2}},
     ],
     resources={
         "gpus": 1,
@@ -153,6 +153,8 @@ def test_runtime_arguments_follow_the_spec():
     assert flag(args, "--model") == "/models/meta-llama/Meta-Llama-3-8B-Instruct"
     assert flag(args, "--served-model-name") == "llama3"
     assert flag(args, "--quantization") == "int4"
+    assert flag(args, "--kv-cache-dtype") == "fp8"
+    assert flag(container(s, "bf16")["args"], "--quantization") == "auto"
     assert flag(args, "--max-model-len") == "4096"
     assert flag(args, "--max-num-seqs") == "256"
     assert flag(args, "--max-num-batched-tokens") == "8192"
@@ -177,6 +179,7 @@ def test_runtime_arguments_parse_with_the_runtime_cli():
     s = spec(**FULL)
     parsed = parser.parse_args(runtime_args(s, s.variants[1], "llama3"))
     assert parsed.quantization == "int4" and parsed.max_model_len == 4096
+    assert parsed.kv_cache_dtype == "fp8"
     assert parsed.enable_prefix_caching is False and parsed.drain_timeout == 120
 
 
