@@ -10,7 +10,6 @@ import contextlib
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -22,12 +21,6 @@ _PR_SET_PDEATHSIG = 1
 
 def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ChildProcess:

@@ -12,7 +12,8 @@ import re
 import sys
 from pathlib import Path
 
-from child_process import ChildProcess, free_port
+from child_process import ChildProcess
+from loopback_client import free_port
 
 # The ServiceAccount of manifests/, whose token the operator runs with.
 OPERATOR_NAMESPACE = "pagoda-system"

@@ -12,7 +12,8 @@ import subprocess
 from pathlib import Path
 
 import httpx
-from child_process import ChildProcess, free_port
+from child_process import ChildProcess
+from loopback_client import free_port
 
 ENSURE_PROMETHEUS = Path(__file__).resolve().parents[2] / "e2e" / "controlplane" / "ensure-prometheus.sh"
 

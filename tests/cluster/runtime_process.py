@@ -11,8 +11,8 @@ import os
 import sys
 from pathlib import Path
 
-import httpx
-from child_process import ChildProcess, free_port
+from child_process import ChildProcess
+from loopback_client import free_port, metric
 
 
 class RuntimeProcess(ChildProcess):
@@ -31,7 +31,4 @@ class RuntimeProcess(ChildProcess):
         self.wait_http_ok(self.url + "/health/ready", timeout)
 
     def metric(self, name: str) -> float:
-        for line in httpx.get(self.url + "/metrics", timeout=10).text.splitlines():
-            if line.startswith((name + "{", name + " ")):
-                return float(line.rsplit(" ", 1)[1])
-        raise AssertionError(f"{name} is not in the runtime's /metrics")
+        return metric(self.url, name)

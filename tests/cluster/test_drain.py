@@ -8,7 +8,6 @@ hook and the grace period are the rendered ones too.
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import threading
@@ -16,6 +15,7 @@ import time
 
 import httpx
 import pytest
+from loopback_client import stream_completion
 from pagoda_operator.models import InferenceServiceSpec
 from pagoda_operator.render import RenderOptions, render
 from runtime_process import RuntimeProcess
@@ -41,32 +41,6 @@ def _pod_spec() -> dict:
     return next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["spec"]
 
 
-def _stream(url: str, record: dict) -> None:
-    """One streamed completion; records its status, finish reasons, usage and whether [DONE] came."""
-    body = {
-        "prompt": "Once upon a time",
-        "max_tokens": MAX_TOKENS,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    record.update(status=None, finish_reasons=[], usage=None, done=False, error=None)
-    try:
-        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as response:
-            record["status"] = response.status_code
-            for line in response.iter_lines():
-                if line == "data: [DONE]":
-                    record["done"] = True
-                elif line.startswith("data: "):
-                    chunk = json.loads(line.removeprefix("data: "))
-                    reasons = [c["finish_reason"] for c in chunk["choices"] if c["finish_reason"]]
-                    record["finish_reasons"] += reasons
-                    record["usage"] = chunk.get("usage") or record["usage"]
-    except httpx.HTTPError as exc:
-        # A cut stream is exactly what this test looks for: recorded, not raised in the thread.
-        record["error"] = repr(exc)
-
-
 def _run_pre_stop(hook: dict, url: str, late: dict) -> threading.Thread:
     """The kubelet's preStop; the rendered hook is a sleep, and the pod must keep serving meanwhile.
 
@@ -75,7 +49,7 @@ def _run_pre_stop(hook: dict, url: str, late: dict) -> threading.Thread:
     """
     assert set(hook) == {"sleep"}, f"the test knows how to run a sleep hook, not {hook}"
     ends = time.monotonic() + hook["sleep"]["seconds"]
-    thread = threading.Thread(target=_stream, args=(url, late))
+    thread = threading.Thread(target=stream_completion, args=(url, MAX_TOKENS, late))
     thread.start()
     time.sleep(max(0.0, ends - time.monotonic()))
     return thread
@@ -112,7 +86,10 @@ def test_prestop_then_sigterm_completes_every_stream_and_exits_within_the_grace_
     try:
         runtime.wait_ready()
         records = [{} for _ in range(STREAMS)]
-        threads = [threading.Thread(target=_stream, args=(runtime.url, record)) for record in records]
+        threads = [
+            threading.Thread(target=stream_completion, args=(runtime.url, MAX_TOKENS, record))
+            for record in records
+        ]
         for thread in threads:
             thread.start()
         _wait_busy(runtime)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from pagoda_runtime.bench.offline import nano_vllm_workload
 from pagoda_runtime.bench.shapes import SHAPES, random_model, shape_config
 
@@ -14,9 +15,22 @@ from pagoda_runtime.bench.shapes import SHAPES, random_model, shape_config
 def _bench(tmp_path, *args: str) -> dict:
     out = tmp_path / "result.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "pagoda_runtime.cli", "bench", *args, "--shape", "tiny-llama",
-         "--device", "cpu", "--result-json", str(out)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pagoda_runtime.cli",
+            "bench",
+            *args,
+            "--shape",
+            "tiny-llama",
+            "--device",
+            "cpu",
+            "--result-json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "output_tok_per_s" in proc.stdout
@@ -24,8 +38,23 @@ def _bench(tmp_path, *args: str) -> dict:
 
 
 def test_throughput_generates_every_requested_token_and_compares_with_transformers(tmp_path):
-    report = _bench(tmp_path, "throughput", "--num-prompts", "6", "--min-len", "8", "--max-len", "24",
-                    "--max-num-seqs", "4", "--hf", "--hf-num-prompts", "4", "--hf-batch-size", "2")
+    report = _bench(
+        tmp_path,
+        "throughput",
+        "--num-prompts",
+        "6",
+        "--min-len",
+        "8",
+        "--max-len",
+        "24",
+        "--max-num-seqs",
+        "4",
+        "--hf",
+        "--hf-num-prompts",
+        "4",
+        "--hf-batch-size",
+        "2",
+    )
     results = report["results"]
     workload = nano_vllm_workload(6, 8, 24, shape_config("tiny-llama").vocab_size, seed=0)
     assert results["output_tokens"] == sum(workload.output_lens)
@@ -57,8 +86,6 @@ def test_workload_is_fixed_by_its_seed_and_within_bounds():
 
 
 def test_every_named_shape_yields_the_weights_its_config_implies():
-    import torch
-
     model = random_model("tiny-llama", torch.device("cpu"), torch.float32)
     names = dict(model.weights)
     assert names["model.norm.weight"].eq(1).all()
@@ -67,3 +94,20 @@ def test_every_named_shape_yields_the_weights_its_config_implies():
     with pytest.raises(ValueError, match="unknown model shape 'llama-9'"):
         shape_config("llama-9")
 
+
+@pytest.mark.parametrize("shape", ["llama-3-8b", "llama-3.2-1b", "qwen2.5-7b"])
+def test_transformers_baseline_rotates_positions_like_the_engine(shape):
+    # A baseline without Llama 3.2's rope scaling would be a different model, not an anchor.
+    from pagoda_runtime.bench.hf_baseline import hf_config
+    from pagoda_runtime.kernels.rope_cache import _inverse_frequencies
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = shape_config(shape)
+    hf = hf_config(config)
+    rope_type = hf.rope_parameters["rope_type"]
+    if rope_type == "default":
+        expected = 1.0 / (hf.rope_parameters["rope_theta"] ** (torch.arange(0, hf.head_dim, 2) / hf.head_dim))
+    else:
+        expected, _ = ROPE_INIT_FUNCTIONS[rope_type](hf, "cpu")
+    assert rope_type == ("llama3" if config.rope_scaling else "default")
+    torch.testing.assert_close(_inverse_frequencies(config).float(), expected.float())

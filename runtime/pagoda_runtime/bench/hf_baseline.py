@@ -42,6 +42,15 @@ def hf_config(config: ModelConfig, **overrides):
         pad_token_id=0,
         **overrides,
     )
+    rope = config.rope_scaling
+    if rope is not None:
+        common["rope_scaling"] = {"rope_type": rope.rope_type, "factor": rope.factor}
+        if rope.rope_type == "llama3":
+            common["rope_scaling"] |= {
+                "low_freq_factor": rope.low_freq_factor,
+                "high_freq_factor": rope.high_freq_factor,
+                "original_max_position_embeddings": rope.original_max_position_embeddings,
+            }
     if config.architecture == "qwen2":
         return Qwen2Config(**common)
     return LlamaConfig(**common, attention_bias=config.attention_bias)

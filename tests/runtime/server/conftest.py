@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-import json
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from loopback_client import free_port
 from pagoda_runtime.server.app import build_app
 from pagoda_runtime.server.state import ServerSettings
 
@@ -48,12 +46,6 @@ def fake():
     with TestClient(app) as client:
         wait_ready(client)
         yield client, engine
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerProcess:
@@ -103,13 +95,6 @@ class ServerProcess:
         self._log.close()
 
 
-def metric(url: str, name: str) -> float:
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} is not in /metrics")
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """One real server per test module, shared by its tests."""
@@ -119,34 +104,3 @@ def server(tmp_path_factory):
         yield process
     finally:
         process.stop()
-
-
-def stream_completion(
-    url: str, max_tokens: int, record: dict, started: threading.Event | None = None
-) -> None:
-    """Streams one completion, recording its chunks' finish reasons, usage and whether [DONE] came."""
-    body = {
-        "prompt": "Once upon a time",
-        "max_tokens": max_tokens,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    record.update(finish_reasons=[], usage=None, done=False, status=None, error=None)
-    try:
-        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as response:
-            record["status"] = response.status_code
-            for line in response.iter_lines():
-                if line == "data: [DONE]":
-                    record["done"] = True
-                elif line.startswith("data: "):
-                    chunk = json.loads(line.removeprefix("data: "))
-                    record["finish_reasons"] += [
-                        c["finish_reason"] for c in chunk["choices"] if c["finish_reason"]
-                    ]
-                    record["usage"] = chunk.get("usage") or record["usage"]
-                    if started is not None:
-                        started.set()
-    except httpx.HTTPError as exc:
-        # A cut connection is what some tests look for: recorded here, not raised in the thread.
-        record["error"] = repr(exc)

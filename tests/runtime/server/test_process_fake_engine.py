@@ -8,8 +8,9 @@ import time
 
 import httpx
 import pytest
+from loopback_client import metric, stream_completion
 
-from .conftest import ServerProcess, metric, stream_completion
+from .conftest import ServerProcess
 
 
 @pytest.fixture

@@ -10,8 +10,9 @@ import time
 
 import httpx
 import pytest
+from loopback_client import free_port, metric, stream_completion
 
-from .conftest import ServerProcess, free_port, metric, stream_completion
+from .conftest import ServerProcess
 
 pytestmark = pytest.mark.slow
 
