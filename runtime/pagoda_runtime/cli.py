@@ -87,7 +87,11 @@ def _add_bench(sub) -> None:
 
 
 def _add_offline_common(p) -> None:
-    p.add_argument("--shape", default="llama-3-8b", help="llama-3-8b, llama-3.2-1b, qwen2.5-7b or tiny-llama")
+    p.add_argument(
+        "--shape",
+        default="llama-3-8b",
+        help="llama-3-8b, llama-3.2-1b, qwen2.5-7b, smollm2-135m or tiny-llama",
+    )
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
     p.add_argument("--quantization", default="none")

@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from pagoda_runtime.bench.offline import nano_vllm_workload
 from pagoda_runtime.bench.shapes import SHAPES, random_model, shape_config
+
+SWEEPS = Path(__file__).parents[2] / "benchmarks" / "sweeps.py"
 
 
 def _bench(tmp_path, *args: str) -> dict:
@@ -111,3 +114,25 @@ def test_transformers_baseline_rotates_positions_like_the_engine(shape):
         expected, _ = ROPE_INIT_FUNCTIONS[rope_type](hf, "cpu")
     assert rope_type == ("llama3" if config.rope_scaling else "default")
     torch.testing.assert_close(_inverse_frequencies(config).float(), expected.float())
+
+
+def test_batch_sweep_writes_a_table_and_a_plot_per_batch_size(tmp_path):
+    command = [sys.executable, str(SWEEPS), "batch", "--shape", "tiny-llama", "--device", "cpu"]
+    command += [
+        "--batch-sizes",
+        "1,4",
+        "--input-len",
+        "8",
+        "--output-len",
+        "8",
+        "--hf",
+        "--out",
+        str(tmp_path),
+    ]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    table = json.loads((tmp_path / "throughput_vs_batch.json").read_text())
+    assert [row["batch"] for row in table["rows"]] == [1, 4]
+    for row in table["rows"]:
+        assert row["decode_tok_per_s"] > 0 and row["output_tok_per_s"] > 0 and row["hf_output_tok_per_s"] > 0
+    assert (tmp_path / "throughput_vs_batch.png").read_bytes().startswith(b"\x89PNG")

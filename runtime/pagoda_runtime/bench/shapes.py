@@ -35,6 +35,12 @@ SHAPES: dict[str, ModelConfig] = {
         rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=32768, tie_word_embeddings=False,
         attention_bias=True,
     ),
+    # The bundled model's shape: what a CPU sweep measures in minutes.
+    "smollm2-135m": ModelConfig(
+        architecture="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
+        num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+        rms_norm_eps=1e-5, rope_theta=100000.0, max_position_embeddings=8192, tie_word_embeddings=True,
+    ),
     # Small enough for the CPU: what the benchmark's own tests run.
     "tiny-llama": ModelConfig(
         architecture="llama", vocab_size=512, hidden_size=64, intermediate_size=128,

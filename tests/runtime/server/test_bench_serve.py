@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from pagoda_runtime.bench.stats import percentiles
 
 from .conftest import ServerProcess
+
+SWEEPS = Path(__file__).parents[3] / "benchmarks" / "sweeps.py"
 
 
 def test_percentiles_match_numpy():
@@ -47,5 +50,34 @@ def test_bench_serve_reports_latencies_and_throughput(tmp_path):
             assert 0 < row["p50"] <= row["p95"] <= row["p99"], (name, row)
         assert result["e2e_s"]["p50"] > result["ttft_s"]["p50"]
         assert result["output_throughput"] > 0
+    finally:
+        server.stop()
+
+
+def test_rate_sweep_writes_a_table_and_a_plot_per_rate(tmp_path):
+    server = ServerProcess(log_dir=tmp_path, fake=True)
+    try:
+        server.wait_ready(30)
+        out = tmp_path / "sweep"
+        command = [sys.executable, str(SWEEPS), "rate", "--base-url", server.url, "--rates", "10,40"]
+        command += [
+            "--num-prompts",
+            "6",
+            "--input-len",
+            "8",
+            "--output-len",
+            "4",
+            "--random-vocab-size",
+            "200",
+        ]
+        run = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        table = json.loads((out / "latency_vs_rate.json").read_text())
+        assert [row["rate"] for row in table["rows"]] == [10, 40]
+        for row in table["rows"]:
+            assert 0 < row["ttft_p50_s"] <= row["ttft_p95_s"] and 0 < row["tpot_p50_s"] <= row["tpot_p95_s"]
+            per_rate = json.loads((out / f"serve-rate-{row['rate']:g}.json").read_text())
+            assert per_rate["completed"] == 6 and per_rate["total_output_tokens"] == 6 * 4
+        assert (out / "latency_vs_rate.png").read_bytes().startswith(b"\x89PNG")
     finally:
         server.stop()

@@ -1,0 +1,212 @@
+"""Throughput against batch size and latency against request rate: a JSON table and a PNG plot each.
+
+    PYTHONPATH=runtime python benchmarks/sweeps.py batch --shape llama-3-8b --out results/h100
+    PYTHONPATH=runtime python benchmarks/sweeps.py rate --base-url http://127.0.0.1:8000 \
+        --rates 1,2,4,8 --num-prompts 200 --out results/h100
+
+`batch` runs `bench latency` once per batch size (fixed input and output lengths, ignore_eos) on
+a random-weight model of a named shape; `rate` runs `bench serve` once per Poisson rate against a
+server that is already up. Each writes its table as JSON beside the plot, so a figure in
+BENCHMARKS.md can be traced to the numbers under it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",")]
+
+
+def batch_sweep(args: argparse.Namespace) -> dict:
+    from pagoda_runtime.bench import offline
+
+    rows = []
+    for batch in [int(b) for b in _floats(args.batch_sizes)]:
+        config = offline.OfflineConfig(
+            shape=args.shape,
+            device=args.device,
+            dtype=args.dtype,
+            quantization=args.quantization,
+            max_num_seqs=max(batch, 1),
+            kv_cache_memory=args.kv_cache_memory,
+            hf=args.hf,
+        )
+        report = offline.latency(config, batch, args.input_len, args.output_len)
+        results = report.results
+        rows.append(
+            {
+                "batch": batch,
+                "output_tok_per_s": results["output_tok_per_s"],
+                "decode_tok_per_s": results["decode_tok_per_s"],
+                "tpot_p50_s": results["tpot_s"]["p50"],
+                "hf_output_tok_per_s": results.get("hf_output_tok_per_s"),
+            }
+        )
+        print(f"batch {batch:>4}: {results['decode_tok_per_s']:.1f} decode tok/s", flush=True)
+    return {
+        "kind": "batch",
+        "shape": args.shape,
+        "device": report.device,
+        "dtype": report.dtype,
+        "quantization": args.quantization,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "rows": rows,
+    }
+
+
+def rate_sweep(args: argparse.Namespace) -> dict:
+    from pagoda_runtime.bench.serve import BenchConfig, run
+
+    rows = []
+    for rate in _floats(args.rates):
+        result_json = Path(args.out) / f"serve-rate-{rate:g}.json"
+        code = run(
+            BenchConfig(
+                base_url=args.base_url,
+                num_prompts=args.num_prompts,
+                request_rate=rate,
+                input_len=args.input_len,
+                output_len=args.output_len,
+                vocab_size=args.random_vocab_size,
+                seed=args.seed,
+                api_key=args.api_key,
+                result_json=str(result_json),
+            )
+        )
+        summary = json.loads(result_json.read_text())
+        if code:
+            raise SystemExit(f"{summary['failed']} requests failed at {rate:g} req/s: {summary['errors']}")
+        rows.append(
+            {
+                "rate": rate,
+                "output_tok_per_s": summary["output_throughput"],
+                **{f"{m}_{p}_s": summary[f"{m}_s"][p] for m in ("ttft", "tpot") for p in ("p50", "p95")},
+            }
+        )
+    return {
+        "kind": "rate",
+        "model": summary["model"],
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "num_prompts": args.num_prompts,
+        "rows": rows,
+    }
+
+
+def plot_batch(table: dict, path: Path) -> None:
+    plt = _pyplot()
+    rows = table["rows"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    batches = [r["batch"] for r in rows]
+    ax.plot(batches, [r["decode_tok_per_s"] for r in rows], "o-", label="Pagoda, decode")
+    ax.plot(batches, [r["output_tok_per_s"] for r in rows], "o:", label="Pagoda, prefill included")
+    hf = [r for r in rows if r["hf_output_tok_per_s"]]
+    if hf:
+        ax.plot(
+            [r["batch"] for r in hf],
+            [r["hf_output_tok_per_s"] for r in hf],
+            "s--",
+            label="transformers generate, prefill included",
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(batches, [str(b) for b in batches])
+    ax.set_xlabel("batch size (sequences)")
+    ax.set_ylabel("output tok/s")
+    ax.set_title(
+        f"{table['shape']} {table['quantization']}, {table['device']} "
+        f"{table['dtype'].removeprefix('torch.')}, in {table['input_len']} / out {table['output_len']}",
+        fontsize=9,
+    )
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_rate(table: dict, path: Path) -> None:
+    plt = _pyplot()
+    rows = table["rows"]
+    rates = [r["rate"] for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4))
+    for ax, metric, name in (
+        (axes[0], "ttft", "time to first token"),
+        (axes[1], "tpot", "time per output token"),
+    ):
+        for p, style in (("p50", "o-"), ("p95", "s--")):
+            ax.plot(rates, [r[f"{metric}_{p}_s"] * 1000 for r in rows], style, label=p)
+        ax.set_xlabel("request rate (req/s, Poisson)")
+        ax.set_ylabel(f"{name} (ms)")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.suptitle(
+        f"{table['model']}: {table['num_prompts']} requests per rate, in {table['input_len']} / "
+        f"out {table['output_len']} tokens",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        sys.exit("matplotlib is missing; install the dev extra: pip install -c constraints.txt -e '.[dev]'")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="sweep", required=True)
+    batch = sub.add_parser("batch", help="decode tok/s against batch size, random weights of a named shape")
+    batch.add_argument("--shape", default="llama-3-8b")
+    batch.add_argument("--batch-sizes", default="1,2,4,8,16,32,64,128,256")
+    batch.add_argument("--device", default="auto")
+    batch.add_argument("--dtype", default="auto")
+    batch.add_argument("--quantization", default="none")
+    batch.add_argument("--kv-cache-memory", type=float, default=0.9)
+    batch.add_argument("--input-len", type=int, default=128)
+    batch.add_argument("--output-len", type=int, default=128)
+    batch.add_argument("--hf", action="store_true", help="transformers' generate at each batch size too")
+    rate = sub.add_parser("rate", help="TTFT and TPOT percentiles against Poisson request rate")
+    rate.add_argument("--base-url", required=True)
+    rate.add_argument("--rates", default="1,2,4,8")
+    rate.add_argument("--num-prompts", type=int, default=200)
+    rate.add_argument("--input-len", type=int, default=128)
+    rate.add_argument("--output-len", type=int, default=128)
+    rate.add_argument(
+        "--random-vocab-size", type=int, default=8000, help="prompt token ids are drawn below this"
+    )
+    rate.add_argument("--seed", type=int, default=0)
+    rate.add_argument("--api-key", default=None)
+    for p in (batch, rate):
+        p.add_argument("--out", required=True, help="folder for the JSON table and the PNG plot")
+    args = parser.parse_args(argv)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.sweep == "batch":
+        table, name, plot = batch_sweep(args), "throughput_vs_batch", plot_batch
+    else:
+        table, name, plot = rate_sweep(args), "latency_vs_rate", plot_rate
+    (out / f"{name}.json").write_text(json.dumps(table, indent=2))
+    plot(table, out / f"{name}.png")
+    print(f"wrote {out / name}.json and .png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
