@@ -9,8 +9,8 @@ import httpx
 import openai
 import pytest
 from hypothesis import HealthCheck, given, settings
+from loopback_client import metric
 
-from .conftest import metric
 from .request_strategies import check_response, request_bodies
 
 pytestmark = pytest.mark.slow
