@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kubernetes.utils import parse_quantity
+from pagoda_runtime.quantization_selection import select_quantization
 from pagoda_runtime.sizing import FitResult, fits
 
 from pagoda_operator.models import InferenceServiceSpec, VariantSpec
@@ -15,14 +16,16 @@ def capacity_bytes(spec: InferenceServiceSpec) -> int | None:
 
 
 def sized_quantization(spec: InferenceServiceSpec, variant: VariantSpec) -> str:
-    """What the runtime's --quantization auto will pick, as far as the spec tells.
+    """The method the runtime will build the variant's projections with, as far as the spec tells.
 
-    A GGUF file stays packed on a GPU and is dequantized on the CPU; any other source is taken for
-    float weights, so a 4-bit AWQ or GPTQ checkpoint is sized exactly only when the variant names it.
+    The spec says a checkpoint is GGUF by its source; any other source is taken for float weights
+    unless the variant names awq or gptq, so a 4-bit folder is sized exactly only when named.
     """
-    if variant.quantization != "auto":
-        return variant.quantization
-    return "gguf" if spec.model.is_gguf and spec.resources.gpus else "none"
+    stored = "gguf" if spec.model.is_gguf else None
+    if variant.quantization in ("awq", "gptq"):
+        stored = variant.quantization
+    device_type = "cuda" if spec.resources.gpus else "cpu"
+    return select_quantization(variant.quantization, stored, device_type, spec.model.source)
 
 
 def variant_fit(spec: InferenceServiceSpec, variant: VariantSpec) -> FitResult | None:

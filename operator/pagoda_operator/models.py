@@ -62,18 +62,8 @@ class ArchitectureSpec(Spec):
     )
 
     def to_sizing(self) -> ModelArchitecture:
-        return ModelArchitecture(
-            num_layers=self.num_layers,
-            hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size,
-            num_attention_heads=self.num_attention_heads,
-            num_kv_heads=self.num_key_value_heads,
-            head_dim=self.head_dim,
-            vocab_size=self.vocab_size,
-            tie_word_embeddings=self.tie_word_embeddings,
-            max_position_embeddings=self.max_position_embeddings,
-            attention_bias=self.attention_bias,
-        )
+        fields = self.model_dump(by_alias=False)
+        return ModelArchitecture(num_kv_heads=fields.pop("num_key_value_heads"), **fields)
 
 
 class ModelCacheSpec(Spec):

@@ -12,7 +12,7 @@ from pagoda_runtime.sizing import ModelArchitecture
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
 # How the decoder projections are held; --quantization auto picks one from the checkpoint
-# (quantization/selection.py).
+# (quantization_selection.py).
 QUANTIZATION_METHODS = ("none", "int8", "int4", "fp8", "awq", "gptq", "gguf")
 QUANTIZATION_CHOICES = ("auto", *QUANTIZATION_METHODS)
 # auto: the model's dtype; fp8: e4m3, half the bytes of bf16.

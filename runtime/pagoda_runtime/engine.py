@@ -21,7 +21,7 @@ from pagoda_runtime.memory_report import MemoryReport
 from pagoda_runtime.model_runner import ModelRunner, dtype_name, resolve_device, resolve_dtype
 from pagoda_runtime.model_source import LoadedModel, load_model_source
 from pagoda_runtime.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprobs
-from pagoda_runtime.quantization.selection import select_quantization
+from pagoda_runtime.quantization_selection import select_quantization
 from pagoda_runtime.sampling_params import SamplingParams
 from pagoda_runtime.scheduler import Scheduler
 from pagoda_runtime.sequence import Sequence, SequenceGroup

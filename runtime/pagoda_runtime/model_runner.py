@@ -96,7 +96,7 @@ class ModelRunner:
         quantization: str,
     ) -> None:
         """quantization: the method the projections are built with (already checked against the
-        checkpoint by quantization/selection.py)."""
+        checkpoint by quantization_selection.py)."""
         self.config = model_config
         self.device = resolve_device(engine_config.device)
         self.dtype = resolve_dtype(engine_config.dtype, self.device)

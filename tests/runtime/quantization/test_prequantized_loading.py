@@ -18,7 +18,7 @@ from pagoda_runtime.gguf_reader import GGUFFile
 from pagoda_runtime.model_source import ModelLoadError, load_model_source
 from pagoda_runtime.quantization.linear import QuantizedLinear
 from pagoda_runtime.quantization.memory import linear_weight_bytes
-from pagoda_runtime.quantization.selection import select_quantization
+from pagoda_runtime.quantization_selection import select_quantization
 from pagoda_runtime.sampling_params import SamplingParams
 from safetensors.torch import load_file, save_file
 

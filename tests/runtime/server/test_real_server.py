@@ -118,7 +118,7 @@ def test_unknown_model_and_context_overflow(client):
 
 def test_info_reports_the_bundled_model_as_loaded_on_the_cpu(server):
     info = httpx.get(server.url + "/v1/info", timeout=10).json()
-    # On the CPU "auto" serves the bundled Q4_1 file dequantized to float32 (see quantization/selection.py).
+    # On the CPU "auto" serves the bundled Q4_1 file dequantized to float32 (see quantization_selection.py).
     assert (info["model"], info["quantization"], info["dtype"], info["kv_cache_dtype"]) == (
         MODEL,
         "none",

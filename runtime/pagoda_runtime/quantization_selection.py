@@ -8,14 +8,17 @@ every step (decode of the bundled model measured 8x slower than float32), so "au
 file once at load; --quantization gguf keeps it packed there too. A quantized GGUF may also be
 served dequantized ("none") or re-quantized online (int8, int4, fp8); AWQ and GPTQ weights are
 served only as they are.
+
+Torch-free, so that the operator sizes a variant's pods for the method its runtime will pick.
 """
 
 from __future__ import annotations
 
 from pagoda_runtime.config import QUANTIZATION_CHOICES as CHOICES
+from pagoda_runtime.config import QUANTIZATION_METHODS
 
 STORED_FORMATS = ("awq", "gptq", "gguf")  # formats a checkpoint can hold its projections in
-_ONLINE = ("none", "int8", "int4", "fp8")
+_ONLINE = tuple(m for m in QUANTIZATION_METHODS if m not in STORED_FORMATS)
 
 
 def select_quantization(requested: str, stored: str | None, device_type: str, source: str) -> str:
