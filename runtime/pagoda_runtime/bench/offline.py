@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from pagoda_runtime import sizing
 from pagoda_runtime.bench import hf_baseline
 from pagoda_runtime.bench.shapes import random_model, shape_config
 from pagoda_runtime.bench.stats import percentiles
@@ -26,7 +27,6 @@ from pagoda_runtime.config import EngineConfig
 from pagoda_runtime.engine import LLMEngine
 from pagoda_runtime.model_runner import resolve_device, resolve_dtype
 from pagoda_runtime.sampling_params import SamplingParams
-from pagoda_runtime.sizing import WEIGHT_FORMATS
 
 
 @dataclass(frozen=True)
@@ -102,10 +102,7 @@ def copy_bandwidth(device: torch.device) -> float | None:
 
 def weight_bytes(config: OfflineConfig) -> float:
     """Bytes a decode step reads for the weights (each parameter once; the KV cache not counted)."""
-    arch = shape_config(config.shape).to_sizing()
-    per_linear = WEIGHT_FORMATS[config.quantization]
-    linear = sum(per_linear.linear_bytes(o, i) for o, i in arch.linear_shapes()) * arch.num_layers
-    return linear + arch.unquantized_parameters() * 2
+    return sizing.weight_bytes(shape_config(config.shape).to_sizing(), config.quantization)
 
 
 def build_engine(config: OfflineConfig, max_model_len: int) -> LLMEngine:
