@@ -21,8 +21,10 @@ from pydantic import ValidationError
 from pagoda_operator import metrics
 from pagoda_operator.kube import CHILD_KINDS, SERVICE_MONITOR_API, Kube, load_credentials
 from pagoda_operator.models import GROUP, PLURAL, VERSION, InferenceServiceSpec
-from pagoda_operator.render import LABEL_ISVC, RenderOptions, render
-from pagoda_operator.status import compute_status, status_changed
+from pagoda_operator.names import LABEL_ISVC, child_selector
+from pagoda_operator.plan import plan_service
+from pagoda_operator.render import RenderOptions, render
+from pagoda_operator.status import compute_status, invalid_status, status_changed
 
 _kube: Kube | None = None
 # The spec handler, the timer and Deployment and Pod events may refresh one object's status at
@@ -84,19 +86,7 @@ def _api_message(exc: ApiException) -> str:
 def _report_invalid(k: Kube, body, reason: str, message: str, *, announce: bool) -> None:
     namespace, name, _, generation = _ids(body)
     previous = dict(body.get("status") or {})
-    ready = {
-        "type": "Ready",
-        "status": "False",
-        "reason": reason,
-        "message": message,
-        "observedGeneration": generation,
-    }
-    others = [c for c in previous.get("conditions", []) if c.get("type") != "Ready"]
-    old_ready = next((c for c in previous.get("conditions", []) if c.get("type") == "Ready"), {})
-    ready["lastTransitionTime"] = (
-        old_ready.get("lastTransitionTime") if old_ready.get("status") == "False" else _now()
-    )
-    new = {"conditions": [ready, *others], "observedGeneration": generation}
+    new = invalid_status(previous, reason=reason, message=message, generation=generation, now=_now())
     if status_changed(previous, new):
         k.patch_status(namespace, name, new)
     if announce:
@@ -110,14 +100,14 @@ def refresh_status(k: Kube, namespace: str, name: str) -> None:
         if body is None:
             return
         try:
-            spec = _parse(body)
+            plan = plan_service(_parse(body))
         except (ValidationError, ValueError):
             return  # the spec handler reports it
         _, _, _, generation = _ids(body)
-        selector = f"{LABEL_ISVC}={name}"
+        selector = child_selector(name)
         previous = dict(body.get("status") or {})
         new = compute_status(
-            spec,
+            plan,
             namespace=namespace,
             name=name,
             generation=generation,
@@ -146,7 +136,7 @@ def _prune(k: Kube, body, manifests: list[dict], kinds: list[str]) -> None:
     namespace, name, uid, _ = _ids(body)
     wanted = {(m["kind"], m["metadata"]["name"]) for m in manifests}
     for kind in kinds:
-        for child in k.list(kind, namespace, f"{LABEL_ISVC}={name}"):
+        for child in k.list(kind, namespace, child_selector(name)):
             meta = child["metadata"]
             owned = any(ref.get("uid") == uid for ref in meta.get("ownerReferences", []))
             if owned and (kind, meta["name"]) not in wanted:
@@ -159,10 +149,10 @@ def reconcile(body, *, announce: bool) -> None:
     namespace, name, uid, _ = _ids(body)
     started = time.monotonic()
     try:
-        spec = _parse(body)
+        plan = plan_service(_parse(body))
         service_monitor = k.has_api(*SERVICE_MONITOR_API)
         manifests = render(
-            spec,
+            plan,
             namespace=namespace,
             name=name,
             uid=uid,

@@ -7,12 +7,14 @@ defaults the apiserver fills in.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pagoda_runtime.config import KV_CACHE_DTYPES, QUANTIZATION_CHOICES
 from pagoda_runtime.sizing import KNOWN_ARCHITECTURES, ModelArchitecture
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+
+from pagoda_operator.rules import IS_GGUF_SOURCE, Rule, cel_validations, enforce
 
 GROUP = "pagoda.dev"
 VERSION = "v1alpha1"
@@ -24,20 +26,33 @@ SOURCE_PATTERN = (
     r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?|file:///.+|hf://[^/\s]+/[^/\s]+|bundled://[a-z0-9.-]+)$"
 )
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-GGUF_NEEDS_GGUF = "quantization gguf needs a GGUF model source (a .gguf file or bundled://); use auto or none"
-GGUF_IS_NOT_AWQ = "a GGUF model source holds GGUF blocks, not AWQ or GPTQ weights; use gguf, auto or none"
 
 # The runtime's own flag values, so that a variant the apiserver admits is one the pods can start.
 Quantization = Literal[QUANTIZATION_CHOICES]
 KvCacheDtype = Literal[KV_CACHE_DTYPES]
 
 
-def _rules(*rules: tuple[str, str]) -> dict:
-    return {"x-kubernetes-validations": [{"rule": rule, "message": message} for rule, message in rules]}
+def _with_rules(schema: dict, cls: type[Spec]) -> None:
+    if cls.RULES:
+        schema["x-kubernetes-validations"] = cel_validations(cls.RULES)
 
 
 class Spec(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+    """A part of the spec; its RULES are checked here and by the apiserver (see rules.py)."""
+
+    RULES: ClassVar[tuple[Rule, ...]] = ()
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        json_schema_extra=_with_rules,
+    )
+
+    @model_validator(mode="after")
+    def _rules_hold(self) -> Spec:
+        enforce(self, type(self).RULES)
+        return self
 
 
 class SecretKeyRef(Spec):
@@ -76,18 +91,18 @@ class ModelCacheSpec(Spec):
 
 
 class ModelSpec(Spec):
-    model_config = ConfigDict(
-        json_schema_extra=_rules(
-            (
-                "self.source.startsWith('hf://') || (!has(self.tokenSecretRef) && !has(self.revision) "
-                "&& !has(self.cache))",
-                "tokenSecretRef, revision and cache apply only to hf:// sources",
-            ),
-            (
-                "!has(self.family) || !has(self.architecture)",
-                "give either family or architecture, not both",
-            ),
-        )
+    RULES = (
+        Rule(
+            "self.source.startsWith('hf://') || (!has(self.tokenSecretRef) && !has(self.revision) "
+            "&& !has(self.cache))",
+            lambda m: m.source.startswith("hf://") or not (m.token_secret_ref or m.revision or m.cache),
+            "tokenSecretRef, revision and cache apply only to hf:// sources",
+        ),
+        Rule(
+            "!has(self.family) || !has(self.architecture)",
+            lambda m: not (m.family and m.architecture),
+            "give either family or architecture, not both",
+        ),
     )
 
     source: str = Field(
@@ -129,14 +144,6 @@ class ModelSpec(Spec):
             raise ValueError(f"unknown family {family!r}; use one of {', '.join(KNOWN_ARCHITECTURES)}")
         return family
 
-    @model_validator(mode="after")
-    def _consistent(self) -> ModelSpec:
-        if not self.source.startswith("hf://") and (self.token_secret_ref or self.revision or self.cache):
-            raise ValueError("tokenSecretRef, revision and cache apply only to hf:// sources")
-        if self.family and self.architecture:
-            raise ValueError("give either family or architecture, not both")
-        return self
-
     @property
     def scheme(self) -> str:
         return self.source.split("://", 1)[0]
@@ -144,7 +151,7 @@ class ModelSpec(Spec):
     @property
     def is_gguf(self) -> bool:
         """A GGUF file; the bundled model is one."""
-        return self.scheme == "bundled" or self.source.endswith(".gguf")
+        return IS_GGUF_SOURCE.holds(self.source)
 
     def sizing_architecture(self) -> ModelArchitecture | None:
         if self.architecture is not None:
@@ -192,26 +199,17 @@ class RuntimeSpec(Spec):
 
 
 class ReplicaRange(Spec):
-    model_config = ConfigDict(
-        json_schema_extra=_rules(
-            ("self.min <= self.max", "replicas.min must not exceed replicas.max"),
-            (
-                "self.min >= 1 || self.min == self.max",
-                "replicas.min must be at least 1 when the variant autoscales (max > min)",
-            ),
-        )
+    RULES = (
+        Rule("self.min <= self.max", lambda r: r.min <= r.max, "replicas.min must not exceed replicas.max"),
+        Rule(
+            "self.min >= 1 || self.min == self.max",
+            lambda r: r.min >= 1 or r.min == r.max,
+            "replicas.min must be at least 1 when the variant autoscales (max > min)",
+        ),
     )
 
     min: int = Field(default=1, ge=0, description="Fewest replicas; the autoscaler never goes below it.")
     max: int = Field(default=1, ge=0, description="Most replicas; equal to min disables autoscaling.")
-
-    @model_validator(mode="after")
-    def _ordered(self) -> ReplicaRange:
-        if self.min > self.max:
-            raise ValueError(f"replicas.min ({self.min}) must not exceed replicas.max ({self.max})")
-        if self.min == 0 and self.max > 0:
-            raise ValueError("replicas.min must be at least 1 when the variant autoscales (max > min)")
-        return self
 
 
 class VariantSpec(Spec):
@@ -313,24 +311,33 @@ class MonitoringSpec(Spec):
     interval: str = Field(default="15s", pattern=r"^[0-9]+(ms|s|m)$", description="Scrape interval.")
 
 
+def _gguf_needs_gguf(spec: InferenceServiceSpec) -> bool:
+    return spec.model.is_gguf or all(v.quantization != "gguf" for v in spec.variants)
+
+
+def _gguf_is_not_awq(spec: InferenceServiceSpec) -> bool:
+    return not spec.model.is_gguf or all(v.quantization not in ("awq", "gptq") for v in spec.variants)
+
+
 class InferenceServiceSpec(Spec):
-    model_config = ConfigDict(
-        json_schema_extra=_rules(
-            (
-                "self.variants.all(v, self.variants.exists_one(w, w.name == v.name))",
-                "variant names must be unique",
-            ),
-            (
-                "self.variants.all(v, !has(v.quantization) || v.quantization != 'gguf' || "
-                "self.model.source.endsWith('.gguf') || self.model.source.startsWith('bundled://'))",
-                GGUF_NEEDS_GGUF,
-            ),
-            (
-                "self.variants.all(v, !has(v.quantization) || !(v.quantization in ['awq', 'gptq']) || "
-                "!(self.model.source.endsWith('.gguf') || self.model.source.startsWith('bundled://')))",
-                GGUF_IS_NOT_AWQ,
-            ),
-        )
+    RULES = (
+        Rule(
+            "self.variants.all(v, self.variants.exists_one(w, w.name == v.name))",
+            lambda s: len({v.name for v in s.variants}) == len(s.variants),
+            "variant names must be unique",
+        ),
+        Rule(
+            "self.variants.all(v, !has(v.quantization) || v.quantization != 'gguf' || "
+            f"{IS_GGUF_SOURCE.cel('self.model.source')})",
+            _gguf_needs_gguf,
+            "quantization gguf needs a GGUF model source (a .gguf file or bundled://); use auto or none",
+        ),
+        Rule(
+            "self.variants.all(v, !has(v.quantization) || !(v.quantization in ['awq', 'gptq']) || "
+            f"!{IS_GGUF_SOURCE.cel('self.model.source')})",
+            _gguf_is_not_awq,
+            "a GGUF model source holds GGUF blocks, not AWQ or GPTQ weights; use gguf, auto or none",
+        ),
     )
 
     model: ModelSpec = Field(description="The model to serve.")
@@ -347,24 +354,6 @@ class InferenceServiceSpec(Spec):
     drain: DrainSpec = Field(default=DrainSpec(), description="Graceful shutdown of pods.")
     scheduling: SchedulingSpec = Field(default=SchedulingSpec(), description="Where the pods may run.")
     monitoring: MonitoringSpec = Field(default=MonitoringSpec(), description="Prometheus scraping.")
-
-    @field_validator("variants")
-    @classmethod
-    def _unique_names(cls, variants: list[VariantSpec]) -> list[VariantSpec]:
-        names = [v.name for v in variants]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ValueError(f"variant names must be unique; repeated: {', '.join(duplicates)}")
-        return variants
-
-    @model_validator(mode="after")
-    def _quantization_matches_the_checkpoint(self) -> InferenceServiceSpec:
-        for variant in self.variants:
-            if variant.quantization == "gguf" and not self.model.is_gguf:
-                raise ValueError(GGUF_NEEDS_GGUF)
-            if variant.quantization in ("awq", "gptq") and self.model.is_gguf:
-                raise ValueError(GGUF_IS_NOT_AWQ)
-        return self
 
 
 class Condition(Spec):

@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pagoda_operator.fitting import variant_fit
 from pagoda_operator.models import GROUP, KIND, VERSION, InferenceServiceSpec, VariantSpec
+from pagoda_operator.names import LABEL_VARIANT, PORT, labels, selector_labels, variant_object_name
+from pagoda_operator.plan import ServicePlan
 
-PORT = 8000
 QUEUE_METRIC = "pagoda_num_requests_waiting"
 RUNTIME_CONTAINER = "runtime"
 RUNTIME_UID = 10001  # the user images/runtime.Dockerfile creates
@@ -23,8 +23,6 @@ MODEL_MOUNT = "/models"
 CACHE_MOUNT = "/cache"
 SHUTDOWN_MARGIN_SECONDS = 15
 PROBE_PERIOD_SECONDS = 10
-LABEL_ISVC = f"{GROUP}/inference-service"
-LABEL_VARIANT = f"{GROUP}/variant"
 
 
 @dataclass(frozen=True)
@@ -32,37 +30,11 @@ class RenderOptions:
     service_monitor: bool = False  # whether the monitoring.coreos.com CRD exists
 
 
-def variant_object_name(name: str, variant: str) -> str:
-    return f"{name}-{variant}"
-
-
-def service_url(name: str, namespace: str) -> str:
-    return f"http://{name}.{namespace}.svc:{PORT}/v1"
-
-
-def selector_labels(name: str, variant: str | None = None) -> dict[str, str]:
-    labels = {LABEL_ISVC: name}
-    if variant is not None:
-        labels[LABEL_VARIANT] = variant
-    return labels
-
-
-def _labels(name: str, variant: str | None = None) -> dict[str, str]:
-    return {
-        "app.kubernetes.io/name": "pagoda-runtime",
-        "app.kubernetes.io/instance": name,
-        "app.kubernetes.io/component": "inference-server",
-        "app.kubernetes.io/part-of": "pagoda",
-        "app.kubernetes.io/managed-by": "pagoda-operator",
-        **selector_labels(name, variant),
-    }
-
-
 def _metadata(object_name: str, namespace: str, name: str, uid: str, variant: str | None) -> dict:
     return {
         "name": object_name,
         "namespace": namespace,
-        "labels": _labels(name, variant),
+        "labels": labels(name, variant),
         "ownerReferences": [
             {
                 "apiVersion": f"{GROUP}/{VERSION}",
@@ -318,7 +290,7 @@ def _deployment(spec, variant, *, namespace, name, uid, served_name) -> dict:
         "progressDeadlineSeconds": spec.runtime.startup_timeout_seconds + 300,
         "template": {
             "metadata": {
-                "labels": _labels(name, variant.name),
+                "labels": labels(name, variant.name),
                 "annotations": {
                     "kubectl.kubernetes.io/default-container": RUNTIME_CONTAINER,
                     "prometheus.io/scrape": "true",
@@ -425,18 +397,12 @@ def _service_monitor(spec, *, namespace, name, uid) -> dict:
     }
 
 
-def servable_variants(spec: InferenceServiceSpec) -> list[VariantSpec]:
-    """Variants that get pods: all but those whose model is known not to fit."""
-    return [v for v in spec.variants if (fit := variant_fit(spec, v)) is None or fit.fits]
-
-
-def render(
-    spec: InferenceServiceSpec, *, namespace: str, name: str, uid: str, options: RenderOptions
-) -> list[dict]:
+def render(plan: ServicePlan, *, namespace: str, name: str, uid: str, options: RenderOptions) -> list[dict]:
+    spec = plan.spec
     served_name = spec.model.served_name or name
     ids = {"namespace": namespace, "name": name, "uid": uid}
     objects = [_service(name, selector_labels(name), variant=None, **ids)]
-    for variant in servable_variants(spec):
+    for variant in (v.variant for v in plan.servable):
         object_name = variant_object_name(name, variant.name)
         objects.append(_deployment(spec, variant, served_name=served_name, **ids))
         objects.append(

@@ -6,9 +6,8 @@ status of a settled service yields exactly the stored one and the handler writes
 
 from __future__ import annotations
 
-from pagoda_operator.fitting import sized_quantization, variant_fit
-from pagoda_operator.models import InferenceServiceSpec
-from pagoda_operator.render import LABEL_VARIANT, servable_variants, service_url, variant_object_name
+from pagoda_operator.names import LABEL_VARIANT, service_url, variant_object_name
+from pagoda_operator.plan import ServicePlan
 
 # Container waiting reasons that mean the pod will not get better on its own.
 _STUCK_REASONS = (
@@ -30,14 +29,13 @@ def _condition(type_: str, status: bool | None, reason: str, message: str) -> di
     }
 
 
-def model_fits_condition(spec: InferenceServiceSpec) -> dict:
+def model_fits_condition(plan: ServicePlan) -> dict:
     misfits, unknown = [], []
-    for variant in spec.variants:
-        fit = variant_fit(spec, variant)
-        if fit is None:
+    for variant in plan.variants:
+        if variant.fit is None:
             unknown.append(variant.name)
-        elif not fit.fits:
-            misfits.append(f"variant {variant.name} ({sized_quantization(spec, variant)}) {fit.describe()}")
+        elif not variant.fit.fits:
+            misfits.append(f"variant {variant.name} ({variant.quantization}) {variant.fit.describe()}")
     if misfits:
         return _condition(
             "ModelFits",
@@ -78,7 +76,7 @@ def pod_problems(pods: list[dict]) -> list[tuple[str, str]]:
     return problems
 
 
-def _variant_status(name: str, variant, deployments: dict[str, dict], fit) -> dict:
+def _variant_status(name: str, variant, deployments: dict[str, dict]) -> dict:
     deployment = deployments.get(variant_object_name(name, variant.name), {})
     dep_status = deployment.get("status", {})
     entry = {
@@ -86,8 +84,8 @@ def _variant_status(name: str, variant, deployments: dict[str, dict], fit) -> di
         "replicas": dep_status.get("replicas", 0),
         "readyReplicas": dep_status.get("readyReplicas", 0),
     }
-    if fit is not None:
-        entry["fits"] = fit.fits
+    if variant.fit is not None:
+        entry["fits"] = variant.fit.fits
     return entry
 
 
@@ -102,8 +100,28 @@ def _rolling_out(deployment: dict) -> bool:
     )
 
 
+def _stamped(conditions: list[dict], previous: dict, generation: int, now: str) -> list[dict]:
+    """A condition keeps its lastTransitionTime while its status stays the same."""
+    old_conditions = {c["type"]: c for c in previous.get("conditions", [])}
+    for cond in conditions:
+        old = old_conditions.get(cond["type"])
+        cond["lastTransitionTime"] = (
+            old["lastTransitionTime"] if old and old.get("status") == cond["status"] else now
+        )
+        cond["observedGeneration"] = generation
+    return conditions
+
+
+def invalid_status(previous: dict | None, *, reason: str, message: str, generation: int, now: str) -> dict:
+    """Ready=False with why the spec or a child was refused; the other conditions stay as they were."""
+    previous = previous or {}
+    (ready,) = _stamped([_condition("Ready", False, reason, message)], previous, generation, now)
+    others = [c for c in previous.get("conditions", []) if c.get("type") != "Ready"]
+    return {"conditions": [ready, *others], "observedGeneration": generation}
+
+
 def compute_status(
-    spec: InferenceServiceSpec,
+    plan: ServicePlan,
     *,
     namespace: str,
     name: str,
@@ -114,8 +132,8 @@ def compute_status(
     now: str,
 ) -> dict:
     by_name = {d["metadata"]["name"]: d for d in deployments}
-    servable = servable_variants(spec)
-    variants = [_variant_status(name, v, by_name, variant_fit(spec, v)) for v in spec.variants]
+    servable = plan.servable
+    variants = [_variant_status(name, v, by_name) for v in plan.variants]
 
     missing = [v.name for v in servable if variant_object_name(name, v.name) not in by_name]
     rolling = [
@@ -136,7 +154,7 @@ def compute_status(
     else:
         degraded = _condition("Degraded", False, "Healthy", "no pod is failing")
 
-    fits = model_fits_condition(spec)
+    fits = model_fits_condition(plan)
     not_ready = [
         entry["name"]
         for entry in variants
@@ -152,16 +170,7 @@ def compute_status(
     else:
         ready = _condition("Ready", True, "Serving", f"serving at {service_url(name, namespace)}")
 
-    previous = previous or {}
-    old_conditions = {c["type"]: c for c in previous.get("conditions", [])}
-    conditions = []
-    for cond in (ready, progressing, degraded, fits):
-        old = old_conditions.get(cond["type"])
-        cond["lastTransitionTime"] = (
-            old["lastTransitionTime"] if old and old.get("status") == cond["status"] else now
-        )
-        cond["observedGeneration"] = generation
-        conditions.append(cond)
+    conditions = _stamped([ready, progressing, degraded, fits], previous or {}, generation, now)
 
     desired = sum(
         by_name[variant_object_name(name, v.name)].get("spec", {}).get("replicas", 0)
@@ -173,7 +182,7 @@ def compute_status(
         "variants": variants,
         "url": service_url(name, namespace),
         "observedGeneration": generation,
-        "variantNames": ",".join(v.name for v in spec.variants),
+        "variantNames": ",".join(v.name for v in plan.variants),
         "replicaSummary": f"{sum(e['readyReplicas'] for e in variants)}/{desired}",
     }
 

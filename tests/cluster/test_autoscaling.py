@@ -19,7 +19,9 @@ import httpx
 import pytest
 import yaml
 from pagoda_operator.models import InferenceServiceSpec
-from pagoda_operator.render import QUEUE_METRIC, RenderOptions, render, selector_labels
+from pagoda_operator.names import selector_labels
+from pagoda_operator.plan import plan_service
+from pagoda_operator.render import QUEUE_METRIC, RenderOptions, render
 from prometheus_process import PrometheusProcess, ensure_prometheus
 from runtime_process import RuntimeProcess
 
@@ -125,7 +127,9 @@ def namespace(control_plane):
 @pytest.fixture
 def rendered(namespace) -> list[dict]:
     spec = InferenceServiceSpec.model_validate(SPEC)
-    objects = render(spec, namespace=namespace, name=NAME, uid=str(uuid.uuid4()), options=RenderOptions())
+    objects = render(
+        plan_service(spec), namespace=namespace, name=NAME, uid=str(uuid.uuid4()), options=RenderOptions()
+    )
     for obj in objects:
         # No InferenceService exists here to own them, and the garbage collector deletes
         # dependents whose owner is missing.

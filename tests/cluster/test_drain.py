@@ -17,6 +17,7 @@ import httpx
 import pytest
 from loopback_client import stream_completion
 from pagoda_operator.models import InferenceServiceSpec
+from pagoda_operator.plan import plan_service
 from pagoda_operator.render import RenderOptions, render
 from runtime_process import RuntimeProcess
 
@@ -37,7 +38,7 @@ SPEC = {
 
 def _pod_spec() -> dict:
     spec = InferenceServiceSpec.model_validate(SPEC)
-    objects = render(spec, namespace="default", name="smol", uid="0", options=RenderOptions())
+    objects = render(plan_service(spec), namespace="default", name="smol", uid="0", options=RenderOptions())
     return next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["spec"]
 
 

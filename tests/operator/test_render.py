@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from kubernetes_schema import validate
 from operator_specs import spec
+from pagoda_operator.plan import plan_service
 from pagoda_operator.render import RenderOptions, render, runtime_args
 
 NS, NAME, UID = "ml", "llama", "0b7e1d2a-0000-4000-8000-000000000001"
@@ -12,7 +13,11 @@ NS, NAME, UID = "ml", "llama", "0b7e1d2a-0000-4000-8000-000000000001"
 
 def objects(s, service_monitor=False) -> dict[tuple[str, str], dict]:
     rendered = render(
-        s, namespace=NS, name=NAME, uid=UID, options=RenderOptions(service_monitor=service_monitor)
+        plan_service(s),
+        namespace=NS,
+        name=NAME,
+        uid=UID,
+        options=RenderOptions(service_monitor=service_monitor),
     )
     return {(o["kind"], o["metadata"]["name"]): o for o in rendered}
 
@@ -357,6 +362,6 @@ def test_a_variant_that_cannot_fit_gets_no_pods():
 
 def test_render_is_deterministic():
     s = spec(**FULL)
-    assert render(s, namespace=NS, name=NAME, uid=UID, options=RenderOptions()) == render(
-        s, namespace=NS, name=NAME, uid=UID, options=RenderOptions()
+    assert render(plan_service(s), namespace=NS, name=NAME, uid=UID, options=RenderOptions()) == render(
+        plan_service(s), namespace=NS, name=NAME, uid=UID, options=RenderOptions()
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from operator_specs import spec
+from pagoda_operator.plan import plan_service
 from pagoda_operator.status import compute_status, status_changed
 
 NS, NAME = "ml", "llama"
@@ -35,7 +36,7 @@ def waiting_pod(variant, reason, message="", last_message=""):
 
 def status(s, deployments, pods=(), previous=None, now=T0, generation=3):
     return compute_status(
-        s,
+        plan_service(s),
         namespace=NS,
         name=NAME,
         generation=generation,

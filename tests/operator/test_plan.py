@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from operator_specs import spec
-from pagoda_operator.fitting import sized_quantization, variant_fit
+from pagoda_operator.plan import plan_variant
 
 LONG_CONTEXT = {"source": "pvc://models/llama", "family": "llama-3.1-8b", "maxModelLen": 131072}
 
@@ -15,7 +15,7 @@ def test_fp8_kv_cache_lets_a_long_context_fit_where_the_models_dtype_does_not():
         variants=[{"name": "bf16"}, {"name": "fp8kv", "kvCacheDtype": "fp8"}],
         resources={"gpuMemory": "32Gi"},
     )
-    bf16, fp8 = (variant_fit(s, v) for v in s.variants)
+    bf16, fp8 = (plan_variant(s, v).fit for v in s.variants)
     assert not bf16.fits and fp8.fits
     assert fp8.kv_bytes * 2 == bf16.kv_bytes and fp8.weight_bytes == bf16.weight_bytes
 
@@ -24,17 +24,17 @@ def test_auto_is_sized_as_the_runtime_will_serve_the_checkpoint():
     bundled = {"source": "bundled://smollm2-135m", "family": "smollm2-135m"}
     on_gpu = spec(model=bundled, resources={"gpuMemory": "16Gi"})
     on_cpu = spec(model=bundled, resources={"gpus": 0, "memory": "4Gi"})
-    assert sized_quantization(on_gpu, on_gpu.variants[0]) == "gguf"
-    assert sized_quantization(on_cpu, on_cpu.variants[0]) == "none"
+    assert plan_variant(on_gpu, on_gpu.variants[0]).quantization == "gguf"
+    assert plan_variant(on_cpu, on_cpu.variants[0]).quantization == "none"
     assert (
-        variant_fit(on_gpu, on_gpu.variants[0]).weight_bytes
-        < variant_fit(on_cpu, on_cpu.variants[0]).weight_bytes
+        plan_variant(on_gpu, on_gpu.variants[0]).fit.weight_bytes
+        < plan_variant(on_cpu, on_cpu.variants[0]).fit.weight_bytes
     )
 
     folder = spec(model={"source": "pvc://models/llama", "family": "llama-3-8b"})
-    assert sized_quantization(folder, folder.variants[0]) == "none"
+    assert plan_variant(folder, folder.variants[0]).quantization == "none"
     named = spec(
         model={"source": "pvc://models/llama-awq", "family": "llama-3-8b"},
         variants=[{"name": "a", "quantization": "awq"}],
     )
-    assert sized_quantization(named, named.variants[0]) == "awq"
+    assert plan_variant(named, named.variants[0]).quantization == "awq"

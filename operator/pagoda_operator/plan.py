@@ -1,0 +1,77 @@
+"""Each variant's plan, decided once from the spec and handed to render and status: the method its
+runtime will build the projections with, whether its model fits its pods, and so whether it gets
+pods. pagoda_runtime.quantization_selection and pagoda_runtime.sizing own the rules; this applies them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kubernetes.utils import parse_quantity
+from pagoda_runtime.quantization_selection import select_quantization
+from pagoda_runtime.sizing import FitResult, fits
+
+from pagoda_operator.models import InferenceServiceSpec, VariantSpec
+
+
+@dataclass(frozen=True)
+class VariantPlan:
+    variant: VariantSpec
+    quantization: str  # what --quantization auto resolves to, as far as the spec tells
+    fit: FitResult | None  # None: the spec lacks the architecture or the capacity to decide
+
+    @property
+    def name(self) -> str:
+        return self.variant.name
+
+    @property
+    def servable(self) -> bool:
+        """Gets pods: all but a variant whose model is known not to fit."""
+        return self.fit is None or self.fit.fits
+
+
+@dataclass(frozen=True)
+class ServicePlan:
+    spec: InferenceServiceSpec
+    variants: tuple[VariantPlan, ...]
+
+    @property
+    def servable(self) -> tuple[VariantPlan, ...]:
+        return tuple(v for v in self.variants if v.servable)
+
+
+def capacity_bytes(spec: InferenceServiceSpec) -> int | None:
+    """Memory the model must fit in: one GPU's memory, or the pod's memory on the CPU."""
+    quantity = spec.resources.gpu_memory if spec.resources.gpus else spec.resources.memory
+    return None if quantity is None else int(parse_quantity(str(quantity)))
+
+
+def sized_quantization(spec: InferenceServiceSpec, variant: VariantSpec) -> str:
+    """The method the runtime will build the variant's projections with, as far as the spec tells.
+
+    The spec says a checkpoint is GGUF by its source; any other source is taken for float weights
+    unless the variant names awq or gptq, so a 4-bit folder is sized exactly only when named.
+    """
+    stored = "gguf" if spec.model.is_gguf else None
+    if variant.quantization in ("awq", "gptq"):
+        stored = variant.quantization
+    device_type = "cuda" if spec.resources.gpus else "cpu"
+    return select_quantization(variant.quantization, stored, device_type, spec.model.source)
+
+
+def _fit(spec: InferenceServiceSpec, variant: VariantSpec, quantization: str) -> FitResult | None:
+    arch = spec.model.sizing_architecture()
+    capacity = capacity_bytes(spec)
+    if arch is None or capacity is None:
+        return None
+    max_model_len = spec.model.max_model_len or arch.max_position_embeddings
+    return fits(arch, quantization, max_model_len, capacity, kv_dtype=variant.kv_cache_dtype)
+
+
+def plan_variant(spec: InferenceServiceSpec, variant: VariantSpec) -> VariantPlan:
+    quantization = sized_quantization(spec, variant)
+    return VariantPlan(variant, quantization, _fit(spec, variant, quantization))
+
+
+def plan_service(spec: InferenceServiceSpec) -> ServicePlan:
+    return ServicePlan(spec, tuple(plan_variant(spec, v) for v in spec.variants))
