@@ -17,6 +17,7 @@ import torch
 from pagoda_runtime.block_manager import BlockManager
 from pagoda_runtime.config import EngineConfig, ModelConfig
 from pagoda_runtime.detokenizer import IncrementalDetokenizer
+from pagoda_runtime.grammar_mask import GrammarCompiler, advance
 from pagoda_runtime.memory_report import MemoryReport
 from pagoda_runtime.model_runner import ModelRunner, dtype_name, resolve_device, resolve_dtype
 from pagoda_runtime.model_source import LoadedModel, load_model_source
@@ -69,6 +70,7 @@ class Request:
         tokenizer: Tokenizer,
         arrival_time: float,
         internal: bool = False,
+        grammars: list | None = None,
     ) -> None:
         self.prompt = prompt
         # The server's own readiness canaries: served like any request, but not counted in the
@@ -76,6 +78,8 @@ class Request:
         self.internal = internal
         self.group = SequenceGroup(request_id, prompt_token_ids, params, arrival_time)
         self.group.seqs = [Sequence(self.group, i) for i in range(params.n)]
+        for seq, grammar in zip(self.group.seqs, grammars or (), strict=False):
+            seq.grammar = grammar
         self.detokenizers = [
             IncrementalDetokenizer(
                 tokenizer,
@@ -175,6 +179,9 @@ class LLMEngine:
             self.block_manager, engine_config.max_num_seqs, engine_config.max_num_batched_tokens
         )
         self.requests: dict[str, Request] = {}
+        self.grammars = GrammarCompiler(
+            self.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids
+        )
         self.last_step_timing: StepTiming | None = None
         self.memory = MemoryReport(
             model=engine_config.model,
@@ -230,7 +237,10 @@ class LLMEngine:
                 f"max_model_len {self.max_model_len}; shorten the prompt or lower max_tokens"
             )
         arrival = time.monotonic() if arrival_time is None else arrival_time
-        return Request(request_id, text, token_ids, params, self.tokenizer, arrival, internal)
+        grammars = None
+        if params.structured_outputs is not None:
+            grammars = self.grammars.matchers(params.structured_outputs, params.n)
+        return Request(request_id, text, token_ids, params, self.tokenizer, arrival, internal, grammars)
 
     def add(self, request: Request) -> None:
         if request.request_id in self.requests:
@@ -358,6 +368,7 @@ class LLMEngine:
             request.logprobs[seq.index].append(logprobs)
         detokenizer = request.detokenizers[seq.index]
         text = ""
+        grammar_done = advance(seq, token)
         if token in params.stop_token_ids:
             self._finish(seq, "stop", token)
         elif not params.ignore_eos and token in self.model_config.eos_token_ids:
@@ -368,6 +379,8 @@ class LLMEngine:
                 text = delta.text
                 if delta.stop is not None:
                     self._finish(seq, "stop", delta.stop)
+            if not seq.is_finished and grammar_done:
+                self._finish(seq, "stop")
             if not seq.is_finished and (
                 seq.num_output_tokens == params.max_tokens or seq.num_tokens >= self.max_model_len
             ):

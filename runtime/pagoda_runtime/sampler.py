@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pagoda_runtime.grammar_mask import GrammarMasker
 from pagoda_runtime.outputs import TokenLogprobs
 from pagoda_runtime.sequence import Sequence
 
@@ -34,6 +35,7 @@ class Sampler:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
         self._seeded: dict[int, torch.Generator] = {}
+        self._grammar = GrammarMasker(device)
 
     def release(self, seq: Sequence) -> None:
         """Forget a finished sequence's generator."""
@@ -46,6 +48,7 @@ class Sampler:
             raw_logprobs = torch.log_softmax(logits, dim=-1)
         logits = self._penalize(logits, seqs)
         logits = self._mask_min_tokens(logits, seqs)
+        logits = self._grammar(logits, seqs)
 
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]

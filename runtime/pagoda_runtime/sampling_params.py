@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pagoda_runtime.structured_outputs import StructuredOutputs
+
 
 @dataclass
 class SamplingParams:
@@ -26,6 +28,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     # False: token ids only, no text (benchmarks of random-weight models have no real vocabulary).
     detokenize: bool = True
+    structured_outputs: StructuredOutputs | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from pagoda_runtime.sampling_params import SamplingParams
 
@@ -49,6 +50,8 @@ class Sequence:
         self.num_preemptions = 0
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
+        # The llguidance matcher of a constrained sample (grammar_mask), fed each sampled token.
+        self.grammar: Any = None
 
     @property
     def params(self) -> SamplingParams:

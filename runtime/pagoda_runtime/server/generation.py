@@ -18,9 +18,11 @@ from pydantic import BaseModel
 from pagoda_runtime.outputs import RequestOutput
 from pagoda_runtime.sampling_params import SamplingParams
 from pagoda_runtime.server import sse
+from pagoda_runtime.server.constraints import structured_outputs
 from pagoda_runtime.server.errors import APIError
 from pagoda_runtime.server.protocol import SamplingFields, UsageInfo
 from pagoda_runtime.server.state import ServerState
+from pagoda_runtime.structured_outputs import StructuredOutputs
 
 T = TypeVar("T")
 # What nginx logs for a client that closed the connection; nobody receives it.
@@ -37,7 +39,11 @@ def usage(out: RequestOutput) -> UsageInfo:
     return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
-def sampling_params(body: SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingParams:
+def sampling_params(
+    body: SamplingFields, max_tokens: int, logprobs: int | None, constraint: StructuredOutputs | None = None
+) -> SamplingParams:
+    """`constraint`: one the endpoint derived itself (tool_choice); otherwise the body's own."""
+    constraint = constraint or structured_outputs(body)
     try:
         return SamplingParams(
             n=body.n,
@@ -52,8 +58,11 @@ def sampling_params(body: SamplingFields, max_tokens: int, logprobs: int | None)
             frequency_penalty=body.frequency_penalty,
             repetition_penalty=body.repetition_penalty,
             stop=body.stop_list(),
+            stop_token_ids=body.stop_token_ids or [],
+            include_stop_str_in_output=body.include_stop_str_in_output,
             ignore_eos=body.ignore_eos,
             logprobs=logprobs,
+            structured_outputs=constraint,
         )
     except ValueError as exc:
         raise APIError(400, f"{exc}.") from exc

@@ -10,11 +10,46 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
-StopStrings = str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=4)] | None
+StopStrings = str | list[Annotated[str, Field(min_length=1)]] | None
+# OpenAI's documented limit; a longer list is refused by name instead of by a union's type error.
+MAX_STOP_STRINGS = 4
+JSONSchema = dict[str, Any] | bool
+
+
+class JSONSchemaFormat(BaseModel):
+    """OpenAI's response_format.json_schema; strict or not, the schema is enforced by the grammar."""
+
+    name: str = Field(max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    schema_: JSONSchema | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError('type "json_schema" needs a json_schema object with a name and a schema')
+        return self
+
+
+class StructuredOutputsField(BaseModel):
+    """vLLM's structured_outputs: exactly one constraint; other vLLM options are refused by name."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    json_: JSONSchema | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
 
 
 class StreamOptions(BaseModel):
@@ -44,12 +79,23 @@ class SamplingFields(BaseModel):
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0)
     min_tokens: int = Field(default=0, ge=0)
     ignore_eos: bool = False
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    include_stop_str_in_output: bool = False
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsField | None = None
+    # vLLM's older names for structured_outputs' members.
+    guided_json: JSONSchema | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
-    @field_validator("stop")
+    @field_validator("stop", mode="before")
     @classmethod
-    def _stop_not_empty(cls, stop: StopStrings) -> StopStrings:
+    def _stop_strings(cls, stop: object) -> object:
         if stop == "":
             raise ValueError("stop strings must not be empty")
+        if isinstance(stop, list) and len(stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop sequences are allowed, got {len(stop)}")
         return stop
 
     @field_validator("logit_bias")
@@ -123,7 +169,6 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[Any] | None = None
     functions: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
 
     @field_validator("tools", "functions")
     @classmethod
@@ -131,13 +176,6 @@ class ChatCompletionRequest(SamplingFields):
         if tools:
             raise ValueError("tool and function calling are not supported by this server; remove it")
         return tools
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_format_only(cls, response_format: dict[str, Any] | None) -> dict[str, Any] | None:
-        if response_format and response_format.get("type", "text") != "text":
-            raise ValueError('only response_format {"type": "text"} is supported by this server')
-        return response_format
 
     def completion_token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

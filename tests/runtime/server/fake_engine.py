@@ -83,6 +83,7 @@ class FakeEngine:
         self.running: list[str] = []
         self.aborted_ids: list[str] = []
         self.seen_prompts: list[list[int]] = []
+        self.seen_params: list[SamplingParams] = []  # of client requests, not canaries
         self._ticker: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -122,6 +123,8 @@ class FakeEngine:
                 f"the request needs {len(ids) + params.max_tokens} tokens, more than {self.max_model_len}"
             )
         self.seen_prompts.append(ids)
+        if not internal:
+            self.seen_params.append(params)
         request = _Request(params, ids)
         self.requests[request_id] = request
         metrics = RequestMetrics(arrival_time=time.monotonic())
