@@ -258,6 +258,8 @@ def _pod_spec(spec: InferenceServiceSpec, variant: VariantSpec, served_name: str
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "enableServiceLinks": False,
+        # The runtime never calls the Kubernetes API; a token in the pod would only be a risk.
+        "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": (
             spec.drain.endpoint_removal_seconds + spec.drain.timeout_seconds + SHUTDOWN_MARGIN_SECONDS
         ),

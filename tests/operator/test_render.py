@@ -286,6 +286,7 @@ def test_pods_are_locked_down():
     p = pod(spec(**FULL))
     assert p["securityContext"]["runAsNonRoot"] is True
     assert p["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert p["automountServiceAccountToken"] is False
     for c in p["containers"] + p["initContainers"]:
         sc = c["securityContext"]
         assert sc["allowPrivilegeEscalation"] is False
