@@ -79,9 +79,10 @@ def engine_loader(engine_config: EngineConfig) -> EngineLoader:
 
 
 class _Server(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+    def __init__(self, config: uvicorn.Config, state: ServerState, termination_log: str | None) -> None:
         super().__init__(config)
         self.state = state
+        self.termination_log = termination_log
         self.exit_code = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_task: asyncio.Task | None = None
@@ -114,10 +115,12 @@ class _Server(uvicorn.Server):
         engine = self.state.engine
         summary = await self.state.drain.wait(engine.abort_all if engine is not None else None)
         log.info(summary)
+        # Kubernetes shows it in the terminated pod's status: what the drain did, in one line.
+        write_termination_message(self.termination_log, summary)
         self.should_exit = True
 
-    def fatal(self, message: str, termination_log: str | None) -> None:
-        write_termination_message(termination_log, message)
+    def fatal(self, message: str) -> None:
+        write_termination_message(self.termination_log, message)
         self.exit_code = 1
         self.should_exit = True
 
@@ -134,10 +137,10 @@ def serve(
     app = build_app(
         settings,
         load_engine,
-        on_fatal=lambda message: holder[0].fatal(message, termination_log),
+        on_fatal=lambda message: holder[0].fatal(message),
     )
     config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="on")
-    server = _Server(config, app.state.pagoda)
+    server = _Server(config, app.state.pagoda, termination_log)
     holder.append(server)
     try:
         server.run()

@@ -20,7 +20,9 @@ MODEL = "smollm2-135m"
 
 
 def test_not_ready_while_loading_then_sigterm_drains_eight_streams(tmp_path):
-    server = ServerProcess("--drain-timeout", "120", log_dir=tmp_path)
+    termination_log = tmp_path / "termination-log"
+    flags = ("--drain-timeout", "120", "--termination-log", str(termination_log))
+    server = ServerProcess(*flags, log_dir=tmp_path)
     try:
         seen_loading = False
         deadline = time.monotonic() + 180
@@ -63,6 +65,8 @@ def test_not_ready_while_loading_then_sigterm_drains_eight_streams(tmp_path):
             assert record["usage"]["completion_tokens"] == 12
         summary = [line for line in server.log().splitlines() if "drained in" in line]
         assert len(summary) == 1 and "8 in-flight requests completed" in summary[0], server.log()[-2000:]
+        # What Kubernetes shows as the terminated container's message.
+        assert termination_log.read_text().strip() == summary[0][summary[0].index("drained in") :]
         assert "Once upon a time" not in server.log(), "a prompt was logged"
     finally:
         server.stop()
