@@ -10,5 +10,4 @@ bash scripts/setup.sh
 if command -v go >/dev/null; then
     bash e2e/controlplane/build.sh all
 fi
-export TRITON_INTERPRET=${TRITON_INTERPRET:-1}
 .venv/bin/python -m pytest "$@"

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import gguf
 import numpy as np
 import torch
 from safetensors.torch import load_file
@@ -242,6 +241,8 @@ def _hf_tensors(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def build_tiny_gguf(hf_folder: str | Path, path: str | Path, ggml_type: str = "F32") -> Path:
+    import gguf  # only here: the tiny Hugging Face folders need no gguf installed
+
     hf_folder, path = Path(hf_folder), Path(path)
     config = json.loads((hf_folder / "config.json").read_text())
     arch = "qwen2" if config["model_type"] == "qwen2" else "llama"

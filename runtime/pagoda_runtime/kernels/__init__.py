@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+# First, so that the Triton kernel modules below are decorated compiled or interpreted as it decides.
+from .. import triton_mode  # noqa: F401
 from . import reference
 from .rope_cache import SUPPORTED_ROPE_TYPES, build_cos_sin_cache
 

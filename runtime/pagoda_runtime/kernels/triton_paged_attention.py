@@ -22,12 +22,17 @@ import triton
 import triton.language as tl
 
 from ..attention_metadata import AttentionMetadata
+from ..triton_mode import dot_precision
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 32
+# Compiled tl.dot multiplies along at least 16 elements: smaller head dims are padded (masked) to it.
+MIN_DOT_K = 16
 
 
-@triton.jit
+# The block table's row stride is its width, which follows the batch's longest sequence; left to
+# Triton it would be specialized (== 1, divisible by 16) and each new class would compile again.
+@triton.jit(do_not_specialize=["stride_bt"])
 def _paged_attention_kernel(
     q_ptr,
     k_cache_ptr,
@@ -221,12 +226,12 @@ def paged_attention(
         GROUP=group,
         GROUP_PAD=group_pad,
         HEAD_DIM=head_dim,
-        BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_D=max(MIN_DOT_K, triton.next_power_of_2(head_dim)),
         BLOCK_SIZE=block_size,
         BLOCK_Q=block_q,
         BLOCK_N=64 if head_dim <= 128 else 32,
         NUM_SPLITS=num_splits,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PRECISION=dot_precision(q.dtype),
         num_warps=4,
     )
     if num_splits > 1:

@@ -1,5 +1,7 @@
 """Weight quantization: packed layouts, online quantizers, checkpoint converters and the matmuls."""
 
+# First, so that the Triton kernel modules below are decorated compiled or interpreted as it decides.
+from .. import triton_mode  # noqa: F401
 from .gguf_blocks import gguf_to_packed
 from .hf_checkpoints import CheckpointQuantization, awq_to_packed, gptq_to_packed, parse_quantization_config
 from .linear import METHODS, DenseLinear, QuantizedLinear, make_linear, quantized_matmul

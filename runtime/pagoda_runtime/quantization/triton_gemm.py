@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..triton_mode import dot_precision
 from .packed import PackedWeight
 
 
@@ -28,7 +29,9 @@ class GemmConfig:
     num_stages: int = 3
 
 
-@triton.jit
+# M, the number of activation rows, changes with every batch; left to Triton it would be
+# specialized (== 1, divisible by 16) and a new class of batch would compile the kernel again.
+@triton.jit(do_not_specialize=["M"])
 def _int4_gemm_kernel(
     a_ptr,
     w_ptr,
@@ -44,6 +47,7 @@ def _int4_gemm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -69,8 +73,8 @@ def _int4_gemm_kernel(
         )
         lo = (wq & 0xF).to(a.dtype)
         hi = (wq >> 4).to(a.dtype)
-        partial = tl.dot(a_even, lo)
-        partial = tl.dot(a_odd, hi, partial)
+        partial = tl.dot(a_even, lo, input_precision=DOT_PRECISION)
+        partial = tl.dot(a_odd, hi, partial, input_precision=DOT_PRECISION)
         a_sums = tl.sum(a_even.to(tl.float32) + a_odd.to(tl.float32), axis=1)
         g_offsets = rn * groups_per_row + k0 // GROUP
         scales = tl.load(s_ptr + g_offsets, mask=n_mask, other=0.0).to(tl.float32)
@@ -80,7 +84,7 @@ def _int4_gemm_kernel(
     tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _w8_gemm_kernel(
     a_ptr,
     w_ptr,
@@ -96,6 +100,7 @@ def _w8_gemm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """int8 or fp8 e4m3 weights, per output channel or in groups along the input."""
     pid_m = tl.program_id(0)
@@ -116,10 +121,10 @@ def _w8_gemm_kernel(
             w_ptr + rn[None, :] * K + kk[:, None], mask=n_mask[None, :] & (kk[:, None] < K), other=0.0
         )
         if PER_CHANNEL:
-            acc = tl.dot(a, w.to(a.dtype), acc)
+            acc = tl.dot(a, w.to(a.dtype), acc, input_precision=DOT_PRECISION)
         else:
             scales = tl.load(s_ptr + rn * groups_per_row + k0 // GROUP, mask=n_mask, other=0.0).to(tl.float32)
-            acc += tl.dot(a, w.to(a.dtype)) * scales[None, :]
+            acc += tl.dot(a, w.to(a.dtype), input_precision=DOT_PRECISION) * scales[None, :]
     if PER_CHANNEL:
         acc = acc * tl.load(s_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     c = c_ptr + rm[:, None] * stride_cm + rn[None, :]
@@ -147,6 +152,7 @@ def gemm(x: torch.Tensor, weight: PackedWeight, config: GemmConfig | None = None
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
         BLOCK_K=block_k,
+        DOT_PRECISION=dot_precision(x.dtype),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

@@ -1,4 +1,5 @@
-"""The Triton kernels compute what the PyTorch reference computes (interpreter mode on the CPU)."""
+"""The Triton kernels compute what the PyTorch reference computes: compiled on a GPU, in Triton's
+interpreter on a CPU-only machine (pagoda_runtime/triton_mode.py decides)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def test_paged_attention_on_mixed_batches(block_size: int, heads: int, kv_heads:
     assert relative_error(out, dense_attention(batch, 0.125)) < 1e-5
 
 
-@pytest.mark.parametrize("head_dim,block_size", [(128, 16), (80, 8)])
+@pytest.mark.parametrize("head_dim,block_size", [(128, 16), (80, 8), (8, 16)])
 def test_paged_attention_head_dims(head_dim: int, block_size: int) -> None:
     batch = _written(make_paged_batch([(40, 1), (33, 17)], 8, 2, head_dim, block_size, device=DEVICE, seed=1))
     out = paged_attention(batch.q, batch.kv_cache, batch.meta, head_dim**-0.5)

@@ -1,4 +1,5 @@
-"""The Triton GEMV and GEMM compute what dequantize-then-matmul computes (interpreter mode on CPU)."""
+"""The Triton GEMV and GEMM compute what dequantize-then-matmul computes: compiled on a GPU, in
+Triton's interpreter on a CPU-only machine (pagoda_runtime/triton_mode.py decides)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pagoda_runtime.quantization.reference import reference_matmul
 from pagoda_runtime.quantization.triton_gemm import GemmConfig, gemm
 from pagoda_runtime.quantization.triton_gemv import GemvConfig, gemv
 
-DEVICE = "cpu"  # the interpreter; the CUDA check is test_quantized_linear_on_cuda_matches_reference
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _q8_0_like(weight: torch.Tensor) -> PackedWeight:
@@ -39,9 +40,9 @@ def _relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 @pytest.mark.parametrize("name", list(WEIGHTS))
 @pytest.mark.parametrize(
     "rows,config",
-    [(1, GemvConfig(block_n=16, block_k=64)), (3, GemvConfig(block_n=8, block_k=256, split_k=2))],
+    [(1, GemvConfig(block_n=16, block_k=64)), (2, None), (3, GemvConfig(block_n=8, block_k=256, split_k=2))],
 )
-def test_gemv_matches_reference(name: str, rows: int, config: GemvConfig) -> None:
+def test_gemv_matches_reference(name: str, rows: int, config: GemvConfig | None) -> None:
     torch.manual_seed(hash((name, rows)) % 1000)
     weight = WEIGHTS[name](torch.randn(40, 512, device=DEVICE))  # 40 rows: a partial last block
     x = torch.randn(rows, 512, device=DEVICE)
