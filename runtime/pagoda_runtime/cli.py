@@ -51,7 +51,11 @@ def _add_serve(sub) -> None:
     p.add_argument("--enforce-eager", action="store_true", help="do not capture CUDA graphs")
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument(
-        "--max-queue", type=int, default=None, help="waiting requests beyond which new ones get 429"
+        "--max-queue",
+        type=int,
+        default=None,
+        help="accepted requests waiting beyond a full batch (--max-num-seqs) after which new ones get 429 "
+        "with Retry-After (default: twice --max-num-seqs)",
     )
     p.add_argument(
         "--drain-timeout", type=float, default=30.0, help="seconds to finish requests after SIGTERM"
@@ -168,6 +172,7 @@ def server_settings(args: argparse.Namespace):
     return ServerSettings(
         served_model_name=args.served_model_name or args.model,
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        max_num_seqs=args.max_num_seqs,
         max_queue=args.max_queue,
         drain_timeout=args.drain_timeout,
         canary_interval=args.canary_interval,

@@ -9,10 +9,20 @@ from __future__ import annotations
 
 from pagoda_runtime.server.drain import RETRY_AFTER_S
 from pagoda_runtime.server.errors import APIError
-from pagoda_runtime.server.state import ServerState
+from pagoda_runtime.server.state import ServerSettings, ServerState
 
 QUEUE_FULL_RETRY_AFTER_S = 1
 LOADING_RETRY_AFTER_S = 5
+# Without --max-queue, a burst may wait behind this many full batches before new requests get 429.
+DEFAULT_QUEUE_BATCHES = 2
+
+
+def max_in_flight(settings: ServerSettings) -> int:
+    """The hard bound on accepted, unfinished requests: a full batch plus the queue behind it."""
+    queue = settings.max_queue
+    if queue is None:
+        queue = DEFAULT_QUEUE_BATCHES * settings.max_num_seqs
+    return settings.max_num_seqs + queue
 
 
 def check_model(state: ServerState, model: str | None) -> None:
@@ -42,9 +52,11 @@ def admit(state: ServerState):
         state.metrics.reject("not_ready")
         message = "The model is still loading; retry shortly." if engine is None else "The engine has failed."
         raise APIError(503, message, code="not_ready", retry_after=LOADING_RETRY_AFTER_S)
-    limit = state.settings.max_queue
-    if limit is not None and (waiting := engine.stats().num_waiting) >= limit:
+    # The server's own count of accepted requests, not the engine's: requests that arrived during
+    # an engine step are not in the engine yet, and a burst must not slip through that gap.
+    if state.drain.in_flight >= max_in_flight(state.settings):
         state.metrics.reject("queue_full")
+        waiting = state.drain.in_flight - state.settings.max_num_seqs
         raise APIError(
             429,
             f"The request queue is full ({waiting} waiting); retry after a short wait.",
@@ -54,14 +66,17 @@ def admit(state: ServerState):
     return engine
 
 
-def completion_budget(prompt_len: int, max_tokens: int | None, max_model_len: int, field: str) -> int:
-    """max_tokens, defaulted to what the context has left, after checking that it fits."""
+def completion_budget(
+    prompt_len: int, max_tokens: int | None, max_model_len: int, field: str, prompt_field: str
+) -> int:
+    """max_tokens, defaulted to what the context has left, after checking that it fits; `field` and
+    `prompt_field` are the request's names for the limit and for the prompt (prompt or messages)."""
     if prompt_len >= max_model_len:
         raise APIError(
             400,
-            f"This model's maximum context length is {max_model_len} tokens, but the prompt has {prompt_len} "
-            f"tokens; shorten the prompt.",
-            param="prompt" if field == "max_tokens" else "messages",
+            f"This model's maximum context length is {max_model_len} tokens, but the input ({prompt_field}) "
+            f"has {prompt_len} tokens; shorten {prompt_field}.",
+            param=prompt_field,
             code="context_length_exceeded",
         )
     if max_tokens is None:

@@ -53,7 +53,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     engine = admit(state)
     ids = chat_prompt_ids(body.messages, engine.tokenizer)
     field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-    max_tokens = completion_budget(len(ids), body.completion_token_limit(), engine.max_model_len, field)
+    max_tokens = completion_budget(
+        len(ids), body.completion_token_limit(), engine.max_model_len, field, "messages"
+    )
     top_n = body.top_logprobs or 0
     params = sampling_params(body, max_tokens, top_n if body.logprobs else None)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"

@@ -44,7 +44,7 @@ async def create_completion(body: CompletionRequest, request: Request):
     check_model(state, body.model)
     engine = admit(state)
     ids = prompt_token_ids(body.prompt, engine.tokenizer, engine.model_config.vocab_size)
-    max_tokens = completion_budget(len(ids), body.max_tokens, engine.max_model_len, "max_tokens")
+    max_tokens = completion_budget(len(ids), body.max_tokens, engine.max_model_len, "max_tokens", "prompt")
     params = sampling_params(body, max_tokens, body.logprobs)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())

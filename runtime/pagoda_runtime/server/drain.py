@@ -26,6 +26,7 @@ class Drain:
         self._idle.set()
         self._started_at = 0.0
         self._in_flight_at_start = 0
+        self._aborted_by_signal = 0
 
     @contextlib.contextmanager
     def track(self) -> Iterator[None]:
@@ -44,20 +45,29 @@ class Drain:
         self._started_at = time.monotonic()
         self._in_flight_at_start = self.in_flight
 
+    def abort_now(self, abort_all: Callable[[], None] | None) -> None:
+        """A second signal: abort what is in flight; wait() then reports them as aborted."""
+        self._aborted_by_signal = self.in_flight
+        if abort_all is not None:
+            abort_all()
+
     async def wait(self, abort_all: Callable[[], None] | None) -> str:
         """Waits for accepted requests up to the timeout, aborts the rest; returns a one-line summary."""
         aborted = 0
         try:
             await asyncio.wait_for(self._idle.wait(), self.timeout)
         except TimeoutError:
-            aborted = self.in_flight
+            aborted = self.in_flight - self._aborted_by_signal
             if abort_all is not None:
                 abort_all()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), _ABORT_GRACE_S)
-        finished = self._in_flight_at_start - aborted
+        by_signal = self._aborted_by_signal
+        finished = self._in_flight_at_start - aborted - by_signal
         return (
             f"drained in {time.monotonic() - self._started_at:.1f}s: "
             f"{finished} in-flight requests completed, "
-            f"{aborted} aborted at the {self.timeout:g}s drain timeout, {self.refused} new requests refused"
+            f"{aborted} aborted at the {self.timeout:g}s drain timeout, "
+            + (f"{by_signal} aborted by a second signal, " if by_signal else "")
+            + f"{self.refused} new requests refused"
         )

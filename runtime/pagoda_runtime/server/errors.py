@@ -71,6 +71,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if first.get("type") == "json_invalid":
         detail = first.get("ctx", {}).get("error", "invalid JSON")
         return f"The request body is not valid JSON ({detail}); send a JSON object.", None
+    if (param := first.get("ctx", {}).get("param")) is not None:
+        return f"Invalid value for '{param}': {first.get('msg')}.", param
     if not loc:
         return f"The request body is invalid: {first.get('msg')}; send a JSON object.", None
     # Union members add their type names to the location (prompt.list[int].0); keep what a user wrote.

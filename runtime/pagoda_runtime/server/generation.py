@@ -80,6 +80,7 @@ async def generate(
             now = time.monotonic()
             new_tokens = max((len(d.token_ids) for d in out.delta or ()), default=0)
             if new_tokens:
+                state.health.saw_tokens()
                 if last_token_at is not None:
                     state.metrics.token_gap(now - last_token_at, new_tokens)
                 last_token_at = now

@@ -2,7 +2,10 @@
 
 Liveness only asks "is the loop still turning", so a busy pod is never restarted. Readiness asks
 "can this pod generate right now", answered by a few greedy tokens through the real engine on a
-timer; probes read the last result instead of each one costing a generation.
+timer; probes read the last result instead of each one costing a generation. A canary that waits
+out its timeout behind a full queue while client tokens keep flowing has its answer all the same:
+the pod is busy and healthy, and stays ready, so that shared overload is shed by 429s instead of
+taking every replica out of the Service at once.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ log = logging.getLogger("pagoda.health")
 
 # A single engine step on a loaded CPU can take seconds; a loop silent for this long is stuck.
 LIVENESS_MAX_HEARTBEAT_AGE_S = 60.0
-CANARY_TIMEOUT_S = 60.0
 CANARY_PROMPT = "Hello"
 CANARY_TOKENS = 2
 
@@ -31,11 +33,16 @@ class Check:
 
 
 class Health:
-    def __init__(self, canary_interval: float) -> None:
+    def __init__(self, canary_interval: float, canary_timeout: float) -> None:
         self.canary_interval = canary_interval
+        self.canary_timeout = canary_timeout
+        self.tokens_at: float | None = None  # when a client request last received tokens
         self.canary_ok_at: float | None = None
         self.canary_error: str | None = "no canary has run yet"
         self._ids = itertools.count()
+
+    def saw_tokens(self) -> None:
+        self.tokens_at = time.monotonic()
 
     async def run_canaries(self, engine, is_draining) -> None:
         while not is_draining():
@@ -47,13 +54,14 @@ class Health:
         prompt = engine.tokenizer.encode(CANARY_PROMPT)
         final = None
         try:
-            async with asyncio.timeout(CANARY_TIMEOUT_S):
-                async for out in engine.generate(
-                    prompt, params, f"canary-{next(self._ids)}", internal=True
-                ):
+            async with asyncio.timeout(self.canary_timeout):
+                async for out in engine.generate(prompt, params, f"canary-{next(self._ids)}", internal=True):
                     final = out
         except TimeoutError:
-            self._fail(f"the canary generation took longer than {CANARY_TIMEOUT_S:g}s")
+            if self.tokens_at is not None and time.monotonic() - self.tokens_at < self.canary_timeout:
+                self._succeed()
+                return
+            self._fail(f"the canary generation took longer than {self.canary_timeout:g}s")
             return
         except Exception as exc:  # an engine failure makes the pod unready, not the server dead
             self._fail(f"the canary generation failed: {exc}")
@@ -62,6 +70,9 @@ class Health:
         if produced != CANARY_TOKENS:
             self._fail(f"the canary generation produced {produced} tokens instead of {CANARY_TOKENS}")
             return
+        self._succeed()
+
+    def _succeed(self) -> None:
         self.canary_ok_at = time.monotonic()
         self.canary_error = None
 
@@ -100,6 +111,6 @@ class Health:
             return Check(False, self.canary_error)
         age = time.monotonic() - self.canary_ok_at
         # The last attempt succeeded; if it is this old the canary loop itself has stalled.
-        if age > 2 * self.canary_interval + CANARY_TIMEOUT_S:
+        if age > 2 * self.canary_interval + self.canary_timeout:
             return Check(False, f"the last successful canary was {age:.0f}s ago")
         return Check(True, f"the last canary succeeded {age:.1f}s ago")

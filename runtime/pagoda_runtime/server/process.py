@@ -1,6 +1,8 @@
 """The serving process: uvicorn with Pagoda's signal handling and start-up failure reporting.
 
-The first SIGTERM (or SIGINT) starts a graceful drain; a second one aborts at once. A start-up
+The first SIGTERM (or SIGINT) starts a graceful drain; a second one aborts what is in flight (each
+stream ends with finish_reason "abort"), logs the same drain summary, and exits with status 1
+because accepted work was lost. A start-up
 failure ends the process non-zero after writing one line to the termination-message file, which
 Kubernetes shows in the pod's status for the operator to surface.
 """
@@ -105,11 +107,10 @@ class _Server(uvicorn.Server):
             self._drain_task = asyncio.ensure_future(self._drain())
             return
         log.warning("second signal %d: aborting %d in-flight requests now", sig, self.state.drain.in_flight)
-        if engine is not None:
-            engine.abort_all()
+        # The drain task still waiting for idle logs the summary and ends the server; the aborted
+        # streams finish within a step, and uvicorn's own shutdown (lifespan included) then runs.
+        self.state.drain.abort_now(engine.abort_all if engine is not None else None)
         self.exit_code = 1
-        self.force_exit = True
-        self.should_exit = True
 
     async def _drain(self) -> None:
         engine = self.state.engine

@@ -11,6 +11,7 @@ import time
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
@@ -56,7 +57,41 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class SamplingFields(BaseModel):
+def _lone_surrogate_at(value: Any, path: str) -> str | None:
+    """Where a string holds a lone UTF-16 surrogate (JSON allows "\\ud800"; no tokenizer or
+    grammar engine can take it), or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if (found := _lone_surrogate_at(item, f"{path}.{key}" if path else str(key))) is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            if (found := _lone_surrogate_at(item, f"{path}.{i}")) is not None:
+                return found
+    return None
+
+
+class ValidText(BaseModel):
+    """A request body whose every string is valid Unicode."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_lone_surrogates(cls, data: Any) -> Any:
+        if (path := _lone_surrogate_at(data, "")) is not None:
+            raise PydanticCustomError(
+                "lone_surrogate",
+                "{param} contains a lone UTF-16 surrogate, which is not valid Unicode; send valid text",
+                {"param": path},
+            )
+        return data
+
+
+class SamplingFields(ValidText):
     """The sampling knobs both endpoints share."""
 
     model_config = ConfigDict(extra="ignore")

@@ -15,9 +15,11 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 class ServerSettings:
     served_model_name: str
     api_key: str | None = None
-    max_queue: int | None = None  # waiting requests beyond which new ones get 429
+    max_num_seqs: int = 256  # the engine's batch: accepted requests beyond it wait
+    max_queue: int | None = None  # waiting requests beyond which new ones get 429; None: the default
     drain_timeout: float = 30.0
     canary_interval: float = 10.0
+    canary_timeout: float = 60.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
@@ -27,7 +29,7 @@ class ServerState:
         self.engine = None  # the AsyncLLMEngine, once loaded and started
         self.load_error: str | None = None
         self.drain = Drain(settings.drain_timeout)
-        self.health = Health(settings.canary_interval)
+        self.health = Health(settings.canary_interval, settings.canary_timeout)
         self.metrics = ServerMetrics(settings.served_model_name, self.engine_stats)
 
     def engine_stats(self):

@@ -27,6 +27,7 @@ def main() -> int:
     parser.add_argument("--max-queue", type=int, default=None)
     parser.add_argument("--drain-timeout", type=float, default=30.0)
     parser.add_argument("--canary-interval", type=float, default=0.2)
+    parser.add_argument("--canary-timeout", type=float, default=60.0)
     args = parser.parse_args()
     configure_logging("json")
     engine = FakeEngine(step_s=args.step_s, max_running=args.max_running)
@@ -37,7 +38,9 @@ def main() -> int:
 
     settings = ServerSettings(
         served_model_name="fake-model",
+        max_num_seqs=args.max_running,
         max_queue=args.max_queue,
+        canary_timeout=args.canary_timeout,
         drain_timeout=args.drain_timeout,
         canary_interval=args.canary_interval,
     )

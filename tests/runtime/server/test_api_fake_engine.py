@@ -223,24 +223,17 @@ def test_request_id_is_returned_or_generated(fake):
 
 
 def test_queue_full_is_429_with_retry_after():
-    app, engine = fake_app(max_queue=1)
+    app, _ = fake_app(max_num_seqs=1, max_queue=1)
     with TestClient(app) as client:
         wait_ready(client)
-        engine.stats = lambda: type(
-            "S",
-            (),
-            {
-                "num_waiting": 1,
-                "num_running": 1,
-                "kv_cache_usage": 0.5,
-                "prefix_cache_queries": 0,
-                "prefix_cache_hits": 0,
-                "num_preemptions": 0,
-            },
-        )()
-        r = client.post("/v1/completions", json={"prompt": "x"})
+        drain = app.state.pagoda.drain
+        # Two accepted requests (one running, one waiting) fill the bound, whatever the engine has seen.
+        with drain.track(), drain.track():
+            r = client.post("/v1/completions", json={"prompt": "x"})
         assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
         assert r.json()["error"]["type"] == "rate_limit_error"
+        assert "1 waiting" in r.json()["error"]["message"]
+        assert client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1}).status_code == 200
 
 
 def test_not_ready_until_loaded_then_ready():

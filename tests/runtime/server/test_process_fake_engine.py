@@ -75,13 +75,45 @@ def test_drain_timeout_aborts_streams_with_a_final_chunk(start):
     assert "2 aborted at the 0.5s drain timeout" in server.log()
 
 
-def test_second_signal_exits_at_once(start):
+def test_second_signal_aborts_at_once_and_the_log_says_so(start):
     server = start("--drain-timeout", "600")
-    streams_in_flight(server.url, 1, 400)
+    records, threads = streams_in_flight(server.url, 6, 400)
     server.process.send_signal(signal.SIGTERM)
     time.sleep(0.2)
     server.process.send_signal(signal.SIGTERM)
-    assert server.process.wait(10) != 0
+    assert server.process.wait(10) == 1
+    for thread in threads:
+        thread.join(10)
+    assert all(record["done"] and record["finish_reasons"] == ["abort"] for record in records), records
+    log = server.log()
+    assert (
+        "0 in-flight requests completed, 0 aborted at the 600s drain timeout, 6 aborted by a second signal"
+        in log
+    )
+    assert "Traceback" not in log and "CancelledError" not in log
+
+
+def test_ten_times_overload_sheds_with_429_and_stays_ready(start):
+    # The canary times out behind the full queue; tokens still flow, so the pod is busy, not broken.
+    server = start(
+        "--max-running", "2", "--max-queue", "4", "--canary-interval", "0.2", "--canary-timeout", "1"
+    )
+    statuses: list[int] = []
+
+    def post() -> None:
+        body = {"prompt": "x", "max_tokens": 100}
+        statuses.append(httpx.post(server.url + "/v1/completions", json=body, timeout=60).status_code)
+
+    clients = [threading.Thread(target=post) for _ in range(60)]
+    for client in clients:
+        client.start()
+    ready = []
+    while any(client.is_alive() for client in clients):
+        ready.append(httpx.get(server.url + "/health/ready").status_code)
+        time.sleep(0.05)
+    assert sorted(set(statuses)) == [200, 429] and statuses.count(200) >= 6, statuses
+    assert statuses.count(429) >= 40
+    assert len(ready) > 10 and set(ready) == {200}, ready
 
 
 @pytest.mark.parametrize("stream", [True, False])
