@@ -3,12 +3,37 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+from pathlib import Path
 
 from pagoda_runtime.config import KV_CACHE_DTYPES, QUANTIZATION_CHOICES, EngineConfig
+from pagoda_runtime.server.metrics_compat import METRICS_COMPAT_CHOICES
+from pagoda_runtime.server.tool_parsers import TOOL_CALL_PARSERS
 
 API_KEY_ENV = "PAGODA_API_KEY"
+
+
+def _names(value: str) -> list[str]:
+    """A list flag as vLLM takes it (a JSON list) or comma-separated."""
+    if value.lstrip().startswith("["):
+        try:
+            names = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise argparse.ArgumentTypeError(f"not a JSON list: {exc}") from exc
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise argparse.ArgumentTypeError("give a JSON list of strings")
+        return names
+    return [name.strip() for name in value.split(",") if name.strip()]
+
+
+def _chat_template(value: str | None) -> str | None:
+    """--chat-template: a file's contents, or the template itself (as vLLM reads it)."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    return path.read_text() if path.is_file() else value
 
 
 def _add_serve(sub) -> None:
@@ -17,7 +42,40 @@ def _add_serve(sub) -> None:
     p.add_argument("--model", default=defaults.model, help="model folder, .gguf file, or 'smollm2-135m'")
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", default=None, help="the name clients use (default: --model)")
+    p.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="the names clients may use; the first one labels the metrics (default: --model)",
+    )
+    p.add_argument(
+        "--chat-template",
+        default=None,
+        help="a Jinja chat template, or a file holding one, to use instead of the model's own",
+    )
+    p.add_argument(
+        "--tool-call-parser",
+        default="hermes",
+        choices=TOOL_CALL_PARSERS,
+        help="how tool calls are found in the text for tool_choice auto: hermes (<tool_call> JSON, "
+        "Qwen2.5/SmolLM/Hermes) or llama3_json (Llama 3.x)",
+    )
+    p.add_argument(
+        "--allowed-origins",
+        type=_names,
+        default=[],
+        help="CORS origins allowed, as a JSON list or comma-separated (e.g. '[\"*\"]'); default: no CORS",
+    )
+    p.add_argument("--allowed-methods", type=_names, default=["*"], help="CORS methods allowed")
+    p.add_argument("--allowed-headers", type=_names, default=["*"], help="CORS headers allowed")
+    p.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
+    p.add_argument(
+        "--metrics-compat",
+        choices=METRICS_COMPAT_CHOICES,
+        default=None,
+        help="also export the metrics under vLLM's names (vllm:num_requests_waiting, ...) for existing "
+        "dashboards and autoscaling rules",
+    )
     p.add_argument("--dtype", default=defaults.dtype, choices=["auto", "float32", "float16", "bfloat16"])
     p.add_argument("--device", default=defaults.device, help="auto, cpu, cuda or cuda:N")
     p.add_argument(
@@ -42,6 +100,13 @@ def _add_serve(sub) -> None:
         type=float,
         default=defaults.kv_cache_memory,
         help="KV cache size in bytes, or a fraction (0, 1] of free device memory",
+    )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        help="vLLM's budget instead of --kv-cache-memory: the fraction (0, 1] of the GPU's total memory "
+        "for this process; the KV cache gets what the weights leave of it",
     )
     p.add_argument(
         "--enable-prefix-caching",
@@ -150,7 +215,7 @@ def _bench_offline(args: argparse.Namespace) -> int:
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=args.model,
-        served_model_name=args.served_model_name,
+        served_model_name=args.served_model_name[0] if args.served_model_name else None,
         dtype=args.dtype,
         device=args.device,
         quantization=args.quantization,
@@ -160,6 +225,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size,
         kv_cache_memory=args.kv_cache_memory,
+        gpu_memory_utilization=args.gpu_memory_utilization,
         enable_prefix_caching=args.enable_prefix_caching,
         enforce_eager=args.enforce_eager,
         seed=args.seed,
@@ -169,8 +235,17 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 def server_settings(args: argparse.Namespace):
     from pagoda_runtime.server.state import ServerSettings
 
+    names = args.served_model_name or [args.model]
     return ServerSettings(
-        served_model_name=args.served_model_name or args.model,
+        served_model_name=names[0],
+        served_model_aliases=tuple(names[1:]),
+        tool_call_parser=args.tool_call_parser,
+        chat_template=_chat_template(args.chat_template),
+        allowed_origins=tuple(args.allowed_origins),
+        allowed_methods=tuple(args.allowed_methods),
+        allowed_headers=tuple(args.allowed_headers),
+        allow_credentials=args.allow_credentials,
+        metrics_compat=args.metrics_compat,
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
         max_num_seqs=args.max_num_seqs,
         max_queue=args.max_queue,

@@ -86,6 +86,9 @@ class EngineConfig:
     block_size: int = 16
     # Bytes, or a fraction (0, 1] of the device's free memory when <= 1.
     kv_cache_memory: float = 0.9
+    # vLLM's budget, used instead of kv_cache_memory when set: this fraction of the GPU's total
+    # memory for the process, of which the KV cache gets what the weights leave.
+    gpu_memory_utilization: float | None = None
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
     seed: int = 0

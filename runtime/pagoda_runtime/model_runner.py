@@ -115,7 +115,9 @@ class ModelRunner:
         self.model.load_weights(weights)
         self.model.eval()
         self.weight_bytes = model_weight_bytes(self.model)
-        self.num_blocks = self._num_blocks(engine_config.kv_cache_memory)
+        self.num_blocks = self._num_blocks(
+            engine_config.kv_cache_memory, engine_config.gpu_memory_utilization
+        )
         self.kv_caches = [
             torch.empty(
                 2,
@@ -147,8 +149,19 @@ class ModelRunner:
             c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.block_size, self.kv_cache_dtype_name
         )
 
-    def _num_blocks(self, kv_cache_memory: float) -> int:
-        if kv_cache_memory > 1:
+    def _num_blocks(self, kv_cache_memory: float, gpu_memory_utilization: float | None) -> int:
+        flag = "--kv-cache-memory"
+        if gpu_memory_utilization is not None:
+            flag = "--gpu-memory-utilization"
+            if self.device.type != "cuda" or not 0 < gpu_memory_utilization <= 1:
+                raise ValueError(
+                    f"--gpu-memory-utilization {gpu_memory_utilization} needs a GPU and a fraction in "
+                    "(0, 1]; on a CPU size the KV cache with --kv-cache-memory"
+                )
+            free, total = torch.cuda.mem_get_info(self.device)
+            # What is in use now (the weights, and anything else on the GPU) comes out of the share.
+            budget = int(total * gpu_memory_utilization) - (total - free)
+        elif kv_cache_memory > 1:
             budget = int(kv_cache_memory)
         elif self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
@@ -159,7 +172,7 @@ class ModelRunner:
         if num_blocks < 1:
             raise ValueError(
                 f"the KV cache budget of {budget} bytes holds no block of {self.kv_bytes_per_block} bytes; "
-                "raise --kv-cache-memory"
+                f"raise {flag}"
             )
         return num_blocks
 

@@ -26,11 +26,11 @@ def max_in_flight(settings: ServerSettings) -> int:
 
 
 def check_model(state: ServerState, model: str | None) -> None:
-    served = state.settings.served_model_name
-    if model is not None and model != served:
+    served = state.settings.model_names
+    if model is not None and model not in served:
         raise APIError(
             404,
-            f"The model '{model}' does not exist; this server serves '{served}'.",
+            f"The model '{model}' does not exist; this server serves {', '.join(repr(n) for n in served)}.",
             param="model",
             code="model_not_found",
         )

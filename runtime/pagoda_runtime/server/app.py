@@ -11,8 +11,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -20,9 +22,11 @@ from pagoda_runtime.server.admission import LOADING_RETRY_AFTER_S
 from pagoda_runtime.server.chat import create_chat_completion
 from pagoda_runtime.server.completions import create_completion
 from pagoda_runtime.server.errors import APIError, install_error_handlers
+from pagoda_runtime.server.metrics_compat import vllm_registry
 from pagoda_runtime.server.middleware import EdgeMiddleware
 from pagoda_runtime.server.protocol import ModelCard, ModelList
 from pagoda_runtime.server.state import ServerSettings, ServerState
+from pagoda_runtime.server.tokenize import detokenize, tokenize
 
 log = logging.getLogger("pagoda.server")
 
@@ -51,15 +55,40 @@ def build_app(
     app.state.pagoda = state
     install_error_handlers(app)
     app.add_middleware(EdgeMiddleware, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes)
+    if settings.allowed_origins:
+        # Outside the edge, so that a browser's preflight (which carries no API key) is answered.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.allowed_origins),
+            allow_methods=list(settings.allowed_methods),
+            allow_headers=list(settings.allowed_headers),
+            allow_credentials=settings.allow_credentials,
+        )
     app.add_api_route("/v1/completions", create_completion, methods=["POST"])
     app.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"])
+    app.add_api_route("/tokenize", tokenize, methods=["POST"])
+    app.add_api_route("/detokenize", detokenize, methods=["POST"])
+    compat = vllm_registry(state.metrics.registry) if settings.metrics_compat == "vllm" else None
 
     @app.get("/v1/models")
     async def models() -> ModelList:
         max_len = state.engine.max_model_len if state.engine is not None else 0
         return ModelList(
-            data=[ModelCard(id=settings.served_model_name, created=started, max_model_len=max_len)]
+            data=[ModelCard(id=name, created=started, max_model_len=max_len) for name in settings.model_names]
         )
+
+    @app.get("/version")
+    async def server_version() -> JSONResponse:
+        return JSONResponse({"version": _version()})
+
+    @app.get("/health")
+    async def health() -> Response:
+        """vLLM's health check: 200 with an empty body while the engine can serve, else 503."""
+        check = state.health.live(state.engine)
+        if state.engine is None or not check.ok:
+            detail = state.load_error or ("the model is loading" if state.engine is None else check.detail)
+            return JSONResponse({"detail": detail}, status_code=503)
+        return Response(status_code=200)
 
     @app.get("/v1/info")
     async def info() -> JSONResponse:
@@ -84,9 +113,19 @@ def build_app(
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        body = generate_latest(state.metrics.registry)
+        if compat is not None:
+            body += generate_latest(compat)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def _version() -> str:
+    try:
+        return version("pagoda")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
 
 
 async def _load(
@@ -104,6 +143,9 @@ async def _load(
         if on_fatal is not None:
             on_fatal(state.load_error)
         return
+    if state.settings.chat_template is not None:
+        # Before the first request: the tokenizer compiles its template on first use.
+        engine.tokenizer.chat_template = state.settings.chat_template
     state.engine = engine
     log.info("model loaded in %.1fs; max_model_len=%d", time.monotonic() - started, engine.max_model_len)
     background.append(asyncio.create_task(state.health.run_canaries(engine, lambda: state.drain.draining)))

@@ -1,4 +1,5 @@
-"""POST /v1/chat/completions: messages through the model's chat template, answered whole or streamed."""
+"""POST /v1/chat/completions: messages (and tools) through the model's chat template, answered
+whole or streamed; tool calls found by the server's tool-call parser or forced by tool_choice."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from fastapi import Request
 from pagoda_runtime.outputs import RequestOutput
 from pagoda_runtime.server import sse
 from pagoda_runtime.server.admission import admit, check_model, completion_budget
+from pagoda_runtime.server.constraints import structured_outputs
 from pagoda_runtime.server.errors import APIError
 from pagoda_runtime.server.generation import generate, respond, sampling_params, usage
 from pagoda_runtime.server.logprobs import chat_logprobs
@@ -26,13 +28,33 @@ from pagoda_runtime.server.protocol import (
     DeltaMessage,
 )
 from pagoda_runtime.server.state import ServerState
+from pagoda_runtime.server.tool_parsers import (
+    NamedCallStream,
+    RequiredArrayParser,
+    ToolCallStream,
+    parse_whole,
+    parser_named,
+)
+from pagoda_runtime.server.tools import (
+    FunctionCall,
+    NamedToolChoice,
+    ToolCall,
+    ToolDefinition,
+    template_tools,
+    tool_choice_constraint,
+)
 
 
-def chat_prompt_ids(messages: list[ChatMessage], tokenizer) -> list[int]:
-    # "developer" is OpenAI's newer name for the system role; chat templates only know "system".
-    plain = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages]
+def chat_prompt_ids(
+    messages: list[ChatMessage],
+    tokenizer,
+    tools: list[ToolDefinition] | None = None,
+    add_generation_prompt: bool = True,
+) -> list[int]:
+    plain = [m.for_template() for m in messages]
+    extra = {"tools": template_tools(tools)} if tools else {}
     try:
-        text = tokenizer.apply_chat_template(plain, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt, **extra)
     except (ValueError, jinja2.TemplateError) as exc:
         # No template, or the template itself rejects the conversation (e.g. roles must alternate).
         raise APIError(
@@ -50,32 +72,63 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     check_model(state, body.model)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs set to true.", param="top_logprobs")
+    choice = body.tool_choice
+    forced = tool_choice_constraint(body.tools, choice, body.parallel_tool_calls)
+    constraint = structured_outputs(body)
+    if forced is not None and constraint is not None:
+        raise APIError(
+            400,
+            "tool_choice required or a named function already fixes the output; drop the other constraint.",
+            param="tool_choice",
+        )
     engine = admit(state)
-    ids = chat_prompt_ids(body.messages, engine.tokenizer)
+    ids = chat_prompt_ids(body.messages, engine.tokenizer, body.tools)
     field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = completion_budget(
         len(ids), body.completion_token_limit(), engine.max_model_len, field, "messages"
     )
     top_n = body.top_logprobs or 0
-    params = sampling_params(body, max_tokens, top_n if body.logprobs else None)
+    params = sampling_params(body, max_tokens, top_n if body.logprobs else None, forced or constraint)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    model = state.settings.served_model_name
+    model = body.model or state.settings.served_model_name
     include_usage = body.stream_options is not None and body.stream_options.include_usage
+    named = choice.function.name if isinstance(choice, NamedToolChoice) else None
+    parser = None
+    if choice == "required":
+        parser = RequiredArrayParser()
+    elif body.tools and choice in (None, "auto"):
+        parser = parser_named(state.settings.tool_call_parser)
 
     def logprobs(token_ids, token_logprobs):
         return chat_logprobs(engine.tokenizer, token_ids, token_logprobs, top_n) if body.logprobs else None
 
-    def whole(final: RequestOutput) -> ChatCompletionResponse:
-        choices = [
-            ChatChoice(
-                index=o.index,
-                message=AssistantMessage(content=o.text),
-                logprobs=logprobs(o.token_ids, o.logprobs),
-                finish_reason=o.finish_reason,
+    def message(text: str) -> AssistantMessage:
+        if named is not None:
+            return AssistantMessage(
+                content=None, tool_calls=[ToolCall(function=FunctionCall(name=named, arguments=text))]
             )
-            for o in sorted(final.outputs, key=lambda o: o.index)
-        ]
+        if parser is None:
+            return AssistantMessage(content=text)
+        content, calls = parse_whole(parser, text)
+        return AssistantMessage(content=content, tool_calls=[ToolCall(function=c) for c in calls] or None)
+
+    def finish_reason(reason: str | None, called: bool) -> str | None:
+        # OpenAI answers a named tool_choice with "stop"; a call the model chose ends in "tool_calls".
+        return "tool_calls" if reason == "stop" and called and named is None else reason
+
+    def whole(final: RequestOutput) -> ChatCompletionResponse:
+        choices = []
+        for o in sorted(final.outputs, key=lambda o: o.index):
+            reply = message(o.text)
+            choices.append(
+                ChatChoice(
+                    index=o.index,
+                    message=reply,
+                    logprobs=logprobs(o.token_ids, o.logprobs),
+                    finish_reason=finish_reason(o.finish_reason, bool(reply.tool_calls)),
+                )
+            )
         return ChatCompletionResponse(
             id=request_id, created=created, model=model, choices=choices, usage=usage(final)
         )
@@ -84,6 +137,11 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
         message = ChatCompletionChunk(id=request_id, created=created, model=model, choices=choices, **extra)
         return sse.event(message, exclude=None if include_usage else {"usage"})
 
+    def tool_stream():
+        if named is not None:
+            return NamedCallStream(named)
+        return ToolCallStream(parser) if parser is not None else None
+
     async def stream(outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[bytes]:
         yield chunk(
             [
@@ -91,18 +149,27 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
                 for i in range(body.n)
             ]
         )
+        texts = [""] * body.n
+        tool_streams = [tool_stream() for _ in range(body.n)]
         out = None
         async for out in outputs:
-            choices = [
-                ChatChunkChoice(
-                    index=delta.index,
-                    delta=DeltaMessage(content=delta.text or None),
-                    logprobs=logprobs(delta.token_ids, delta.logprobs) if delta.token_ids else None,
-                    finish_reason=delta.finish_reason,
-                )
-                for delta in out.delta or ()
-                if delta.text or delta.token_ids or delta.finish_reason
-            ]
+            choices = []
+            for delta in out.delta or ():
+                texts[delta.index] += delta.text
+                content, calls = delta.text, None
+                tools = tool_streams[delta.index]
+                if tools is not None:
+                    content, calls = tools.feed(texts[delta.index], delta.finish_reason is not None)
+                if content or calls or delta.token_ids or delta.finish_reason:
+                    called = tools is not None and tools.called
+                    choices.append(
+                        ChatChunkChoice(
+                            index=delta.index,
+                            delta=DeltaMessage(content=content or None, tool_calls=calls or None),
+                            logprobs=logprobs(delta.token_ids, delta.logprobs) if delta.token_ids else None,
+                            finish_reason=finish_reason(delta.finish_reason, called),
+                        )
+                    )
             if choices:
                 yield chunk(choices)
         if include_usage:

@@ -11,6 +11,7 @@ from fastapi import Request
 from pagoda_runtime.outputs import RequestOutput
 from pagoda_runtime.server import sse
 from pagoda_runtime.server.admission import admit, check_model, completion_budget
+from pagoda_runtime.server.constraints import structured_outputs
 from pagoda_runtime.server.errors import APIError
 from pagoda_runtime.server.generation import generate, respond, sampling_params, usage
 from pagoda_runtime.server.logprobs import completion_logprobs
@@ -45,10 +46,10 @@ async def create_completion(body: CompletionRequest, request: Request):
     engine = admit(state)
     ids = prompt_token_ids(body.prompt, engine.tokenizer, engine.model_config.vocab_size)
     max_tokens = completion_budget(len(ids), body.max_tokens, engine.max_model_len, "max_tokens", "prompt")
-    params = sampling_params(body, max_tokens, body.logprobs)
+    params = sampling_params(body, max_tokens, body.logprobs, structured_outputs(body))
     request_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    model = state.settings.served_model_name
+    model = body.model or state.settings.served_model_name
     include_usage = body.stream_options is not None and body.stream_options.include_usage
 
     def logprobs(token_ids, token_logprobs, offset):

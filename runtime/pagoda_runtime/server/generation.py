@@ -18,7 +18,6 @@ from pydantic import BaseModel
 from pagoda_runtime.outputs import RequestOutput
 from pagoda_runtime.sampling_params import SamplingParams
 from pagoda_runtime.server import sse
-from pagoda_runtime.server.constraints import structured_outputs
 from pagoda_runtime.server.errors import APIError
 from pagoda_runtime.server.protocol import SamplingFields, UsageInfo
 from pagoda_runtime.server.state import ServerState
@@ -40,10 +39,9 @@ def usage(out: RequestOutput) -> UsageInfo:
 
 
 def sampling_params(
-    body: SamplingFields, max_tokens: int, logprobs: int | None, constraint: StructuredOutputs | None = None
+    body: SamplingFields, max_tokens: int, logprobs: int | None, constraint: StructuredOutputs | None
 ) -> SamplingParams:
-    """`constraint`: one the endpoint derived itself (tool_choice); otherwise the body's own."""
-    constraint = constraint or structured_outputs(body)
+    """`constraint`: the body's own (server.constraints) or one the endpoint derived (tool_choice)."""
     try:
         return SamplingParams(
             n=body.n,

@@ -7,11 +7,14 @@ as OpenAI-compatible servers commonly do, so that SDKs sending newer fields keep
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
+
+from pagoda_runtime.server.tools import DeltaToolCall, ToolCall, ToolChoice, ToolDefinition
 
 Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
@@ -55,6 +58,13 @@ class StructuredOutputsField(BaseModel):
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+
+
+def _json_or_text(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except json.JSONDecodeError:
+        return arguments
 
 
 def _lone_surrogate_at(value: Any, path: str) -> str | None:
@@ -184,9 +194,39 @@ class TextPart(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # which call a tool message answers
+
+    @model_validator(mode="after")
+    def _tool_fields_on_their_roles(self) -> ChatMessage:
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        return self
+
+    def for_template(self) -> dict[str, Any]:
+        # "developer" is OpenAI's newer name for the system role; chat templates only know "system".
+        message: dict[str, Any] = {
+            "role": "system" if self.role == "developer" else self.role,
+            "content": self.text(),
+        }
+        if self.tool_calls:
+            # Templates index into the arguments (Qwen's, Llama's): give them the object, not its JSON text.
+            message["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": c.type,
+                    "function": {"name": c.function.name, "arguments": _json_or_text(c.function.arguments)},
+                }
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
 
     def text(self) -> str:
         if self.content is None:
@@ -202,15 +242,17 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    tools: list[Any] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
     functions: list[Any] | None = None
 
-    @field_validator("tools", "functions")
+    @field_validator("functions")
     @classmethod
-    def _no_tools(cls, tools: list[Any] | None) -> list[Any] | None:
-        if tools:
-            raise ValueError("tool and function calling are not supported by this server; remove it")
-        return tools
+    def _no_functions(cls, functions: list[Any] | None) -> list[Any] | None:
+        if functions:
+            raise ValueError("the deprecated functions field is not supported; send tools instead")
+        return functions
 
     def completion_token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -263,8 +305,9 @@ class ChatLogprobs(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
     refusal: str | None = None
+    tool_calls: list[ToolCall] | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class ChatChoice(BaseModel):
@@ -288,6 +331,7 @@ class DeltaMessage(BaseModel):
     # OpenAI omits what a chunk does not carry: the role comes once, the last delta is {}.
     role: Literal["assistant"] | None = Field(default=None, exclude_if=lambda v: v is None)
     content: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    tool_calls: list[DeltaToolCall] | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class ChatChunkChoice(BaseModel):

@@ -21,6 +21,18 @@ class ServerSettings:
     canary_interval: float = 10.0
     canary_timeout: float = 60.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    served_model_aliases: tuple[str, ...] = ()  # further names clients may use (--served-model-name a b)
+    tool_call_parser: str = "hermes"  # how tool_choice "auto" finds calls in the text (tool_parsers)
+    chat_template: str | None = None  # replaces the model's own (--chat-template)
+    allowed_origins: tuple[str, ...] = ()  # CORS; empty: no CORS headers at all
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+    metrics_compat: str | None = None  # "vllm": also export vLLM's metric names
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return (self.served_model_name, *self.served_model_aliases)
 
 
 class ServerState:

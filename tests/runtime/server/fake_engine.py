@@ -30,8 +30,21 @@ class FakeTokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return "".join(chr(i) for i in ids)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        rendered = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
+    # Set by the server's --chat-template; the fake has no Jinja and "renders" it verbatim.
+    chat_template: str | None = None
+
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> str:
+        if self.chat_template is not None:
+            return self.chat_template
+        rendered = "".join(f"<tools>{','.join(t['function']['name'] for t in tools)}\n" for _ in [1] if tools)
+        for m in messages:
+            calls = "".join(
+                f"<call>{c['function']['name']}({c['function']['arguments']})"
+                for c in m.get("tool_calls", ())
+            )
+            rendered += f"<{m['role']}>{m['content']}{calls}\n"
         return rendered + ("<assistant>" if add_generation_prompt else "")
 
 
@@ -82,8 +95,10 @@ class FakeEngine:
         self.internal_ids: set[str] = set()
         self.running: list[str] = []
         self.aborted_ids: list[str] = []
+        # Of client requests, not canaries.
         self.seen_prompts: list[list[int]] = []
-        self.seen_params: list[SamplingParams] = []  # of client requests, not canaries
+        self.seen_params: list[SamplingParams] = []
+        self.script = SCRIPT  # what every sample "generates", from its index on
         self._ticker: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -122,8 +137,8 @@ class FakeEngine:
             raise ValueError(
                 f"the request needs {len(ids) + params.max_tokens} tokens, more than {self.max_model_len}"
             )
-        self.seen_prompts.append(ids)
         if not internal:
+            self.seen_prompts.append(ids)
             self.seen_params.append(params)
         request = _Request(params, ids)
         self.requests[request_id] = request
@@ -151,7 +166,7 @@ class FakeEngine:
                         out.finish_reason = delta.finish_reason = "abort"
                         deltas.append(delta)
                         continue
-                    char = SCRIPT[(step + out.index) % len(SCRIPT)]
+                    char = self.script[(step + out.index) % len(self.script)]
                     token = ord(char)
                     out.token_ids.append(token)
                     delta.token_ids.append(token)
