@@ -1,15 +1,21 @@
-"""On a CUDA GPU: CUDA-graph decode gives exactly the eager tokens, and float32 greedy tokens equal
-transformers' on the same device, across batch sizes that fall between graph buckets."""
+"""On a CUDA GPU: CUDA-graph decode gives exactly the eager tokens in every batch bucket, float32
+greedy tokens equal transformers' on the same device for every tiny architecture, bfloat16 logits
+stay within 2e-2 (relative) of transformers' float32 ones, an 8k context decodes through split-K
+exactly as transformers does, and a KV cache sized close to the card leaves room to serve."""
 
 from __future__ import annotations
+
+import gc
 
 import pytest
 import torch
 from pagoda_runtime import LLM, SamplingParams
+from pagoda_runtime.kernels.triton_paged_attention import default_num_splits
+from pagoda_runtime.model_runner import graph_batch_sizes
 from transformers import AutoModelForCausalLM
 
-from tests.runtime.engine.hf_reference import hf_greedy
-from tests.runtime.tiny_models import build_tiny_model
+from tests.runtime.engine.hf_reference import hf_greedy, hf_model_from_source
+from tests.runtime.tiny_models import VARIANTS, build_tiny_model
 
 pytestmark = pytest.mark.gpu
 
@@ -28,7 +34,8 @@ def _token_ids(llm: LLM, prompts: list[str]) -> list[list[int]]:
     return [out.outputs[0].token_ids for out in llm.generate(prompts, GREEDY)]
 
 
-@pytest.mark.parametrize("variant", ["llama3", "gqa"])
+# Every architecture variant, "smollm" and "gqa" with head_dim 8 (padded to tl.dot's 16) among them.
+@pytest.mark.parametrize("variant", list(VARIANTS))
 def test_graphs_equal_eager_and_transformers_in_float32(tmp_path, variant):
     folder = build_tiny_model(tmp_path / variant, variant)
     kwargs = dict(dtype="float32", device="cuda", block_size=16, max_num_seqs=6, kv_cache_memory=2**26)
@@ -98,3 +105,63 @@ def test_gguf_blocks_are_kept_packed_by_default_on_the_gpu_and_match_the_dequant
     logits, expected = kept.engine.score(ids), dense.engine.score(ids)
     assert float((logits - expected).norm() / expected.norm()) < 1e-3
     assert _token_ids(kept, PROMPTS) == _token_ids(LLM(str(path), enforce_eager=True, **kwargs), PROMPTS)
+
+
+def test_every_graph_bucket_replays_the_eager_tokens(tmp_path, monkeypatch):
+    folder = build_tiny_model(tmp_path / "gqa", "gqa")
+    kwargs = dict(dtype="float32", device="cuda", max_num_seqs=8, kv_cache_memory=2**26)
+    graphs, eager = LLM(str(folder), **kwargs), LLM(str(folder), enforce_eager=True, **kwargs)
+    runner = graphs.engine.runner
+    assert sorted(runner._graphs) == graph_batch_sizes(8) == [1, 2, 4, 8]
+    replayed = []
+    replay = runner._replay
+    monkeypatch.setattr(runner, "_replay", lambda ids, *a: replayed.append(ids.shape[0]) or replay(ids, *a))
+    prompts = [f"{p} {i}" for i, p in enumerate(PROMPTS * 2)][:8]
+    for batch in range(1, 9):  # the buckets and every size between them, padded up to a bucket
+        assert _token_ids(graphs, prompts[:batch]) == _token_ids(eager, prompts[:batch]), f"batch {batch}"
+    assert set(replayed) == set(range(1, 9))
+
+
+@pytest.mark.parametrize("variant", ["llama3", "qwen2", "smollm"])
+def test_bfloat16_logits_stay_close_to_transformers_float32(tmp_path, variant):
+    folder = build_tiny_model(tmp_path / variant, variant)
+    llm = LLM(str(folder), dtype="bfloat16", device="cuda", kv_cache_memory=2**26)
+    ids = llm.get_tokenizer().encode(" ".join(PROMPTS))
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).cuda().eval()
+    with torch.inference_mode():
+        expected = reference(torch.tensor([ids], device="cuda")).logits[0].float()
+    logits = llm.engine.score(ids).float()
+    # bfloat16 keeps 8 significant bits: about 4e-3 per rounding, a few roundings deep.
+    assert float((logits - expected).norm() / expected.norm()) < 2e-2
+
+
+def test_an_8k_context_decodes_through_split_k_as_transformers_does():
+    """The bundled model (8192 positions) in float32: a prompt of 8000 tokens, then greedy decode,
+    whose attention at batch 1 is split across the GPU (flash-decoding)."""
+    llm = LLM("smollm2-135m", dtype="float32", device="cuda", quantization="none", max_num_seqs=4)
+    config = llm.engine.model_config
+    assert default_num_splits(1, config.num_key_value_heads, torch.device("cuda")) > 1
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(100, config.vocab_size, (8000,), generator=generator).tolist()
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    ids = llm.generate([prompt], params)[0].outputs[0].token_ids
+    reference = hf_model_from_source("smollm2-135m").cuda()
+    assert ids == hf_greedy(reference, prompt, 16, device="cuda")
+
+
+def test_a_kv_cache_close_to_the_card_serves_a_full_batch():
+    """--kv-cache-memory 0.92 of the free memory: the cache stays within it, and the graphs and a
+    full batch of long requests still fit in what is left."""
+    free_before, total = torch.cuda.mem_get_info()
+    llm = LLM("smollm2-135m", device="cuda", kv_cache_memory=0.92, max_num_seqs=64)
+    runner = llm.engine.runner
+    kv_bytes = runner.num_blocks * runner.kv_bytes_per_block
+    assert kv_bytes <= 0.92 * free_before
+    assert kv_bytes >= 0.8 * free_before, "the cache took far less than it was given"
+    prompts = [list(range(100 + i, 1100 + i)) for i in range(64)]
+    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=256, ignore_eos=True))
+    assert [len(o.outputs[0].token_ids) for o in outputs] == [256] * 64
+    assert torch.cuda.max_memory_reserved() < total
+    del llm, runner
+    gc.collect()
+    torch.cuda.empty_cache()  # for the tests after this one

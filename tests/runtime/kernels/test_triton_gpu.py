@@ -6,11 +6,11 @@ import pytest
 import torch
 from pagoda_runtime.config import ModelConfig
 from pagoda_runtime.kernels import build_cos_sin_cache, get_attention_ops, reference
-from pagoda_runtime.kernels.triton_paged_attention import paged_attention
+from pagoda_runtime.kernels.triton_paged_attention import default_num_splits, paged_attention
 from pagoda_runtime.kernels.triton_rmsnorm import rms_norm
 from pagoda_runtime.kernels.triton_silu_mul import silu_and_mul
 
-from .paged_batch import make_paged_batch, relative_error
+from .paged_batch import dense_attention, make_paged_batch, relative_error
 
 pytestmark = pytest.mark.gpu
 DTYPES = [torch.bfloat16, torch.float16]
@@ -46,6 +46,25 @@ def test_long_context_decode_with_default_splits(dtype, num_seqs) -> None:
     batch = _batch(seqs, 32, 8, 128, 16, dtype, seed=num_seqs)
     out = paged_attention(batch.q, batch.kv_cache, batch.meta, 128**-0.5)
     assert relative_error(out, _reference(batch, 128**-0.5)) < 1e-2
+
+
+def test_the_kernels_are_compiled_not_interpreted() -> None:
+    import triton.language as tl
+    from pagoda_runtime.kernels import triton_paged_attention
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    assert isinstance(triton_paged_attention._paged_attention_kernel, JITFunction)
+    assert not isinstance(tl.standard.cdiv, InterpretedFunction)
+
+
+def test_8k_float32_decode_splits_k_and_matches_float64() -> None:
+    seqs = [(8192, 1), (8000, 1)]
+    assert default_num_splits(len(seqs), 8, torch.device("cuda")) > 1
+    batch = _batch(seqs, 32, 8, 128, 16, torch.float32, seed=8)
+    out = paged_attention(batch.q, batch.kv_cache, batch.meta, 128**-0.5)
+    # float32 dots in full precision ("ieee"), not TF32.
+    assert relative_error(out, dense_attention(batch, 128**-0.5)) < 1e-5
 
 
 def test_decode_replayed_from_a_cuda_graph_as_contexts_grow() -> None:

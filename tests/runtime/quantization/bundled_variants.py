@@ -1,7 +1,8 @@
 """The bundled SmolLM2-135M served by the engine in each quantization variant, scoring the committed text.
 
 The reference is the bundled Q4_1 file dequantized to float32 ("none"); every variant is the same
-file through the engine's own loader, model and kernels, with float32 activations on the CPU.
+file through the engine's own loader, model and kernels, with float32 activations (on the CPU, or
+on the GPU through the compiled Triton kernels).
 """
 
 from __future__ import annotations
@@ -44,19 +45,19 @@ class Scored:
     memory: MemoryReport
 
 
-def score_eval_text(variant: Variant) -> Scored:
+def score_eval_text(variant: Variant, device: str = "cpu") -> Scored:
     """Build the variant's engine, score the evaluation text in one prefill, and let the engine go."""
     config = EngineConfig(
         model="smollm2-135m",
         dtype="float32",
-        device="cpu",
+        device=device,
         quantization=variant.quantization,
         kv_cache_dtype=variant.kv_cache_dtype,
         kv_cache_memory=KV_CACHE_BYTES,
     )
     engine = LLMEngine(config)
     token_ids = engine.tokenizer.encode(EVAL_TEXT.read_text(), add_special_tokens=False)
-    scored = Scored(engine.score(token_ids), torch.tensor(token_ids), engine.memory)
+    scored = Scored(engine.score(token_ids).cpu(), torch.tensor(token_ids), engine.memory)
     del engine
     gc.collect()
     return scored

@@ -62,3 +62,20 @@ def test_each_variant_keeps_quality_within_its_bound_and_its_predicted_size(refe
     assert scored.memory.quantization == variant.quantization
     assert scored.memory.weight_bytes == scored.memory.predicted_weight_bytes
     assert reference.memory.weight_bytes == reference.memory.predicted_weight_bytes
+
+
+@pytest.fixture(scope="module")
+def gpu_reference():
+    return score_eval_text(REFERENCE, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+def test_each_variant_on_the_gpu_keeps_quality_within_its_bound(gpu_reference, variant) -> None:
+    """The same bounds through the GPU's kernels (GEMV, GEMM, paged attention over an fp8 cache)."""
+    reference, scored = gpu_reference, score_eval_text(variant, "cuda")
+    max_ppl_ratio, min_top1, max_kl = BOUNDS[variant.name]
+    report = compare(reference.logits, scored.logits, scored.token_ids)
+    assert report.perplexity < perplexity(reference.logits, reference.token_ids) * max_ppl_ratio
+    assert report.top1_agreement >= min_top1 and report.mean_kl <= max_kl
+    assert scored.memory.weight_bytes == scored.memory.predicted_weight_bytes

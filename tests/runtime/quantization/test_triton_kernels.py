@@ -87,3 +87,20 @@ def test_quantized_linear_on_cuda_matches_reference(method: str, rows: int) -> N
     ref = reference_matmul(x.float(), layer.weight)
     # bf16 output; fp8 prefill on Hopper also quantizes the activations (torch._scaled_mm).
     assert _relative_error(layer(x), ref) < (5e-2 if method == "fp8" and rows > 4 else 1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [16, 37, 256])
+def test_fp8_prefill_goes_through_scaled_mm_on_hopper(rows: int) -> None:
+    from pagoda_runtime.quantization.linear import quantized_matmul
+    from pagoda_runtime.quantization.scaled_mm import fp8_scaled_mm, scaled_mm_supported
+
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 tensor cores need compute capability 8.9 or newer")
+    weight = quantize_fp8(torch.randn(6144, 4096, device="cuda") * 0.02)
+    x = torch.randn(rows, 4096, device="cuda", dtype=torch.bfloat16)
+    assert scaled_mm_supported(x, weight)
+    ref = reference_matmul(x.float(), weight)
+    out = fp8_scaled_mm(x, weight)
+    assert out.dtype == torch.bfloat16 and _relative_error(out, ref) < 5e-2
+    assert torch.equal(quantized_matmul(x, weight), out)

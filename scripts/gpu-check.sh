@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The GPU check, for a machine with a CUDA GPU and a python3 that holds torch, triton and
+# transformers, network or not. It installs what that python3 lacks from the wheels in .whl
+# (scripts/gpu-wheels.sh downloads them where PyPI is reachable) into a folder put on PYTHONPATH,
+# then runs scripts/gpu_check.py: every `gpu` test and the kernel tests with the Triton kernels
+# compiled, the bundled model served on the GPU and driven with the openai client (chat,
+# streaming, n > 1, a burst of concurrent requests). One results file: DIR/gpu-check.json.
+#
+#   bash scripts/gpu-check.sh [--out DIR] [--wheels DIR] [--site DIR] [gpu_check.py options]
+#
+# --out: where the results and logs go (default $PAGODA_GPU_CHECK_OUT, else out/gpu-check);
+# --wheels: the carried wheels (default .whl); --site: the install folder (default: a new
+# temporary one). PYTHON names another interpreter than python3. The rest goes to
+# scripts/gpu_check.py (--skip tests|serve, --burst N, --pytest-args "..."). Exit status 0 only
+# when every step passed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+out=${PAGODA_GPU_CHECK_OUT:-out/gpu-check}
+wheels=.whl
+site=
+rest=()
+while (($#)); do
+    case $1 in
+        --out) out=$2; shift 2 ;;
+        --wheels) wheels=$2; shift 2 ;;
+        --site) site=$2; shift 2 ;;
+        -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) rest+=("$1"); shift ;;
+    esac
+done
+python=${PYTHON:-python3}
+mkdir -p "$out"
+site=${site:-$(mktemp -d)}
+
+# Only the wheels of projects this interpreter does not hold: its own torch stack stays in charge.
+if compgen -G "$wheels/*.whl" >/dev/null; then
+    mapfile -t missing < <(
+        "$python" - "$wheels" <<'PY'
+import importlib.metadata
+import sys
+from pathlib import Path
+
+for wheel in sorted(Path(sys.argv[1]).glob("*.whl")):
+    try:
+        importlib.metadata.distribution(wheel.name.split("-")[0])
+    except importlib.metadata.PackageNotFoundError:
+        print(wheel)
+PY
+    )
+    if ((${#missing[@]})); then
+        echo "gpu-check: installing ${#missing[@]} wheels into $site" >&2
+        "$python" -m pip install -q --root-user-action=ignore --no-index --no-deps --no-compile --no-cache-dir \
+            --target "$site" \
+            "${missing[@]}" 2>&1 | tee "$out/pip-install.log" >&2
+    fi
+else
+    echo "gpu-check: no wheels in $wheels; using what $python already holds" >&2
+fi
+export PYTHONPATH="$site:$PWD/runtime${PYTHONPATH:+:$PYTHONPATH}"
+# The Triton kernels must compile here; pagoda_runtime.triton_mode would overrule it anyway.
+unset TRITON_INTERPRET
+exec "$python" scripts/gpu_check.py --out "$out" "${rest[@]}"

