@@ -1,10 +1,13 @@
-"""Batch-1 decode GEMVs of the Llama-3-8B layer shapes: bf16 (torch) vs int8, int4 and fp8 kernels.
+"""Decode GEMVs of the Llama-3-8B layer shapes: bf16 (torch) vs int8, int4 and fp8 kernels.
+
+Batch 1 by default; --rows 2 to 4 times a small decode batch, whose rows share each weight tile, so
+the time should stay near batch 1's: the weights are streamed once per step, not once per row.
 
 Reports microseconds per GEMV, the bytes each must read over that time (GB/s), the fraction of the
 device's measured copy bandwidth, and the per-token time of 32 layers. Weights are random;
 several copies of each are cycled inside one CUDA graph so that the 50 MB L2 cannot hold them.
 
-    PYTHONPATH=runtime python benchmarks/quant_bench.py [--sweep] [--check]
+    PYTHONPATH=runtime python benchmarks/quant_bench.py [--sweep] [--check] [--rows N]
 """
 
 from __future__ import annotations
@@ -85,12 +88,12 @@ def sweep_configs(kind: str, n: int) -> list[GemvConfig]:
     return configs + [GemvConfig(32, bk, s, 8) for bk, s in itertools.product(block_ks, splits)]
 
 
-def bench(sweep: bool, bandwidth: float) -> None:
+def bench(sweep: bool, bandwidth: float, batch: int) -> None:
     rows = []
     totals: dict[str, float] = {}
     for name, n, k in LLAMA3_8B_SHAPES:
         dense = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(batch, k, device="cuda", dtype=torch.bfloat16)
         copies = max(1, math.ceil(STREAM_BYTES / dense.nbytes))
         weights = [dense] + [torch.randn_like(dense) * 0.02 for _ in range(copies - 1)]
         t = time_per_call(lambda i, x=x, w=weights: torch.nn.functional.linear(x, w[i]), copies)
@@ -102,7 +105,7 @@ def bench(sweep: bool, bandwidth: float) -> None:
                 for _ in range(math.ceil(STREAM_BYTES / first.nbytes) - 1)
             ]
             pc = len(pool)
-            configs = sweep_configs(kind, n) if sweep else [default_gemv_config(pool[0])]
+            configs = sweep_configs(kind, n) if sweep else [default_gemv_config(pool[0], batch)]
             best = None
             for config in configs:
                 try:
@@ -121,11 +124,12 @@ def bench(sweep: bool, bandwidth: float) -> None:
                 ts = time_per_call(lambda i, x=x, p=pool: fp8_scaled_mm(x, p[i]), pc)
                 variants.append(("fp8 _scaled_mm", ts, pool[0].nbytes))
         for kind, seconds, nbytes in variants:
-            moved = nbytes + x.nbytes + n * 2
+            moved = nbytes + x.nbytes + n * 2 * batch
             rows.append((name, kind, seconds, moved / seconds, moved / seconds / bandwidth, t / seconds))
             totals[kind] = totals.get(kind, 0.0) + seconds
         torch.cuda.empty_cache()
-    print(f"\ndevice: {torch.cuda.get_device_name()}, copy bandwidth {bandwidth / 1e9:.0f} GB/s")
+    device = torch.cuda.get_device_name()
+    print(f"\ndevice: {device}, copy bandwidth {bandwidth / 1e9:.0f} GB/s, activation rows {batch}")
     print(f"{'layer':8s} {'variant':15s} {'us':>8s} {'GB/s':>7s} {'of copy':>8s} {'vs bf16':>8s}")
     for name, kind, seconds, rate, fraction, speedup in rows:
         print(f"{name:8s} {kind:15s} {seconds * 1e6:8.2f} {rate / 1e9:7.0f} {fraction:8.0%} {speedup:7.2f}x")
@@ -140,12 +144,13 @@ def main() -> None:
     parser.add_argument(
         "--check", action="store_true", help="check every CUDA path against the reference first"
     )
+    parser.add_argument("--rows", type=int, default=1, choices=range(1, 5), help="activation rows (1 to 4)")
     args = parser.parse_args()
     torch.manual_seed(0)
     if args.check:
         failures = check(LLAMA3_8B_SHAPES[:2] + [("small", 40, 640)])
         print("CHECK", "FAILED: " + "; ".join(failures) if failures else "passed")
-    bench(args.sweep, copy_bandwidth())
+    bench(args.sweep, copy_bandwidth(), args.rows)
 
 
 if __name__ == "__main__":

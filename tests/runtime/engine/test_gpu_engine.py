@@ -6,6 +6,7 @@ exactly as transformers does, and a KV cache sized close to the card leaves room
 from __future__ import annotations
 
 import gc
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,6 +29,14 @@ PROMPTS = [
     "1, 2, 3, 4,",
     "Once upon a time",
 ]
+
+
+@pytest.fixture(autouse=True)
+def _release_gpu_memory():
+    """Each test's engines go with it, so that the next one finds the card as free as before."""
+    yield
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def _token_ids(llm: LLM, prompts: list[str]) -> list[list[int]]:
@@ -125,7 +134,7 @@ def test_every_graph_bucket_replays_the_eager_tokens(tmp_path, monkeypatch):
 @pytest.mark.parametrize("variant", ["llama3", "qwen2", "smollm"])
 def test_bfloat16_logits_stay_close_to_transformers_float32(tmp_path, variant):
     folder = build_tiny_model(tmp_path / variant, variant)
-    llm = LLM(str(folder), dtype="bfloat16", device="cuda", kv_cache_memory=2**26)
+    llm = LLM(str(folder), dtype="bfloat16", device="cuda", max_num_seqs=4, kv_cache_memory=2**26)
     ids = llm.get_tokenizer().encode(" ".join(PROMPTS))
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).cuda().eval()
     with torch.inference_mode():
@@ -136,13 +145,21 @@ def test_bfloat16_logits_stay_close_to_transformers_float32(tmp_path, variant):
 
 
 def test_an_8k_context_decodes_through_split_k_as_transformers_does():
-    """The bundled model (8192 positions) in float32: a prompt of 8000 tokens, then greedy decode,
-    whose attention at batch 1 is split across the GPU (flash-decoding)."""
-    llm = LLM("smollm2-135m", dtype="float32", device="cuda", quantization="none", max_num_seqs=4)
+    """The bundled model (8192 positions) in float32: 8000 tokens of English (the evaluation text,
+    repeated, so that the predictions are far from ties), then greedy decode, whose attention at
+    batch 1 is split across the GPU (flash-decoding)."""
+    llm = LLM(
+        "smollm2-135m",
+        dtype="float32",
+        device="cuda",
+        quantization="none",
+        max_num_seqs=4,
+        kv_cache_memory=2**30,
+    )
     config = llm.engine.model_config
     assert default_num_splits(1, config.num_key_value_heads, torch.device("cuda")) > 1
-    generator = torch.Generator().manual_seed(0)
-    prompt = torch.randint(100, config.vocab_size, (8000,), generator=generator).tolist()
+    text = (Path(__file__).parents[2] / "data" / "eval_text.txt").read_text()
+    prompt = (llm.get_tokenizer().encode(text) * 20)[:8000]
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     ids = llm.generate([prompt], params)[0].outputs[0].token_ids
     reference = hf_model_from_source("smollm2-135m").cuda()
@@ -162,6 +179,3 @@ def test_a_kv_cache_close_to_the_card_serves_a_full_batch():
     outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=256, ignore_eos=True))
     assert [len(o.outputs[0].token_ids) for o in outputs] == [256] * 64
     assert torch.cuda.max_memory_reserved() < total
-    del llm, runner
-    gc.collect()
-    torch.cuda.empty_cache()  # for the tests after this one
