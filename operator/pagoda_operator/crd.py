@@ -13,6 +13,8 @@ import yaml
 from pydantic import BaseModel
 
 from pagoda_operator.models import GROUP, KIND, PLURAL, VERSION, InferenceServiceSpec, InferenceServiceStatus
+from pagoda_operator.names import NAME_RULES
+from pagoda_operator.rules import cel_validations
 
 _KEPT = (
     "description",
@@ -25,14 +27,22 @@ _KEPT = (
     "minItems",
     "maxItems",
     "x-kubernetes-validations",
+    "x-kubernetes-list-type",
+    "x-kubernetes-list-map-keys",
 )
 
 
-def _structural(schema: dict, defs: dict) -> dict:
-    """Pydantic's JSON schema → an OpenAPI v3 structural schema: refs inlined, optionals unwrapped."""
+def _structural(schema: dict, defs: dict, *, in_list: bool = False) -> dict:
+    """Pydantic's JSON schema → an OpenAPI v3 structural schema: refs inlined, optionals unwrapped.
+
+    Inside a list item the apiserver fills no defaults (the operator's models still do): kubectl's
+    client-side apply resends a whole list whose items the apiserver filled in, and would print
+    `configured` for every re-apply of an unchanged file.
+    """
     if "$ref" in schema:
         target = defs[schema["$ref"].rsplit("/", 1)[1]]
-        return _structural({**target, **{k: v for k, v in schema.items() if k != "$ref"}}, defs)
+        merged = {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
+        return _structural(merged, defs, in_list=in_list)
     if "anyOf" in schema:
         branches = [b for b in schema["anyOf"] if b.get("type") != "null"]
         types = {b.get("type") for b in branches}
@@ -42,22 +52,27 @@ def _structural(schema: dict, defs: dict) -> dict:
             out.update({k: rest[k] for k in _KEPT if k in rest})
             return out
         (only,) = branches
-        return _structural({**only, **rest}, defs)
+        return _structural({**only, **rest}, defs, in_list=in_list)
     out: dict = {"type": schema["type"]}
     out.update({k: schema[k] for k in _KEPT if k in schema})
     if schema["type"] == "object" and "properties" in schema:
-        out["properties"] = {name: _structural(prop, defs) for name, prop in schema["properties"].items()}
+        out["properties"] = {
+            name: _structural(prop, defs, in_list=in_list) for name, prop in schema["properties"].items()
+        }
         if schema.get("required"):
             out["required"] = schema["required"]
-    elif schema["type"] == "object":
-        out["additionalProperties"] = _structural(schema["additionalProperties"], defs)
+    elif schema["type"] == "object" and isinstance(schema.get("additionalProperties"), dict):
+        out["additionalProperties"] = _structural(schema["additionalProperties"], defs, in_list=in_list)
+    if schema["type"] == "object" and schema.get("additionalProperties", True) is True:
+        # A Kubernetes object passed through (podTemplate): the apiserver checks it in the Deployment.
+        out["x-kubernetes-preserve-unknown-fields"] = True
     if schema["type"] == "array":
-        out["items"] = _structural(schema["items"], defs)
-    if "default" in schema and schema["default"] is not None:
+        out["items"] = _structural(schema["items"], defs, in_list=True)
+    if "default" in schema and schema["default"] is not None and not in_list:
         default = schema["default"]
         # An object default of {} lets the apiserver fill the nested fields' own defaults, but the
         # apiserver checks an object's CEL rules against its default as written: those keep it whole.
-        if isinstance(default, dict) and "x-kubernetes-validations" not in out:
+        if isinstance(default, dict) and "properties" in out and "x-kubernetes-validations" not in out:
             default = {}
         out["default"] = default
     return out
@@ -114,6 +129,13 @@ def build_crd() -> dict:
                             "description": "Ready replicas over desired replicas, all variants together.",
                         },
                         {
+                            "name": "Fits",
+                            "type": "string",
+                            "jsonPath": '.status.conditions[?(@.type=="ModelFits")].status',
+                            "description": "Whether every variant's model fits its pods; False also while "
+                            "a variant that no longer fits keeps serving on its old pods.",
+                        },
+                        {
                             "name": "Model",
                             "type": "string",
                             "jsonPath": ".spec.model.source",
@@ -133,6 +155,7 @@ def build_crd() -> dict:
                             "description": "An LLM served by pagoda-runtime pods: one Deployment per "
                             "quantization variant behind one Service, autoscaled on queue depth.",
                             "required": ["spec"],
+                            "x-kubernetes-validations": cel_validations(NAME_RULES),
                             "properties": {
                                 "apiVersion": {
                                     "type": "string",

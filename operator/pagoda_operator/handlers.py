@@ -1,9 +1,12 @@
 """kopf handlers: thin glue from cluster events to render (what should exist) and status (what does).
 
 Every path ends in the same reconcile: render, server-side apply (unchanged objects are not
-written), prune children that should no longer exist, recompute the status and patch it only
-when it changed. A timer repeats it (`schedule_resync`), which corrects drift on the children;
-events of our Deployments and Pods refresh the status between timer ticks.
+written; objects of someone else are never touched), retire children that should no longer exist
+(make before break, retire.py), recompute the status and patch it only when it changed. A resync
+thread repeats it (`schedule_resync`), which corrects drift on the children; events of our
+Deployments and Pods refresh the status between resyncs. No handler needs a finalizer (kopf's
+timers would add one): deleting an InferenceService, its namespace or the whole install works
+while the operator is down, and the garbage collector removes the children by their owner.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import json
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import kopf
@@ -19,15 +23,37 @@ from kubernetes.client import ApiException
 from pydantic import ValidationError
 
 from pagoda_operator import metrics
-from pagoda_operator.kube import CHILD_KINDS, SERVICE_MONITOR_API, Kube, load_credentials
+from pagoda_operator.kube import (
+    CHILD_KINDS,
+    REPLICAS_FIELD_MANAGER,
+    SERVICE_MONITOR_API,
+    Kube,
+    load_credentials,
+)
 from pagoda_operator.models import GROUP, PLURAL, VERSION, InferenceServiceSpec
-from pagoda_operator.names import LABEL_ISVC, child_selector
-from pagoda_operator.plan import plan_service
+from pagoda_operator.names import LABEL_ISVC, LABEL_VARIANT, NAME_RULES, child_selector
+from pagoda_operator.plan import ServicePlan, plan_service
 from pagoda_operator.render import RenderOptions, render
+from pagoda_operator.replicas import replicas_manifest, replicas_to_apply
+from pagoda_operator.retire import TIME_FORMAT, plan_retirement, replacements_ready, serving_variants
+from pagoda_operator.rules import enforce
 from pagoda_operator.status import compute_status, invalid_status, status_changed
 
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the last reconcile found that the cluster's objects alone do not show."""
+
+    clashes: tuple[str, ...] = ()
+    retiring: dict | None = None
+
+
 _kube: Kube | None = None
-# The spec handler, the timer and Deployment and Pod events may refresh one object's status at
+_observed: dict[tuple[str, str], Observed] = {}
+_known: set[tuple[str, str]] = set()
+# The spec handler, the resync and Deployment and Pod events may refresh one object's status at
 # once; each must see the others' writes, or a transition (and its Warning) is reported twice.
 _STATUS_LOCKS = [threading.Lock() for _ in range(64)]
 
@@ -57,7 +83,7 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
 
 
 def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime(TIME_FORMAT)
 
 
 def _ids(body) -> tuple[str, str, str, int]:
@@ -66,7 +92,14 @@ def _ids(body) -> tuple[str, str, str, int]:
 
 
 def _parse(body) -> InferenceServiceSpec:
+    enforce(body["metadata"]["name"], NAME_RULES)
     return InferenceServiceSpec.model_validate(dict(body.get("spec") or {}))
+
+
+def _owned(obj: dict, uid: str) -> bool:
+    return any(
+        ref.get("uid") == uid and ref.get("controller") for ref in obj["metadata"].get("ownerReferences", [])
+    )
 
 
 def _error_text(exc: ValidationError | ValueError) -> str:
@@ -83,12 +116,22 @@ def _api_message(exc: ApiException) -> str:
         return str(exc.body)
 
 
+def _being_deleted(exc: ApiException) -> bool:
+    """The object or its namespace is gone, or the namespace refuses new objects while it terminates."""
+    return exc.status == 404 or (exc.status == 403 and "NamespaceTerminating" in str(exc.body))
+
+
 def _report_invalid(k: Kube, body, reason: str, message: str, *, announce: bool) -> None:
     namespace, name, _, generation = _ids(body)
     previous = dict(body.get("status") or {})
     new = invalid_status(previous, reason=reason, message=message, generation=generation, now=_now())
     if status_changed(previous, new):
-        k.patch_status(namespace, name, new)
+        try:
+            k.patch_status(namespace, name, new)
+        except ApiException as exc:
+            if not _being_deleted(exc):
+                raise
+            return
     if announce:
         kopf.warn(body, reason=reason, message=message)
 
@@ -103,16 +146,20 @@ def refresh_status(k: Kube, namespace: str, name: str) -> None:
             plan = plan_service(_parse(body))
         except (ValidationError, ValueError):
             return  # the spec handler reports it
-        _, _, _, generation = _ids(body)
+        _, _, uid, generation = _ids(body)
         selector = child_selector(name)
+        observed = _observed.get((namespace, name), Observed())
         previous = dict(body.get("status") or {})
         new = compute_status(
             plan,
             namespace=namespace,
             name=name,
             generation=generation,
-            deployments=k.list("Deployment", namespace, selector),
+            deployments=[d for d in k.list("Deployment", namespace, selector) if _owned(d, uid)],
             pods=k.list("Pod", namespace, selector),
+            hpas=[h for h in k.list("HorizontalPodAutoscaler", namespace, selector) if _owned(h, uid)],
+            clashes=list(observed.clashes),
+            retiring=observed.retiring,
             previous=previous,
             now=_now(),
         )
@@ -124,23 +171,93 @@ def refresh_status(k: Kube, namespace: str, name: str) -> None:
             if exc.status == 404:
                 return  # deleted since it was read
             raise
-    metrics.STATUS_WRITES.inc()
-    fits = next(c for c in new["conditions"] if c["type"] == "ModelFits")
-    was = next((c for c in previous.get("conditions", []) if c["type"] == "ModelFits"), {})
-    if fits["status"] == "False" and was.get("status") != "False":
-        kopf.warn(body, reason="ModelDoesNotFit", message=fits["message"])
+        metrics.STATUS_WRITES.inc()
+        _announce_transitions(k, body, previous, new)
 
 
-def _prune(k: Kube, body, manifests: list[dict], kinds: list[str]) -> None:
-    """Deletes our children that the render no longer produces: removed or unfitting variants."""
+def _announce_transitions(k: Kube, body, previous: dict, new: dict) -> None:
+    """Events on the InferenceService when what a user must act on starts, changes or ends."""
+    was = {c["type"]: c for c in previous.get("conditions", [])}
+    now = {c["type"]: c for c in new["conditions"]}
+    fits, fitted = now["ModelFits"], was.get("ModelFits", {})
+    if fits["status"] == "False" and fitted.get("status") != "False":
+        k.post_event(body, "Warning", "ModelDoesNotFit", fits["message"])
+    degraded, before = now["Degraded"], was.get("Degraded", {})
+    if degraded["status"] == "True" and (before.get("status"), before.get("reason")) != (
+        "True",
+        degraded["reason"],
+    ):
+        k.post_event(body, "Warning", degraded["reason"], degraded["message"])
+    elif degraded["status"] == "False" and before.get("status") == "True":
+        k.post_event(body, "Normal", "Recovered", "no child reports a failure any more")
+
+
+def _apply_deployment(k: Kube, manifest: dict, variant, live: dict | None) -> None:
+    count = replicas_to_apply(variant, live)
+    if live is None:
+        # Created with its count, then co-owned by the replicas manager, so that the main manager
+        # can leave spec.replicas out from now on without the apiserver resetting it.
+        k.apply({**manifest, "spec": {**manifest["spec"], "replicas": count}}, force=False)
+    if count is not None:
+        k.apply(replicas_manifest(manifest, count), force=True, manager=REPLICAS_FIELD_MANAGER)
+    if live is not None:
+        k.apply(manifest, force=True)
+
+
+def _apply_children(k: Kube, plan: ServicePlan, manifests: list[dict], uid: str) -> list[str]:
+    """Applies what is ours or new; returns the objects in the way that belong to someone else."""
+    variants = {v.name: v for v in plan.variants}
+    clashes = []
+    for manifest in manifests:
+        meta = manifest["metadata"]
+        live = k.get(manifest["kind"], meta["namespace"], meta["name"])
+        if live is not None and not _owned(live, uid):
+            clashes.append(f"{manifest['kind']} {meta['namespace']}/{meta['name']}")
+        elif manifest["kind"] == "Deployment":
+            _apply_deployment(k, manifest, variants[meta["labels"][LABEL_VARIANT]], live)
+        else:
+            k.apply(manifest, force=live is not None)
+    return clashes
+
+
+def _retire(k: Kube, body, plan: ServicePlan, manifests: list[dict], kinds: list[str]) -> dict | None:
+    """Deletes the children the render no longer produces, once their replacements serve."""
     namespace, name, uid, _ = _ids(body)
+    owned = [
+        {**child, "kind": kind}
+        for kind in kinds
+        for child in k.list(kind, namespace, child_selector(name))
+        if _owned(child, uid)
+    ]
     wanted = {(m["kind"], m["metadata"]["name"]) for m in manifests}
-    for kind in kinds:
-        for child in k.list(kind, namespace, child_selector(name)):
-            meta = child["metadata"]
-            owned = any(ref.get("uid") == uid for ref in meta.get("ownerReferences", []))
-            if owned and (kind, meta["name"]) not in wanted:
-                k.delete(kind, namespace, meta["name"])
+    deployments = [c for c in owned if c["kind"] == "Deployment"]
+    unfit = {v.name for v in plan.variants if not v.servable}
+    retiring = (body.get("status") or {}).get("retiring") or {}
+    retirement = plan_retirement(
+        wanted=wanted,
+        owned=owned,
+        kept_variants=unfit & serving_variants(deployments),
+        replacements_are_ready=replacements_ready(
+            [d for d in deployments if ("Deployment", d["metadata"]["name"]) in wanted]
+        ),
+        since=retiring.get("since"),
+        now=datetime.now(UTC),
+        timeout_seconds=plan.spec.rollout.replacement_timeout_seconds,
+    )
+    for kind, child in retirement.delete:
+        k.delete(kind, namespace, child)
+    if retirement.timed_out:
+        k.post_event(
+            body,
+            "Warning",
+            "ReplacementNotReady",
+            f"removed {', '.join(retiring.get('deployments', []))} after "
+            f"{plan.spec.rollout.replacement_timeout_seconds}s although the variants replacing them "
+            "have no ready pod yet",
+        )
+    if not retirement.waiting:
+        return None
+    return {"since": retirement.since, "deployments": list(retirement.waiting)}
 
 
 def reconcile(body, *, announce: bool) -> None:
@@ -163,12 +280,14 @@ def reconcile(body, *, announce: bool) -> None:
         _report_invalid(k, body, "InvalidSpec", _error_text(exc), announce=announce)
         raise kopf.PermanentError(f"invalid spec: {_error_text(exc)}") from exc
     try:
-        for manifest in manifests:
-            k.apply(manifest)
+        clashes = _apply_children(k, plan, manifests, uid)
         kinds = [kind for kind in CHILD_KINDS if kind != "ServiceMonitor" or service_monitor]
-        _prune(k, body, manifests, kinds)
+        retiring = _retire(k, body, plan, manifests, kinds)
+        _observed[(namespace, name)] = Observed(tuple(clashes), retiring)
         refresh_status(k, namespace, name)
     except ApiException as exc:
+        if _being_deleted(exc):
+            return  # the InferenceService or its namespace goes; the garbage collector does the rest
         metrics.RECONCILES.labels(result="error").inc()
         if exc.status in (0, 409, 429) or exc.status >= 500:
             raise kopf.TemporaryError(
@@ -189,17 +308,56 @@ def on_spec(body, **_) -> None:
     reconcile(body, announce=True)
 
 
-def resync(body, **_) -> None:
-    try:
-        reconcile(body, announce=False)
-    except kopf.PermanentError:
-        # Already reported when the spec changed; the timer must not repeat the event.
-        return
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def remember(type, namespace, name, **_) -> None:
+    """Keeps the set of InferenceServices the resync visits: those kopf's scope lets us see."""
+    if type == "DELETED":
+        _known.discard((namespace, name))
+        _observed.pop((namespace, name), None)
+    else:
+        _known.add((namespace, name))
+
+
+def _resync_once(k: Kube) -> None:
+    for namespace, name in sorted(_known):
+        body = k.get_inference_service(namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            continue
+        try:
+            reconcile(body, announce=False)
+        except kopf.PermanentError:
+            continue  # already reported when the spec changed; the resync must not repeat the event
+        except kopf.TemporaryError as exc:
+            logger.warning(f"[{namespace}/{name}] Resync will retry: {exc}")
+            continue
+        except Exception:
+            logger.exception(f"[{namespace}/{name}] Resync failed with an exception")
+            continue
+        logger.info(f"[{namespace}/{name}] Resync succeeded")
 
 
 def schedule_resync(interval: float) -> None:
-    """Reconciles every InferenceService again each `interval` seconds (the CLI's --resync-seconds)."""
-    kopf.timer(GROUP, VERSION, PLURAL, interval=interval, initial_delay=interval)(resync)
+    """Reconciles every InferenceService again each `interval` seconds (the CLI's --resync-seconds).
+
+    A thread rather than a kopf timer: kopf puts a finalizer on every object a timer runs for, and a
+    finalizer makes deletion hang whenever the operator is down.
+    """
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(interval):
+            try:
+                _resync_once(kube())
+            except Exception:
+                logger.exception("Resync failed with an exception")
+
+    @kopf.on.startup()
+    def start_resync(**_) -> None:
+        threading.Thread(target=loop, name="resync", daemon=True).start()
+
+    @kopf.on.cleanup()
+    def stop_resync(**_) -> None:
+        stop.set()
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={LABEL_ISVC: kopf.PRESENT})

@@ -7,12 +7,18 @@ manifest, and responses from a newer apiserver never fail to parse.
 from __future__ import annotations
 
 import json
+import logging
+from datetime import UTC, datetime
 
 from kubernetes import client, config
 
 from pagoda_operator.models import GROUP, PLURAL, VERSION
 
+logger = logging.getLogger(__name__)
+
 FIELD_MANAGER = "pagoda-operator"
+# Owns only a Deployment's spec.replicas, apart from everything else: see replicas.py.
+REPLICAS_FIELD_MANAGER = "pagoda-operator-replicas"
 
 # kind → (API prefix, plural) of every child kind the operator manages.
 CHILD_KINDS: dict[str, tuple[str, str]] = {
@@ -20,6 +26,7 @@ CHILD_KINDS: dict[str, tuple[str, str]] = {
     "Service": ("/api/v1", "services"),
     "HorizontalPodAutoscaler": ("/apis/autoscaling/v2", "horizontalpodautoscalers"),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
     "ServiceMonitor": ("/apis/monitoring.coreos.com/v1", "servicemonitors"),
 }
 SERVICE_MONITOR_API = ("monitoring.coreos.com", "v1", "servicemonitors")
@@ -60,30 +67,69 @@ class Kube:
             raise client.ApiException(status=response.status, reason=response.reason, body=data.decode())
         return json.loads(data) if data else {}
 
-    def apply(self, manifest: dict) -> dict:
-        prefix, plural = CHILD_KINDS[manifest["kind"]]
+    def _path(self, kind: str, namespace: str, name: str = "") -> str:
+        prefix, plural = CHILD_KINDS[kind] if kind != "Pod" else ("/api/v1", "pods")
+        return f"{prefix}/namespaces/{namespace}/{plural}" + (f"/{name}" if name else "")
+
+    def apply(self, manifest: dict, *, force: bool, manager: str = FIELD_MANAGER) -> dict:
+        """Server-side apply; `force` takes fields over from other managers, so only for our own objects."""
         meta = manifest["metadata"]
+        query = [("fieldManager", manager)] + ([("force", "true")] if force else [])
         return self.request(
             "PATCH",
-            f"{prefix}/namespaces/{meta['namespace']}/{plural}/{meta['name']}",
-            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            self._path(manifest["kind"], meta["namespace"], meta["name"]),
+            query=query,
             body=manifest,
             content_type="application/apply-patch+yaml",
         )
 
+    def get(self, kind: str, namespace: str, name: str) -> dict | None:
+        try:
+            return self.request("GET", self._path(kind, namespace, name))
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def post_event(self, owner: dict, type_: str, reason: str, message: str) -> None:
+        """A Normal or Warning event on the InferenceService, which `kubectl describe` shows."""
+        meta = owner["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": owner.get("apiVersion", f"{GROUP}/{VERSION}"),
+                "kind": owner.get("kind", "InferenceService"),
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": FIELD_MANAGER},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self.request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=event)
+        except client.ApiException as exc:
+            # As kopf does with its own events: a namespace being deleted refuses them, and an event
+            # lost must not fail the reconcile it reports on.
+            logger.warning(f"[{meta['namespace']}/{meta['name']}] event {reason} not posted: {exc.reason}")
+
     def list(self, kind: str, namespace: str, label_selector: str) -> list[dict]:
-        prefix, plural = CHILD_KINDS[kind] if kind != "Pod" else ("/api/v1", "pods")
-        found = self.request(
-            "GET", f"{prefix}/namespaces/{namespace}/{plural}", query=[("labelSelector", label_selector)]
-        )
+        found = self.request("GET", self._path(kind, namespace), query=[("labelSelector", label_selector)])
         return found.get("items", [])
 
     def delete(self, kind: str, namespace: str, name: str) -> None:
-        prefix, plural = CHILD_KINDS[kind]
         try:
             self.request(
                 "DELETE",
-                f"{prefix}/namespaces/{namespace}/{plural}/{name}",
+                self._path(kind, namespace, name),
                 body={"propagationPolicy": "Background"},
             )
         except client.ApiException as exc:

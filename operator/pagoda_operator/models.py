@@ -7,7 +7,7 @@ defaults the apiserver fills in.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pagoda_runtime.config import KV_CACHE_DTYPES, QUANTIZATION_CHOICES
 from pagoda_runtime.sizing import KNOWN_ARCHITECTURES, ModelArchitecture
@@ -198,11 +198,16 @@ class RuntimeSpec(Spec):
     env: list[EnvVar] = Field(default=[], description="More environment variables for the runtime container.")
 
 
+# Inside a list item the apiserver fills no defaults (see crd.py), so the CEL rules supply them.
+_MIN = "(has(self.min) ? self.min : 1)"
+_MAX = "(has(self.max) ? self.max : 1)"
+
+
 class ReplicaRange(Spec):
     RULES = (
-        Rule("self.min <= self.max", lambda r: r.min <= r.max, "replicas.min must not exceed replicas.max"),
+        Rule(f"{_MIN} <= {_MAX}", lambda r: r.min <= r.max, "replicas.min must not exceed replicas.max"),
         Rule(
-            "self.min >= 1 || self.min == self.max",
+            f"{_MIN} >= 1 || {_MIN} == {_MAX}",
             lambda r: r.min >= 1 or r.min == r.max,
             "replicas.min must be at least 1 when the variant autoscales (max > min)",
         ),
@@ -311,6 +316,130 @@ class MonitoringSpec(Spec):
     interval: str = Field(default="15s", pattern=r"^[0-9]+(ms|s|m)$", description="Scrape interval.")
 
 
+def _is_zero(value: int | str | None) -> bool:
+    return str(value) in ("0", "0%")
+
+
+class RolloutSpec(Spec):
+    RULES = (
+        Rule(
+            "!(has(self.maxSurge) && has(self.maxUnavailable) && string(self.maxSurge) in ['0', '0%'] "
+            "&& string(self.maxUnavailable) in ['0', '0%'])",
+            lambda r: not (_is_zero(r.max_surge) and _is_zero(r.max_unavailable)),
+            "rollout.maxSurge and rollout.maxUnavailable must not both be 0: the rollout could never start",
+        ),
+    )
+
+    max_surge: int | str | None = Field(
+        default=None,
+        description="Pods a rollout may start above the desired count (a number or a percentage). "
+        "Unset: 0 for GPU pods, so that a rollout never waits for a GPU that a full node pool does not "
+        "have (a pod stops before its replacement starts), and 1 for CPU pods.",
+    )
+    max_unavailable: int | str | None = Field(
+        default=None,
+        description="Pods a rollout may stop before their replacements are ready (a number or a "
+        "percentage). Unset: 1 for GPU pods (a one-replica variant is down while its new pod loads) "
+        "and 0 for CPU pods.",
+    )
+    replacement_timeout_seconds: int = Field(
+        default=900,
+        ge=0,
+        description="How long a renamed or removed variant keeps serving while the variants that "
+        "replace it have no ready pod; after that it is removed anyway, and an event says so.",
+    )
+
+    def strategy(self, gpus: int) -> dict:
+        """The Deployment's rollingUpdate: the fields given, the device's defaults for the others."""
+        surge, unavailable = (0, 1) if gpus else (1, 0)
+        surge = surge if self.max_surge is None else self.max_surge
+        unavailable = unavailable if self.max_unavailable is None else self.max_unavailable
+        if _is_zero(surge) and _is_zero(unavailable):
+            # Only one of them was given, as 0: the other one lets the rollout move.
+            surge, unavailable = (1, unavailable) if self.max_surge is None else (surge, 1)
+        return {"maxSurge": surge, "maxUnavailable": unavailable}
+
+
+class NetworkPolicySpec(Spec):
+    enabled: bool = Field(
+        default=False,
+        description="Create a NetworkPolicy that admits traffic to the pods only from the clients below "
+        "and from Prometheus.",
+    )
+    client_pod_labels: dict[str, str] = Field(
+        default={},
+        description="Labels of the pods in the InferenceService's namespace that may call the API; "
+        "every pod of the namespace when empty.",
+    )
+    client_namespace_labels: dict[str, str] | None = Field(
+        default=None, description="Labels of other namespaces whose pods may call the API too."
+    )
+    prometheus_namespace_labels: dict[str, str] = Field(
+        default={"kubernetes.io/metadata.name": "monitoring"},
+        description="Labels of the namespace Prometheus runs in; its pods may scrape /metrics.",
+    )
+
+
+class _Open(Spec):
+    """A Kubernetes object passed through as written; the apiserver validates it in the Deployment."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class NamedVolume(_Open):
+    name: str = Field(min_length=1, description="Volume name; dshm, tmp, cache and model are the runtime's.")
+
+
+class NamedVolumeMount(_Open):
+    name: str = Field(min_length=1, description="Name of the volume to mount.")
+    mount_path: str = Field(min_length=1, description="Where in the runtime container.")
+
+
+class NamedEnvVar(_Open):
+    name: str = Field(min_length=1, description="Environment variable name (value or valueFrom as in a pod).")
+
+
+_RUNTIME_VOLUMES = ("dshm", "tmp", "cache", "model")
+
+
+class PodTemplateOverrides(Spec):
+    RULES = (
+        Rule(
+            f"!has(self.volumes) || self.volumes.all(v, !(v.name in {list(_RUNTIME_VOLUMES)}))",
+            lambda t: all(v.name not in _RUNTIME_VOLUMES for v in t.volumes),
+            "podTemplate.spec.volumes must not reuse the runtime's volume names "
+            + ", ".join(_RUNTIME_VOLUMES),
+        ),
+    )
+
+    affinity: dict[str, Any] | None = Field(default=None, description="The pods' affinity, as in a pod spec.")
+    topology_spread_constraints: list[dict[str, Any]] = Field(
+        default=[], description="How the pods spread over zones or nodes, as in a pod spec."
+    )
+    runtime_class_name: str | None = Field(default=None, description="RuntimeClass of the pods.")
+    env: list[NamedEnvVar] = Field(
+        default=[], description="More environment variables of the runtime container."
+    )
+    volumes: list[NamedVolume] = Field(default=[], description="More volumes of the pods.")
+    volume_mounts: list[NamedVolumeMount] = Field(
+        default=[], description="More volume mounts of the runtime container."
+    )
+
+
+class PodTemplateMetadata(Spec):
+    labels: dict[str, str] = Field(default={}, description="More labels of the pods.")
+    annotations: dict[str, str] = Field(default={}, description="More annotations of the pods.")
+
+
+class PodTemplate(Spec):
+    metadata: PodTemplateMetadata = Field(
+        default=PodTemplateMetadata(), description="Pod labels and annotations."
+    )
+    spec: PodTemplateOverrides = Field(
+        default=PodTemplateOverrides(), description="Pod fields merged over the rendered pod."
+    )
+
+
 def _gguf_needs_gguf(spec: InferenceServiceSpec) -> bool:
     return spec.model.is_gguf or all(v.quantization != "gguf" for v in spec.variants)
 
@@ -347,13 +476,26 @@ class InferenceServiceSpec(Spec):
     variants: list[VariantSpec] = Field(
         min_length=1,
         max_length=8,
-        description="Quantization variants served side by side behind one Service, each its own Deployment.",
+        description="Quantization variants served side by side behind one Service, each its own Deployment. "
+        "A map keyed by name: server-side apply merges variants by name, so that several field managers "
+        "can each own their own.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     resources: ResourcesSpec = Field(default=ResourcesSpec(), description="Resources of each pod.")
     autoscaling: AutoscalingSpec = Field(default=AutoscalingSpec(), description="Autoscaling on queue depth.")
     drain: DrainSpec = Field(default=DrainSpec(), description="Graceful shutdown of pods.")
     scheduling: SchedulingSpec = Field(default=SchedulingSpec(), description="Where the pods may run.")
     monitoring: MonitoringSpec = Field(default=MonitoringSpec(), description="Prometheus scraping.")
+    rollout: RolloutSpec = Field(default=RolloutSpec(), description="How a spec edit replaces pods.")
+    network_policy: NetworkPolicySpec = Field(
+        default=NetworkPolicySpec(), description="Which pods may reach the runtime pods."
+    )
+    pod_template: PodTemplate = Field(
+        default=PodTemplate(),
+        description="An escape hatch merged over the rendered pods: affinity, topology spread, "
+        "runtimeClassName, extra env, volumes and mounts, labels and annotations. The operator's own "
+        "selector labels win; the apiserver validates the result.",
+    )
 
 
 class Condition(Spec):
@@ -374,6 +516,11 @@ class VariantStatus(Spec):
     fits: bool | None = Field(default=None, description="Whether the model fits this variant's pods.")
 
 
+class RetiringStatus(Spec):
+    since: str = Field(description="When the operator began waiting for the replacing variants.")
+    deployments: list[str] = Field(default=[], description="Deployments kept serving meanwhile.")
+
+
 class InferenceServiceStatus(Spec):
     conditions: list[Condition] = Field(default=[], description="Ready, Progressing, Degraded and ModelFits.")
     variants: list[VariantStatus] = Field(default=[], description="Replicas per variant.")
@@ -382,4 +529,9 @@ class InferenceServiceStatus(Spec):
     variant_names: str | None = Field(default=None, description="Variant names, comma-separated (printed).")
     replica_summary: str | None = Field(
         default=None, description="Ready replicas over desired replicas (printed)."
+    )
+    retiring: RetiringStatus | None = Field(
+        default=None,
+        description="Children of renamed or removed variants kept serving until the variants that "
+        "replace them have ready pods.",
     )

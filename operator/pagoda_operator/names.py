@@ -3,15 +3,44 @@ render, status, prune and the handlers' watches agree on which object belongs to
 
 from __future__ import annotations
 
+import hashlib
+import re
+
 from pagoda_operator.models import GROUP
+from pagoda_operator.rules import Rule
 
 PORT = 8000
 LABEL_ISVC = f"{GROUP}/inference-service"
 LABEL_VARIANT = f"{GROUP}/variant"
+# The InferenceService's name is its Service's name and a label value: a DNS-1035 label.
+MAX_NAME_LENGTH = 63
+_HASH_LENGTH = 6
+# About the whole object, of which CEL may read metadata.name.
+NAME_RULES = (
+    Rule(
+        f"self.metadata.name.size() <= {MAX_NAME_LENGTH}",
+        lambda name: len(name) <= MAX_NAME_LENGTH,
+        f"metadata.name must be at most {MAX_NAME_LENGTH} characters: it names the InferenceService's "
+        "Service and labels its pods",
+    ),
+    Rule(
+        "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+        lambda name: re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) is not None,
+        "metadata.name must start with a letter and hold only lowercase letters, digits and '-': "
+        "it names the InferenceService's Service",
+    ),
+)
 
 
 def variant_object_name(name: str, variant: str) -> str:
-    return f"{name}-{variant}"
+    """`<name>-<variant>-<hash of both>`, the name cut short where needed to stay a DNS label.
+
+    The hash keeps InferenceService `chat`'s variant `fp8` apart from InferenceService `chat-fp8`
+    and from every other pair whose joined names read the same.
+    """
+    digest = hashlib.sha256(f"{name}/{variant}".encode()).hexdigest()[:_HASH_LENGTH]
+    room = MAX_NAME_LENGTH - len(variant) - len(digest) - 2
+    return f"{name[:room].rstrip('-')}-{variant}-{digest}"
 
 
 def service_url(name: str, namespace: str) -> str:

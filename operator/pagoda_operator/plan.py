@@ -19,6 +19,7 @@ class VariantPlan:
     variant: VariantSpec
     quantization: str  # what --quantization auto resolves to, as far as the spec tells
     fit: FitResult | None  # None: the spec lacks the architecture or the capacity to decide
+    autoscales: bool  # an HPA owns the replica count between min and max
 
     @property
     def name(self) -> str:
@@ -70,7 +71,8 @@ def _fit(spec: InferenceServiceSpec, variant: VariantSpec, quantization: str) ->
 
 def plan_variant(spec: InferenceServiceSpec, variant: VariantSpec) -> VariantPlan:
     quantization = sized_quantization(spec, variant)
-    return VariantPlan(variant, quantization, _fit(spec, variant, quantization))
+    autoscales = spec.autoscaling.enabled and variant.replicas.max > variant.replicas.min
+    return VariantPlan(variant, quantization, _fit(spec, variant, quantization), autoscales)
 
 
 def plan_service(spec: InferenceServiceSpec) -> ServicePlan:

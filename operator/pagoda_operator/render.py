@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pagoda_operator.models import GROUP, KIND, VERSION, InferenceServiceSpec, VariantSpec
 from pagoda_operator.names import LABEL_VARIANT, PORT, labels, selector_labels, variant_object_name
-from pagoda_operator.plan import ServicePlan
+from pagoda_operator.plan import ServicePlan, VariantPlan
 
 QUEUE_METRIC = "pagoda_num_requests_waiting"
 RUNTIME_CONTAINER = "runtime"
@@ -279,33 +279,46 @@ def _pod_spec(spec: InferenceServiceSpec, variant: VariantSpec, served_name: str
     return pod
 
 
-def autoscales(spec: InferenceServiceSpec, variant: VariantSpec) -> bool:
-    return spec.autoscaling.enabled and variant.replicas.max > variant.replicas.min
+def _with_overrides(pod: dict, spec: InferenceServiceSpec) -> dict:
+    """spec.podTemplate.spec merged over the rendered pod: lists extended, the other fields set."""
+    extra = spec.pod_template.spec
+    (container,) = pod["containers"]
+    dump = lambda items: [item.model_dump(by_alias=True, exclude_none=True) for item in items]  # noqa: E731
+    container["env"] = container["env"] + dump(extra.env)
+    container["volumeMounts"] = container["volumeMounts"] + dump(extra.volume_mounts)
+    pod["volumes"] = pod["volumes"] + dump(extra.volumes)
+    if extra.affinity is not None:
+        pod["affinity"] = extra.affinity
+    if extra.topology_spread_constraints:
+        pod["topologySpreadConstraints"] = list(extra.topology_spread_constraints)
+    if extra.runtime_class_name:
+        pod["runtimeClassName"] = extra.runtime_class_name
+    return pod
 
 
-def _deployment(spec, variant, *, namespace, name, uid, served_name) -> dict:
+def _deployment(spec, plan: VariantPlan, *, namespace, name, uid, served_name) -> dict:
+    variant = plan.variant
     object_name = variant_object_name(name, variant.name)
     deployment_spec = {
         "selector": {"matchLabels": selector_labels(name, variant.name)},
-        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": spec.rollout.strategy(spec.resources.gpus)},
         # Loading a model may take the whole startup timeout; only then is a rollout stuck.
         "progressDeadlineSeconds": spec.runtime.startup_timeout_seconds + 300,
         "template": {
             "metadata": {
-                "labels": labels(name, variant.name),
+                "labels": {**spec.pod_template.metadata.labels, **labels(name, variant.name)},
                 "annotations": {
+                    **spec.pod_template.metadata.annotations,
                     "kubectl.kubernetes.io/default-container": RUNTIME_CONTAINER,
                     "prometheus.io/scrape": "true",
                     "prometheus.io/port": str(PORT),
                     "prometheus.io/path": "/metrics",
                 },
             },
-            "spec": _pod_spec(spec, variant, served_name),
+            "spec": _with_overrides(_pod_spec(spec, variant, served_name), spec),
         },
     }
-    if not autoscales(spec, variant):
-        # Left out when the HPA owns the replica count, so that re-applying does not fight it.
-        deployment_spec["replicas"] = variant.replicas.min
+    # spec.replicas is left out: a field manager of its own owns it (replicas.py).
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -399,20 +412,42 @@ def _service_monitor(spec, *, namespace, name, uid) -> dict:
     }
 
 
+def _network_policy(spec, *, namespace, name, uid) -> dict:
+    policy = spec.network_policy
+    clients = [{"podSelector": {"matchLabels": dict(policy.client_pod_labels)}}]
+    if policy.client_namespace_labels is not None:
+        clients.append({"namespaceSelector": {"matchLabels": dict(policy.client_namespace_labels)}})
+    prometheus = {"namespaceSelector": {"matchLabels": dict(policy.prometheus_namespace_labels)}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(name, namespace, name, uid, None),
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(name)},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [*clients, prometheus], "ports": [{"protocol": "TCP", "port": PORT}]}],
+        },
+    }
+
+
 def render(plan: ServicePlan, *, namespace: str, name: str, uid: str, options: RenderOptions) -> list[dict]:
+    """Every child that should exist; Deployments without spec.replicas (see replicas.py)."""
     spec = plan.spec
     served_name = spec.model.served_name or name
     ids = {"namespace": namespace, "name": name, "uid": uid}
     objects = [_service(name, selector_labels(name), variant=None, **ids)]
-    for variant in (v.variant for v in plan.servable):
+    for variant_plan in plan.servable:
+        variant = variant_plan.variant
         object_name = variant_object_name(name, variant.name)
-        objects.append(_deployment(spec, variant, served_name=served_name, **ids))
+        objects.append(_deployment(spec, variant_plan, served_name=served_name, **ids))
         objects.append(
             _service(object_name, selector_labels(name, variant.name), variant=variant.name, **ids)
         )
         objects.append(_pdb(variant, **ids))
-        if autoscales(spec, variant):
+        if variant_plan.autoscales:
             objects.append(_hpa(spec, variant, **ids))
+    if spec.network_policy.enabled:
+        objects.append(_network_policy(spec, **ids))
     if options.service_monitor and spec.monitoring.service_monitor:
         objects.append(_service_monitor(spec, **ids))
     return objects

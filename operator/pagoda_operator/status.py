@@ -76,6 +76,28 @@ def pod_problems(pods: list[dict]) -> list[tuple[str, str]]:
     return problems
 
 
+def deployment_problems(deployments: list[dict]) -> list[tuple[str, str]]:
+    """The Deployment controller's own failures: pods it could not create (quota, PriorityClass)."""
+    problems = []
+    for deployment in deployments:
+        for cond in deployment.get("status", {}).get("conditions", []):
+            if cond.get("type") == "ReplicaFailure" and cond.get("status") == "True":
+                message = f"Deployment {deployment['metadata']['name']}: {cond.get('message', '')}"
+                problems.append((cond.get("reason") or "FailedCreate", message.strip()))
+    return problems
+
+
+def hpa_problems(hpas: list[dict]) -> list[tuple[str, str]]:
+    """An HPA that cannot scale, most often because no metrics adapter serves the queue depth."""
+    problems = []
+    for hpa in hpas:
+        for cond in hpa.get("status", {}).get("conditions", []):
+            if cond.get("type") == "ScalingActive" and cond.get("status") == "False":
+                message = f"HorizontalPodAutoscaler {hpa['metadata']['name']}: {cond.get('message', '')}"
+                problems.append((cond.get("reason") or "ScalingInactive", message.strip()))
+    return problems
+
+
 def _variant_status(name: str, variant, deployments: dict[str, dict]) -> dict:
     deployment = deployments.get(variant_object_name(name, variant.name), {})
     dep_status = deployment.get("status", {})
@@ -130,16 +152,30 @@ def compute_status(
     pods: list[dict],
     previous: dict | None,
     now: str,
+    hpas: list[dict] = (),
+    clashes: list[str] = (),
+    retiring: dict | None = None,
 ) -> dict:
+    """`deployments`, `pods` and `hpas`: the InferenceService's own; `clashes`: objects in the way that
+    belong to someone else; `retiring`: old children kept serving (RetiringStatus's fields)."""
     by_name = {d["metadata"]["name"]: d for d in deployments}
-    servable = plan.servable
+    # A variant that no longer fits keeps its pods while they serve: it is waited on like the others.
+    servable = [v for v in plan.variants if v.servable or variant_object_name(name, v.name) in by_name]
     variants = [_variant_status(name, v, by_name) for v in plan.variants]
 
     missing = [v.name for v in servable if variant_object_name(name, v.name) not in by_name]
     rolling = [
         v.name for v in servable if (d := by_name.get(variant_object_name(name, v.name))) and _rolling_out(d)
     ]
-    if missing or rolling:
+    if retiring:
+        progressing = _condition(
+            "Progressing",
+            True,
+            "ReplacingVariants",
+            f"Deployments {', '.join(retiring['deployments'])} keep serving until the variants that "
+            f"replace them have ready pods (waiting since {retiring['since']})",
+        )
+    elif missing or rolling:
         progressing = _condition(
             "Progressing", True, "RollingOut", f"variants rolling out: {', '.join(missing + rolling)}"
         )
@@ -148,7 +184,17 @@ def compute_status(
 
     servable_names = {v.name for v in servable}
     own_pods = [p for p in pods if p["metadata"].get("labels", {}).get(LABEL_VARIANT) in servable_names]
-    problems = pod_problems(own_pods)
+    clash_problems = [
+        (
+            "NameClash",
+            f"{clash} exists and does not belong to this InferenceService; the operator leaves "
+            "it alone: delete or rename it, or rename the InferenceService",
+        )
+        for clash in clashes
+    ]
+    problems = (
+        clash_problems + deployment_problems(deployments) + hpa_problems(list(hpas)) + pod_problems(own_pods)
+    )
     if problems:
         degraded = _condition("Degraded", True, problems[0][0], "; ".join(message for _, message in problems))
     else:
@@ -162,7 +208,9 @@ def compute_status(
         and (entry["name"] in missing or entry["readyReplicas"] < 1)
         and not _scaled_to_zero(by_name.get(variant_object_name(name, entry["name"])))
     ]
-    if not servable:
+    if clashes:
+        ready = _condition("Ready", False, "NameClash", clash_problems[0][1])
+    elif not servable:
         ready = _condition("Ready", False, "NoVariantFits", fits["message"])
     elif not_ready:
         reason = degraded["reason"] if problems else "Starting"
@@ -184,6 +232,7 @@ def compute_status(
         "observedGeneration": generation,
         "variantNames": ",".join(v.name for v in plan.variants),
         "replicaSummary": f"{sum(e['readyReplicas'] for e in variants)}/{desired}",
+        "retiring": retiring,
     }
 
 

@@ -21,7 +21,7 @@ OPERATOR_ACCOUNT = "pagoda-operator"
 # kopf's words for a handler that raised something other than kopf's own errors (with which the
 # operator reports a refusal), and the apiserver's for a request that RBAC refused.
 _FAILURE = re.compile(
-    rf"(Handler|Timer) '\w+' failed with an exception"
+    rf"(Handler|Timer) '\w+' failed with an exception|Resync failed with an exception"
     rf"|system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_ACCOUNT}\\?\" cannot"
 )
 # In-cluster settings would win over the kubeconfig if the tests themselves run in a pod.
@@ -75,7 +75,7 @@ class OperatorProcess:
         return "\n".join(self.log().splitlines()[-lines:])
 
     def handled(self, namespace: str, name: str, message: str) -> int:
-        """How often the current process logged `message` (e.g. "Timer 'resync' succeeded") for an object."""
+        """How often the current process logged `message` (e.g. "Resync succeeded") for an object."""
         return self.log().count(f"[{namespace}/{name}] {message}")
 
     def failures(self) -> list[str]:

@@ -19,7 +19,7 @@ import httpx
 import pytest
 import yaml
 from pagoda_operator.models import InferenceServiceSpec
-from pagoda_operator.names import selector_labels
+from pagoda_operator.names import selector_labels, variant_object_name
 from pagoda_operator.plan import plan_service
 from pagoda_operator.render import QUEUE_METRIC, RenderOptions, render
 from prometheus_process import PrometheusProcess, ensure_prometheus
@@ -39,7 +39,14 @@ BURST = 12
 SCRAPE_JOBS = ("service-monitor", "annotated-pods")
 SPEC = {
     "model": {"source": "bundled://smollm2-135m", "family": "smollm2-135m", "maxModelLen": 1024},
-    "runtime": {"maxNumSeqs": MAX_NUM_SEQS, "maxNumBatchedTokens": 1024, "kvCacheMemory": 200 * 2**20},
+    # A queue long enough for the whole burst: the runtime's default bound (twice maxNumSeqs) would
+    # answer most of it with 429.
+    "runtime": {
+        "maxNumSeqs": MAX_NUM_SEQS,
+        "maxNumBatchedTokens": 1024,
+        "kvCacheMemory": 200 * 2**20,
+        "maxQueue": BURST,
+    },
     # Two at most: scale-down removes one pod a minute, and one step keeps the test short.
     "variants": [{"name": VARIANT, "replicas": {"min": 1, "max": 2}}],
     "resources": {"gpus": 0, "cpu": "1", "memory": "3Gi"},
@@ -200,11 +207,11 @@ def _quantity(value: str) -> float:
 
 
 def _replicas(cp, namespace: str) -> int:
-    return _get(cp, "deployment", "-n", namespace, f"{NAME}-{VARIANT}")["spec"]["replicas"]
+    return _get(cp, "deployment", "-n", namespace, variant_object_name(NAME, VARIANT))["spec"]["replicas"]
 
 
 def _hpa_current(cp, namespace: str) -> float | None:
-    status = _get(cp, "hpa", "-n", namespace, f"{NAME}-{VARIANT}").get("status", {})
+    status = _get(cp, "hpa", "-n", namespace, variant_object_name(NAME, VARIANT)).get("status", {})
     for current in status.get("currentMetrics") or []:
         if current.get("type") == "Pods" and current["pods"]["metric"]["name"] == QUEUE_METRIC:
             return _quantity(current["pods"]["current"]["averageValue"])

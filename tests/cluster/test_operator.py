@@ -25,6 +25,7 @@ from kube_objects import (
     wait_for,
 )
 from operator_process import OPERATOR_ACCOUNT, OPERATOR_NAMESPACE
+from pagoda_operator.names import variant_object_name
 
 pytestmark = pytest.mark.cluster
 
@@ -32,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
 GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
 QUEUE_METRIC = "pagoda_num_requests_waiting"
-RESYNCED = "Timer 'resync' succeeded"
+RESYNCED = "Resync succeeded"
 
 
 def inference_service(variants=(("bf16", "none"), ("int4", "int4")), max_replicas=2):
@@ -62,7 +63,7 @@ def inference_service(variants=(("bf16", "none"), ("int4", "int4")), max_replica
 
 def expected_children(name: str, variants) -> set[tuple[str, str]]:
     kinds = ["Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler"]
-    return {("Service", name)} | {(kind, f"{name}-{v}") for v in variants for kind in kinds}
+    return {("Service", name)} | {(kind, variant_object_name(name, v)) for v in variants for kind in kinds}
 
 
 def wait_ready(cp, operator, namespace: str, name: str, timeout: float = 60.0) -> dict:
@@ -105,6 +106,14 @@ def writes_snapshot(cp, namespace: str, name: str) -> dict:
 
 def settled_snapshot(cp, operator, namespace: str, name: str) -> dict:
     """The snapshot once a whole resync passes without any write: rollouts and controllers are done."""
+
+    def hpas_reported() -> bool:
+        # The HPA controller reports each HPA on its own 15 s period, and the status follows it.
+        found = children(cp, namespace, name)
+        hpas = [c for (kind, _), c in found.items() if kind == "HorizontalPodAutoscaler"]
+        return all(c.get("status", {}).get("conditions") for c in hpas)
+
+    wait_for(hpas_reported, timeout=45, what="the HPAs to report")
 
     def unchanged_over_a_resync():
         before = writes_snapshot(cp, namespace, name)
@@ -164,6 +173,11 @@ def test_example_is_accepted_and_reconciled(control_plane, pagoda_operator, isvc
     name = yaml.safe_load(example.read_text())["metadata"]["name"]
     applied = apply(cp, isvc_namespace, example.read_text())
     assert applied.strip() == f"inferenceservice.pagoda.dev/{name} created"
+    # A second client-side apply of the same file finds nothing the apiserver filled in to undo.
+    assert (
+        apply(cp, isvc_namespace, example.read_text()).strip()
+        == f"inferenceservice.pagoda.dev/{name} unchanged"
+    )
 
     isvc = wait_for(
         lambda: get(cp, "infsvc", name, "-n", isvc_namespace),
@@ -202,10 +216,11 @@ def test_children_have_the_expected_fields(control_plane, pagoda_operator, isvc_
     assert [(p["port"], p["targetPort"]) for p in everything["ports"]] == [(8000, "http")]
     for variant, quantization in (("bf16", "none"), ("int4", "int4")):
         own = {ISVC_LABEL: "chat", "pagoda.dev/variant": variant}
-        name = f"chat-{variant}"
+        name = variant_object_name("chat", variant)
         deployment = found[("Deployment", name)]["spec"]
         assert deployment["selector"]["matchLabels"] == own
         pod = deployment["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False
         (container,) = pod["containers"]
         args = container["args"]
         assert args[args.index("--quantization") + 1] == quantization
@@ -230,7 +245,8 @@ def test_children_have_the_expected_fields(control_plane, pagoda_operator, isvc_
 
 def test_pods_run_on_the_gpu_node_and_the_status_says_ready(control_plane, pagoda_operator, isvc_namespace):
     cp, ns = control_plane, isvc_namespace
-    apply(cp, ns, inference_service())
+    # Fixed replicas: without a metrics adapter an HPA cannot scale, which the status calls Degraded.
+    apply(cp, ns, inference_service(max_replicas=1))
     isvc = wait_ready(cp, pagoda_operator, ns, "chat")
 
     running = pods(cp, ns, f"{ISVC_LABEL}=chat")
@@ -258,16 +274,17 @@ def test_pods_run_on_the_gpu_node_and_the_status_says_ready(control_plane, pagod
     assert status["url"] in condition(isvc, "Ready")["message"]
 
     table = cp.kubectl("get", "infsvc", "chat", "-n", ns).stdout.splitlines()
-    assert table[0].split() == ["NAME", "READY", "VARIANTS", "REPLICAS", "MODEL", "URL", "AGE"]
-    row = ["chat", "True", "bf16,int4", "2/2", "bundled://smollm2-135m", status["url"]]
-    assert table[1].split()[:6] == row
+    assert table[0].split() == ["NAME", "READY", "VARIANTS", "REPLICAS", "FITS", "MODEL", "URL", "AGE"]
+    row = ["chat", "True", "bf16,int4", "2/2", "True", "bundled://smollm2-135m", status["url"]]
+    assert table[1].split()[:7] == row
 
 
 def test_spec_edit_rolls_out(control_plane, pagoda_operator, isvc_namespace):
     cp, ns = control_plane, isvc_namespace
     apply(cp, ns, inference_service(variants=[("bf16", "none")], max_replicas=1))
     wait_ready(cp, pagoda_operator, ns, "chat")
-    generation = get(cp, "deployment", "chat-bf16", "-n", ns)["metadata"]["generation"]
+    deployment_name = variant_object_name("chat", "bf16")
+    generation = get(cp, "deployment", deployment_name, "-n", ns)["metadata"]["generation"]
 
     edit = '{"spec":{"runtime":{"maxNumSeqs":64}}}'
     cp.kubectl("patch", "infsvc", "chat", "-n", ns, "--type=merge", "-p", edit)
@@ -277,13 +294,13 @@ def test_spec_edit_rolls_out(control_plane, pagoda_operator, isvc_namespace):
         return args[args.index("--max-num-seqs") + 1]
 
     deployment = wait_for(
-        lambda: get(cp, "deployment", "chat-bf16", "-n", ns),
+        lambda: get(cp, "deployment", deployment_name, "-n", ns),
         check=lambda d: max_num_seqs(d["spec"]["template"]["spec"]) == "64",
         what="the Deployment's args to change",
         details=pagoda_operator.log_tail,
     )
     assert deployment["metadata"]["generation"] > generation
-    # maxSurge 1, maxUnavailable 0: a new pod comes up, then the old one goes.
+    # GPU pods roll with maxSurge 0, maxUnavailable 1: the old pod goes, then the new one comes up.
     wait_for(
         lambda: pods(cp, ns, f"{ISVC_LABEL}=chat"),
         check=lambda ps: [max_num_seqs(p["spec"]) for p in ps] == ["64"] and all(map(is_ready, ps)),
@@ -333,19 +350,20 @@ def test_deleting_the_inference_service_garbage_collects_its_children(
 
     wait_for(lambda: not children(cp, ns, "chat"), what="the children to be garbage-collected")
     wait_for(lambda: not pods(cp, ns, f"{ISVC_LABEL}=chat"), what="the pods to go")
-    assert get(cp, "replicasets", "-n", ns)["items"] == []
+    wait_for(lambda: get(cp, "replicasets", "-n", ns)["items"] == [], what="the ReplicaSets to go")
 
 
 def test_deleted_child_is_recreated(control_plane, pagoda_operator, isvc_namespace):
     cp, ns = control_plane, isvc_namespace
     apply(cp, ns, inference_service(variants=[("bf16", "none")]))
     wait_ready(cp, pagoda_operator, ns, "chat")
-    uid = get(cp, "service", "chat-bf16", "-n", ns)["metadata"]["uid"]
+    service = variant_object_name("chat", "bf16")
+    uid = get(cp, "service", service, "-n", ns)["metadata"]["uid"]
 
-    cp.kubectl("delete", "service", "chat-bf16", "-n", ns)
+    cp.kubectl("delete", "service", service, "-n", ns)
 
     wait_for(
-        lambda: get_or_none(cp, "service", "chat-bf16", "-n", ns),
+        lambda: get_or_none(cp, "service", service, "-n", ns),
         check=lambda service: service and service["metadata"]["uid"] != uid,
         what="the resync to recreate the Service",
         details=pagoda_operator.log_tail,
@@ -392,13 +410,12 @@ def test_reapplying_the_same_yaml_writes_nothing(control_plane, pagoda_operator,
     wait_ready(cp, pagoda_operator, ns, "chat")
     before = settled_snapshot(cp, pagoda_operator, ns, "chat")
 
-    # kubectl's client-side patch resends the variants list whenever the apiserver defaulted a field
-    # inside it (kvCacheDtype here), so it may print "configured"; the apiserver sees the same object
-    # and writes nothing, which the resourceVersions below show.
-    apply(cp, ns, manifest)
+    # The apiserver fills no defaults inside the variants list, so kubectl finds nothing to send.
+    assert apply(cp, ns, manifest).strip() == "inferenceservice.pagoda.dev/chat unchanged"
     wait_resyncs(pagoda_operator, ns, "chat", 2)
 
-    assert writes_snapshot(cp, ns, "chat") == before
+    after = writes_snapshot(cp, ns, "chat")
+    assert after == before
 
 
 def test_operator_restart_creates_no_duplicates_and_changes_nothing(
@@ -493,6 +510,6 @@ def test_variant_that_does_not_fit_gets_no_pods_and_is_reported(
     assert len(events(cp, ns, "llama3-70b", "ModelDoesNotFit")) == 1, "the warning must not repeat"
 
     deployments = {name for kind, name in children(cp, ns, "llama3-70b") if kind == "Deployment"}
-    assert deployments == {"llama3-70b-int4"}
+    assert deployments == {variant_object_name("llama3-70b", "int4")}
     assert pods(cp, ns, "pagoda.dev/variant=bf16") == []
     assert len(pods(cp, ns, "pagoda.dev/variant=int4")) == 1

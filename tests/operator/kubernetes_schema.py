@@ -14,6 +14,7 @@ MODELS = {
     ("v1", "Service"): client.V1Service,
     ("autoscaling/v2", "HorizontalPodAutoscaler"): client.V2HorizontalPodAutoscaler,
     ("policy/v1", "PodDisruptionBudget"): client.V1PodDisruptionBudget,
+    ("networking.k8s.io/v1", "NetworkPolicy"): client.V1NetworkPolicy,
     ("v1", "Namespace"): client.V1Namespace,
     ("v1", "ServiceAccount"): client.V1ServiceAccount,
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): client.V1ClusterRole,

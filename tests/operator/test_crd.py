@@ -58,7 +58,8 @@ def test_cel_rules_cover_the_static_checks():
         for r in node.get("x-kubernetes-validations", [])
     }
     assert any("exists_one" in r and "name" in r for r in rules)
-    assert "self.min <= self.max" in rules
+    assert "(has(self.min) ? self.min : 1) <= (has(self.max) ? self.max : 1)" in rules
+    assert any(r == "self.metadata.name.size() <= 63" for r in rules)
     spec = _schema()["properties"]["spec"]["properties"]
     assert spec["variants"]["minItems"] == 1
     variant = spec["variants"]["items"]["properties"]
@@ -74,6 +75,7 @@ def test_printer_columns_short_name_and_status_subresource():
         "Ready",
         "Variants",
         "Replicas",
+        "Fits",
         "Model",
         "URL",
         "Age",
@@ -101,8 +103,18 @@ def test_defaults_in_the_crd_are_the_models_defaults():
         == parsed.autoscaling.target_queue_depth
     )
     assert spec["drain"]["properties"]["timeoutSeconds"]["default"] == parsed.drain.timeout_seconds
-    replicas = spec["variants"]["items"]["properties"]["replicas"]["properties"]
-    assert (replicas["min"]["default"], replicas["max"]["default"]) == (1, 1)
+
+    def defaults(node):
+        yield from ([node["default"]] if "default" in node else [])
+        for child in [*node.get("properties", {}).values(), *([node["items"]] if "items" in node else [])]:
+            yield from defaults(child)
+
+    # The apiserver fills nothing inside a list item, so that re-applying a file changes nothing.
+    for path, node in _walk(_schema(), ""):
+        if path.endswith("[]"):
+            assert list(defaults(node)) == [], path
+    assert spec["variants"]["x-kubernetes-list-type"] == "map"
+    assert spec["variants"]["x-kubernetes-list-map-keys"] == ["name"]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

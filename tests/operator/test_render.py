@@ -5,10 +5,16 @@ from __future__ import annotations
 import pytest
 from kubernetes_schema import validate
 from operator_specs import spec
-from pagoda_operator.plan import plan_service
+from pagoda_operator.names import variant_object_name
+from pagoda_operator.plan import plan_service, plan_variant
 from pagoda_operator.render import RenderOptions, render, runtime_args
+from pagoda_operator.replicas import replicas_to_apply
 
 NS, NAME, UID = "ml", "llama", "0b7e1d2a-0000-4000-8000-000000000001"
+
+
+def child(variant: str) -> str:
+    return variant_object_name(NAME, variant)
 
 
 def objects(s, service_monitor=False) -> dict[tuple[str, str], dict]:
@@ -23,7 +29,7 @@ def objects(s, service_monitor=False) -> dict[tuple[str, str], dict]:
 
 
 def deployment(s, variant="bf16") -> dict:
-    return objects(s)[("Deployment", f"{NAME}-{variant}")]
+    return objects(s)[("Deployment", child(variant))]
 
 
 def pod(s, variant="bf16") -> dict:
@@ -108,13 +114,13 @@ def test_children_per_variant_and_one_service_over_all():
     assert kinds == sorted(
         [
             ("Service", NAME),
-            ("Deployment", f"{NAME}-bf16"),
-            ("Service", f"{NAME}-bf16"),
-            ("PodDisruptionBudget", f"{NAME}-bf16"),
-            ("HorizontalPodAutoscaler", f"{NAME}-bf16"),  # min < max autoscales
-            ("Deployment", f"{NAME}-int4"),
-            ("Service", f"{NAME}-int4"),
-            ("PodDisruptionBudget", f"{NAME}-int4"),
+            ("Deployment", child("bf16")),
+            ("Service", child("bf16")),
+            ("PodDisruptionBudget", child("bf16")),
+            ("HorizontalPodAutoscaler", child("bf16")),  # min < max autoscales
+            ("Deployment", child("int4")),
+            ("Service", child("int4")),
+            ("PodDisruptionBudget", child("int4")),
         ]
     )
 
@@ -141,8 +147,8 @@ def test_services_select_one_variant_or_all_of_them():
     objs = objects(spec(**FULL))
     assert objs[("Service", NAME)]["spec"]["selector"] == {"pagoda.dev/inference-service": NAME}
     selector = {"pagoda.dev/inference-service": NAME, "pagoda.dev/variant": "int4"}
-    assert objs[("Service", f"{NAME}-int4")]["spec"]["selector"] == selector
-    dep = objs[("Deployment", f"{NAME}-int4")]
+    assert objs[("Service", child("int4"))]["spec"]["selector"] == selector
+    dep = objs[("Deployment", child("int4"))]
     assert dep["spec"]["selector"]["matchLabels"] == selector
     assert selector.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
     assert objs[("Service", NAME)]["spec"]["ports"] == [
@@ -276,9 +282,22 @@ def test_shutdown_waits_for_endpoint_removal_then_the_drain():
     assert "lifecycle" not in pod(spec(drain={"endpointRemovalSeconds": 0}))["containers"][0]
 
 
-def test_rollouts_never_reduce_serving_pods():
-    strategy = deployment(spec())["spec"]["strategy"]
-    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+def test_rollouts_wait_for_no_gpu_by_default_and_follow_the_spec():
+    def rolling(**changes):
+        return deployment(spec(**changes))["spec"]["strategy"]["rollingUpdate"]
+
+    # GPU pods: the old pod goes first, so a full node pool cannot leave the new one Pending forever.
+    assert rolling() == {"maxSurge": 0, "maxUnavailable": 1}
+    assert rolling(resources={"gpus": 0}) == {"maxSurge": 1, "maxUnavailable": 0}
+    assert rolling(rollout={"maxSurge": "25%", "maxUnavailable": 0}) == {
+        "maxSurge": "25%",
+        "maxUnavailable": 0,
+    }
+    # One of them given as 0: the other one must let the rollout move.
+    assert rolling(rollout={"maxUnavailable": 0}) == {"maxSurge": 1, "maxUnavailable": 0}
+    assert rolling(resources={"gpus": 0}, rollout={"maxSurge": 0}) == {"maxSurge": 0, "maxUnavailable": 1}
+    with pytest.raises(ValueError, match="must not both be 0"):
+        spec(rollout={"maxSurge": 0, "maxUnavailable": "0%"})
     assert deployment(spec())["spec"]["progressDeadlineSeconds"] > 1800
 
 
@@ -304,8 +323,8 @@ def test_pods_are_locked_down():
 
 def test_hpa_scales_on_queue_depth_fast_up_slow_down():
     s = spec(**FULL, autoscaling={"targetQueueDepth": 6, "scaleDownStabilizationSeconds": 120})
-    hpa = objects(s)[("HorizontalPodAutoscaler", f"{NAME}-bf16")]["spec"]
-    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": f"{NAME}-bf16"}
+    hpa = objects(s)[("HorizontalPodAutoscaler", child("bf16"))]["spec"]
+    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": child("bf16")}
     assert (hpa["minReplicas"], hpa["maxReplicas"]) == (1, 4)
     (metric,) = hpa["metrics"]
     assert metric == {
@@ -321,17 +340,32 @@ def test_hpa_scales_on_queue_depth_fast_up_slow_down():
     assert up >= 100
 
 
-def test_replicas_belong_to_the_hpa_when_there_is_one():
+def test_replicas_have_their_own_field_manager():
     objs = objects(spec(**FULL))
-    assert "replicas" not in objs[("Deployment", f"{NAME}-bf16")]["spec"]
-    assert objs[("Deployment", f"{NAME}-int4")]["spec"]["replicas"] == 2
-    off = objects(spec(**{**FULL, "autoscaling": {"enabled": False}}))
-    assert off[("Deployment", f"{NAME}-bf16")]["spec"]["replicas"] == 1
-    assert not [k for k in off if k[0] == "HorizontalPodAutoscaler"]
+    assert "replicas" not in objs[("Deployment", child("bf16"))]["spec"]
+    assert "replicas" not in objs[("Deployment", child("int4"))]["spec"]
+    s = spec(**FULL)
+    autoscaled, fixed = (plan_variant(s, v) for v in s.variants)
+
+    def live(replicas, *, main_applied=False):
+        fields = {"f:spec": {"f:replicas": {}}} if main_applied else {"f:spec": {"f:template": {}}}
+        entry = {"manager": "pagoda-operator", "operation": "Apply", "fieldsV1": fields}
+        return {"metadata": {"managedFields": [entry]}, "spec": {"replicas": replicas}}
+
+    assert replicas_to_apply(fixed, None) == 2
+    assert replicas_to_apply(fixed, live(5)) == 2
+    # Autoscaled: created at min, raised to min, otherwise the HPA's; taken over from an older operator.
+    assert replicas_to_apply(autoscaled, None) == 1
+    assert replicas_to_apply(autoscaled, live(0)) == 1
+    assert replicas_to_apply(autoscaled, live(3)) is None
+    assert replicas_to_apply(autoscaled, live(3, main_applied=True)) == 3
+    off = spec(**{**FULL, "autoscaling": {"enabled": False}})
+    assert replicas_to_apply(plan_variant(off, off.variants[0]), live(3)) == 1
+    assert not [k for k in objects(off) if k[0] == "HorizontalPodAutoscaler"]
 
 
 def test_pdb_lets_node_drains_take_one_pod_at_a_time():
-    pdb = objects(spec())[("PodDisruptionBudget", f"{NAME}-bf16")]["spec"]
+    pdb = objects(spec())[("PodDisruptionBudget", child("bf16"))]["spec"]
     assert pdb["maxUnavailable"] == 1
     assert pdb["selector"]["matchLabels"] == {
         "pagoda.dev/inference-service": NAME,
@@ -357,8 +391,8 @@ def test_a_variant_that_cannot_fit_gets_no_pods():
         resources={"gpus": 1, "gpuMemory": "80Gi"},
     )
     names = {name for _, name in objects(s)}
-    assert not any(n.startswith(f"{NAME}-bf16") for n in names)
-    assert {("Deployment", f"{NAME}-int4"), ("Service", NAME)} <= set(objects(s))
+    assert not any(n == child("bf16") for n in names)
+    assert {("Deployment", child("int4")), ("Service", NAME)} <= set(objects(s))
 
 
 def test_render_is_deterministic():
@@ -366,3 +400,49 @@ def test_render_is_deterministic():
     assert render(plan_service(s), namespace=NS, name=NAME, uid=UID, options=RenderOptions()) == render(
         plan_service(s), namespace=NS, name=NAME, uid=UID, options=RenderOptions()
     )
+
+
+def test_pod_template_is_merged_over_the_rendered_pod():
+    affinity = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
+    s = spec(
+        podTemplate={
+            "metadata": {"labels": {"team": "ml", "pagoda.dev/variant": "mine"}, "annotations": {"a": "b"}},
+            "spec": {
+                "affinity": affinity,
+                "runtimeClassName": "nvidia",
+                "topologySpreadConstraints": [
+                    {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}
+                ],
+                "env": [{"name": "EXTRA", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                "volumes": [{"name": "extra", "emptyDir": {}}],
+                "volumeMounts": [{"name": "extra", "mountPath": "/extra"}],
+            },
+        }
+    )
+    template = deployment(s)["spec"]["template"]
+    validate(deployment(s))
+    assert template["metadata"]["labels"]["team"] == "ml"
+    assert template["metadata"]["labels"]["pagoda.dev/variant"] == "bf16"  # the selector's label wins
+    assert template["metadata"]["annotations"]["a"] == "b"
+    p = template["spec"]
+    assert (p["affinity"], p["runtimeClassName"]) == (affinity, "nvidia")
+    assert p["topologySpreadConstraints"][0]["topologyKey"] == "zone"
+    assert {"name": "extra", "emptyDir": {}} in p["volumes"] and {"name": "cache", "emptyDir": {}} in p[
+        "volumes"
+    ]
+    (container,) = p["containers"]
+    assert container["env"][-1]["name"] == "EXTRA" and container["env"][0]["name"] == "HOME"
+    assert container["volumeMounts"][-1] == {"name": "extra", "mountPath": "/extra"}
+    with pytest.raises(ValueError, match="must not reuse the runtime's volume names"):
+        spec(podTemplate={"spec": {"volumes": [{"name": "cache", "emptyDir": {}}]}})
+
+
+def test_network_policy_only_when_enabled():
+    assert not [k for k in objects(spec()) if k[0] == "NetworkPolicy"]
+    policy = objects(spec(networkPolicy={"enabled": True}))[("NetworkPolicy", NAME)]
+    validate(policy)
+    assert policy["spec"]["ingress"][0]["from"][0] == {"podSelector": {"matchLabels": {}}}
+
+
+def test_runtime_pods_get_no_service_account_token():
+    assert pod(spec())["automountServiceAccountToken"] is False

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from operator_specs import spec
+from pagoda_operator.names import variant_object_name
 from pagoda_operator.plan import plan_service
-from pagoda_operator.status import compute_status, status_changed
+from pagoda_operator.status import compute_status, invalid_status, status_changed
 
 NS, NAME = "ml", "llama"
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
@@ -13,7 +14,7 @@ TWO = [{"name": "bf16"}, {"name": "int4", "quantization": "int4"}]
 
 def dep(variant, *, desired=1, ready=1, updated=None, generation=1, observed=1):
     return {
-        "metadata": {"name": f"{NAME}-{variant}", "generation": generation},
+        "metadata": {"name": variant_object_name(NAME, variant), "generation": generation},
         "spec": {"replicas": desired},
         "status": {
             "replicas": desired,
@@ -166,3 +167,67 @@ def test_transition_time_moves_only_when_the_status_does():
     assert status_changed(starting, ready)
     assert cond(ready, "Ready")["lastTransitionTime"] == T1
     assert cond(ready, "Degraded")["lastTransitionTime"] == T0
+
+
+def test_children_failures_are_degraded_with_their_own_reason():
+    failing = dep("bf16", ready=0)
+    failing["status"]["conditions"] = [
+        {
+            "type": "ReplicaFailure",
+            "status": "True",
+            "reason": "FailedCreate",
+            "message": 'pods "x" is forbidden: no PriorityClass with name inference-high was found',
+        }
+    ]
+    st = status(spec(), [failing])
+    assert (cond(st, "Degraded")["status"], cond(st, "Degraded")["reason"]) == ("True", "FailedCreate")
+    assert "no PriorityClass with name inference-high" in cond(st, "Degraded")["message"]
+    assert cond(st, "Ready")["reason"] == "FailedCreate"
+
+    hpa = {
+        "metadata": {"name": "llama-bf16-x"},
+        "status": {
+            "conditions": [
+                {"type": "ScalingActive", "status": "False", "reason": "FailedGetPodsMetric", "message": "no"}
+            ]
+        },
+    }
+    st = compute_status(
+        plan_service(spec()),
+        namespace=NS,
+        name=NAME,
+        generation=1,
+        deployments=[dep("bf16")],
+        pods=[],
+        hpas=[hpa],
+        previous=None,
+        now=T0,
+    )
+    assert cond(st, "Degraded")["reason"] == "FailedGetPodsMetric"
+    assert cond(st, "Ready")["status"] == "True"
+
+
+def test_a_name_clash_is_degraded_and_not_ready_and_names_the_object():
+    st = compute_status(
+        plan_service(spec()),
+        namespace=NS,
+        name=NAME,
+        generation=1,
+        deployments=[dep("bf16")],
+        pods=[],
+        clashes=["Service ml/llama"],
+        previous=None,
+        now=T0,
+    )
+    assert cond(st, "Degraded")["reason"] == cond(st, "Ready")["reason"] == "NameClash"
+    assert cond(st, "Degraded")["message"].startswith("Service ml/llama exists and does not belong")
+
+
+def test_invalid_status_keeps_the_other_conditions_and_the_transition_rule():
+    settled = status(spec(), [dep("bf16")], now=T0)
+    invalid = invalid_status(settled, reason="InvalidSpec", message="bad", generation=4, now=T1)
+    ready = cond(invalid, "Ready")
+    assert (ready["status"], ready["reason"], ready["lastTransitionTime"]) == ("False", "InvalidSpec", T1)
+    again = invalid_status(invalid, reason="InvalidSpec", message="bad", generation=4, now="later")
+    assert cond(again, "Ready")["lastTransitionTime"] == T1
+    assert cond(invalid, "ModelFits") == cond(settled, "ModelFits")
