@@ -10,9 +10,9 @@
 #
 # --out: where the results and logs go (default $PAGODA_GPU_CHECK_OUT, else out/gpu-check);
 # --wheels: a folder of carried wheels, and of wheels split into NAME.whl.partIofK (default .whl;
-# repeat it for several); --site: the install folder (default: a new temporary one). PYTHON names another interpreter than python3. The rest goes to
-# scripts/gpu_check.py (--skip tests|serve, --burst N, --pytest-args "..."). Exit status 0 only
-# when every step passed.
+# repeat it for several); --site: the install folder (default: a new temporary one). PYTHON names
+# another interpreter than python3. The rest goes to scripts/gpu_check.py (--skip tests|serve,
+# --burst N, --pytest-args "..."). Exit status 0 only when every step passed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,7 +25,7 @@ while (($#)); do
         --out) out=$2; shift 2 ;;
         --wheels) wheels+=("$2"); shift 2 ;;
         --site) site=$2; shift 2 ;;
-        -h | --help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) rest+=("$1"); shift ;;
     esac
 done

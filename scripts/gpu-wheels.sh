@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Downloads, where PyPI is reachable, the wheels that scripts/gpu-check.sh installs on a GPU machine
-# without network: the runtime's and the GPU tests' dependencies (fastapi, uvicorn, pydantic, gguf,
-# openai, llguidance, ... with everything they need), at the versions constraints.txt pins, built
-# for that machine's Python, plus the bundled model's package. torch, triton and transformers are
-# not fetched: the GPU machine's own are the ones under test.
+# without network: the runtime's and the tests' dependencies (fastapi, uvicorn, pydantic, gguf,
+# openai, llguidance, jsonschema, ... with everything they need), at the versions constraints.txt
+# pins, built for that machine's Python, plus the bundled model's package. torch, triton and
+# transformers are not fetched: the GPU machine's own are the ones under test.
 #
 #   bash scripts/gpu-wheels.sh [--dest DIR] [--python-version 3.12] [--platform TAG]... [--have FILE]
 #                              [--split-mb N]
@@ -29,7 +29,7 @@ while (($#)); do
         --platform) platforms+=("$2"); shift 2 ;;
         --have) have=$2; shift 2 ;;
         --split-mb) split_mb=$2; shift 2 ;;
-        -h | --help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) echo "gpu-wheels: unknown argument $1; see --help" >&2; exit 2 ;;
     esac
 done
@@ -48,7 +48,8 @@ fi
 
 python=${PYTHON:-python3}
 [[ -x .venv/bin/python ]] && python=.venv/bin/python
-# The runtime extra without what the GPU machine brings, and what the GPU tests import besides.
+# The runtime and dev extras (the tests import from both) without what the GPU machine brings and
+# the linter.
 mapfile -t requirements < <(
     "$python" - <<'EOF'
 import re
@@ -56,9 +57,9 @@ import tomllib
 
 with open("pyproject.toml", "rb") as f:
     project = tomllib.load(f)["project"]
-provided = {"torch", "triton", "transformers"}
-wanted = project["dependencies"] + project["optional-dependencies"]["runtime"]
-wanted += ["openai", "gguf", "hypothesis", "pytest", "pytest-timeout"]
+provided = {"torch", "triton", "transformers", "ruff"}
+extras = project["optional-dependencies"]
+wanted = project["dependencies"] + extras["runtime"] + extras["dev"]
 for requirement in wanted:
     if re.split(r"[<>=!~ \[;]", requirement, maxsplit=1)[0].lower() not in provided:
         print(requirement)
