@@ -1,9 +1,10 @@
 """Constrained sampling on the device: one llguidance matcher per constrained sample, and each
 step one bitmask for the whole batch, copied in one transfer and applied with one masked_fill.
 
-The matchers compute their masks on the host (in parallel, without the GIL) while the device
-still runs the forward pass; there is no per-sequence host/device synchronisation, and a batch
-with no constrained sequence skips all of this.
+The matchers compute their masks on the host while the device still runs the forward pass (the
+sampler is reached before anything waits on the device); there is no per-sequence host/device
+synchronisation, only the constrained rows are unpacked and written, and a batch with no
+constrained sequence skips all of this.
 """
 
 from __future__ import annotations
@@ -54,28 +55,39 @@ def advance(seq: Sequence, token: int) -> bool:
 class GrammarMasker:
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self._executor = llguidance.LLExecutor()
         self._shifts = torch.arange(32, dtype=torch.int32, device=device)
-        self._buffer: torch.Tensor | None = None
+        self._pinned = device.type == "cuda"
+        self._bitmask: torch.Tensor | None = None
+        self._rows: torch.Tensor | None = None
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        constrained = [(seq.grammar, row) for row, seq in enumerate(seqs) if seq.grammar is not None]
-        if not constrained:
+        """The logits with every token a constrained row's grammar forbids at -inf (in place)."""
+        rows = [row for row, seq in enumerate(seqs) if seq.grammar is not None]
+        if not rows:
             return logits
-        batch, vocab = logits.shape
+        vocab = logits.shape[1]
         words = (vocab + 31) // 32
-        bitmask = self._bitmask(batch, words)
-        bitmask.fill_(-1)  # rows without a grammar allow every token
-        llguidance.torch.fill_next_token_bitmask_par(self._executor, constrained, bitmask)
+        bitmask = self._buffers(len(seqs), words)[: len(rows)]
+        # One matcher after the other: llguidance's thread-pool fill was 100x slower on a busy
+        # 2-core host (BENCHMARKS.md), and a mask takes tens of microseconds.
+        for k, row in enumerate(rows):
+            llguidance.torch.fill_next_token_bitmask(seqs[row].grammar, bitmask, k)
         on_device = bitmask.to(self.device, non_blocking=True)
-        allowed = ((on_device.unsqueeze(-1) >> self._shifts) & 1).view(batch, words * 32)[:, :vocab]
-        return logits.masked_fill(allowed == 0, float("-inf"))
+        bits = (on_device.unsqueeze(-1) >> self._shifts) & 1
+        forbidden = bits.view(len(rows), words * 32)[:, :vocab] == 0
+        if len(rows) == len(seqs):
+            return logits.masked_fill_(forbidden, float("-inf"))
+        # Only the constrained rows are unpacked and written: the others in the batch pay nothing.
+        self._rows[: len(rows)] = torch.tensor(rows)
+        index = self._rows[: len(rows)].to(self.device, non_blocking=True)
+        logits[index] = logits[index].masked_fill(forbidden, float("-inf"))
+        return logits
 
-    def _bitmask(self, batch: int, words: int) -> torch.Tensor:
-        # Reused across steps: the previous step's copy finished when its tokens reached the host.
-        buffer = self._buffer
-        if buffer is None or buffer.shape[0] < batch or buffer.shape[1] != words:
-            pinned = self.device.type == "cuda"
-            buffer = torch.empty(max(batch, 8), words, dtype=torch.int32, pin_memory=pinned)
-            self._buffer = buffer
-        return buffer[:batch]
+    def _buffers(self, batch: int, words: int) -> torch.Tensor:
+        # Host buffers reused across steps (pinned on a GPU, so the copies do not block): the
+        # previous step's copies are done, its sampled tokens having reached the host since.
+        if self._bitmask is None or self._bitmask.shape[0] < batch or self._bitmask.shape[1] != words:
+            size = max(batch, 8)
+            self._bitmask = torch.empty(size, words, dtype=torch.int32, pin_memory=self._pinned)
+            self._rows = torch.empty(size, dtype=torch.int64, pin_memory=self._pinned)
+        return self._bitmask

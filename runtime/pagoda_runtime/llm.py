@@ -1,9 +1,11 @@
-"""The offline API: `LLM(model=...).generate(prompts, params)`, one finished output per prompt."""
+"""The offline API: `LLM(model=...).generate(prompts, params)`, one finished output per prompt;
+`chat(conversations, params)` renders each conversation with the model's chat template first."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from pagoda_runtime.config import EngineConfig
 from pagoda_runtime.engine import LLMEngine
@@ -12,6 +14,7 @@ from pagoda_runtime.sampling_params import SamplingParams
 from pagoda_runtime.tokenizer import Tokenizer
 
 Prompt = str | list[int]
+Conversation = Sequence[Mapping[str, Any]]
 
 
 class LLM:
@@ -40,6 +43,28 @@ class LLM:
 
     def get_tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
+
+    def chat(
+        self,
+        messages: Conversation | Sequence[Conversation],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """One conversation (a list of {"role", "content"} messages) or several; `tools` in OpenAI's
+        shape are handed to the template, as the server does."""
+        conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
+        tokenizer = self.engine.tokenizer
+        extra = {"tools": [dict(t) for t in tools]} if tools else {}
+        prompts = [
+            # The template writes the special tokens (BOS included) itself.
+            tokenizer.encode(
+                tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt, **extra),
+                add_special_tokens=False,
+            )
+            for c in conversations
+        ]
+        return self.generate(prompts, params)
 
     def generate(
         self,

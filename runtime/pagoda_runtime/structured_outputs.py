@@ -57,26 +57,30 @@ class StructuredOutputs:
 
     def to_llguidance(self) -> str:
         """The llguidance grammar; raises StructuredOutputError with the engine's reason if invalid."""
-        if self.json is not None:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(self.json, defaults=_JSON_OPTIONS)
-        elif self.json_object:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                {"type": "object"}, defaults=_JSON_OPTIONS
-            )
-        elif self.regex is not None:
-            grammar = llguidance.LLMatcher.grammar_from_regex(self.regex)
-        elif self.choice is not None:
-            grammar = llguidance.LLMatcher.grammar_from_regex("|".join(re.escape(c) for c in self.choice))
-        else:
-            try:
-                lark = any_to_lark(self.grammar)
-            except Exception as exc:  # the GBNF converter raises bare exceptions for syntax errors
-                raise StructuredOutputError(f"the grammar is neither valid Lark nor GBNF: {exc}") from exc
-            grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+        try:
+            grammar = self._grammar()
+        except ValueError as exc:  # llguidance refuses some inputs before compiling (non-object JSON)
+            raise StructuredOutputError(_reason(str(exc))) from exc
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
         if is_error:
             raise StructuredOutputError(_reason(messages[0]))
         return grammar
+
+    def _grammar(self) -> str:
+        compile_ = llguidance.LLMatcher
+        if self.json is not None:
+            return compile_.grammar_from_json_schema(self.json, defaults=_JSON_OPTIONS)
+        if self.json_object:
+            return compile_.grammar_from_json_schema({"type": "object"}, defaults=_JSON_OPTIONS)
+        if self.regex is not None:
+            return compile_.grammar_from_regex(self.regex)
+        if self.choice is not None:
+            return compile_.grammar_from_regex("|".join(re.escape(c) for c in self.choice))
+        try:
+            lark = any_to_lark(self.grammar)
+        except Exception as exc:  # the GBNF converter raises bare exceptions for syntax errors
+            raise StructuredOutputError(f"the grammar is neither valid Lark nor GBNF: {exc}") from exc
+        return compile_.grammar_from_lark(lark)
 
 
 def json_schema_text(schema: object) -> str:
@@ -86,8 +90,10 @@ def json_schema_text(schema: object) -> str:
             schema = json.loads(schema)
         except json.JSONDecodeError as exc:
             raise StructuredOutputError(f"the JSON schema is not valid JSON: {exc}") from exc
-    if not isinstance(schema, dict | bool):
-        raise StructuredOutputError("a JSON schema must be an object")
+    if schema is True:
+        schema = {}  # JSON Schema's "anything"
+    if not isinstance(schema, dict):
+        raise StructuredOutputError("a JSON schema must be an object (false accepts no output at all)")
     return json.dumps(schema)
 
 

@@ -55,7 +55,7 @@ def chat_prompt_ids(
     extra = {"tools": template_tools(tools)} if tools else {}
     try:
         text = tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt, **extra)
-    except (ValueError, jinja2.TemplateError) as exc:
+    except (ValueError, TypeError, jinja2.TemplateError) as exc:
         # No template, or the template itself rejects the conversation (e.g. roles must alternate).
         raise APIError(
             400, f"The messages cannot be rendered with the model's chat template: {exc}.", param="messages"

@@ -80,3 +80,14 @@ def test_json_object_is_an_object_until_the_length_cuts_it(llm):
 def test_a_keyword_the_engine_cannot_enforce_is_named():
     with pytest.raises(StructuredOutputError, match='"uniqueItems"'):
         StructuredOutputs(json=json.dumps({"type": "array", "uniqueItems": True})).to_llguidance()
+
+
+def test_offline_chat_renders_the_template_and_can_be_constrained(llm):
+    conversation = [{"role": "user", "content": "Pick a colour."}]
+    tokenizer = llm.get_tokenizer()
+    rendered = tokenizer.apply_chat_template(conversation, add_generation_prompt=True)
+    params = SamplingParams(max_tokens=8, structured_outputs=StructuredOutputs(choice=("red", "blue")))
+    [one] = llm.chat(conversation, params)
+    assert one.prompt_token_ids == tokenizer.encode(rendered, add_special_tokens=False)
+    assert one.outputs[0].text in ("red", "blue")
+    assert len(llm.chat([conversation, conversation], params)) == 2

@@ -18,6 +18,39 @@ junk = st.one_of(
     st.lists(st.integers(-3, 70000), max_size=4),
     st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
 )
+# Small JSON schemas, some with keywords the grammar engine refuses (uniqueItems, not).
+_schema = st.one_of(
+    st.just({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}),
+    st.just({"type": "string", "maxLength": 3}),
+    st.just({"enum": ["x", "y"]}),
+    st.just({"type": "array", "uniqueItems": True}),
+    st.just({"not": {"type": "string"}}),
+    st.dictionaries(st.sampled_from(["type", "minimum", "pattern", "$ref"]), junk, max_size=2),
+)
+_regex = st.one_of(st.sampled_from(["[0-9]", "a|b", "[a-", "(x", "\\d{2}"]), st.text(max_size=6))
+_choice = st.lists(st.text(max_size=4), max_size=3)
+_grammar = st.one_of(
+    st.sampled_from(['root ::= "a" | "b"', 'start: "x"', "root ::= ((", ""]), st.text(max_size=8)
+)
+_structured = st.one_of(
+    st.fixed_dictionaries(
+        {}, optional={"json": _schema, "regex": _regex, "choice": _choice, "grammar": _grammar}
+    ),
+    st.fixed_dictionaries({"json_object": st.booleans()}),
+    st.fixed_dictionaries({"whitespace_pattern": st.text(max_size=3)}),
+)
+_response_format = st.one_of(
+    st.fixed_dictionaries({"type": st.sampled_from(["text", "json_object", "json_schema", "xml"])}),
+    st.fixed_dictionaries(
+        {
+            "type": st.just("json_schema"),
+            "json_schema": st.fixed_dictionaries(
+                {"name": st.sampled_from(["x", "a b", ""])},
+                optional={"schema": _schema, "strict": st.booleans()},
+            ),
+        }
+    ),
+)
 _sampling = {
     "n": st.integers(1, 2),
     "temperature": st.floats(0, 2),
@@ -30,6 +63,14 @@ _sampling = {
     "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
     "user": st.text(max_size=8),
     "top_k": st.integers(-1, 50),
+    "stop_token_ids": st.lists(st.integers(-1, 70000), max_size=3),
+    "include_stop_str_in_output": st.booleans(),
+    "response_format": _response_format,
+    "structured_outputs": _structured,
+    "guided_json": _schema,
+    "guided_regex": _regex,
+    "guided_choice": _choice,
+    "guided_grammar": _grammar,
 }
 _completion = {
     **_sampling,
@@ -38,20 +79,55 @@ _completion = {
         st.text(min_size=1, max_size=40), st.lists(st.integers(0, 40000), min_size=1, max_size=6)
     ),
 }
+_tool_call = st.fixed_dictionaries(
+    {
+        "id": st.text(max_size=6),
+        "type": st.just("function"),
+        "function": st.fixed_dictionaries(
+            {
+                "name": st.sampled_from(["get_weather", "f"]),
+                "arguments": st.sampled_from(['{"city": "x"}', "{", ""]),
+            }
+        ),
+    }
+)
 _message = st.fixed_dictionaries(
     {
-        "role": st.sampled_from(["system", "developer", "user", "assistant"]),
+        "role": st.sampled_from(["system", "developer", "user", "assistant", "tool"]),
         "content": st.one_of(
+            st.none(),
             st.text(max_size=30),
             st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=9)})),
         ),
+    },
+    optional={"tool_call_id": st.text(max_size=6), "tool_calls": st.lists(_tool_call, max_size=2)},
+)
+_tool = st.fixed_dictionaries(
+    {
+        "type": st.sampled_from(["function", "function", "custom"]),
+        "function": st.fixed_dictionaries(
+            {"name": st.sampled_from(["get_weather", "f", "bad name"])},
+            optional={"description": st.text(max_size=8), "parameters": _schema},
+        ),
     }
+)
+_tool_choice = st.one_of(
+    st.sampled_from(["none", "auto", "required", "any"]),
+    st.fixed_dictionaries(
+        {
+            "type": st.just("function"),
+            "function": st.fixed_dictionaries({"name": st.sampled_from(["get_weather", "g"])}),
+        }
+    ),
 )
 _chat = {
     **_sampling,
     "messages": st.lists(_message, min_size=1, max_size=3),
     "logprobs": st.booleans(),
     "top_logprobs": st.integers(0, 20),
+    "tools": st.lists(_tool, max_size=2),
+    "tool_choice": _tool_choice,
+    "parallel_tool_calls": st.booleans(),
 }
 # Wrong values a client might send for a field, on top of wrong types.
 _wrong = st.one_of(junk, st.integers(max_value=0), st.integers(min_value=5000), st.floats(min_value=2.5))

@@ -6,6 +6,7 @@ import json
 import time
 
 import httpx
+import jsonschema
 import openai
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -165,6 +166,65 @@ def test_disconnect_mid_stream_frees_the_blocks(server):
     else:
         raise AssertionError("the disconnected request still holds KV blocks")
     assert metric(server.url, 'pagoda_requests_total{finish_reason="abort",model_name="smollm2-135m"}') >= 1
+
+
+def patient(client):
+    # These calls generate up to 40 tokens; a 2-core machine shared with other work can take seconds a token.
+    return client.with_options(timeout=600)
+
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+def test_json_schema_response_format_whole_streamed_and_n2(client):
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    messages = [{"role": "user", "content": "Invent a person."}]
+    whole = patient(client).chat.completions.create(
+        model=MODEL, messages=messages, response_format=fmt, max_tokens=40, n=2, temperature=1.0, seed=5
+    )
+    for choice in whole.choices:
+        assert choice.finish_reason == "stop"
+        jsonschema.validate(json.loads(choice.message.content), PERSON)
+    stream = patient(client).chat.completions.create(
+        model=MODEL, messages=messages, response_format=fmt, max_tokens=40, temperature=0, stream=True
+    )
+    text = "".join(c.delta.content or "" for chunk in stream for c in chunk.choices)
+    jsonschema.validate(json.loads(text), PERSON)
+
+
+def test_guided_choice_on_completions(client):
+    result = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=5, extra_body={"guided_choice": ["red", "blue"]}
+    )
+    assert result.choices[0].text in ("red", "blue")
+
+
+def test_required_tool_call_end_to_end(client):
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 12}},
+                "required": ["city"],
+            },
+        },
+    }
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    result = patient(client).chat.completions.create(
+        model=MODEL, messages=messages, tools=[tool], tool_choice="required", max_tokens=40, temperature=0
+    )
+    choice = result.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.tool_calls[0].function.name == "get_weather"
+    # The schema requires a city; like any JSON Schema without additionalProperties it allows more.
+    assert isinstance(json.loads(choice.message.tool_calls[0].function.arguments)["city"], str)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
