@@ -53,18 +53,17 @@ def test_a_variant_and_a_service_with_the_same_joined_name_do_not_collide(
     wait_ready(cp, pagoda_operator, ns, "chat")
     wait_ready(cp, pagoda_operator, ns, "chat-fp8")
     uids = {name: get(cp, "infsvc", name, "-n", ns)["metadata"]["uid"] for name in ("chat", "chat-fp8")}
+    before = get(cp, "service", "chat-fp8", "-n", ns)
 
     wait_resyncs(pagoda_operator, ns, "chat", 2)
+    wait_resyncs(pagoda_operator, ns, "chat-fp8", 2)
 
-    # The URL http://chat-fp8... belongs to InferenceService chat-fp8 and stays with it.
+    # The URL http://chat-fp8... belongs to InferenceService chat-fp8, and nobody rewrites it.
     service = get(cp, "service", "chat-fp8", "-n", ns)
     assert owner_uid(service) == uids["chat-fp8"]
     assert service["spec"]["selector"] == {ISVC_LABEL: "chat-fp8"}
+    assert service["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
     assert ("Deployment", variant_object_name("chat", "fp8")) in children(cp, ns, "chat")
-    assert (
-        service["metadata"]["resourceVersion"]
-        == get(cp, "service", "chat-fp8", "-n", ns)["metadata"]["resourceVersion"]
-    )
 
 
 def test_a_name_too_long_for_its_children_is_refused_with_the_limit(control_plane, isvc_namespace):
