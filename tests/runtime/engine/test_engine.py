@@ -145,3 +145,8 @@ def test_timings_are_recorded_in_order(llm):
         <= metrics.last_token_time
         <= metrics.finished_time
     )
+
+
+def test_gpu_memory_utilization_is_refused_on_the_cpu_by_name(folder):
+    with pytest.raises(ValueError, match="--gpu-memory-utilization 0.5 needs a GPU"):
+        LLM(str(folder), dtype="float32", device="cpu", gpu_memory_utilization=0.5)

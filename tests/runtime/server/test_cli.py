@@ -61,3 +61,47 @@ def test_server_settings_default_the_name_and_read_the_key_from_the_environment(
     assert settings.api_key == "from-env" and settings.max_queue == 4 and settings.drain_timeout == 90
     named = server_settings(parser().parse_args(["serve", "--served-model-name", "m", "--api-key", "flag"]))
     assert named.served_model_name == "m" and named.api_key == "flag"
+
+
+def test_vllm_flags_reach_the_settings(tmp_path):
+    template = tmp_path / "template.jinja"
+    template.write_text("{{ messages[0]['content'] }}")
+    args = parser().parse_args(
+        [
+            "serve",
+            "--served-model-name",
+            "main",
+            "alias",
+            "--chat-template",
+            str(template),
+            "--allowed-origins",
+            '["https://a.example", "https://b.example"]',
+            "--allowed-methods",
+            "GET,POST",
+            "--allow-credentials",
+            "--metrics-compat",
+            "vllm",
+            "--tool-call-parser",
+            "llama3_json",
+            "--gpu-memory-utilization",
+            "0.8",
+            "--max-num-seqs",
+            "4",
+        ]
+    )
+    settings = server_settings(args)
+    assert settings.model_names == ("main", "alias") and engine_config(args).served_model_name == "main"
+    assert settings.chat_template == "{{ messages[0]['content'] }}"
+    assert settings.allowed_origins == ("https://a.example", "https://b.example")
+    assert settings.allowed_methods == ("GET", "POST") and settings.allow_credentials
+    assert settings.metrics_compat == "vllm" and settings.tool_call_parser == "llama3_json"
+    assert settings.max_num_seqs == 4 and settings.max_queue is None
+    assert engine_config(args).gpu_memory_utilization == 0.8
+    inline = server_settings(parser().parse_args(["serve", "--chat-template", "{{ 'x' }}"]))
+    assert inline.chat_template == "{{ 'x' }}" and inline.allowed_origins == ()
+
+
+def test_a_malformed_origin_list_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        parser().parse_args(["serve", "--allowed-origins", '["a", 1]'])
+    assert "JSON list of strings" in capsys.readouterr().err
