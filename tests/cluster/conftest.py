@@ -70,8 +70,7 @@ def pagoda_install(control_plane) -> str:
     return out
 
 
-@pytest.fixture(scope="session")
-def operator_kubeconfig(control_plane, pagoda_install, tmp_path_factory) -> Path:
+def write_operator_kubeconfig(control_plane, path: Path) -> Path:
     """A kubeconfig holding a TokenRequest token of the operator's ServiceAccount: its RBAC, nothing more."""
     token = control_plane.kubectl(
         "create", "token", OPERATOR_ACCOUNT, "-n", OPERATOR_NAMESPACE, "--duration=2h"
@@ -89,10 +88,14 @@ def operator_kubeconfig(control_plane, pagoda_install, tmp_path_factory) -> Path
         "contexts": [{"name": "operator", "context": {"cluster": "loopback", "user": OPERATOR_ACCOUNT}}],
         "current-context": "operator",
     }
-    path = tmp_path_factory.mktemp("operator") / "kubeconfig"
     path.write_text(json.dumps(config))
     path.chmod(0o600)
     return path
+
+
+@pytest.fixture(scope="session")
+def operator_kubeconfig(control_plane, pagoda_install, tmp_path_factory) -> Path:
+    return write_operator_kubeconfig(control_plane, tmp_path_factory.mktemp("operator") / "kubeconfig")
 
 
 @pytest.fixture(scope="module")
