@@ -155,12 +155,30 @@ def _body(model: str, fields: dict, required: list[str]):
     return st.tuples(valid, wrong, dropped).map(build)
 
 
+_tokenize = st.fixed_dictionaries(
+    {},
+    optional={
+        "model": st.sampled_from(["fake-model", "smollm2-135m", "other"]),
+        "prompt": st.one_of(st.text(max_size=20), junk),
+        "messages": st.lists(_message, max_size=2),
+        "tools": st.lists(_tool, max_size=1),
+        "add_special_tokens": st.booleans(),
+        "return_token_strs": st.one_of(st.booleans(), junk),
+    },
+)
+_detokenize = st.fixed_dictionaries({"tokens": st.one_of(st.lists(st.integers(-2, 70000), max_size=5), junk)})
+
+
 def request_bodies(model: str):
-    """(path, raw body) pairs for both endpoints, including bodies that are not JSON at all."""
+    """(path, raw body) pairs for the generating endpoints and /tokenize, /detokenize, including
+    bodies that are not JSON at all."""
+    paths = ["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"]
     return st.one_of(
         st.tuples(st.just("/v1/completions"), _body(model, _completion, ["prompt"])),
         st.tuples(st.just("/v1/chat/completions"), _body(model, _chat, ["messages"])),
-        st.tuples(st.sampled_from(["/v1/completions", "/v1/chat/completions"]), st.binary(max_size=30)),
+        st.tuples(st.just("/tokenize"), _tokenize.map(lambda body: json.dumps(body).encode())),
+        st.tuples(st.just("/detokenize"), _detokenize.map(lambda body: json.dumps(body).encode())),
+        st.tuples(st.sampled_from(paths), st.binary(max_size=30)),
     )
 
 
@@ -172,4 +190,5 @@ def check_response(status: int, content_type: str, body: bytes) -> None:
     elif content_type.startswith("text/event-stream"):
         assert body.endswith(b"data: [DONE]\n\n"), body[-200:]
     else:
-        assert json.loads(body)["choices"]
+        answer = json.loads(body)
+        assert answer.get("choices") or "tokens" in answer or "prompt" in answer, answer

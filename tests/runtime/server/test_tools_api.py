@@ -202,3 +202,21 @@ def test_hermes_streaming_holds_back_only_what_may_start_a_call():
     assert stream.feed("Sure <toolbox>", False) == ("<toolbox>", [])
     content, calls = stream.feed("Sure <toolbox><tool_call>{broken</tool_call>", True)
     assert content == "<tool_call>{broken</tool_call>" and calls == []
+
+
+def test_required_calls_stream_one_delta_each(client):
+    api, engine = client
+    engine.script = (
+        '[{"name": "get_time", "parameters": {}}, {"name": "get_weather", "parameters": {"city": "Rome"}}]'
+    )
+    chunks = api.chat.completions.create(
+        model="fake-model",
+        messages=[{"role": "user", "content": "x"}],
+        tools=[WEATHER, CLOCK],
+        tool_choice="required",
+        max_tokens=len(engine.script),
+        stream=True,
+    )
+    deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or ()]
+    assert [(d.index, d.function.name) for d in deltas] == [(0, "get_time"), (1, "get_weather")]
+    assert json.loads(deltas[1].function.arguments) == {"city": "Rome"}
