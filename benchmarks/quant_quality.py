@@ -1,6 +1,6 @@
 """Quality of each quantization variant on the bundled model: perplexity, top-1 agreement, mean KL.
 
-The engine scores tests/data/eval_text.txt in one prefill per variant (LLMEngine.score): the float32
+The engine scores tests/data/eval_text.txt in one prefill per variant (scoring.score): the float32
 reference (the bundled GGUF dequantized) and each variant, each with the bytes its weights occupy
 beside sizing.py's prediction. Prints the Markdown table for BENCHMARKS.md.
 

@@ -15,16 +15,22 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 from pagoda_runtime.config import EngineConfig
-from pagoda_runtime.engine import EngineStats, LLMEngine, Request
+from pagoda_runtime.engine import LLMEngine
+from pagoda_runtime.engine_stats import EngineStats
 from pagoda_runtime.memory_report import MemoryReport
 from pagoda_runtime.outputs import RequestOutput
+from pagoda_runtime.request_state import Request
+from pagoda_runtime.request_validation import RequestRejected
 from pagoda_runtime.sampling_params import SamplingParams
+from pagoda_runtime.tokenizer import Tokenizer
 
 # An idle loop still wakes this often, so that last_heartbeat shows it is alive.
 IDLE_TICK_S = 0.5
 
 
 class AsyncLLMEngine:
+    """Satisfies engine_protocol.ServingEngine, the contract the server is typed against."""
+
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self.last_heartbeat = time.monotonic()
@@ -41,20 +47,16 @@ class AsyncLLMEngine:
         return cls(LLMEngine(config))
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
-
-    @property
-    def model_config(self):
-        return self.engine.model_config
-
-    @property
-    def engine_config(self):
-        return self.engine.engine_config
 
     @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.model_config.vocab_size
 
     @property
     def memory(self) -> MemoryReport:
@@ -85,7 +87,7 @@ class AsyncLLMEngine:
         if self._task is None:
             raise RuntimeError("the engine is not started; await engine.start() first")
         if request_id in self._streams:
-            raise ValueError(f"a request with id {request_id!r} is already running; use a unique id")
+            raise RequestRejected(f"A request with id {request_id!r} is already running; use a unique id.")
         request = self.engine.make_request(request_id, prompt, params, internal=internal)
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = queue

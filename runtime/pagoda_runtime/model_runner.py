@@ -17,6 +17,7 @@ import torch
 
 from pagoda_runtime.attention_metadata import AttentionMetadata
 from pagoda_runtime.config import KV_CACHE_DTYPES, EngineConfig, ModelConfig
+from pagoda_runtime.devices import Placement, dtype_name
 from pagoda_runtime.kernels import get_attention_ops
 from pagoda_runtime.kernels.reference import FP8_KV_DTYPE
 from pagoda_runtime.model import LlamaForCausalLM
@@ -31,29 +32,6 @@ logger = logging.getLogger(__name__)
 # A fractional --kv-cache-memory means a share of the GPU's free memory; a CPU has no such
 # figure worth trusting (other processes, swap), so there the cache gets this fixed budget.
 CPU_KV_CACHE_BYTES = 512 * 2**20
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name} asks for a GPU, but torch sees none; use --device cpu")
-    return device
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if name not in _DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; use auto, float32, float16 or bfloat16")
-    return _DTYPES[name]
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """The --dtype name of a torch dtype ("float32", "bfloat16", "float16")."""
-    return str(dtype).removeprefix("torch.")
 
 
 def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
@@ -92,14 +70,15 @@ class ModelRunner:
         model_config: ModelConfig,
         weights: Iterable[tuple[str, torch.Tensor]],
         engine_config: EngineConfig,
+        placement: Placement,
         max_model_len: int,
         quantization: str,
     ) -> None:
         """quantization: the method the projections are built with (already checked against the
         checkpoint by quantization_selection.py)."""
         self.config = model_config
-        self.device = resolve_device(engine_config.device)
-        self.dtype = resolve_dtype(engine_config.dtype, self.device)
+        self.device = placement.device
+        self.dtype = placement.dtype
         self.kv_cache_dtype = resolve_kv_cache_dtype(engine_config.kv_cache_dtype, self.dtype, self.device)
         self.block_size = engine_config.block_size
         self.max_model_len = max_model_len

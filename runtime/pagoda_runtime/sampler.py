@@ -9,6 +9,7 @@ model distribution, before any of this, as in vLLM.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -34,12 +35,10 @@ class Sampler:
         self.eos_token_ids = tuple(eos_token_ids)
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
-        self._seeded: dict[int, torch.Generator] = {}
+        # Keyed weakly, so that a sequence's generator goes with the sequence and nobody has to
+        # tell the sampler when one finishes.
+        self._seeded: weakref.WeakKeyDictionary[Sequence, torch.Generator] = weakref.WeakKeyDictionary()
         self._grammar = GrammarMasker(device)
-
-    def release(self, seq: Sequence) -> None:
-        """Forget a finished sequence's generator."""
-        self._seeded.pop(seq.seq_id, None)
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
         params = [seq.params for seq in seqs]
@@ -131,11 +130,11 @@ class Sampler:
         return (probs / noise).argmax(dim=-1)
 
     def _generator_of(self, seq: Sequence) -> torch.Generator:
-        generator = self._seeded.get(seq.seq_id)
+        generator = self._seeded.get(seq)
         if generator is None:
             generator = torch.Generator(device=self.device)
             generator.manual_seed((seq.params.seed + seq.index * _SEED_STRIDE) % 2**63)
-            self._seeded[seq.seq_id] = generator
+            self._seeded[seq] = generator
         return generator
 
     def _logprobs(self, raw: torch.Tensor, tokens: torch.Tensor, params) -> list[TokenLogprobs | None]:

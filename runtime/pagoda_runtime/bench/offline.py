@@ -24,8 +24,8 @@ from pagoda_runtime.bench import hf_baseline
 from pagoda_runtime.bench.shapes import random_model, shape_config
 from pagoda_runtime.bench.stats import percentiles
 from pagoda_runtime.config import EngineConfig
+from pagoda_runtime.devices import resolve_device, resolve_dtype
 from pagoda_runtime.engine import LLMEngine
-from pagoda_runtime.model_runner import resolve_device, resolve_dtype
 from pagoda_runtime.sampling_params import SamplingParams
 
 

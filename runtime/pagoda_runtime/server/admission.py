@@ -1,12 +1,14 @@
-"""Whether a request may enter the engine now: the model it names, drain, load, queue depth, context.
+"""Whether a request may enter the engine now: the model it names, drain, load, queue depth.
 
 Refusals here are cheap and early, and each says what the client can do: 404 for a model this
 server does not serve, 503 with Retry-After while draining or loading, 429 with Retry-After when
-the waiting queue is full, 400 with the token counts when the request cannot fit the context.
+the waiting queue is full. Whether the request itself fits the model is the engine's to say
+(request_validation.py), and generation.py turns its refusal into a 400.
 """
 
 from __future__ import annotations
 
+from pagoda_runtime.engine_protocol import ServingEngine
 from pagoda_runtime.server.drain import RETRY_AFTER_S
 from pagoda_runtime.server.errors import APIError
 from pagoda_runtime.server.state import ServerSettings, ServerState
@@ -36,7 +38,7 @@ def check_model(state: ServerState, model: str | None) -> None:
         )
 
 
-def admit(state: ServerState):
+def admit(state: ServerState) -> ServingEngine:
     """The engine, if this request may enter it now; otherwise 503 (draining, loading) or 429 (queue full)."""
     if state.drain.draining:
         state.drain.refused += 1
@@ -64,30 +66,3 @@ def admit(state: ServerState):
             retry_after=QUEUE_FULL_RETRY_AFTER_S,
         )
     return engine
-
-
-def completion_budget(
-    prompt_len: int, max_tokens: int | None, max_model_len: int, field: str, prompt_field: str
-) -> int:
-    """max_tokens, defaulted to what the context has left, after checking that it fits; `field` and
-    `prompt_field` are the request's names for the limit and for the prompt (prompt or messages)."""
-    if prompt_len >= max_model_len:
-        raise APIError(
-            400,
-            f"This model's maximum context length is {max_model_len} tokens, but the input ({prompt_field}) "
-            f"has {prompt_len} tokens; shorten {prompt_field}.",
-            param=prompt_field,
-            code="context_length_exceeded",
-        )
-    if max_tokens is None:
-        return max_model_len - prompt_len
-    if prompt_len + max_tokens > max_model_len:
-        raise APIError(
-            400,
-            f"This model's maximum context length is {max_model_len} tokens, but you requested "
-            f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} in the completion); "
-            f"shorten the prompt or lower {field}.",
-            param=field,
-            code="context_length_exceeded",
-        )
-    return max_tokens

@@ -18,6 +18,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from pagoda_runtime.engine_protocol import ServingEngine
 from pagoda_runtime.server.admission import LOADING_RETRY_AFTER_S
 from pagoda_runtime.server.chat import create_chat_completion
 from pagoda_runtime.server.completions import create_completion
@@ -30,13 +31,13 @@ from pagoda_runtime.server.tokenize import detokenize, tokenize
 
 log = logging.getLogger("pagoda.server")
 
-EngineLoader = Callable[[], Awaitable[object]]
+EngineLoader = Callable[[], Awaitable[ServingEngine]]
 
 
 def build_app(
     settings: ServerSettings, load_engine: EngineLoader, on_fatal: Callable[[str], None] | None = None
 ) -> FastAPI:
-    """The app; load_engine returns a started AsyncLLMEngine, on_fatal hears why it could not."""
+    """The app; load_engine returns a started engine, on_fatal hears why it could not."""
     state = ServerState(settings)
     started = int(time.time())
 

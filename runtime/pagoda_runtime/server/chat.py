@@ -10,9 +10,10 @@ from collections.abc import AsyncIterator
 import jinja2
 from fastapi import Request
 
+from pagoda_runtime.engine_protocol import ChatTokenizer
 from pagoda_runtime.outputs import RequestOutput
 from pagoda_runtime.server import sse
-from pagoda_runtime.server.admission import admit, check_model, completion_budget
+from pagoda_runtime.server.admission import admit, check_model
 from pagoda_runtime.server.constraints import structured_outputs
 from pagoda_runtime.server.errors import APIError
 from pagoda_runtime.server.generation import generate, respond, sampling_params, usage
@@ -47,7 +48,7 @@ from pagoda_runtime.server.tools import (
 
 def chat_prompt_ids(
     messages: list[ChatMessage],
-    tokenizer,
+    tokenizer: ChatTokenizer,
     tools: list[ToolDefinition] | None = None,
     add_generation_prompt: bool = True,
 ) -> list[int]:
@@ -61,10 +62,7 @@ def chat_prompt_ids(
             400, f"The messages cannot be rendered with the model's chat template: {exc}.", param="messages"
         ) from exc
     # The template already writes the special tokens (BOS included) where the model expects them.
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    if not ids:
-        raise APIError(400, "The messages render to an empty prompt; send some content.", param="messages")
-    return ids
+    return tokenizer.encode(text, add_special_tokens=False)
 
 
 async def create_chat_completion(body: ChatCompletionRequest, request: Request):
@@ -83,12 +81,11 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
         )
     engine = admit(state)
     ids = chat_prompt_ids(body.messages, engine.tokenizer, body.tools)
-    field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-    max_tokens = completion_budget(
-        len(ids), body.completion_token_limit(), engine.max_model_len, field, "messages"
-    )
+    limit_field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     top_n = body.top_logprobs or 0
-    params = sampling_params(body, max_tokens, top_n if body.logprobs else None, forced or constraint)
+    params = sampling_params(
+        body, body.completion_token_limit(), top_n if body.logprobs else None, forced or constraint
+    )
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     model = body.model or state.settings.served_model_name
@@ -175,5 +172,6 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
         if include_usage:
             yield chunk([], usage=usage(out))
 
-    outputs = generate(state, engine, ids, params, request_id)
+    fields = {"prompt": "messages", "max_tokens": limit_field}
+    outputs = generate(state, engine, ids, params, request_id, fields)
     return await respond(request, state, outputs, whole, stream if body.stream else None)

@@ -8,9 +8,10 @@ from collections.abc import AsyncIterator
 
 from fastapi import Request
 
+from pagoda_runtime.engine_protocol import ChatTokenizer
 from pagoda_runtime.outputs import RequestOutput
 from pagoda_runtime.server import sse
-from pagoda_runtime.server.admission import admit, check_model, completion_budget
+from pagoda_runtime.server.admission import admit, check_model
 from pagoda_runtime.server.constraints import structured_outputs
 from pagoda_runtime.server.errors import APIError
 from pagoda_runtime.server.generation import generate, respond, sampling_params, usage
@@ -20,8 +21,9 @@ from pagoda_runtime.server.state import ServerState
 
 
 def prompt_token_ids(
-    prompt: str | list[int] | list[str] | list[list[int]], tokenizer, vocab_size: int
+    prompt: str | list[int] | list[str] | list[list[int]], tokenizer: ChatTokenizer
 ) -> list[int]:
+    """The one prompt's token ids; whether they fit the model is the engine's check."""
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
         if len(prompt) != 1:
             raise APIError(
@@ -30,23 +32,15 @@ def prompt_token_ids(
                 param="prompt",
             )
         prompt = prompt[0]
-    ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-    if not ids:
-        raise APIError(400, "The prompt is empty; send at least one token.", param="prompt")
-    if any(not 0 <= token < vocab_size for token in ids):
-        raise APIError(
-            400, f"Prompt token ids must be in [0, {vocab_size}); check the tokenizer.", param="prompt"
-        )
-    return ids
+    return tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
 
 
 async def create_completion(body: CompletionRequest, request: Request):
     state: ServerState = request.app.state.pagoda
     check_model(state, body.model)
     engine = admit(state)
-    ids = prompt_token_ids(body.prompt, engine.tokenizer, engine.model_config.vocab_size)
-    max_tokens = completion_budget(len(ids), body.max_tokens, engine.max_model_len, "max_tokens", "prompt")
-    params = sampling_params(body, max_tokens, body.logprobs, structured_outputs(body))
+    ids = prompt_token_ids(body.prompt, engine.tokenizer)
+    params = sampling_params(body, body.max_tokens, body.logprobs, structured_outputs(body))
     request_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     model = body.model or state.settings.served_model_name

@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TypeVar
 
 from fastapi import Request, Response
 from pydantic import BaseModel
 
+from pagoda_runtime.engine_protocol import RequestRejected, ServingEngine
 from pagoda_runtime.outputs import RequestOutput
 from pagoda_runtime.sampling_params import SamplingParams
 from pagoda_runtime.server import sse
@@ -39,9 +40,10 @@ def usage(out: RequestOutput) -> UsageInfo:
 
 
 def sampling_params(
-    body: SamplingFields, max_tokens: int, logprobs: int | None, constraint: StructuredOutputs | None
+    body: SamplingFields, max_tokens: int | None, logprobs: int | None, constraint: StructuredOutputs | None
 ) -> SamplingParams:
-    """`constraint`: the body's own (server.constraints) or one the endpoint derived (tool_choice)."""
+    """max_tokens None: up to the context length. `constraint`: the body's own (server.constraints)
+    or one the endpoint derived (tool_choice)."""
     try:
         return SamplingParams(
             n=body.n,
@@ -67,9 +69,18 @@ def sampling_params(
 
 
 async def generate(
-    state: ServerState, engine, prompt_ids: list[int], params: SamplingParams, request_id: str
+    state: ServerState,
+    engine: ServingEngine,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    request_id: str,
+    fields: Mapping[str, str] | None = None,
 ) -> AsyncIterator[RequestOutput]:
-    """The engine's outputs for one request, observed for metrics; aborted if left unfinished."""
+    """The engine's outputs for one request, observed for metrics; aborted if left unfinished.
+
+    A request the engine rejects becomes a 400 naming the field at fault; `fields` renames the
+    engine's field names ("prompt", "max_tokens") to the ones this endpoint's request used.
+    """
     finished = refused = False
     last_token_at = None
     out = None
@@ -86,10 +97,10 @@ async def generate(
                 finished = True
                 state.metrics.finished(out)
             yield out
-    except ValueError as exc:
-        # The engine refuses, before the first output, a request that could never fit its KV cache.
+    except RequestRejected as exc:
         refused = True
-        raise APIError(400, str(exc), code="context_length_exceeded") from exc
+        param = (fields or {}).get(exc.param, exc.param)
+        raise APIError(400, exc.message, param=param, code=exc.code) from exc
     finally:
         if not finished and not refused:
             await engine.abort(request_id)

@@ -14,8 +14,10 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from pagoda_runtime.engine_protocol import ServingEngine
 from pagoda_runtime.sampling_params import SamplingParams
 
 log = logging.getLogger("pagoda.health")
@@ -44,12 +46,12 @@ class Health:
     def saw_tokens(self) -> None:
         self.tokens_at = time.monotonic()
 
-    async def run_canaries(self, engine, is_draining) -> None:
+    async def run_canaries(self, engine: ServingEngine, is_draining: Callable[[], bool]) -> None:
         while not is_draining():
             await self._canary(engine)
             await asyncio.sleep(self.canary_interval)
 
-    async def _canary(self, engine) -> None:
+    async def _canary(self, engine: ServingEngine) -> None:
         params = SamplingParams(max_tokens=CANARY_TOKENS, temperature=0.0, ignore_eos=True)
         prompt = engine.tokenizer.encode(CANARY_PROMPT)
         final = None
@@ -81,7 +83,7 @@ class Health:
             log.warning(message)
         self.canary_error = message
 
-    def live(self, engine) -> Check:
+    def live(self, engine: ServingEngine | None) -> Check:
         if engine is None:
             return Check(True, "the model is loading")
         if engine.errored is not None:
@@ -91,7 +93,7 @@ class Health:
             return Check(False, f"the engine loop has not ticked for {age:.0f}s")
         return Check(True, f"the engine loop ticked {age:.1f}s ago")
 
-    def ready(self, engine, load_error: str | None, draining: bool) -> dict[str, Check]:
+    def ready(self, engine: ServingEngine | None, load_error: str | None, draining: bool) -> dict[str, Check]:
         if engine is None:
             loaded = Check(False, load_error or "the model is loading")
         else:

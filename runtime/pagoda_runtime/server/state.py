@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pagoda_runtime.engine_protocol import EngineStats, ServingEngine
 from pagoda_runtime.server.drain import Drain
 from pagoda_runtime.server.health import Health
 from pagoda_runtime.server.metrics import ServerMetrics
@@ -38,11 +39,11 @@ class ServerSettings:
 class ServerState:
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
-        self.engine = None  # the AsyncLLMEngine, once loaded and started
+        self.engine: ServingEngine | None = None  # once loaded and started
         self.load_error: str | None = None
         self.drain = Drain(settings.drain_timeout)
         self.health = Health(settings.canary_interval, settings.canary_timeout)
         self.metrics = ServerMetrics(settings.served_model_name, self.engine_stats)
 
-    def engine_stats(self):
+    def engine_stats(self) -> EngineStats | None:
         return self.engine.stats() if self.engine is not None else None

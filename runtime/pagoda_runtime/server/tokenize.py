@@ -73,7 +73,7 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeRes
     state: ServerState = request.app.state.pagoda
     check_model(state, body.model)
     engine = _engine(state)
-    vocab = engine.model_config.vocab_size
+    vocab = engine.vocab_size
     if any(t >= vocab for t in body.tokens):
         raise APIError(400, f"Token ids must be in [0, {vocab}); check the tokenizer.", param="tokens")
     return DetokenizeResponse(prompt=engine.tokenizer.decode(body.tokens))

@@ -5,6 +5,7 @@ import asyncio
 import pytest
 from pagoda_runtime.async_engine import AsyncLLMEngine
 from pagoda_runtime.config import EngineConfig
+from pagoda_runtime.engine_protocol import RequestRejected, ServingEngine
 from pagoda_runtime.sampling_params import SamplingParams
 
 from tests.runtime.tiny_models import build_tiny_model
@@ -86,10 +87,13 @@ def test_cancelled_consumer_aborts_its_request_and_the_loop_stays_responsive(eng
 def test_a_request_that_cannot_fit_raises_before_streaming(engine_config):
     async def main():
         engine = AsyncLLMEngine.from_engine_config(engine_config)
+        assert isinstance(engine, ServingEngine)
         await engine.start()
-        with pytest.raises(ValueError, match="max_model_len"):
+        with pytest.raises(ValueError, match="max_model_len") as refused:
             async for _ in engine.generate([5] * 10, SamplingParams(max_tokens=engine.max_model_len), "x"):
                 pass
+        assert isinstance(refused.value, RequestRejected)
+        assert (refused.value.code, refused.value.param) == ("context_length_exceeded", "max_tokens")
         engine.abort_all()
         await engine.shutdown()
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from pagoda_runtime import LLM, SamplingParams
 from pagoda_runtime.model_runner import resolve_kv_cache_dtype
+from pagoda_runtime.scoring import score
 
 from tests.runtime.tiny_models import build_tiny_model
 
@@ -67,7 +68,7 @@ def test_bundled_model_greedy_choices_with_an_fp8_cache_are_the_float_caches():
     greedy = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     for output in fp8.generate(prompts, greedy):
         chosen = output.outputs[0].token_ids
-        logprobs = torch.log_softmax(auto.engine.score(output.prompt_token_ids + chosen), dim=-1)
+        logprobs = torch.log_softmax(score(auto.engine, output.prompt_token_ids + chosen), dim=-1)
         rows = logprobs[len(output.prompt_token_ids) - 1 : -1]
         gap = rows.max(dim=-1).values - rows.gather(1, torch.tensor(chosen)[:, None])[:, 0]
         top_choice += int((gap == 0).sum())

@@ -13,6 +13,7 @@ import torch
 from pagoda_runtime import LLM, SamplingParams
 from pagoda_runtime.kernels.triton_paged_attention import default_num_splits
 from pagoda_runtime.model_runner import graph_batch_sizes
+from pagoda_runtime.scoring import score
 from transformers import AutoModelForCausalLM
 
 from tests.runtime.engine.hf_reference import hf_greedy, hf_model_from_source
@@ -95,7 +96,7 @@ def test_awq_and_gptq_folders_serve_on_the_gpu_close_to_their_dequantized_weight
     ids = llm.get_tokenizer().encode(" ".join(PROMPTS))
     with torch.inference_mode():
         expected = reference(torch.tensor([ids], device="cuda")).logits[0].float()
-    logits = llm.engine.score(ids)
+    logits = score(llm.engine, ids)
     assert float((logits - expected).norm() / expected.norm()) < 1e-3
     assert _token_ids(llm, PROMPTS) == _token_ids(LLM(str(folder), enforce_eager=True, **kwargs), PROMPTS)
 
@@ -111,7 +112,7 @@ def test_gguf_blocks_are_kept_packed_by_default_on_the_gpu_and_match_the_dequant
     kept, dense = LLM(str(path), **kwargs), LLM(str(path), quantization="none", **kwargs)
     assert (kept.engine.quantization, dense.engine.quantization) == ("gguf", "none")
     ids = kept.get_tokenizer().encode(" ".join(PROMPTS))
-    logits, expected = kept.engine.score(ids), dense.engine.score(ids)
+    logits, expected = score(kept.engine, ids), score(dense.engine, ids)
     assert float((logits - expected).norm() / expected.norm()) < 1e-3
     assert _token_ids(kept, PROMPTS) == _token_ids(LLM(str(path), enforce_eager=True, **kwargs), PROMPTS)
 
@@ -139,7 +140,7 @@ def test_bfloat16_logits_stay_close_to_transformers_float32(tmp_path, variant):
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).cuda().eval()
     with torch.inference_mode():
         expected = reference(torch.tensor([ids], device="cuda")).logits[0].float()
-    logits = llm.engine.score(ids).float()
+    logits = score(llm.engine, ids).float()
     # bfloat16 keeps 8 significant bits: about 4e-3 per rounding, a few roundings deep.
     assert float((logits - expected).norm() / expected.norm()) < 2e-2
 

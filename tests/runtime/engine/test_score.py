@@ -1,8 +1,9 @@
-"""LLMEngine.score: next-token logits at every position from one prefill of the engine's own model."""
+"""scoring.score: next-token logits at every position from one prefill of the engine's own model."""
 
 import pytest
 import torch
 from pagoda_runtime import LLM, SamplingParams
+from pagoda_runtime.scoring import score
 from transformers import AutoModelForCausalLM
 
 from tests.runtime.tiny_models import build_tiny_model
@@ -25,7 +26,7 @@ def test_score_gives_transformers_logits_at_every_position(llm, folder):
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
     with torch.inference_mode():
         expected = reference(torch.tensor([ids])).logits[0].float()
-    logits = llm.engine.score(ids)
+    logits = score(llm.engine, ids)
     assert logits.shape == (len(ids), reference.config.vocab_size) and logits.dtype == torch.float32
     assert torch.allclose(logits, expected, rtol=0, atol=1e-4)
     bm = llm.engine.block_manager
@@ -39,7 +40,7 @@ def test_scoring_between_steps_leaves_running_requests_unchanged(llm):
     engine.add_request("running", "def add(a, b):", params)
     outputs = engine.step() + engine.step()
     held = engine.block_manager.num_free_blocks
-    engine.score(llm.get_tokenizer().encode(TEXT))
+    score(engine, llm.get_tokenizer().encode(TEXT))
     assert engine.block_manager.num_free_blocks == held
     while engine.has_unfinished():
         outputs += engine.step()
@@ -48,8 +49,8 @@ def test_scoring_between_steps_leaves_running_requests_unchanged(llm):
 
 def test_texts_that_cannot_be_scored_are_refused(llm):
     with pytest.raises(ValueError, match="nothing to score"):
-        llm.engine.score([])
+        score(llm.engine, [])
     with pytest.raises(ValueError, match="outside the model's vocabulary"):
-        llm.engine.score([1, 10**6])
+        score(llm.engine, [1, 10**6])
     with pytest.raises(ValueError, match="exceed max_model_len"):
-        llm.engine.score([1] * (llm.engine.max_model_len + 1))
+        score(llm.engine, [1] * (llm.engine.max_model_len + 1))

@@ -15,6 +15,7 @@ import torch
 from pagoda_runtime.config import EngineConfig
 from pagoda_runtime.engine import LLMEngine
 from pagoda_runtime.memory_report import MemoryReport
+from pagoda_runtime.scoring import score
 
 EVAL_TEXT = Path(__file__).parents[2] / "data" / "eval_text.txt"
 # Enough KV blocks for the evaluation text, a small fraction of the CPU default.
@@ -57,7 +58,7 @@ def score_eval_text(variant: Variant, device: str = "cpu") -> Scored:
     )
     engine = LLMEngine(config)
     token_ids = engine.tokenizer.encode(EVAL_TEXT.read_text(), add_special_tokens=False)
-    scored = Scored(engine.score(token_ids).cpu(), torch.tensor(token_ids), engine.memory)
+    scored = Scored(score(engine, token_ids).cpu(), torch.tensor(token_ids), engine.memory)
     del engine
     gc.collect()
     return scored

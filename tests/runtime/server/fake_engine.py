@@ -1,4 +1,5 @@
-"""A test double of the AsyncLLMEngine contract, for fast tests of the HTTP layer alone.
+"""A test double of the engine contract (engine_protocol.ServingEngine), for fast tests of the HTTP
+layer alone.
 
 It "generates" a fixed text character by character (one token per character), so tests can
 predict text, token counts, stops and lengths without a model. The real engine is exercised by
@@ -11,8 +12,10 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+from pagoda_runtime.engine_stats import EngineStats
 from pagoda_runtime.memory_report import MemoryReport
 from pagoda_runtime.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from pagoda_runtime.request_validation import check_request
 from pagoda_runtime.sampling_params import SamplingParams
 
 SCRIPT = "the quick brown fox jumps over the lazy dog. " * 20
@@ -49,21 +52,6 @@ class FakeTokenizer:
 
 
 @dataclass
-class FakeModelConfig:
-    vocab_size: int = 256
-
-
-@dataclass
-class FakeStats:
-    num_waiting: int = 0
-    num_running: int = 0
-    kv_cache_usage: float = 0.0
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    num_preemptions: int = 0
-
-
-@dataclass
 class _Request:
     params: SamplingParams
     prompt_ids: list[int]
@@ -73,8 +61,7 @@ class _Request:
 class FakeEngine:
     def __init__(self, max_model_len: int = 512, step_s: float = 0.005, max_running: int = 64) -> None:
         self.tokenizer = FakeTokenizer()
-        self.model_config = FakeModelConfig()
-        self.engine_config = None
+        self.vocab_size = FakeTokenizer.vocab_size
         self.memory = MemoryReport(
             model="fake-model",
             quantization="int4",
@@ -113,10 +100,17 @@ class FakeEngine:
         if self._ticker:
             self._ticker.cancel()
 
-    def stats(self) -> FakeStats:
+    def stats(self) -> EngineStats:
         running = [r for r in self.running if r not in self.internal_ids]
         waiting = sum(1 for r in self.requests if r not in self.internal_ids) - len(running)
-        return FakeStats(num_waiting=waiting, num_running=len(running), kv_cache_usage=len(running) / 64)
+        return EngineStats(
+            num_waiting=waiting,
+            num_running=len(running),
+            kv_cache_usage=len(running) / 64,
+            prefix_cache_queries=0,
+            prefix_cache_hits=0,
+            num_preemptions=0,
+        )
 
     async def abort(self, request_id: str) -> None:
         request = self.requests.get(request_id)
@@ -133,10 +127,8 @@ class FakeEngine:
         if internal:
             self.internal_ids.add(request_id)
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if len(ids) + (params.max_tokens or 0) > self.max_model_len:
-            raise ValueError(
-                f"the request needs {len(ids) + params.max_tokens} tokens, more than {self.max_model_len}"
-            )
+        check_request(ids, params.max_tokens, params.min_tokens, FakeTokenizer.vocab_size, self.max_model_len)
+        max_tokens = params.max_tokens or self.max_model_len - len(ids)
         if not internal:
             self.seen_prompts.append(ids)
             self.seen_params.append(params)
@@ -182,7 +174,7 @@ class FakeEngine:
                         delta.text = delta.text[: max(0, len(delta.text) - len(hit))]
                         out.finish_reason = delta.finish_reason = "stop"
                         out.stop_reason = hit
-                    elif len(out.token_ids) >= params.max_tokens:
+                    elif len(out.token_ids) >= max_tokens:
                         out.finish_reason = delta.finish_reason = "length"
                     deltas.append(delta)
                 now = time.monotonic()

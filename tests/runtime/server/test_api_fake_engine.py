@@ -7,6 +7,7 @@ import logging
 import threading
 
 from fastapi.testclient import TestClient
+from pagoda_runtime.engine_protocol import ServingEngine
 from pagoda_runtime.server.logs import JsonFormatter, RequestIdFilter, request_id_var
 
 from .conftest import MODEL, fake_app, wait_ready
@@ -163,6 +164,36 @@ def test_context_overflow_is_400_with_counts(fake):
     assert r.status_code == 400
     message = r.json()["error"]["message"]
     assert "512" in message and "604" in message and "4 in the prompt" in message and "600" in message
+
+
+def test_the_fake_engine_keeps_the_serving_contract():
+    assert isinstance(FakeEngine(), ServingEngine)
+
+
+def test_a_chat_context_overflow_names_the_chat_fields(fake):
+    client, _ = fake
+    message = {"role": "user", "content": "x" * 600}
+    r = client.post("/v1/chat/completions", json={"messages": [message]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    assert r.json()["error"]["code"] == "context_length_exceeded"
+    short = {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 600}
+    r = client.post("/v1/chat/completions", json=short)
+    assert r.json()["error"]["param"] == "max_completion_tokens"
+
+
+def test_an_engine_failure_is_not_reported_as_a_context_overflow():
+    class Broken(FakeEngine):
+        async def generate(self, prompt, params, request_id, internal=False):
+            if not internal:
+                raise ValueError("a bug inside the engine")
+            async for out in super().generate(prompt, params, request_id, internal):
+                yield out
+
+    app, _ = fake_app(Broken())
+    with TestClient(app, raise_server_exceptions=False) as client:
+        wait_ready(client)
+        r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})
+        assert r.status_code == 500 and r.json()["error"]["code"] is None
 
 
 def test_unknown_model_is_404(fake):

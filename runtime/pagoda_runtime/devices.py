@@ -1,0 +1,50 @@
+"""Where the engine runs and in what precision: --device and --dtype, resolved once at build time.
+
+The result is handed to everything that needs it (model runner, benchmarks' baseline), so that
+"auto" is decided in one place and the parts cannot disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Placement:
+    device: torch.device
+    dtype: torch.dtype  # of the unquantized weights and the activations
+
+    @property
+    def dtype_name(self) -> str:
+        return dtype_name(self.dtype)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name} asks for a GPU, but torch sees none; use --device cpu")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; use auto, float32, float16 or bfloat16")
+    return _DTYPES[name]
+
+
+def resolve_placement(device: str, dtype: str) -> Placement:
+    resolved = resolve_device(device)
+    return Placement(resolved, resolve_dtype(dtype, resolved))
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The --dtype name of a torch dtype ("float32", "bfloat16", "float16")."""
+    return str(dtype).removeprefix("torch.")

@@ -1,0 +1,106 @@
+"""Everything the engine loop needs, built once from an EngineConfig.
+
+The checkpoint is loaded (or a model already in memory is taken), the quantization it is served
+with is chosen (quantization_selection.py), the model runner sizes the KV cache from what is left,
+and the context length is capped to what that cache holds. The memory report compares the
+weights as loaded with sizing.py's prediction.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from pagoda_runtime.block_manager import BlockManager
+from pagoda_runtime.config import EngineConfig, ModelConfig
+from pagoda_runtime.devices import Placement, resolve_placement
+from pagoda_runtime.memory_report import MemoryReport
+from pagoda_runtime.model_runner import ModelRunner
+from pagoda_runtime.model_source import LoadedModel, load_model_source
+from pagoda_runtime.quantization_selection import select_quantization
+from pagoda_runtime.scheduler import Scheduler
+from pagoda_runtime.sizing import weight_bytes
+from pagoda_runtime.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineParts:
+    engine_config: EngineConfig
+    placement: Placement
+    quantization: str  # the method the projections are held in (never "auto")
+    model_config: ModelConfig
+    tokenizer: Tokenizer
+    runner: ModelRunner
+    block_manager: BlockManager
+    scheduler: Scheduler
+    max_model_len: int  # the model's limit or --max-model-len, capped to what the KV cache holds
+    memory: MemoryReport
+
+
+def build_engine(engine_config: EngineConfig, loaded: LoadedModel | None = None) -> EngineParts:
+    """`loaded`: a model already in memory (the benchmarks' random weights) instead of
+    `engine_config.model`."""
+    if engine_config.max_num_batched_tokens < 1 or engine_config.max_num_seqs < 1:
+        raise ValueError("--max-num-batched-tokens and --max-num-seqs must both be at least 1")
+    placement = resolve_placement(engine_config.device, engine_config.dtype)
+    if loaded is None:
+        loaded = load_model_source(engine_config.model, placement.dtype, keep_quantized=True)
+    quantization = select_quantization(
+        engine_config.quantization, loaded.quantization, placement.device.type, engine_config.model
+    )
+    if loaded.quantization is not None and quantization != loaded.quantization:
+        if engine_config.quantization == "auto":
+            logger.info(
+                "%s stores %s blocks; on the %s they are dequantized at load "
+                "(--quantization %s keeps them packed)",
+                engine_config.model,
+                loaded.quantization,
+                placement.device.type,
+                loaded.quantization,
+            )
+        loaded = loaded.dequantized(placement.dtype)
+    limit = engine_config.max_model_len or loaded.config.max_position_embeddings
+    runner = ModelRunner(loaded.config, loaded.weights, engine_config, placement, limit, quantization)
+    block_manager = BlockManager(
+        runner.num_blocks, engine_config.block_size, engine_config.enable_prefix_caching
+    )
+    memory = MemoryReport(
+        model=engine_config.model,
+        quantization=quantization,
+        dtype=placement.dtype_name,
+        kv_cache_dtype=runner.kv_cache_dtype_name,
+        weight_bytes=runner.weight_bytes,
+        predicted_weight_bytes=weight_bytes(loaded.config.to_sizing(), quantization, placement.dtype_name),
+        kv_bytes_per_block=runner.kv_bytes_per_block,
+        block_size=engine_config.block_size,
+        num_kv_blocks=runner.num_blocks,
+    )
+    logger.info("memory: %s", memory.describe())
+    return EngineParts(
+        engine_config=engine_config,
+        placement=placement,
+        quantization=quantization,
+        model_config=loaded.config,
+        tokenizer=loaded.tokenizer,
+        runner=runner,
+        block_manager=block_manager,
+        scheduler=Scheduler(block_manager, engine_config.max_num_seqs, engine_config.max_num_batched_tokens),
+        max_model_len=_cap_context(limit, runner.num_blocks * engine_config.block_size, engine_config),
+        memory=memory,
+    )
+
+
+def _cap_context(limit: int, capacity: int, engine_config: EngineConfig) -> int:
+    """The context length the KV cache can hold: an explicit --max-model-len must fit, the model's
+    own limit is lowered to fit."""
+    if limit <= capacity:
+        return limit
+    if engine_config.max_model_len is not None:
+        raise ValueError(
+            f"--max-model-len {limit} does not fit in the KV cache, which holds {capacity} tokens; "
+            "lower --max-model-len or raise --kv-cache-memory"
+        )
+    logger.warning("the KV cache holds %d tokens; max_model_len lowered from %d to that", capacity, limit)
+    return capacity

@@ -1,0 +1,34 @@
+"""What the engine reports about itself: its load (for metrics and admission) and each step's timing.
+
+Torch-free, so that the server and its test double share these types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_waiting: int  # requests with no sample running
+    num_running: int  # requests with at least one sample running
+    kv_cache_usage: float  # fraction of KV blocks in use
+    prefix_cache_queries: int  # cumulative, in prompt tokens
+    prefix_cache_hits: int  # cumulative, in prompt tokens
+    num_preemptions: int  # cumulative
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """Where one step's wall time went; the host parts are what the GPU may wait on."""
+
+    num_seqs: int
+    schedule_s: float
+    prepare_s: float  # building the batch tensors
+    execute_s: float  # the model and the sampler, including waiting for the device
+    output_s: float  # appending tokens, stop rules, detokenizing
+
+    @property
+    def host_fraction(self) -> float:
+        total = self.schedule_s + self.execute_s + self.output_s
+        return (self.schedule_s + self.prepare_s + self.output_s) / total if total else 0.0
