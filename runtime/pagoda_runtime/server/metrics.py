@@ -1,4 +1,4 @@
-"""Prometheus metrics, named as ARCHITECTURE.md lists them, labelled by model_name.
+"""Prometheus metrics, named as docs/architecture.md lists them, labelled by model_name.
 
 Engine state (queue depth, running, KV usage, prefix cache counters) is read from engine.stats()
 at scrape time, so the numbers the autoscaler sees are never stale. Per-request latencies and
