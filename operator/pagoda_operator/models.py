@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 from pagoda_runtime.config import KV_CACHE_DTYPES, QUANTIZATION_CHOICES
-from pagoda_runtime.sizing import KNOWN_ARCHITECTURES, ModelArchitecture
+from pagoda_runtime.model_catalogue import KNOWN_ARCHITECTURES
+from pagoda_runtime.sizing import ModelArchitecture
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 

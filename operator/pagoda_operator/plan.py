@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from kubernetes.utils import parse_quantity
 from pagoda_runtime.quantization_selection import select_quantization
-from pagoda_runtime.sizing import FitResult, fits
+from pagoda_runtime.sizing import FitResult, fits, gguf_block_type
 
 from pagoda_operator.models import InferenceServiceSpec, VariantSpec
 
@@ -66,7 +66,14 @@ def _fit(spec: InferenceServiceSpec, variant: VariantSpec, quantization: str) ->
     if arch is None or capacity is None:
         return None
     max_model_len = spec.model.max_model_len or arch.max_position_embeddings
-    return fits(arch, quantization, max_model_len, capacity, kv_dtype=variant.kv_cache_dtype)
+    return fits(
+        arch,
+        quantization,
+        max_model_len,
+        capacity,
+        kv_dtype=variant.kv_cache_dtype,
+        gguf_block=gguf_block_type(spec.model.source),
+    )
 
 
 def plan_variant(spec: InferenceServiceSpec, variant: VariantSpec) -> VariantPlan:

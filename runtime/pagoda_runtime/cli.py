@@ -82,8 +82,8 @@ def _add_serve(sub) -> None:
         "--quantization",
         default=defaults.quantization,
         choices=QUANTIZATION_CHOICES,
-        help="how to hold the projections; auto serves the checkpoint as it was saved (AWQ, GPTQ, GGUF "
-        "blocks on a GPU) and float weights unquantized",
+        help="how to hold the projections; auto serves the checkpoint as it was saved "
+        "(what it picks: docs/architecture.md#quantization)",
     )
     p.add_argument(
         "--kv-cache-dtype",
@@ -215,7 +215,6 @@ def _bench_offline(args: argparse.Namespace) -> int:
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=args.model,
-        served_model_name=args.served_model_name[0] if args.served_model_name else None,
         dtype=args.dtype,
         device=args.device,
         quantization=args.quantization,

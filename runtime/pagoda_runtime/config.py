@@ -6,17 +6,20 @@ everywhere else; nothing inside the engine parses strings.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pagoda_runtime.sizing import ModelArchitecture
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
 # How the decoder projections are held; --quantization auto picks one from the checkpoint
 # (quantization_selection.py).
 QUANTIZATION_METHODS = ("none", "int8", "int4", "fp8", "awq", "gptq", "gguf")
 QUANTIZATION_CHOICES = ("auto", *QUANTIZATION_METHODS)
 # auto: the model's dtype; fp8: e4m3, half the bytes of bf16.
 KV_CACHE_DTYPES = ("auto", "fp8")
+
+
+# Hugging Face rope_scaling types the rotary table (kernels/rope_cache.py) implements.
+ROPE_TYPES = ("default", "linear", "llama3")
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,7 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    architecture: str  # one of SUPPORTED_ARCHITECTURES
+    architecture: str  # "llama", "mistral" or "qwen2" (model_source.py maps checkpoints onto these)
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -75,7 +78,6 @@ class ModelConfig:
 @dataclass(frozen=True)
 class EngineConfig:
     model: str = "smollm2-135m"
-    served_model_name: str | None = None
     dtype: str = "auto"  # auto, float32, float16, bfloat16
     device: str = "auto"  # auto, cpu, cuda, cuda:N
     quantization: str = "auto"  # one of QUANTIZATION_CHOICES
@@ -92,4 +94,3 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
     seed: int = 0
-    extra: dict = field(default_factory=dict)

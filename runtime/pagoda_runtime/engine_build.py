@@ -72,7 +72,9 @@ def build_engine(engine_config: EngineConfig, loaded: LoadedModel | None = None)
         dtype=placement.dtype_name,
         kv_cache_dtype=runner.kv_cache_dtype_name,
         weight_bytes=runner.weight_bytes,
-        predicted_weight_bytes=weight_bytes(loaded.config.to_sizing(), quantization, placement.dtype_name),
+        predicted_weight_bytes=weight_bytes(
+            loaded.config.to_sizing(), quantization, placement.dtype_name, loaded.gguf_block
+        ),
         kv_bytes_per_block=runner.kv_bytes_per_block,
         block_size=engine_config.block_size,
         num_kv_blocks=runner.num_blocks,

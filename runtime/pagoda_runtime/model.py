@@ -15,8 +15,8 @@ from torch import nn
 from pagoda_runtime.attention_metadata import AttentionMetadata
 from pagoda_runtime.config import ModelConfig
 from pagoda_runtime.kernels import AttentionOps, build_cos_sin_cache, rms_norm, silu_and_mul
-from pagoda_runtime.model_source import expected_weight_shapes
 from pagoda_runtime.quantization import make_linear
+from pagoda_runtime.weight_layout import expected_weight_shapes
 
 
 class RMSNorm(nn.Module):

@@ -25,9 +25,9 @@ import torch
 from safetensors import safe_open
 
 from pagoda_runtime.bundled import resolve_model
-from pagoda_runtime.config import ModelConfig, RopeScaling
+from pagoda_runtime.config import ROPE_TYPES, ModelConfig, RopeScaling
 from pagoda_runtime.gguf_reader import GGUFFile
-from pagoda_runtime.quantization.gguf_blocks import gguf_to_packed, is_packable
+from pagoda_runtime.quantization.gguf_blocks import BLOCK_NAMES, gguf_to_packed, is_packable
 from pagoda_runtime.quantization.hf_checkpoints import (
     CheckpointQuantization,
     parse_quantization_config,
@@ -36,10 +36,10 @@ from pagoda_runtime.quantization.hf_checkpoints import (
 )
 from pagoda_runtime.quantization.packed import PackedWeight, dequantize
 from pagoda_runtime.tokenizer import Tokenizer
+from pagoda_runtime.weight_layout import expected_weight_shapes, is_projection
 
 HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
 GGUF_ARCHITECTURES = ("llama", "qwen2")
-_ROPE_TYPES = ("default", "linear", "llama3")
 
 _GGUF_LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -77,6 +77,8 @@ class LoadedModel:
     # How the projections that arrive as PackedWeights were stored: "awq", "gptq" or "gguf";
     # None when every weight arrives as a float tensor.
     quantization: str | None = None
+    # For "gguf": the block type of those projections (Q4_0, Q4_1, Q8_0; the largest if they mix).
+    gguf_block: str | None = None
 
     def dequantized(self, dtype: torch.dtype) -> LoadedModel:
         """The same model with each PackedWeight turned into a float tensor as it streams past."""
@@ -102,35 +104,6 @@ def load_model_source(
     else:
         raise ModelLoadError(f"{path} is neither a Hugging Face model folder nor a .gguf file")
     return loaded if keep_quantized else loaded.dequantized(dtype)
-
-
-def is_projection(hf_name: str) -> bool:
-    """Whether a weight is one of the decoder's linear projections, the layers quantization touches."""
-    return hf_name.startswith("model.layers.") and hf_name.endswith("_proj.weight")
-
-
-def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor the model needs, by Hugging Face name, with the shape the config implies."""
-    hidden, inter = config.hidden_size, config.intermediate_size
-    shapes = {"model.embed_tokens.weight": (config.vocab_size, hidden), "model.norm.weight": (hidden,)}
-    if not config.tie_word_embeddings:
-        shapes["lm_head.weight"] = (config.vocab_size, hidden)
-    for i in range(config.num_hidden_layers):
-        layer = f"model.layers.{i}."
-        shapes[layer + "input_layernorm.weight"] = (hidden,)
-        shapes[layer + "post_attention_layernorm.weight"] = (hidden,)
-        shapes[layer + "self_attn.q_proj.weight"] = (config.q_size, hidden)
-        shapes[layer + "self_attn.k_proj.weight"] = (config.kv_size, hidden)
-        shapes[layer + "self_attn.v_proj.weight"] = (config.kv_size, hidden)
-        shapes[layer + "self_attn.o_proj.weight"] = (hidden, config.q_size)
-        if config.attention_bias:
-            shapes[layer + "self_attn.q_proj.bias"] = (config.q_size,)
-            shapes[layer + "self_attn.k_proj.bias"] = (config.kv_size,)
-            shapes[layer + "self_attn.v_proj.bias"] = (config.kv_size,)
-        shapes[layer + "mlp.gate_proj.weight"] = (inter, hidden)
-        shapes[layer + "mlp.up_proj.weight"] = (inter, hidden)
-        shapes[layer + "mlp.down_proj.weight"] = (hidden, inter)
-    return shapes
 
 
 def _check_shapes(
@@ -176,9 +149,9 @@ def config_from_hf(
     rope = raw.get("rope_parameters") or {}
     scaling = raw.get("rope_scaling") or rope
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    if rope_type not in _ROPE_TYPES:
+    if rope_type not in ROPE_TYPES:
         raise ModelLoadError(
-            f"{source} uses rope scaling {rope_type!r}; Pagoda supports {', '.join(_ROPE_TYPES)}"
+            f"{source} uses rope scaling {rope_type!r}; Pagoda supports {', '.join(ROPE_TYPES)}"
         )
     rope_scaling = None
     if rope_type != "default":
@@ -435,4 +408,8 @@ def _load_gguf(path: Path, dtype: torch.dtype) -> LoadedModel:
                 tensor = gguf.dequantize(info.name)
                 yield hf, (unpermute_rotary(tensor, heads) if heads else tensor).to(dtype)
 
-    return LoadedModel(config, weights(), tokenizer, "gguf" if packed else None)
+    if not packed:
+        return LoadedModel(config, weights(), tokenizer)
+    # The ggml type ids grow with the block's size: Q4_0 < Q4_1 < Q8_0.
+    largest = max(gguf.tensors[gguf_name[hf]].ggml_type for hf in packed)
+    return LoadedModel(config, weights(), tokenizer, "gguf", BLOCK_NAMES[largest])

@@ -1,13 +1,5 @@
 """Which quantization a model is served with: the --quantization a user asked for, checked against
-how the checkpoint stores its projections.
-
-"auto" (the default) serves a checkpoint the way it was saved, as vLLM does: an AWQ or GPTQ folder
-as awq or gptq, a GGUF file with Q4_0/Q4_1/Q8_0 projections as gguf, float weights unquantized. The
-one exception is a quantized GGUF on the CPU: there every packed matmul dequantizes its weight at
-every step (decode of the bundled model measured 8x slower than float32), so "auto" dequantizes the
-file once at load; --quantization gguf keeps it packed there too. A quantized GGUF may also be
-served dequantized ("none") or re-quantized online (int8, int4, fp8); AWQ and GPTQ weights are
-served only as they are.
+how the checkpoint stores its projections. The rule in words: docs/architecture.md#quantization.
 
 Torch-free, so that the operator sizes a variant's pods for the method its runtime will pick.
 """
@@ -38,6 +30,8 @@ def select_quantization(requested: str, stored: str | None, device_type: str, so
         return stored
     if stored == "gguf":
         if requested == "auto":
+            # On the CPU a packed matmul dequantizes its weight at every step (decode of the bundled
+            # model measured 8x slower than float32), so there the file is dequantized once at load.
             return "gguf" if device_type == "cuda" else "none"
         if requested in ("awq", "gptq"):
             raise ValueError(

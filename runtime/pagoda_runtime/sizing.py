@@ -10,7 +10,10 @@ embeddings, the LM head and the norms stay in the model's float dtype (bf16 unle
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+from pagoda_runtime.bundled import BUNDLED_FILE, BUNDLED_MODEL_NAME
 
 GIB = 1024**3
 # CUDA context, activations of one max-size batch, sampler buffers and CUDA graphs; measured
@@ -94,35 +97,38 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {
     # become fp16 offsets and GPTQ's g_idx (refused unless trivial) is dropped.
     "awq": WeightFormat(bits=4, group_size=128, group_bytes=4),
     "gptq": WeightFormat(bits=4, group_size=128, group_bytes=4),
-    # GGUF Q4_0/Q4_1 blocks kept as int4 groups of 32 with an fp16 scale and an fp16 offset each;
-    # Q8_0 blocks (int8 plus an fp16 scale per 32) take 8.5 bits instead of these 5.
+    # A GGUF file of 4-bit blocks; weight_bytes' gguf_block names the file's real block type.
     "gguf": WeightFormat(bits=4, group_size=32, group_bytes=4),
 }
+# GGUF blocks kept packed (quantization/gguf_blocks.py): Q4_0 and Q4_1 as int4 groups of 32 with an
+# fp16 scale and an fp16 offset each, Q8_0 as int8 groups of 32 with an fp16 scale: 8.5 bits, not 5.
+GGUF_BLOCK_FORMATS: dict[str, WeightFormat] = {
+    "Q4_0": WEIGHT_FORMATS["gguf"],
+    "Q4_1": WEIGHT_FORMATS["gguf"],
+    "Q8_0": WeightFormat(bits=8, group_size=32, group_bytes=2),
+}
+# A GGUF source whose name does not say its block type is sized as the largest, never too small.
+LARGEST_GGUF_BLOCK = "Q8_0"
 
 # Bytes of one element of the tensors a model keeps unquantized, by the runtime's --dtype names.
 FLOAT_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 KV_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1}
 
 
-# Hugging Face config.json values of the families users deploy most.
-KNOWN_ARCHITECTURES: dict[str, ModelArchitecture] = {
-    "llama-3-8b": ModelArchitecture(32, 4096, 14336, 32, 8, 128, 128256, False, 8192),
-    "llama-3.1-8b": ModelArchitecture(32, 4096, 14336, 32, 8, 128, 128256, False, 131072),
-    "llama-3.2-1b": ModelArchitecture(16, 2048, 8192, 32, 8, 64, 128256, True, 131072),
-    "llama-3.2-3b": ModelArchitecture(28, 3072, 8192, 24, 8, 128, 128256, True, 131072),
-    "llama-3-70b": ModelArchitecture(80, 8192, 28672, 64, 8, 128, 128256, False, 8192),
-    "llama-3.1-70b": ModelArchitecture(80, 8192, 28672, 64, 8, 128, 128256, False, 131072),
-    "mistral-7b": ModelArchitecture(32, 4096, 14336, 32, 8, 128, 32768, False, 32768),
-    "qwen2.5-1.5b": ModelArchitecture(28, 1536, 8960, 12, 2, 128, 151936, True, 32768, attention_bias=True),
-    "qwen2.5-7b": ModelArchitecture(28, 3584, 18944, 28, 4, 128, 152064, False, 32768, attention_bias=True),
-    "smollm2-135m": ModelArchitecture(30, 576, 1536, 9, 3, 64, 49152, True, 8192),
-    "smollm2-360m": ModelArchitecture(32, 960, 2560, 15, 5, 64, 49152, True, 8192),
-    "smollm2-1.7b": ModelArchitecture(24, 2048, 8192, 32, 32, 64, 49152, True, 8192),
-}
+def gguf_block_type(source: str) -> str:
+    """The block type a GGUF source holds, as far as its file name tells (`model.Q8_0.gguf`,
+    `model-Q4_0.gguf`; the bundled model is Q4_1); LARGEST_GGUF_BLOCK when it does not tell."""
+    name = BUNDLED_FILE if source.split("://", 1)[-1] == BUNDLED_MODEL_NAME else source
+    file_name = name.rsplit("/", 1)[-1].upper()
+    named = (b for b in GGUF_BLOCK_FORMATS if re.search(rf"(?<![A-Z0-9]){b}(?![A-Z0-9_])", file_name))
+    return next(named, LARGEST_GGUF_BLOCK)
 
 
-def weight_bytes(arch: ModelArchitecture, quantization: str, float_dtype: str = "bfloat16") -> int:
-    """float_dtype: what the unquantized tensors are held in (every tensor, for "none")."""
+def weight_bytes(
+    arch: ModelArchitecture, quantization: str, float_dtype: str = "bfloat16", gguf_block: str | None = None
+) -> int:
+    """float_dtype: what the unquantized tensors are held in (every tensor, for "none");
+    gguf_block: for "gguf", the file's block type (Q4_0, Q4_1, Q8_0) when it is known."""
     if quantization not in WEIGHT_FORMATS:
         raise ValueError(
             f"unknown quantization {quantization!r}; use one of {', '.join(sorted(WEIGHT_FORMATS))}"
@@ -131,6 +137,8 @@ def weight_bytes(arch: ModelArchitecture, quantization: str, float_dtype: str = 
         raise ValueError(f"unknown dtype {float_dtype!r}; use one of {', '.join(FLOAT_DTYPE_BYTES)}")
     float_bytes = 4 if quantization == "float32" else FLOAT_DTYPE_BYTES[float_dtype]
     fmt = WeightFormat(bits=8 * float_bytes) if quantization == "none" else WEIGHT_FORMATS[quantization]
+    if quantization == "gguf" and gguf_block is not None:
+        fmt = GGUF_BLOCK_FORMATS[gguf_block]
     linear = sum(fmt.linear_bytes(out, inp) for out, inp in arch.linear_shapes()) * arch.num_layers
     return int(linear + arch.unquantized_parameters() * float_bytes)
 
@@ -175,10 +183,11 @@ def fits(
     capacity_bytes: int,
     *,
     kv_dtype: str = "auto",
+    gguf_block: str | None = None,
     overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
 ) -> FitResult:
     """Whether the weights plus the KV cache of one max_model_len sequence fit the device memory."""
-    weights = weight_bytes(arch, quantization)
+    weights = weight_bytes(arch, quantization, gguf_block=gguf_block)
     kv = max_model_len * kv_bytes_per_token(arch.num_layers, arch.num_kv_heads, arch.head_dim, kv_dtype)
     return FitResult(
         fits=weights + kv + overhead_bytes <= capacity_bytes,

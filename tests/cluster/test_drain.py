@@ -21,7 +21,8 @@ from pagoda_operator.plan import plan_service
 from pagoda_operator.render import RenderOptions, render
 from runtime_process import RuntimeProcess
 
-pytestmark = pytest.mark.cluster
+# No control plane here: the rendered pod spec and a real runtime process are all it needs.
+pytestmark = pytest.mark.slow
 
 # A busy pod: eight streams generating and two queued behind them when termination begins.
 MAX_NUM_SEQS = 8

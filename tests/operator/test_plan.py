@@ -38,3 +38,14 @@ def test_auto_is_sized_as_the_runtime_will_serve_the_checkpoint():
         variants=[{"name": "a", "quantization": "awq"}],
     )
     assert plan_variant(named, named.variants[0]).quantization == "awq"
+
+
+def test_a_gguf_file_is_sized_by_the_block_type_its_name_states():
+    # Sized as 4-bit blocks, a Q8_0 file of Llama 3 8B would be admitted to a GPU it cannot fit.
+    def sized(source):
+        s = spec(model={"source": source, "family": "llama-3-8b"}, resources={"gpuMemory": "10Gi"})
+        return plan_variant(s, s.variants[0]).fit
+
+    q4, q8 = sized("file:///m/llama.Q4_0.gguf"), sized("pvc://models/Llama-3-8B-Q8_0.gguf")
+    assert q4.fits and not q8.fits
+    assert sized("file:///m/llama.gguf").weight_bytes == q8.weight_bytes  # unnamed: never too small

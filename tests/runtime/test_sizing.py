@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from pagoda_runtime.model_catalogue import KNOWN_ARCHITECTURES
 from pagoda_runtime.sizing import (
     GIB,
-    KNOWN_ARCHITECTURES,
     fits,
+    gguf_block_type,
     kv_bytes_per_block,
     kv_bytes_per_token,
     weight_bytes,
@@ -71,6 +72,9 @@ def test_quantized_formats_shrink_only_the_linear_layers_by_their_bit_width():
     assert weight_bytes(arch, "awq") == weight_bytes(arch, "gptq") == weight_bytes(arch, "int4")
     # GGUF Q4_0/Q4_1: groups of 32 instead of 128.
     assert weight_bytes(arch, "gguf") == kept + linear * (0.5 + 4 / 32)
+    assert weight_bytes(arch, "gguf", gguf_block="Q4_0") == weight_bytes(arch, "gguf")
+    # Q8_0: 8 bits plus an fp16 scale per 32.
+    assert weight_bytes(arch, "gguf", gguf_block="Q8_0") == kept + linear * (1 + 2 / 32)
     int8 = weight_bytes(arch, "int8")
     assert kept + linear < int8 < kept + linear * 1.001  # a scale per output row is small
     assert weight_bytes(arch, "fp8") > int8  # float32 scales
@@ -123,3 +127,10 @@ def test_unknown_names_are_refused_with_the_choices():
         weight_bytes(arch, "int3")
     with pytest.raises(ValueError, match="unknown KV cache dtype"):
         kv_bytes_per_token(1, 1, 1, "int2")
+
+
+def test_a_gguf_sources_block_type_comes_from_its_file_name():
+    assert gguf_block_type("file:///m/Meta-Llama-3-8B.Q8_0.gguf") == "Q8_0"
+    assert gguf_block_type("pvc://models/llama/Llama-3-8B-q4_0.gguf") == "Q4_0"
+    assert gguf_block_type("bundled://smollm2-135m") == "Q4_1"
+    assert gguf_block_type("file:///m/llama-Q4_0_4_4.gguf") == gguf_block_type("file:///m/x.gguf") == "Q8_0"

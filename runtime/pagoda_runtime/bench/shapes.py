@@ -13,39 +13,28 @@ import torch
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers.models import WordLevel
 
-from pagoda_runtime.config import ModelConfig, RopeScaling
-from pagoda_runtime.model_source import LoadedModel, expected_weight_shapes
+from pagoda_runtime.config import ModelConfig
+from pagoda_runtime.model_catalogue import MODELS
+from pagoda_runtime.model_source import LoadedModel
 from pagoda_runtime.tokenizer import Tokenizer
+from pagoda_runtime.weight_layout import expected_weight_shapes
 
+# Every model of the catalogue, and one small enough for the benchmark's own tests on the CPU.
 SHAPES: dict[str, ModelConfig] = {
-    "llama-3-8b": ModelConfig(
-        architecture="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-        rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=8192, tie_word_embeddings=False,
-    ),
-    "llama-3.2-1b": ModelConfig(
-        architecture="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
-        num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
-        rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=131072, tie_word_embeddings=True,
-        rope_scaling=RopeScaling("llama3", 32.0, 1.0, 4.0, 8192),
-    ),
-    "qwen2.5-7b": ModelConfig(
-        architecture="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944,
-        num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4, head_dim=128,
-        rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=32768, tie_word_embeddings=False,
-        attention_bias=True,
-    ),
-    # The bundled model's shape: what a CPU sweep measures in minutes.
-    "smollm2-135m": ModelConfig(
-        architecture="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
-        num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
-        rms_norm_eps=1e-5, rope_theta=100000.0, max_position_embeddings=8192, tie_word_embeddings=True,
-    ),
-    # Small enough for the CPU: what the benchmark's own tests run.
+    **MODELS,
     "tiny-llama": ModelConfig(
-        architecture="llama", vocab_size=512, hidden_size=64, intermediate_size=128,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=2048, tie_word_embeddings=False,
+        architecture="llama",
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
     ),
 }
 

@@ -14,7 +14,7 @@ import torch
 # First, so that the Triton kernel modules below are decorated compiled or interpreted as it decides.
 from .. import triton_mode  # noqa: F401
 from . import reference
-from .rope_cache import SUPPORTED_ROPE_TYPES, build_cos_sin_cache
+from .rope_cache import build_cos_sin_cache
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,6 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = [
-    "SUPPORTED_ROPE_TYPES",
     "AttentionOps",
     "build_cos_sin_cache",
     "get_attention_ops",

@@ -11,9 +11,7 @@ import math
 
 import torch
 
-from ..config import ModelConfig, RopeScaling
-
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+from ..config import ROPE_TYPES, ModelConfig, RopeScaling
 
 
 def _inverse_frequencies(config: ModelConfig) -> torch.Tensor:
@@ -29,7 +27,7 @@ def _inverse_frequencies(config: ModelConfig) -> torch.Tensor:
         return _llama3_frequencies(inv_freq, scaling)
     raise ValueError(
         f"rope scaling type {scaling.rope_type!r} is not supported; use a model whose rope_scaling "
-        f"is one of {', '.join(SUPPORTED_ROPE_TYPES)}."
+        f"is one of {', '.join(ROPE_TYPES)}."
     )
 
 

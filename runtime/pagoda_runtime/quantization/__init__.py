@@ -4,12 +4,11 @@
 from .. import triton_mode  # noqa: F401
 from .gguf_blocks import gguf_to_packed
 from .hf_checkpoints import CheckpointQuantization, awq_to_packed, gptq_to_packed, parse_quantization_config
-from .linear import METHODS, DenseLinear, QuantizedLinear, make_linear, quantized_matmul
+from .linear import DenseLinear, QuantizedLinear, make_linear, quantized_matmul
 from .online import quantize_fp8, quantize_int4, quantize_int8
 from .packed import PackedWeight, dequantize
 
 __all__ = [
-    "METHODS",
     "CheckpointQuantization",
     "DenseLinear",
     "PackedWeight",

@@ -18,7 +18,7 @@ GGUF_BLOCK = 32
 # ggml type ids (ggml.h) and the bytes of one block.
 Q4_0, Q4_1, Q8_0 = 2, 3, 8
 _BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34}
-_NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0"}
+BLOCK_NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0"}  # as sizing.GGUF_BLOCK_FORMATS names them
 
 
 def is_packable(ggml_type: int) -> bool:
@@ -30,7 +30,7 @@ def gguf_to_packed(raw: np.ndarray, ggml_type: int, shape: tuple[int, int]) -> P
     if ggml_type not in _BLOCK_BYTES:
         raise ValueError(
             f"GGUF tensors of ggml type {ggml_type} cannot be kept quantized (Pagoda keeps "
-            f"{', '.join(_NAMES.values())}); convert the file with llama.cpp's quantize to Q4_1 or Q8_0"
+            f"{', '.join(BLOCK_NAMES.values())}); convert the file with llama.cpp's quantize to Q4_1 or Q8_0"
         )
     n, k = shape
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, k // GGUF_BLOCK, _BLOCK_BYTES[ggml_type])

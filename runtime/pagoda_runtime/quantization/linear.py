@@ -16,10 +16,7 @@ from .online import ONLINE_QUANTIZERS, int4_group_size
 from .packed import PackedWeight
 from .reference import reference_matmul
 from .scaled_mm import fp8_scaled_mm, scaled_mm_supported
-from .triton_gemm import gemm
-from .triton_gemv import gemv
 
-METHODS = QUANTIZATION_METHODS
 # Float weights that reach a layer of a pre-quantized checkpoint (a GGUF file may keep a few
 # tensors in F16) are quantized with this method, chosen to lose as little as possible.
 _FLOAT_FALLBACK = {"awq": "int4", "gptq": "int4", "gguf": "int8"}
@@ -31,10 +28,15 @@ def quantized_matmul(x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
     """x [M, K] @ dequantized(weight)^T on the best path for x's device."""
     if not x.is_cuda:
         return reference_matmul(x, weight)
+    # Triton is imported on the first CUDA call only, as in kernels/, so the CPU path never loads it.
     if x.shape[0] <= GEMV_MAX_ROWS:
+        from .triton_gemv import gemv
+
         return gemv(x, weight)
     if scaled_mm_supported(x, weight):
         return fp8_scaled_mm(x, weight)
+    from .triton_gemm import gemm
+
     return gemm(x, weight)
 
 
@@ -146,8 +148,8 @@ def make_linear(
     dtype: torch.dtype = torch.bfloat16,
 ) -> nn.Module:
     """The projection for a quantization method; both kinds take `load(weight, row_offset)`."""
-    if method not in METHODS:
-        raise ValueError(f"unknown quantization {method!r}; use one of {', '.join(METHODS)}")
+    if method not in QUANTIZATION_METHODS:
+        raise ValueError(f"unknown quantization {method!r}; use one of {', '.join(QUANTIZATION_METHODS)}")
     if method == "none":
         layer = DenseLinear(in_features, out_features, bias=bias, device=device, dtype=dtype)
         layer.requires_grad_(False)

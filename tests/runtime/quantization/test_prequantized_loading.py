@@ -116,6 +116,7 @@ def test_gguf_blocks_stay_packed_and_generate_what_the_dequantized_file_generate
     for layer in _projections(engine):
         assert isinstance(layer, QuantizedLinear) and (layer.kind, layer.group_size) == (kind, 32)
     assert linear_weight_bytes(engine.runner.model) * 3 < linear_weight_bytes(reference.runner.model)
+    assert engine.memory.weight_bytes == engine.memory.predicted_weight_bytes  # sized by its block type
 
     ids = engine.tokenizer.encode(" ".join(PROMPTS))
     assert torch.allclose(score(engine, ids), score(reference, ids), rtol=0, atol=1e-5)
