@@ -5,9 +5,22 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
-# The loopback control plane's binaries, built once per machine and version (minutes when cold),
-# outside pytest so that no test's timeout has to cover a Go build.
+# The end-to-end suite's real node and images need root and Debian's packages; elsewhere it skips.
+node=false
+if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null && command -v go >/dev/null; then
+    node=true
+    bash e2e/node/install.sh
+    # Both images (minutes when cold, mostly downloading and unpacking torch) while Go compiles.
+    bash images/build.sh >/dev/null &
+    images=$!
+fi
+# The loopback control plane's and the node's binaries, built once per machine and version
+# (minutes when cold), outside pytest so that no test's timeout has to cover a Go build.
 if command -v go >/dev/null; then
     bash e2e/controlplane/build.sh all
+fi
+if $node; then
+    bash e2e/node/prepare.sh
+    wait "$images"
 fi
 .venv/bin/python -m pytest "$@"

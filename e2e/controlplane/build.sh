@@ -3,9 +3,10 @@
 # the repository:  ${PAGODA_TOOLS_CACHE:-$HOME/.cache/pagoda-tools}/<name>-<version>/<binary>
 #
 # Usage: e2e/controlplane/build.sh [--print-dir] [NAME...]
-#   NAME is one of: kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok
-#   prometheus-adapter, or the groups `core` (everything the loopback control plane needs) and
-#   `all` (default). Only missing binaries are built; a flock serialises concurrent callers.
+#   NAME is one of: kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy
+#   etcd kwok prometheus-adapter, or the groups `core` (everything the loopback control plane
+#   needs), `node` (a real worker node, e2e/node: kubelet, kube-proxy) and `all` (default). Only
+#   missing binaries are built; a flock serialises concurrent callers.
 #   --print-dir prints the cache directory and exits.
 set -euo pipefail
 
@@ -14,13 +15,14 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/versions.env"
 cache="${PAGODA_TOOLS_CACHE:-$HOME/.cache/pagoda-tools}"
 
-KUBE_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
-CORE=("${KUBE_BINS[@]}" etcd kwok)
-ALL=("${CORE[@]}" prometheus-adapter)
+KUBE_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
+CORE=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok)
+NODE=(kubelet kube-proxy)
+ALL=("${CORE[@]}" "${NODE[@]}" prometheus-adapter)
 
 version_of() {
   case "$1" in
-    kube-*|kubectl) echo "$KUBERNETES_VERSION" ;;
+    kube-*|kubectl|kubelet) echo "$KUBERNETES_VERSION" ;;
     etcd) echo "$ETCD_VERSION" ;;
     kwok) echo "$KWOK_VERSION" ;;
     prometheus-adapter) echo "$PROMETHEUS_ADAPTER_VERSION" ;;
@@ -37,6 +39,7 @@ for a in "$@"; do
   case "$a" in
     all) want+=("${ALL[@]}") ;;
     core) want+=("${CORE[@]}") ;;
+    node) want+=("${NODE[@]}") ;;
     *) version_of "$a" >/dev/null; want+=("$a") ;;
   esac
 done

@@ -315,6 +315,8 @@ class ControlPlane:
                 f"--enable-aggregator-routing={'true' if self.aggregator_routing else 'false'}",
                 # the "kubernetes" Service would point at 127.0.0.1, which Endpoints reject
                 "--endpoint-reconciler-type=none",
+                # a real node (e2e/node) is reached by its IP for logs and exec: no DNS knows it
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
                 "--profiling=false",
                 "--v=1",
             ],

@@ -28,7 +28,7 @@ staging="$(awk '/^require/{r=1;next} r&&/^\)/{r=0} r&&$1 ~ /^k8s\.io\// && $2=="
   echo "require k8s.io/kubernetes $kver"
   echo
   echo "tool ("
-  for t in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+  for t in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy; do
     echo "	k8s.io/kubernetes/cmd/$t"
   done
   echo ")"

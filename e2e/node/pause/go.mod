@@ -1,0 +1,3 @@
+module pagoda.local/e2e/node/pause
+
+go 1.22
