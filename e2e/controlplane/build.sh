@@ -4,7 +4,7 @@
 #
 # Usage: e2e/controlplane/build.sh [--print-dir] [NAME...]
 #   NAME is one of: kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy
-#   etcd kwok prometheus-adapter, or the groups `core` (everything the loopback control plane
+#   etcd kwok prometheus-adapter minio, or the groups `core` (everything the loopback control plane
 #   needs), `node` (a real worker node, e2e/node: kubelet, kube-proxy) and `all` (default). Only
 #   missing binaries are built; a flock serialises concurrent callers.
 #   --print-dir prints the cache directory and exits.
@@ -18,7 +18,8 @@ cache="${PAGODA_TOOLS_CACHE:-$HOME/.cache/pagoda-tools}"
 KUBE_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 CORE=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok)
 NODE=(kubelet kube-proxy)
-ALL=("${CORE[@]}" "${NODE[@]}" prometheus-adapter)
+# minio: the S3-compatible server the model-cache tests download from.
+ALL=("${CORE[@]}" "${NODE[@]}" prometheus-adapter minio)
 
 version_of() {
   case "$1" in
@@ -26,6 +27,7 @@ version_of() {
     etcd) echo "$ETCD_VERSION" ;;
     kwok) echo "$KWOK_VERSION" ;;
     prometheus-adapter) echo "$PROMETHEUS_ADAPTER_VERSION" ;;
+    minio) echo "$MINIO_VERSION" ;;
     *) echo "unknown binary: $1" >&2; return 1 ;;
   esac
 }
@@ -118,6 +120,14 @@ if has prometheus-adapter; then
   (cd "$here/adapter" && go build "${BUILDFLAGS[@]}" -o "$tmp/adapter" sigs.k8s.io/prometheus-adapter/cmd/adapter)
   install_bin prometheus-adapter "$tmp/adapter"
   echo "  prometheus-adapter $PROMETHEUS_ADAPTER_VERSION: $((SECONDS - t))s"
+fi
+
+if has minio; then
+  t=$SECONDS
+  mkdir -p "$tmp/minio"
+  GOBIN="$tmp/minio" go install "${BUILDFLAGS[@]}" "github.com/minio/minio@$MINIO_VERSION"
+  install_bin minio "$tmp/minio/minio"
+  echo "  minio $MINIO_VERSION: $((SECONDS - t))s"
 fi
 
 echo "build.sh: done in $((SECONDS - start))s"

@@ -83,6 +83,7 @@ def binary_path(name: str) -> Path:
         "etcd": v["ETCD_VERSION"],
         "kwok": v["KWOK_VERSION"],
         "prometheus-adapter": v["PROMETHEUS_ADAPTER_VERSION"],
+        "minio": v["MINIO_VERSION"],
     }.get(name, v["KUBERNETES_VERSION"])
     return tools_cache() / f"{name}-{version}" / name
 

@@ -147,6 +147,12 @@ def build_crd() -> dict:
                             "jsonPath": ".status.url",
                             "description": "In-cluster base URL of the OpenAI-compatible API.",
                         },
+                        {
+                            "name": "Cache",
+                            "type": "string",
+                            "jsonPath": ".status.modelCache.summary",
+                            "description": "The shared model download: Downloading n%, Ready or Failed.",
+                        },
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                     ],
                     "schema": {

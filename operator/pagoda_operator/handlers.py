@@ -22,7 +22,7 @@ import kopf
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
-from pagoda_operator import metrics
+from pagoda_operator import metrics, model_cache
 from pagoda_operator.kube import (
     CHILD_KINDS,
     REPLICAS_FIELD_MANAGER,
@@ -30,10 +30,11 @@ from pagoda_operator.kube import (
     Kube,
     load_credentials,
 )
+from pagoda_operator.model_cache import CacheStatus
 from pagoda_operator.models import GROUP, PLURAL, VERSION, InferenceServiceSpec
 from pagoda_operator.names import LABEL_ISVC, LABEL_VARIANT, NAME_RULES, child_selector
 from pagoda_operator.plan import ServicePlan, plan_service
-from pagoda_operator.render import RenderOptions, render
+from pagoda_operator.render import POD_SECURITY, RenderOptions, pod_tolerations, render
 from pagoda_operator.replicas import replicas_manifest, replicas_to_apply
 from pagoda_operator.retire import TIME_FORMAT, plan_retirement, replacements_ready, serving_variants
 from pagoda_operator.rules import enforce
@@ -51,6 +52,8 @@ class Observed:
 
 
 _kube: Kube | None = None
+# How often the status of an InferenceService whose model downloads shows the download's progress.
+CACHE_PROGRESS_SECONDS = 15.0
 _observed: dict[tuple[str, str], Observed] = {}
 _known: set[tuple[str, str]] = set()
 # The spec handler, the resync and Deployment and Pod events may refresh one object's status at
@@ -136,6 +139,31 @@ def _report_invalid(k: Kube, body, reason: str, message: str, *, announce: bool)
         kopf.warn(body, reason=reason, message=message)
 
 
+def read_cache_status(k: Kube, spec: InferenceServiceSpec, namespace: str) -> CacheStatus | None:
+    """The model cache's state from its claim, its Job, the Job's pods and the running pod's log."""
+    ref = model_cache.cache_ref(spec)
+    if ref is None:
+        return None
+    job = k.get("Job", namespace, ref.name)
+    pods = k.list("Pod", namespace, f"job-name={ref.name}") if job is not None else []
+    running = [p for p in pods if p.get("status", {}).get("phase") == "Running"]
+    log_tail = ""
+    if running:
+        log_tail = k.log_tail(namespace, running[0]["metadata"]["name"], model_cache.DOWNLOAD_CONTAINER)
+    claim = k.get("PersistentVolumeClaim", namespace, ref.name)
+    return model_cache.cache_status(ref, claim, job, pods, log_tail)
+
+
+def ensure_model_cache(k: Kube, spec: InferenceServiceSpec, namespace: str) -> CacheStatus | None:
+    """Creates the claim and the download Job unless they exist, and reads their state. Both are
+    shared by every user of the model revision: created once by whoever comes first, never updated,
+    never owned (deleting a user keeps the data)."""
+    placement = model_cache.JobPlacement(POD_SECURITY, pod_tolerations(spec))
+    for shared in model_cache.cache_manifests(spec, namespace, placement):
+        k.create_if_absent(shared)
+    return read_cache_status(k, spec, namespace)
+
+
 def refresh_status(k: Kube, namespace: str, name: str) -> None:
     """Recomputes the status from the stored object, so that it compares with the latest write."""
     with _STATUS_LOCKS[hash((namespace, name)) % len(_STATUS_LOCKS)]:
@@ -143,9 +171,11 @@ def refresh_status(k: Kube, namespace: str, name: str) -> None:
         if body is None:
             return
         try:
-            plan = plan_service(_parse(body))
+            spec = _parse(body)
         except (ValidationError, ValueError):
             return  # the spec handler reports it
+        cache = read_cache_status(k, spec, namespace)
+        plan = plan_service(spec, cache.checkpoint if cache else None)
         _, _, uid, generation = _ids(body)
         selector = child_selector(name)
         observed = _observed.get((namespace, name), Observed())
@@ -162,6 +192,7 @@ def refresh_status(k: Kube, namespace: str, name: str) -> None:
             retiring=observed.retiring,
             previous=previous,
             now=_now(),
+            cache=cache,
         )
         if not status_changed(previous, new):
             return
@@ -260,13 +291,43 @@ def _retire(k: Kube, body, plan: ServicePlan, manifests: list[dict], kinds: list
     return {"since": retirement.since, "deployments": list(retirement.waiting)}
 
 
+def _invalid(k: Kube, body, exc: ValidationError | ValueError, *, announce: bool) -> None:
+    metrics.RECONCILES.labels(result="invalid").inc()
+    _report_invalid(k, body, "InvalidSpec", _error_text(exc), announce=announce)
+    raise kopf.PermanentError(f"invalid spec: {_error_text(exc)}") from exc
+
+
+def _refused(k: Kube, body, exc: ApiException, *, announce: bool) -> None:
+    """Raises what a refusal from the API means for kopf; returns when the object is going away."""
+    if _being_deleted(exc):
+        return  # the InferenceService or its namespace goes; the garbage collector does the rest
+    metrics.RECONCILES.labels(result="error").inc()
+    if exc.status in (0, 409, 429) or exc.status >= 500:
+        raise kopf.TemporaryError(
+            f"Kubernetes API error {exc.status} {exc.reason}; retrying", delay=10
+        ) from exc
+    # Not the spec's fault alone: RBAC, quotas and admission policies refuse children too.
+    message = f"the API refused a child object ({exc.status} {exc.reason}): {_api_message(exc)}"
+    _report_invalid(k, body, "ChildRejected", message, announce=announce)
+    raise kopf.PermanentError(message) from exc
+
+
 def reconcile(body, *, announce: bool) -> None:
     """Makes the children match the spec and the status match the children."""
     k = kube()
     namespace, name, uid, _ = _ids(body)
     started = time.monotonic()
     try:
-        plan = plan_service(_parse(body))
+        spec = _parse(body)
+    except (ValidationError, ValueError) as exc:
+        _invalid(k, body, exc, announce=announce)
+    try:
+        cache = ensure_model_cache(k, spec, namespace)
+    except ApiException as exc:
+        _refused(k, body, exc, announce=announce)
+        return
+    try:
+        plan = plan_service(spec, cache.checkpoint if cache else None)
         service_monitor = k.has_api(*SERVICE_MONITOR_API)
         manifests = render(
             plan,
@@ -276,9 +337,7 @@ def reconcile(body, *, announce: bool) -> None:
             options=RenderOptions(service_monitor=service_monitor),
         )
     except (ValidationError, ValueError) as exc:
-        metrics.RECONCILES.labels(result="invalid").inc()
-        _report_invalid(k, body, "InvalidSpec", _error_text(exc), announce=announce)
-        raise kopf.PermanentError(f"invalid spec: {_error_text(exc)}") from exc
+        _invalid(k, body, exc, announce=announce)
     try:
         clashes = _apply_children(k, plan, manifests, uid)
         kinds = [kind for kind in CHILD_KINDS if kind != "ServiceMonitor" or service_monitor]
@@ -286,17 +345,8 @@ def reconcile(body, *, announce: bool) -> None:
         _observed[(namespace, name)] = Observed(tuple(clashes), retiring)
         refresh_status(k, namespace, name)
     except ApiException as exc:
-        if _being_deleted(exc):
-            return  # the InferenceService or its namespace goes; the garbage collector does the rest
-        metrics.RECONCILES.labels(result="error").inc()
-        if exc.status in (0, 409, 429) or exc.status >= 500:
-            raise kopf.TemporaryError(
-                f"Kubernetes API error {exc.status} {exc.reason}; retrying", delay=10
-            ) from exc
-        # Not the spec's fault alone: RBAC, quotas and admission policies refuse children too.
-        message = f"the API refused a child object ({exc.status} {exc.reason}): {_api_message(exc)}"
-        _report_invalid(k, body, "ChildRejected", message, announce=announce)
-        raise kopf.PermanentError(message) from exc
+        _refused(k, body, exc, announce=announce)
+        return
     metrics.RECONCILES.labels(result="ok").inc()
     metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
 
@@ -368,3 +418,52 @@ def deployment_changed(namespace, labels, **_) -> None:
 @kopf.on.event("v1", "pods", labels={LABEL_ISVC: kopf.PRESENT})
 def pod_changed(namespace, labels, **_) -> None:
     refresh_status(kube(), namespace, labels[LABEL_ISVC])
+
+
+def _cache_users(k: Kube, namespace: str, key: str) -> list[str]:
+    users = []
+    for item in k.request("GET", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}").get("items", []):
+        try:
+            ref = model_cache.cache_ref(_parse(item))
+        except (ValidationError, ValueError):
+            continue
+        if ref is not None and ref.key == key:
+            users.append(item["metadata"]["name"])
+    return users
+
+
+@kopf.on.event("batch", "v1", "jobs", labels={model_cache.LABEL_CACHE: kopf.PRESENT})
+def cache_job_changed(namespace, labels, **_) -> None:
+    """A download started, finished or failed: every InferenceService using that cache shows it."""
+    k = kube()
+    for name in _cache_users(k, namespace, labels[model_cache.LABEL_CACHE]):
+        refresh_status(k, namespace, name)
+
+
+_CACHE_PROGRESS_STOP = threading.Event()
+
+
+def _refresh_downloading(k: Kube) -> None:
+    """The Job changes only when a download ends; its progress is in its log, read this often."""
+    for namespace, name in sorted(_known):
+        body = k.get_inference_service(namespace, name)
+        cache = ((body or {}).get("status") or {}).get("modelCache") or {}
+        if cache.get("phase") in ("Pending", "Downloading"):
+            refresh_status(k, namespace, name)
+
+
+@kopf.on.startup()
+def start_cache_progress(**_) -> None:
+    def loop() -> None:
+        while not _CACHE_PROGRESS_STOP.wait(CACHE_PROGRESS_SECONDS):
+            try:
+                _refresh_downloading(kube())
+            except Exception:
+                logger.exception("Refreshing model cache progress failed with an exception")
+
+    threading.Thread(target=loop, name="cache-progress", daemon=True).start()
+
+
+@kopf.on.cleanup()
+def stop_cache_progress(**_) -> None:
+    _CACHE_PROGRESS_STOP.set()

@@ -29,6 +29,11 @@ CHILD_KINDS: dict[str, tuple[str, str]] = {
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
     "ServiceMonitor": ("/apis/monitoring.coreos.com/v1", "servicemonitors"),
 }
+# kind → (API prefix, plural) of the objects shared between InferenceServices (the model cache).
+SHARED_KINDS: dict[str, tuple[str, str]] = {
+    "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),
+    "Job": ("/apis/batch/v1", "jobs"),
+}
 SERVICE_MONITOR_API = ("monitoring.coreos.com", "v1", "servicemonitors")
 
 
@@ -68,7 +73,7 @@ class Kube:
         return json.loads(data) if data else {}
 
     def _path(self, kind: str, namespace: str, name: str = "") -> str:
-        prefix, plural = CHILD_KINDS[kind] if kind != "Pod" else ("/api/v1", "pods")
+        prefix, plural = (CHILD_KINDS | SHARED_KINDS | {"Pod": ("/api/v1", "pods")})[kind]
         return f"{prefix}/namespaces/{namespace}/{plural}" + (f"/{name}" if name else "")
 
     def apply(self, manifest: dict, *, force: bool, manager: str = FIELD_MANAGER) -> dict:
@@ -135,6 +140,30 @@ class Kube:
         except client.ApiException as exc:
             if exc.status != 404:
                 raise
+
+    def create_if_absent(self, manifest: dict) -> None:
+        """Creates an object the operator shares between InferenceServices and never updates."""
+        try:
+            self.request(
+                "POST", self._path(manifest["kind"], manifest["metadata"]["namespace"]), body=manifest
+            )
+        except client.ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    def log_tail(self, namespace: str, pod: str, container: str, lines: int = 5) -> str:
+        """The last lines of a container's log; "" while it has none (a log that cannot be read only
+        delays the progress figure, so it is not an error)."""
+        method, url, headers, body, _ = self.api.param_serialize(
+            "GET",
+            f"/api/v1/namespaces/{namespace}/pods/{pod}/log",
+            query_params=[("container", container), ("tailLines", lines)],
+            header_params={"Accept": "text/plain"},
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(method, url, headers, body)
+        data = response.read()
+        return data.decode(errors="replace") if 200 <= response.status < 300 else ""
 
     def get_inference_service(self, namespace: str, name: str) -> dict | None:
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 from pagoda_runtime.config import KV_CACHE_DTYPES, QUANTIZATION_CHOICES
+from pagoda_runtime.model_cache.sources import COMMIT_PATTERN
 from pagoda_runtime.model_catalogue import KNOWN_ARCHITECTURES
 from pagoda_runtime.sizing import ModelArchitecture
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -24,7 +25,8 @@ PLURAL = "inferenceservices"
 
 DEFAULT_RUNTIME_IMAGE = "pagoda-runtime:0.1.0"
 SOURCE_PATTERN = (
-    r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?|file:///.+|hf://[^/\s]+/[^/\s]+|bundled://[a-z0-9.-]+)$"
+    r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?|file:///.+|hf://[^/\s]+/[^/\s]+|bundled://[a-z0-9.-]+"
+    r"|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?)$"
 )
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
@@ -83,21 +85,58 @@ class ArchitectureSpec(Spec):
 
 
 class ModelCacheSpec(Spec):
-    claim_name: str | None = Field(
-        default=None,
-        description="PersistentVolumeClaim that keeps downloads across restarts (ReadWriteMany when "
-        "there is more than one replica); an emptyDir per pod when unset.",
+    size: str = Field(
+        default="100Gi",
+        pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|K|M|G|T|P)?$",
+        description="Size of the PersistentVolumeClaim the model is downloaded into once.",
     )
-    size_limit: str = Field(default="100Gi", description="Size limit of the emptyDir download cache.")
+    storage_class_name: str | None = Field(
+        default=None, description="Storage class of the cache claim; the cluster's default when unset."
+    )
+    access_mode: Literal["ReadWriteMany", "ReadWriteOnce"] = Field(
+        default="ReadWriteMany",
+        description="ReadWriteMany lets replicas on every node mount the cache; where the storage class "
+        "offers only ReadWriteOnce, the replicas are placed on the one node the volume is attached to.",
+    )
+
+
+class S3Spec(Spec):
+    endpoint: str = Field(
+        default="https://s3.amazonaws.com",
+        pattern=r"^https?://\S+$",
+        description="URL of the S3-compatible endpoint (MinIO, Ceph, R2, GCS, AWS).",
+    )
+    region: str | None = Field(default=None, description="Region, where the endpoint needs one.")
+    credentials_secret_name: str | None = Field(
+        default=None,
+        description="Secret with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; anonymous when unset.",
+    )
 
 
 class ModelSpec(Spec):
     RULES = (
         Rule(
             "self.source.startsWith('hf://') || (!has(self.tokenSecretRef) && !has(self.revision) "
-            "&& !has(self.cache))",
-            lambda m: m.source.startswith("hf://") or not (m.token_secret_ref or m.revision or m.cache),
-            "tokenSecretRef, revision and cache apply only to hf:// sources",
+            "&& !has(self.hubEndpoint))",
+            lambda m: (
+                m.source.startswith("hf://") or not (m.token_secret_ref or m.revision or m.hub_endpoint)
+            ),
+            "tokenSecretRef, revision and hubEndpoint apply only to hf:// sources",
+        ),
+        Rule(
+            "!self.source.startsWith('hf://') || has(self.revision)",
+            lambda m: not m.source.startswith("hf://") or m.revision is not None,
+            "an hf:// source needs revision: the 40-character commit id the cache is filled from",
+        ),
+        Rule(
+            "self.source.startsWith('s3://') || !has(self.s3)",
+            lambda m: m.source.startswith("s3://") or m.s3 is None,
+            "s3 applies only to s3:// sources",
+        ),
+        Rule(
+            "self.source.startsWith('hf://') || self.source.startsWith('s3://') || !has(self.cache)",
+            lambda m: m.source.startswith(("hf://", "s3://")) or m.cache is None,
+            "cache applies only to hf:// and s3:// sources, which are downloaded into it",
         ),
         Rule(
             "!has(self.family) || !has(self.architecture)",
@@ -109,9 +148,9 @@ class ModelSpec(Spec):
     source: str = Field(
         pattern=SOURCE_PATTERN,
         max_length=1024,
-        description="Where the model comes from: pvc://claim/path (mounted read-only), file:///path "
-        "(baked into the image), hf://org/name (downloaded by an init container) or bundled://smollm2-135m "
-        "(the small model shipped in the runtime image).",
+        description="Where the model comes from: hf://org/name or s3://bucket/prefix (downloaded once "
+        "into a shared cache claim), pvc://claim/path (mounted read-only), file:///path (baked into "
+        "the image) or bundled://smollm2-135m (the small model shipped in the runtime image).",
     )
     served_name: str | None = Field(
         default=None,
@@ -132,11 +171,25 @@ class ModelSpec(Spec):
     architecture: ArchitectureSpec | None = Field(
         default=None, description="The model's shape, for models that are not a known family."
     )
-    revision: str | None = Field(default=None, description="Branch, tag or commit of an hf:// model.")
+    revision: str | None = Field(
+        default=None,
+        pattern=COMMIT_PATTERN,
+        description="Commit id of an hf:// model (required): the cache holds exactly this revision.",
+    )
     token_secret_ref: SecretKeyRef | None = Field(
         default=None, description="Secret holding a Hugging Face token, for gated or private hf:// models."
     )
-    cache: ModelCacheSpec | None = Field(default=None, description="Where an hf:// model is downloaded to.")
+    hub_endpoint: str | None = Field(
+        default=None,
+        pattern=r"^https?://\S+$",
+        description="A Hugging Face hub mirror to download hf:// models from (HF_ENDPOINT).",
+    )
+    s3: S3Spec | None = Field(default=None, description="Endpoint and credentials of an s3:// source.")
+    cache: ModelCacheSpec | None = Field(
+        default=None,
+        description="The claim an hf:// or s3:// model is downloaded into once and that every replica "
+        "mounts read-only (100Gi, ReadWriteMany, the default storage class when unset).",
+    )
 
     @field_validator("family")
     @classmethod
@@ -522,6 +575,14 @@ class RetiringStatus(Spec):
     deployments: list[str] = Field(default=[], description="Deployments kept serving meanwhile.")
 
 
+class ModelCacheStatus(Spec):
+    claim_name: str = Field(description="The PersistentVolumeClaim holding the model.")
+    phase: Literal["Pending", "Downloading", "Ready", "Failed"] = Field(description="Where the download is.")
+    progress: int | None = Field(default=None, description="Percent downloaded, while downloading.")
+    message: str = Field(default="", description="Bytes so far and rate, or why it failed.")
+    summary: str = Field(default="", description="Phase and percent, as printed (Downloading 42%).")
+
+
 class InferenceServiceStatus(Spec):
     conditions: list[Condition] = Field(default=[], description="Ready, Progressing, Degraded and ModelFits.")
     variants: list[VariantStatus] = Field(default=[], description="Replicas per variant.")
@@ -530,6 +591,9 @@ class InferenceServiceStatus(Spec):
     variant_names: str | None = Field(default=None, description="Variant names, comma-separated (printed).")
     replica_summary: str | None = Field(
         default=None, description="Ready replicas over desired replicas (printed)."
+    )
+    model_cache: ModelCacheStatus | None = Field(
+        default=None, description="The shared download of an hf:// or s3:// model."
     )
     retiring: RetiringStatus | None = Field(
         default=None,

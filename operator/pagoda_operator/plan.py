@@ -9,9 +9,17 @@ from dataclasses import dataclass
 
 from kubernetes.utils import parse_quantity
 from pagoda_runtime.quantization_selection import select_quantization
-from pagoda_runtime.sizing import FitResult, fits, gguf_block_type
+from pagoda_runtime.sizing import FitResult, ModelArchitecture, fits, gguf_block_type
 
 from pagoda_operator.models import InferenceServiceSpec, VariantSpec
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What the download Job read from the checkpoint itself (config.json, GGUF metadata)."""
+
+    architecture: ModelArchitecture
+    stored_quantization: str | None = None  # awq, gptq, gguf; None for float weights
 
 
 @dataclass(frozen=True)
@@ -47,21 +55,29 @@ def capacity_bytes(spec: InferenceServiceSpec) -> int | None:
     return None if quantity is None else int(parse_quantity(str(quantity)))
 
 
-def sized_quantization(spec: InferenceServiceSpec, variant: VariantSpec) -> str:
-    """The method the runtime will build the variant's projections with, as far as the spec tells.
+def sized_quantization(
+    spec: InferenceServiceSpec, variant: VariantSpec, checkpoint: Checkpoint | None = None
+) -> str:
+    """The method the runtime will build the variant's projections with, as far as we know.
 
-    The spec says a checkpoint is GGUF by its source; any other source is taken for float weights
-    unless the variant names awq or gptq, so a 4-bit folder is sized exactly only when named.
+    Before a download the spec says a checkpoint is GGUF by its source; any other source is taken
+    for float weights unless the variant names awq or gptq, so a 4-bit folder is sized exactly only
+    when named. Once the model is cached, the checkpoint says how it is stored.
     """
     stored = "gguf" if spec.model.is_gguf else None
-    if variant.quantization in ("awq", "gptq"):
+    if checkpoint is not None:
+        stored = checkpoint.stored_quantization
+    elif variant.quantization in ("awq", "gptq"):
         stored = variant.quantization
     device_type = "cuda" if spec.resources.gpus else "cpu"
     return select_quantization(variant.quantization, stored, device_type, spec.model.source)
 
 
-def _fit(spec: InferenceServiceSpec, variant: VariantSpec, quantization: str) -> FitResult | None:
-    arch = spec.model.sizing_architecture()
+def _fit(
+    spec: InferenceServiceSpec, variant: VariantSpec, quantization: str, checkpoint: Checkpoint | None
+) -> FitResult | None:
+    # The spec's family or architecture wins: it is what the user asked to be sized by.
+    arch = spec.model.sizing_architecture() or (checkpoint.architecture if checkpoint else None)
     capacity = capacity_bytes(spec)
     if arch is None or capacity is None:
         return None
@@ -76,11 +92,14 @@ def _fit(spec: InferenceServiceSpec, variant: VariantSpec, quantization: str) ->
     )
 
 
-def plan_variant(spec: InferenceServiceSpec, variant: VariantSpec) -> VariantPlan:
-    quantization = sized_quantization(spec, variant)
+def plan_variant(
+    spec: InferenceServiceSpec, variant: VariantSpec, checkpoint: Checkpoint | None = None
+) -> VariantPlan:
+    quantization = sized_quantization(spec, variant, checkpoint)
     autoscales = spec.autoscaling.enabled and variant.replicas.max > variant.replicas.min
-    return VariantPlan(variant, quantization, _fit(spec, variant, quantization), autoscales)
+    return VariantPlan(variant, quantization, _fit(spec, variant, quantization, checkpoint), autoscales)
 
 
-def plan_service(spec: InferenceServiceSpec) -> ServicePlan:
-    return ServicePlan(spec, tuple(plan_variant(spec, v) for v in spec.variants))
+def plan_service(spec: InferenceServiceSpec, checkpoint: Checkpoint | None = None) -> ServicePlan:
+    """checkpoint: read from the model cache once an hf:// or s3:// model is downloaded."""
+    return ServicePlan(spec, tuple(plan_variant(spec, v, checkpoint) for v in spec.variants))

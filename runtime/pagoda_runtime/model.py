@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 import torch
 from torch import nn
+from torch.nn.utils import skip_init
 
 from pagoda_runtime.attention_metadata import AttentionMetadata
 from pagoda_runtime.config import ModelConfig
@@ -126,15 +127,19 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         device = torch.device(device)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, device=device, dtype=dtype)
+        # skip_init: every weight comes from the checkpoint, and a random init of a few billion
+        # parameters would cost a CPU tens of seconds of start-up for nothing.
+        self.embed_tokens = skip_init(
+            nn.Embedding, config.vocab_size, config.hidden_size, device=device, dtype=dtype
+        )
         self.layers = nn.ModuleList(
             DecoderLayer(config, ops, quantization, device, dtype) for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
         self.lm_head = None
         if not config.tie_word_embeddings:
-            self.lm_head = nn.Linear(
-                config.hidden_size, config.vocab_size, bias=False, device=device, dtype=dtype
+            self.lm_head = skip_init(
+                nn.Linear, config.hidden_size, config.vocab_size, bias=False, device=device, dtype=dtype
             )
         self.requires_grad_(False)
         self.register_buffer(

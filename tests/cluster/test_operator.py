@@ -274,7 +274,17 @@ def test_pods_run_on_the_gpu_node_and_the_status_says_ready(control_plane, pagod
     assert status["url"] in condition(isvc, "Ready")["message"]
 
     table = cp.kubectl("get", "infsvc", "chat", "-n", ns).stdout.splitlines()
-    assert table[0].split() == ["NAME", "READY", "VARIANTS", "REPLICAS", "FITS", "MODEL", "URL", "AGE"]
+    assert table[0].split() == [
+        "NAME",
+        "READY",
+        "VARIANTS",
+        "REPLICAS",
+        "FITS",
+        "MODEL",
+        "URL",
+        "CACHE",
+        "AGE",
+    ]
     row = ["chat", "True", "bf16,int4", "2/2", "True", "bundled://smollm2-135m", status["url"]]
     assert table[1].split()[:7] == row
 

@@ -21,6 +21,8 @@ MODELS = {
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): client.V1ClusterRoleBinding,
     ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): client.V1CustomResourceDefinition,
     ("v1", "ConfigMap"): client.V1ConfigMap,
+    ("v1", "PersistentVolumeClaim"): client.V1PersistentVolumeClaim,
+    ("batch/v1", "Job"): client.V1Job,
 }
 
 

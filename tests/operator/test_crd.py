@@ -78,6 +78,7 @@ def test_printer_columns_short_name_and_status_subresource():
         "Fits",
         "Model",
         "URL",
+        "Cache",
         "Age",
     ]
     assert version["subresources"] == {"status": {}}
@@ -147,7 +148,11 @@ def test_examples_include_minimal_full_two_variants_and_cpu():
             },
             "not AWQ or GPTQ",
         ),
-        ({"model": {"source": "s3://bucket/m"}}, "pattern"),
+        ({"model": {"source": "gs://bucket/m"}}, "pattern"),
+        ({"model": {"source": "hf://org/m"}}, "revision"),
+        ({"model": {"source": "hf://org/m", "revision": "main"}}, "pattern"),
+        ({"model": {"source": "pvc://m/x", "cache": {"size": "1Gi"}}}, "cache applies only"),
+        ({"model": {"source": "hf://org/m", "revision": "a" * 40, "s3": {}}}, "s3 applies only"),
         ({"model": {"source": "pvc://m/x", "tokenSecretRef": {"name": "a", "key": "b"}}}, "hf://"),
         ({"model": {"source": "pvc://m/x", "family": "gpt-5"}}, "unknown family"),
     ],

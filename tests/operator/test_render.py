@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from kubernetes_schema import validate
 from operator_specs import spec
+from pagoda_operator.model_cache import cache_ref
 from pagoda_operator.names import variant_object_name
 from pagoda_operator.plan import plan_service, plan_variant
 from pagoda_operator.render import RenderOptions, render, runtime_args
@@ -44,15 +45,16 @@ def flag(args: list[str], name: str) -> str:
     return args[args.index(name) + 1]
 
 
+REVISION = "e1945c40cd546c78e41f1151f4db032b271faeaa"
 FULL = dict(
     model={
         "source": "hf://meta-llama/Meta-Llama-3-8B-Instruct",
         "servedName": "llama3",
         "maxModelLen": 4096,
         "family": "llama-3-8b",
-        "revision": "v1",
+        "revision": REVISION,
         "tokenSecretRef": {"name": "hf", "key": "token"},
-        "cache": {"claimName": "hf-cache"},
+        "cache": {"size": "40Gi", "storageClassName": "shared-rwx"},
     },
     runtime={
         "image": "r.example/pagoda-runtime:1",
@@ -161,7 +163,7 @@ def test_runtime_arguments_follow_the_spec():
     c = container(s, "int4")
     args = c["args"]
     assert c["command"] == ["pagoda-runtime"] and args[0] == "serve"
-    assert flag(args, "--model") == "/models/meta-llama/Meta-Llama-3-8B-Instruct"
+    assert flag(args, "--model") == "/models/model"  # the shared cache, mounted read-only
     assert flag(args, "--served-model-name") == "llama3"
     assert flag(args, "--quantization") == "int4"
     assert flag(args, "--kv-cache-dtype") == "fp8"
@@ -219,21 +221,23 @@ def test_model_sources():
     assert flag(bundled["containers"][0]["args"], "--model") == "smollm2-135m"
 
 
-def test_hf_sources_download_in_an_init_container_with_the_token():
+def test_downloaded_sources_wait_for_the_shared_cache_and_mount_it_read_only():
     p = pod(spec(**FULL))
-    (init,) = p["initContainers"]
-    assert init["command"][:3] == ["hf", "download", "meta-llama/Meta-Llama-3-8B-Instruct"]
-    assert flag(init["command"], "--local-dir") == "/models/meta-llama/Meta-Llama-3-8B-Instruct"
-    assert flag(init["command"], "--revision") == "v1"
-    env = {e["name"]: e for e in init["env"]}
-    assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
-    assert env["HF_HUB_OFFLINE"]["value"] == "0"  # the runtime image is offline by default
-    assert {"name": "model", "persistentVolumeClaim": {"claimName": "hf-cache"}} in p["volumes"]
-    assert init["image"] == "r.example/pagoda-runtime:1"
+    (wait,) = p["initContainers"]
+    assert wait["name"] == "wait-for-model" and wait["image"] == "r.example/pagoda-runtime:1"
+    assert "/models/model/.pagoda-model.json" in wait["command"][-1]
+    ref = cache_ref(spec(**FULL))
+    assert {"name": "model", "persistentVolumeClaim": {"claimName": ref.name, "readOnly": True}} in p[
+        "volumes"
+    ]
+    runtime = p["containers"][0]
+    assert flag(runtime["args"], "--model") == "/models/model"
+    assert {"name": "model", "mountPath": "/models", "readOnly": True} in runtime["volumeMounts"]
+    assert "affinity" not in p  # ReadWriteMany: replicas anywhere
 
-    scratch = pod(spec(model={"source": "hf://org/m"}))
-    assert {"name": "model", "emptyDir": {"sizeLimit": "100Gi"}} in scratch["volumes"]
-    assert "HF_TOKEN" not in {e["name"] for e in scratch["initContainers"][0]["env"]}
+    rwo = pod(spec(model={**FULL["model"], "cache": {"accessMode": "ReadWriteOnce"}}))
+    term = rwo["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert term["labelSelector"]["matchLabels"] == {"pagoda.dev/model-cache": ref.key}
 
 
 def test_gpu_resources_node_selector_and_toleration():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn.utils import skip_init
 
 from pagoda_runtime.config import QUANTIZATION_METHODS
 
@@ -151,7 +152,8 @@ def make_linear(
     if method not in QUANTIZATION_METHODS:
         raise ValueError(f"unknown quantization {method!r}; use one of {', '.join(QUANTIZATION_METHODS)}")
     if method == "none":
-        layer = DenseLinear(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        # Uninitialized: the checkpoint fills every weight (see LlamaForCausalLM.load_weights).
+        layer = skip_init(DenseLinear, in_features, out_features, bias=bias, device=device, dtype=dtype)
         layer.requires_grad_(False)
         return layer
     return QuantizedLinear(

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pagoda_runtime.engine_protocol import ServingEngine
+from pagoda_runtime.load_progress import LOAD_PROGRESS
 from pagoda_runtime.server.admission import LOADING_RETRY_AFTER_S
 from pagoda_runtime.server.chat import create_chat_completion
 from pagoda_runtime.server.completions import create_completion
@@ -110,6 +111,7 @@ def build_app(
         checks = state.health.ready(state.engine, state.load_error, state.drain.draining)
         ok = all(c.ok for c in checks.values())
         body = {"ready": ok, "checks": {name: {"ok": c.ok, "detail": c.detail} for name, c in checks.items()}}
+        body["startup"] = _startup(state)
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/metrics")
@@ -127,6 +129,15 @@ def _version() -> str:
         return version("pagoda")
     except PackageNotFoundError:  # run from a source tree that was never installed
         return "unknown"
+
+
+def _startup(state: ServerState) -> dict:
+    """The start-up phase and, while weights load, how far (tensors, bytes, rate)."""
+    if state.load_error is not None:
+        return {"phase": "failed", "error": state.load_error}
+    if state.engine is not None:
+        return {"phase": "loaded"}
+    return LOAD_PROGRESS.snapshot().to_json()
 
 
 async def _load(

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pagoda_runtime.engine_protocol import ServingEngine
+from pagoda_runtime.load_progress import LOAD_PROGRESS
 from pagoda_runtime.sampling_params import SamplingParams
 
 log = logging.getLogger("pagoda.health")
@@ -95,7 +96,7 @@ class Health:
 
     def ready(self, engine: ServingEngine | None, load_error: str | None, draining: bool) -> dict[str, Check]:
         if engine is None:
-            loaded = Check(False, load_error or "the model is loading")
+            loaded = Check(False, load_error or LOAD_PROGRESS.snapshot().describe())
         else:
             loaded = Check(True, "the model is loaded")
         loop = self.live(engine) if engine is not None else Check(False, "the engine loop has not started")

@@ -25,6 +25,7 @@ def test_not_ready_while_loading_then_sigterm_drains_eight_streams(tmp_path):
     server = ServerProcess(*flags, log_dir=tmp_path)
     try:
         seen_loading = False
+        phases = set()
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             try:
@@ -36,10 +37,18 @@ def test_not_ready_while_loading_then_sigterm_drains_eight_streams(tmp_path):
                 break
             assert ready.json()["ready"] is False
             seen_loading = seen_loading or ready.json()["checks"]["model_loaded"]["ok"] is False
+            phases.add(ready.json()["startup"]["phase"].split(" ")[0])
             assert httpx.get(server.url + "/health/live", timeout=5).status_code == 200
             time.sleep(0.05)
         assert seen_loading, "readiness never reported the model as loading"
-        assert httpx.get(server.url + "/health/ready", timeout=5).status_code == 200
+        # The body says what start-up is doing: reading, loading weights, allocating, then loaded.
+        assert phases and phases <= {"starting", "reading", "loading", "allocating", "loaded"}, phases
+        assert httpx.get(server.url + "/health/ready", timeout=5).json()["startup"] == {"phase": "loaded"}
+        log = server.log()
+        layers = [line for line in log.splitlines() if "loaded layer" in line]
+        assert len(layers) == 30 and "layer 30/30" in layers[-1] and "GB/s" in layers[-1], log[-2000:]
+        banner = [line for line in log.splitlines() if "pagoda-runtime settings:" in line]
+        assert len(banner) == 1 and "quantization=" in banner[0] and "kv_blocks=" in banner[0]
 
         records = [{} for _ in range(8)]
         started = [threading.Event() for _ in range(8)]

@@ -1,0 +1,58 @@
+"""Model source URIs, parsed once: hf://org/name, s3://bucket/prefix, pvc://claim/path, bundled://name."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+# A commit id pins an hf:// model: a branch or tag may move, and a cache keyed by it would go stale.
+COMMIT_PATTERN = r"^[0-9a-f]{40}$"
+_HF = re.compile(r"^hf://(?P<repo>[^/\s]+/[^/\s]+)$")
+_S3 = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(/(?P<prefix>.*))?$")
+
+
+@dataclass(frozen=True)
+class HubSource:
+    repo: str
+    revision: str
+
+    @property
+    def uri(self) -> str:
+        return f"hf://{self.repo}"
+
+
+@dataclass(frozen=True)
+class S3Source:
+    bucket: str
+    prefix: str  # an object key (a .gguf file) or a folder of objects; "" for the whole bucket
+
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+
+    @property
+    def is_file(self) -> bool:
+        return self.prefix.endswith(".gguf")
+
+
+RemoteSource = HubSource | S3Source
+
+
+def parse_remote(uri: str, revision: str | None = None) -> RemoteSource:
+    """The source a download Job fetches; ValueError says what is wrong with the URI."""
+    if match := _HF.match(uri):
+        if revision is None or not re.match(COMMIT_PATTERN, revision):
+            raise ValueError(
+                f"{uri} needs a revision pinned to a 40-character commit id, got {revision!r}; "
+                "copy it from the model's commit history"
+            )
+        return HubSource(match["repo"], revision)
+    if match := _S3.match(uri):
+        return S3Source(match["bucket"], (match["prefix"] or "").strip("/"))
+    raise ValueError(f"cannot download {uri!r}: use hf://org/name or s3://bucket/prefix")
+
+
+def cache_key(uri: str, revision: str | None) -> str:
+    """Names one cached model revision: the same source at the same revision shares one cache."""
+    return hashlib.sha256(f"{uri}@{revision or ''}".encode()).hexdigest()[:12]

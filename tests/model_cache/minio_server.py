@@ -1,0 +1,74 @@
+"""A real MinIO server on loopback (built from the Go module proxy by e2e/controlplane/build.sh)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from minio import Minio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "e2e" / "controlplane"))
+import controlplane  # noqa: E402
+
+ACCESS_KEY = "pagoda-test"
+SECRET_KEY = "pagoda-test-secret"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MinioServer:
+    def __init__(self, data: Path):
+        self.binary = controlplane.ensure_binaries(("minio",))["minio"]
+        self.data = data
+        self.port = _free_port()
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self, access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY) -> Minio:
+        return Minio(f"127.0.0.1:{self.port}", access_key=access_key, secret_key=secret_key, secure=False)
+
+    def __enter__(self) -> MinioServer:
+        env = {
+            **os.environ,
+            "MINIO_ROOT_USER": ACCESS_KEY,
+            "MINIO_ROOT_PASSWORD": SECRET_KEY,
+            "MINIO_BROWSER": "off",
+            "MINIO_UPDATE": "off",
+        }
+        self.process = subprocess.Popen(
+            [str(self.binary), "server", str(self.data), "--address", f"127.0.0.1:{self.port}", "--quiet"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"minio exited: {self.process.stderr.read().decode()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.endpoint}/minio/health/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.3)
+        raise RuntimeError("minio did not become ready in 60 s")
+
+    def __exit__(self, *exc) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()

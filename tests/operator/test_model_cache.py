@@ -1,0 +1,183 @@
+"""The shared model cache: its claim and download Job, and the status read back from them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+from kubernetes_schema import validate
+from operator_specs import spec
+from pagoda_operator.model_cache import JobPlacement, cache_manifests, cache_ref, cache_status
+from pagoda_operator.plan import plan_service
+from pagoda_operator.render import POD_SECURITY, RenderOptions, pod_tolerations, render
+from pagoda_operator.status import compute_status
+from pagoda_runtime.model_cache.progress import Progress
+from pagoda_runtime.model_catalogue import KNOWN_ARCHITECTURES
+
+COMMIT = "0e9e39f249a16976918f6564b8830bc894c89659"
+HF = {"source": "hf://meta-llama/Llama-3.1-8B-Instruct", "revision": COMMIT}
+
+
+def _manifests(model: dict, namespace: str = "ml") -> dict[str, dict]:
+    s = spec(model=model)
+    placement = JobPlacement(POD_SECURITY, pod_tolerations(s))
+    return {m["kind"]: m for m in cache_manifests(s, namespace, placement)}
+
+
+def test_one_claim_and_one_job_per_revision_shared_by_every_service():
+    a = spec(model=HF, variants=[{"name": "bf16"}])
+    b = spec(model={**HF, "servedName": "other"}, variants=[{"name": "int4", "quantization": "int4"}])
+    assert cache_ref(a) == cache_ref(b)
+    assert cache_ref(spec(model={**HF, "revision": "1" * 40})) != cache_ref(a)
+    assert cache_ref(spec(model={"source": "pvc://models/x"})) is None
+
+    objects = _manifests({**HF, "cache": {"size": "20Gi", "storageClassName": "nfs"}})
+    for manifest in objects.values():
+        validate(manifest)
+        assert "ownerReferences" not in manifest["metadata"]  # deleting a user leaves the data
+    claim = objects["PersistentVolumeClaim"]["spec"]
+    assert claim == {
+        "accessModes": ["ReadWriteMany"],
+        "resources": {"requests": {"storage": "20Gi"}},
+        "storageClassName": "nfs",
+    }
+    job = objects["Job"]
+    assert job["metadata"]["name"] == objects["PersistentVolumeClaim"]["metadata"]["name"]
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == [
+        "pagoda-runtime",
+        "fetch",
+        HF["source"],
+        "--cache-dir",
+        "/model-cache",
+        "--revision",
+        COMMIT,
+    ]
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+    # It may run where the GPU replicas run (a ReadWriteOnce volume must), holding no GPU itself.
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in job["spec"]["template"][
+        "spec"
+    ]["tolerations"]
+    assert "resources" not in container
+
+
+def test_download_credentials_come_from_secrets():
+    hub = _manifests(
+        {**HF, "tokenSecretRef": {"name": "hf", "key": "token"}, "hubEndpoint": "http://mirror:8080"}
+    )
+    env = {e["name"]: e for e in hub["Job"]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
+    assert env["HF_ENDPOINT"]["value"] == "http://mirror:8080"
+
+    s3 = _manifests(
+        {
+            "source": "s3://models/llama",
+            "s3": {"endpoint": "http://minio:9000", "credentialsSecretName": "s3"},
+        }
+    )
+    env = {e["name"]: e for e in s3["Job"]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["AWS_ENDPOINT_URL"]["value"] == "http://minio:9000"
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"] == {
+        "name": "s3",
+        "key": "AWS_SECRET_ACCESS_KEY",
+    }
+    assert "HF_TOKEN" not in env
+
+
+def _job(condition: str | None = None, active: int = 0) -> dict:
+    status = {"active": active} if active else {}
+    if condition:
+        status["conditions"] = [
+            {
+                "type": condition,
+                "status": "True",
+                "reason": "BackoffLimitExceeded",
+                "message": "Job has reached the specified backoff limit",
+            }
+        ]
+    return {"metadata": {"name": "j"}, "status": status}
+
+
+def _pod(phase: str, message: str = "") -> dict:
+    terminated = {"terminated": {"exitCode": 0 if phase == "Succeeded" else 1, "message": message}}
+    return {
+        "metadata": {"name": "p"},
+        "status": {
+            "phase": phase,
+            "containerStatuses": [
+                {"name": "download", "state": terminated if phase != "Running" else {"running": {}}}
+            ],
+        },
+    }
+
+
+def test_status_follows_the_download():
+    ref = cache_ref(spec(model=HF))
+    bound = {"spec": {"accessModes": ["ReadWriteMany"]}, "status": {"phase": "Bound"}}
+    assert cache_status(ref, None, None, [], "").phase == "Pending"
+
+    tail = "starting\n" + Progress(42_000_000, 100_000_000, 5e6).line() + "\n"
+    running = cache_status(ref, bound, _job(active=1), [_pod("Running")], tail)
+    assert (running.phase, running.progress, running.summary()) == ("Downloading", 42, "Downloading 42%")
+    assert "5.0 MB/s" in running.message
+
+    failed = cache_status(
+        ref, bound, _job("Failed"), [_pod("Failed", "downloading hf://x failed: 401 gated")], ""
+    )
+    assert failed.phase == "Failed" and "401 gated" in failed.message
+    assert f"kubectl delete job {ref.name}" in failed.message
+
+    arch = asdict(KNOWN_ARCHITECTURES["llama-3.1-8b"])
+    done = json.dumps({"revision": COMMIT, "architecture": arch, "storedQuantization": None})
+    ready = cache_status(ref, bound, _job("Complete"), [_pod("Succeeded", done)], "")
+    assert ready.ready and ready.checkpoint.architecture == KNOWN_ARCHITECTURES["llama-3.1-8b"]
+
+    unbound = {"spec": {"accessModes": ["ReadWriteMany"]}, "status": {"phase": "Pending"}}
+    pending = cache_status(ref, unbound, _job(active=1), [], "")
+    assert pending.phase == "Pending" and "ReadWriteOnce" in pending.message
+
+
+def _status(s, cache):
+    return compute_status(
+        plan_service(s, cache.checkpoint),
+        namespace="ml",
+        name="llama",
+        generation=1,
+        deployments=[],
+        pods=[],
+        previous=None,
+        now="2026-01-01T00:00:00Z",
+        cache=cache,
+    )
+
+
+def test_service_status_shows_the_cache_and_sizes_from_the_checkpoint():
+    # No family: only the downloaded config.json can size it.
+    s = spec(
+        model=HF,
+        resources={"gpus": 1, "gpuMemory": "24Gi"},
+        variants=[{"name": "bf16", "quantization": "none"}, {"name": "int4", "quantization": "int4"}],
+    )
+    ref = cache_ref(s)
+    downloading = cache_status(ref, None, _job(active=1), [_pod("Running")], Progress(1, 4).line())
+    status = _status(s, downloading)
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Ready"]["reason"] == "ModelCacheDownloading"
+    assert status["modelCache"]["summary"] == "Downloading 25%"
+    assert conditions["ModelFits"]["status"] == "Unknown"
+
+    arch = asdict(KNOWN_ARCHITECTURES["llama-3.1-8b"])
+    done = json.dumps({"architecture": arch, "storedQuantization": None})
+    ready = cache_status(ref, None, _job("Complete"), [_pod("Succeeded", done)], "")
+    conditions = {c["type"]: c for c in _status(s, ready)["conditions"]}
+    # 8B in bf16 with a 128k context does not fit 24 GiB; int4 with the same context does not either,
+    # but both are now judged from the checkpoint instead of being unknown.
+    assert (
+        conditions["ModelFits"]["status"] == "False" and "variant bf16" in conditions["ModelFits"]["message"]
+    )
+    ids = {"namespace": "ml", "name": "llama", "uid": "u", "options": RenderOptions()}
+    served = render(plan_service(s, ready.checkpoint), **ids)
+    unserved = render(plan_service(s), **ids)
+    assert len([m for m in served if m["kind"] == "Deployment"]) < len(
+        [m for m in unserved if m["kind"] == "Deployment"]
+    )
