@@ -32,7 +32,7 @@ from pagoda_operator.kube import (
 )
 from pagoda_operator.model_cache import CacheStatus
 from pagoda_operator.models import GROUP, PLURAL, VERSION, InferenceServiceSpec
-from pagoda_operator.names import LABEL_ISVC, LABEL_VARIANT, NAME_RULES, child_selector
+from pagoda_operator.names import LABEL_ISVC, LABEL_MODEL_CACHE, LABEL_VARIANT, NAME_RULES, child_selector
 from pagoda_operator.plan import ServicePlan, plan_service
 from pagoda_operator.render import POD_SECURITY, RenderOptions, pod_tolerations, render
 from pagoda_operator.replicas import replicas_manifest, replicas_to_apply
@@ -432,11 +432,11 @@ def _cache_users(k: Kube, namespace: str, key: str) -> list[str]:
     return users
 
 
-@kopf.on.event("batch", "v1", "jobs", labels={model_cache.LABEL_CACHE: kopf.PRESENT})
+@kopf.on.event("batch", "v1", "jobs", labels={LABEL_MODEL_CACHE: kopf.PRESENT})
 def cache_job_changed(namespace, labels, **_) -> None:
     """A download started, finished or failed: every InferenceService using that cache shows it."""
     k = kube()
-    for name in _cache_users(k, namespace, labels[model_cache.LABEL_CACHE]):
+    for name in _cache_users(k, namespace, labels[LABEL_MODEL_CACHE]):
         refresh_status(k, namespace, name)
 
 

@@ -22,9 +22,9 @@ from pagoda_runtime.model_cache.sources import cache_key
 from pagoda_runtime.sizing import ModelArchitecture
 
 from pagoda_operator.models import InferenceServiceSpec, ModelCacheSpec, ModelSpec
+from pagoda_operator.names import LABEL_MODEL_CACHE
 from pagoda_operator.plan import Checkpoint
 
-LABEL_CACHE = "pagoda.dev/model-cache"
 CACHE_MOUNT = "/model-cache"  # where the download Job writes
 DOWNLOAD_CONTAINER = "download"
 WAIT_CONTAINER = "wait-for-model"
@@ -53,7 +53,7 @@ def cache_ref(spec: InferenceServiceSpec) -> CacheRef | None:
 
 
 def _labels(ref: CacheRef) -> dict[str, str]:
-    return {LABEL_CACHE: ref.key, "app.kubernetes.io/managed-by": "pagoda-operator"}
+    return {LABEL_MODEL_CACHE: ref.key, "app.kubernetes.io/managed-by": "pagoda-operator"}
 
 
 def claim_manifest(spec: InferenceServiceSpec, namespace: str, ref: CacheRef) -> dict:
@@ -180,7 +180,7 @@ def replica_model_path(mount: str) -> str:
 def pod_labels(spec: InferenceServiceSpec) -> dict[str, str]:
     """Replicas carry their cache key: `kubectl get pods -l pagoda.dev/model-cache=KEY` lists its users."""
     ref = cache_ref(spec)
-    return {LABEL_CACHE: ref.key} if ref is not None else {}
+    return {LABEL_MODEL_CACHE: ref.key} if ref is not None else {}
 
 
 def replica_volume(ref: CacheRef) -> dict:
@@ -211,7 +211,10 @@ def shares_one_node(spec: InferenceServiceSpec) -> bool:
 
 def same_node_affinity(ref: CacheRef) -> dict:
     """ReadWriteOnce: the replicas (and a running download) share one node, the one the volume is on."""
-    term = {"labelSelector": {"matchLabels": {LABEL_CACHE: ref.key}}, "topologyKey": "kubernetes.io/hostname"}
+    term = {
+        "labelSelector": {"matchLabels": {LABEL_MODEL_CACHE: ref.key}},
+        "topologyKey": "kubernetes.io/hostname",
+    }
     return {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
 
 
