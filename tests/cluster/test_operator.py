@@ -470,8 +470,8 @@ INVALID = {
         "quantization gguf needs a GGUF model source",
     ),
     "bad-model-source-scheme": (
-        lambda s: s["model"].update(source="s3://bucket/llama"),
-        'spec.model.source: Invalid value: "s3://bucket/llama"',
+        lambda s: s["model"].update(source="gs://bucket/llama"),
+        'spec.model.source: Invalid value: "gs://bucket/llama"',
     ),
 }
 
