@@ -97,13 +97,13 @@ def load_child(model: str) -> None:
     )
 
 
-def _load(model: str) -> dict:
+def _load(model: str, label: str) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "runtime"), str(ROOT)])}
     env.pop("TRITON_INTERPRET", None)
     out = subprocess.run(
         [sys.executable, __file__, "--load-child", model], env=env, capture_output=True, text=True, check=True
     )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1]) | {"model": label}
 
 
 def write_checkpoint(folder: Path, size_gb: float) -> dict:
@@ -239,8 +239,8 @@ def main() -> int:
         checkpoint = write_checkpoint(folder, args.size_gb)
         downloads = download(folder, work)
         cached = work / "cache-hf" / "model"
-        load_synthetic = _load(str(cached))
-        load_bundled = _load("smollm2-135m")
+        load_synthetic = _load(str(cached), "the synthetic checkpoint, from the cache")
+        load_bundled = _load("smollm2-135m", "smollm2-135m")
     with_cache = load_synthetic["process_to_engine_s"]
     result = {
         "date": datetime.now(UTC).strftime("%Y-%m-%d"),
