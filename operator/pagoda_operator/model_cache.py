@@ -87,6 +87,8 @@ def _secret_env(name: str, secret: str, key: str) -> dict:
 def _download_env(model: ModelSpec) -> list[dict]:
     env = [{"name": "HOME", "value": "/tmp"}, {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"}]
     if model.scheme == "hf":
+        # The runtime image is offline by default (HF_HUB_OFFLINE=1): only this Job may download.
+        env.append({"name": "HF_HUB_OFFLINE", "value": "0"})
         env.append({"name": "HF_HUB_DISABLE_PROGRESS_BARS", "value": "1"})
         if model.hub_endpoint:
             env.append({"name": "HF_ENDPOINT", "value": model.hub_endpoint})

@@ -68,6 +68,7 @@ def test_download_credentials_come_from_secrets():
     env = {e["name"]: e for e in hub["Job"]["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
     assert env["HF_ENDPOINT"]["value"] == "http://mirror:8080"
+    assert env["HF_HUB_OFFLINE"]["value"] == "0"  # the runtime image is offline by default
 
     s3 = _manifests(
         {
