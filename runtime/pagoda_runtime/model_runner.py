@@ -17,6 +17,7 @@ import torch
 
 from pagoda_runtime.attention_metadata import AttentionMetadata
 from pagoda_runtime.config import KV_CACHE_DTYPES, EngineConfig, ModelConfig
+from pagoda_runtime.cpu_threads import configure_torch_threads
 from pagoda_runtime.devices import Placement, dtype_name
 from pagoda_runtime.kernels import get_attention_ops
 from pagoda_runtime.kernels.reference import FP8_KV_DTYPE
@@ -79,6 +80,8 @@ class ModelRunner:
         self.config = model_config
         self.device = placement.device
         self.dtype = placement.dtype
+        if self.device.type == "cpu":
+            logger.info("CPU path: %d torch threads", configure_torch_threads())
         self.kv_cache_dtype = resolve_kv_cache_dtype(engine_config.kv_cache_dtype, self.dtype, self.device)
         self.block_size = engine_config.block_size
         self.max_model_len = max_model_len
