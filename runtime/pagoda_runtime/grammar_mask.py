@@ -25,16 +25,25 @@ class GrammarCompiler:
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...]) -> None:
         self.tokenizer = tokenizer
-        # Logit rows may be wider than the tokenizer (padded embeddings); those ids are never allowed.
-        self.vocab_size = max(vocab_size, tokenizer.vocab_size)
+        # The masks are as wide as the logits; ids past the tokenizer's (padded embeddings) are never
+        # allowed.
+        self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
 
     @cached_property
     def _lltokenizer(self) -> llguidance.LLTokenizer:
         # Built on first use (about half a second): servers that never constrain never pay it.
-        return llguidance.LLTokenizer(
-            self.tokenizer.backend.to_str(), n_vocab=self.vocab_size, eos_token=self.eos_token_ids
-        )
+        if self.tokenizer.vocab_size > self.vocab_size:
+            raise StructuredOutputError(
+                f"this model's tokenizer has {self.tokenizer.vocab_size} tokens but its output layer "
+                f"{self.vocab_size}, so its output cannot be constrained; serve it without structured output"
+            )
+        try:
+            return llguidance.LLTokenizer(
+                self.tokenizer.backend.to_str(), n_vocab=self.vocab_size, eos_token=self.eos_token_ids
+            )
+        except ValueError as exc:
+            raise StructuredOutputError(f"llguidance cannot read this model's tokenizer: {exc}") from exc
 
     def matchers(self, spec: StructuredOutputs, n: int) -> list[llguidance.LLMatcher]:
         matcher = llguidance.LLMatcher(self._lltokenizer, spec.to_llguidance(), log_level=0)
