@@ -96,12 +96,12 @@ def test_second_signal_aborts_at_once_and_the_log_says_so(start):
 def test_ten_times_overload_sheds_with_429_and_stays_ready(start):
     # The canary times out behind the full queue; tokens still flow, so the pod is busy, not broken.
     server = start(
-        "--max-running", "2", "--max-queue", "4", "--canary-interval", "0.2", "--canary-timeout", "1"
+        "--max-running", "2", "--max-queue", "4", "--canary-interval", "1", "--canary-timeout", "2"
     )
     statuses: list[int] = []
 
     def post() -> None:
-        body = {"prompt": "x", "max_tokens": 100}
+        body = {"prompt": "x", "max_tokens": 150}
         statuses.append(httpx.post(server.url + "/v1/completions", json=body, timeout=60).status_code)
 
     clients = [threading.Thread(target=post) for _ in range(60)]
@@ -112,7 +112,7 @@ def test_ten_times_overload_sheds_with_429_and_stays_ready(start):
         ready.append(httpx.get(server.url + "/health/ready").status_code)
         time.sleep(0.05)
     assert sorted(set(statuses)) == [200, 429] and statuses.count(200) >= 6, statuses
-    assert statuses.count(429) >= 40
+    assert statuses.count(429) >= 40, statuses
     assert len(ready) > 10 and set(ready) == {200}, ready
 
 
