@@ -10,7 +10,7 @@ and attends causally to keys at positions <= its own.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,6 +23,9 @@ class AttentionMetadata:
     block_tables: torch.Tensor  # int32 [num_seqs, max_blocks_per_seq], padded with 0
     max_query_len: int
     max_seq_len: int
+    # Tensors derived from the fields above that every layer of the step would otherwise rebuild
+    # (the CPU attention's gather indices and masks), computed by the first layer.
+    derived: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_seqs(self) -> int:

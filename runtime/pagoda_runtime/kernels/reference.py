@@ -76,6 +76,44 @@ def _attend(
     return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32), v)
 
 
+def _dequantized(cache: torch.Tensor, slots: torch.Tensor, scale: float) -> torch.Tensor:
+    values = cache[slots]
+    if values.dtype != torch.float32:
+        values = values.float()
+    return values if scale == 1.0 else values * scale
+
+
+def _plan(meta: AttentionMetadata, block_size: int) -> tuple:
+    """The gather slots and masks of a step: (decode rows, their slots, their mask) and for each
+    prefill chunk (start, end, slots, mask). The same for every layer, so built once per step."""
+    key = ("reference_attention", block_size)
+    if key in meta.derived:
+        return meta.derived[key]
+    device = meta.query_start_loc.device
+    starts = meta.query_start_loc.tolist()
+    query_lens = meta.query_start_loc.diff()
+    decode = None
+    rows = torch.nonzero(query_lens == 1).flatten()
+    if rows.numel():
+        lens = meta.seq_lens[rows]
+        slots = _slots(meta.block_tables[rows], lens, block_size)
+        mask = torch.arange(slots.shape[1], device=device)[None, :] < lens[:, None]
+        # Padding positions read a real key of their own sequence: the rest of the cache may hold
+        # NaN garbage, and a zero probability times NaN is still NaN.
+        slots = torch.where(mask, slots, slots[:, :1])
+        decode = (meta.query_start_loc[rows].long(), slots, mask[:, None, None, :])
+    prefills = []
+    for i in torch.nonzero(query_lens > 1).flatten().tolist():
+        start, end = starts[i], starts[i + 1]
+        context_len = int(meta.seq_lens[i])
+        slots = _slots(meta.block_tables[i : i + 1], meta.seq_lens[i : i + 1], block_size)[0]
+        key_pos = torch.arange(context_len, device=device)
+        query_pos = torch.arange(context_len - (end - start), context_len, device=device)
+        prefills.append((start, end, slots, key_pos[None, :] <= query_pos[:, None]))
+    meta.derived[key] = (decode, prefills)
+    return decode, prefills
+
+
 def attention(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -95,38 +133,24 @@ def attention(
     key_cache = kv_cache[0].flatten(0, 1)
     value_cache = kv_cache[1].flatten(0, 1)
     out = torch.empty_like(q)
-    starts = meta.query_start_loc.tolist()
-    query_lens = meta.query_start_loc.diff()
+    decode, prefills = _plan(meta, block_size)
 
-    decode = torch.nonzero(query_lens == 1).flatten()
-    if decode.numel():
-        rows = meta.query_start_loc[decode].long()
-        lens = meta.seq_lens[decode]
-        slots = _slots(meta.block_tables[decode], lens, block_size)
-        mask = torch.arange(slots.shape[1], device=q.device)[None, :] < lens[:, None]
-        # Padding positions read a real key of their own sequence: the rest of the cache may hold
-        # NaN garbage, and a zero probability times NaN is still NaN.
-        slots = torch.where(mask, slots, slots[:, :1])
-        k = (key_cache[slots].float() * k_scale).permute(0, 2, 1, 3)  # [S, Hkv, L, D]
-        v = (value_cache[slots].float() * v_scale).permute(0, 2, 1, 3)
+    if decode is not None:
+        rows, slots, mask = decode
+        k = _dequantized(key_cache, slots, k_scale).permute(0, 2, 1, 3)  # [S, Hkv, L, D]
+        v = _dequantized(value_cache, slots, v_scale).permute(0, 2, 1, 3)
         qd = q[rows].float().view(-1, num_kv_heads, group, head_dim)
-        o = _attend(qd, k, v, mask[:, None, None, :], scale)
+        o = _attend(qd, k, v, mask, scale)
         out[rows] = o.reshape(-1, num_heads, head_dim).to(q.dtype)
 
-    for i in torch.nonzero(query_lens > 1).flatten().tolist():
-        start, end = starts[i], starts[i + 1]
+    for start, end, slots, causal in prefills:
         query_len = end - start
-        context_len = int(meta.seq_lens[i])
-        slots = _slots(meta.block_tables[i : i + 1], meta.seq_lens[i : i + 1], block_size)[0]
-        k = (key_cache[slots].float() * k_scale).transpose(0, 1)  # [Hkv, L, D]
-        v = (value_cache[slots].float() * v_scale).transpose(0, 1)
+        k = _dequantized(key_cache, slots, k_scale).transpose(0, 1)  # [Hkv, L, D]
+        v = _dequantized(value_cache, slots, v_scale).transpose(0, 1)
         # [M, H, D] -> [Hkv, G*M, D], rows ordered (head in group, token).
         qp = q[start:end].float().view(query_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
         qp = qp.reshape(num_kv_heads, group * query_len, head_dim)
-        key_pos = torch.arange(context_len, device=q.device)
-        query_pos = torch.arange(context_len - query_len, context_len, device=q.device)
-        mask = (key_pos[None, :] <= query_pos[:, None]).repeat(group, 1)
-        o = _attend(qp, k, v, mask, scale).view(num_kv_heads, group, query_len, head_dim)
+        o = _attend(qp, k, v, causal.repeat(group, 1), scale).view(num_kv_heads, group, query_len, head_dim)
         out[start:end] = o.permute(2, 0, 1, 3).reshape(query_len, num_heads, head_dim).to(q.dtype)
     return out
 
