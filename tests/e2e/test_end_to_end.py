@@ -19,6 +19,7 @@ import openai
 import pytest
 import yaml
 from conftest import OPERATOR_NAMESPACE
+from pagoda_operator.names import LABEL_ISVC, child_selector, variant_object_name
 from providers import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -26,8 +27,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 EXAMPLE = ROOT / "manifests" / "examples" / "cpu-smollm2.yaml"
 NAMESPACE = "pagoda-e2e"
 NAME = "smollm2"
-DEPLOYMENT = f"{NAME}-cpu"
-LABEL = f"pagoda.dev/inference-service={NAME}"
+DEPLOYMENT = variant_object_name(NAME, "cpu")
+LABEL = child_selector(NAME)
 # A surge pod and the operator fit beside the serving pod on a 2-core machine; as CPU shares,
 # as much as a busy host's other processes get.
 CPU_REQUEST = "900m"
@@ -364,7 +365,7 @@ def test_deleting_the_inference_service_removes_every_child(cluster, isvc):
         return [
             f"{i['kind']}/{i['metadata']['name']}"
             for i in items
-            if LABEL.split("=")[0] in i["metadata"].get("labels", {})
+            if LABEL_ISVC in i["metadata"].get("labels", {})
             or any(o["uid"] == uid for o in i["metadata"].get("ownerReferences", []))
         ]
 
