@@ -225,52 +225,57 @@ class Streams:
 
 
 class PodWatch:
-    """The last state of a pod before it is deleted, from `kubectl get --watch`."""
+    """The last state of a pod before it is deleted, from `kubectl get --watch` (started again if it
+    ends before the pod is gone)."""
 
     def __init__(self, cluster, name: str) -> None:
         self.last: dict = {}
-        self._process = subprocess.Popen(
-            [
-                "kubectl",
-                f"--kubeconfig={cluster.kubeconfig}",
-                "get",
-                "pod",
-                name,
-                "-n",
-                NAMESPACE,
-                "--watch",
-                "--output-watch-events",
-                "-o",
-                "json",
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=getattr(getattr(cluster, "cp", None), "env", None),
-        )
+        self._deleted = threading.Event()
+        self._command = [
+            "kubectl",
+            f"--kubeconfig={cluster.kubeconfig}",
+            "get",
+            "pod",
+            name,
+            "-n",
+            NAMESPACE,
+            "--watch",
+            "--output-watch-events",
+            "-o",
+            "json",
+        ]
+        self._env = getattr(getattr(cluster, "cp", None), "env", None)
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
 
     def _read(self) -> None:
-        decoder, buffer = json.JSONDecoder(), ""
-        for line in self._process.stdout:
-            buffer += line
-            try:
-                event, end = decoder.raw_decode(buffer.lstrip())
-            except ValueError:
-                continue
-            buffer = buffer.lstrip()[end:]
-            if event["type"] == "DELETED":
-                self._process.terminate()
-                return
-            self.last = event["object"]
+        while not self._deleted.is_set():
+            process = subprocess.Popen(
+                self._command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self._env
+            )
+            decoder, buffer = json.JSONDecoder(), ""
+            for line in process.stdout:
+                buffer += line
+                try:
+                    event, end = decoder.raw_decode(buffer.lstrip())
+                except ValueError:
+                    continue
+                buffer = buffer.lstrip()[end:]
+                self.last = event["object"]
+                if event["type"] == "DELETED":
+                    self._deleted.set()
+                    break
+            process.terminate()
+            if "NotFound" in process.communicate(timeout=10)[1]:
+                self._deleted.set()  # gone between two watches: last is what the first one saw
+            time.sleep(1)
 
     @property
     def deleted(self) -> bool:
-        return not self._thread.is_alive()
+        return self._deleted.is_set()
 
     def wait_deleted(self, timeout: float) -> dict:
-        self._thread.join(timeout)
-        assert not self._thread.is_alive(), f"the old pod still exists after {timeout:g}s"
+        assert self._deleted.wait(timeout), f"the old pod still exists after {timeout:g}s"
         return self.last
 
 
