@@ -17,7 +17,7 @@ _LLAMA32_ROPE = RopeScaling("llama3", 32.0, 1.0, 4.0, 8192)
 _QWEN2 = {"rms_norm_eps": 1e-6, "attention_bias": True}
 
 
-def _model(
+def model_config(
     architecture: str,
     num_layers: int,
     hidden: int,
@@ -34,6 +34,7 @@ def _model(
     attention_bias: bool = False,
     rope_scaling: RopeScaling | None = None,
 ) -> ModelConfig:
+    """A ModelConfig from the numbers a model card lists, in the order the table below gives them."""
     return ModelConfig(
         architecture=architecture,
         vocab_size=vocab,
@@ -54,26 +55,26 @@ def _model(
 
 # layers, hidden, intermediate, heads, KV heads, head dim, vocabulary, tied embeddings, context, RoPE theta
 MODELS: dict[str, ModelConfig] = {
-    "llama-3-8b": _model("llama", 32, 4096, 14336, 32, 8, 128, 128256, False, 8192, 500000.0),
-    "llama-3.1-8b": _model(
+    "llama-3-8b": model_config("llama", 32, 4096, 14336, 32, 8, 128, 128256, False, 8192, 500000.0),
+    "llama-3.1-8b": model_config(
         "llama", 32, 4096, 14336, 32, 8, 128, 128256, False, 131072, 500000.0, rope_scaling=_LLAMA31_ROPE
     ),
-    "llama-3.2-1b": _model(
+    "llama-3.2-1b": model_config(
         "llama", 16, 2048, 8192, 32, 8, 64, 128256, True, 131072, 500000.0, rope_scaling=_LLAMA32_ROPE
     ),
-    "llama-3.2-3b": _model(
+    "llama-3.2-3b": model_config(
         "llama", 28, 3072, 8192, 24, 8, 128, 128256, True, 131072, 500000.0, rope_scaling=_LLAMA32_ROPE
     ),
-    "llama-3-70b": _model("llama", 80, 8192, 28672, 64, 8, 128, 128256, False, 8192, 500000.0),
-    "llama-3.1-70b": _model(
+    "llama-3-70b": model_config("llama", 80, 8192, 28672, 64, 8, 128, 128256, False, 8192, 500000.0),
+    "llama-3.1-70b": model_config(
         "llama", 80, 8192, 28672, 64, 8, 128, 128256, False, 131072, 500000.0, rope_scaling=_LLAMA31_ROPE
     ),
-    "mistral-7b": _model("mistral", 32, 4096, 14336, 32, 8, 128, 32768, False, 32768, 1000000.0),
-    "qwen2.5-1.5b": _model("qwen2", 28, 1536, 8960, 12, 2, 128, 151936, True, 32768, 1e6, **_QWEN2),
-    "qwen2.5-7b": _model("qwen2", 28, 3584, 18944, 28, 4, 128, 152064, False, 32768, 1e6, **_QWEN2),
-    "smollm2-135m": _model("llama", 30, 576, 1536, 9, 3, 64, 49152, True, 8192, 100000.0),
-    "smollm2-360m": _model("llama", 32, 960, 2560, 15, 5, 64, 49152, True, 8192, 100000.0),
-    "smollm2-1.7b": _model("llama", 24, 2048, 8192, 32, 32, 64, 49152, True, 8192, 130000.0),
+    "mistral-7b": model_config("mistral", 32, 4096, 14336, 32, 8, 128, 32768, False, 32768, 1000000.0),
+    "qwen2.5-1.5b": model_config("qwen2", 28, 1536, 8960, 12, 2, 128, 151936, True, 32768, 1e6, **_QWEN2),
+    "qwen2.5-7b": model_config("qwen2", 28, 3584, 18944, 28, 4, 128, 152064, False, 32768, 1e6, **_QWEN2),
+    "smollm2-135m": model_config("llama", 30, 576, 1536, 9, 3, 64, 49152, True, 8192, 100000.0),
+    "smollm2-360m": model_config("llama", 32, 960, 2560, 15, 5, 64, 49152, True, 8192, 100000.0),
+    "smollm2-1.7b": model_config("llama", 24, 2048, 8192, 32, 32, 64, 49152, True, 8192, 130000.0),
 }
 
 KNOWN_ARCHITECTURES: dict[str, ModelArchitecture] = {name: c.to_sizing() for name, c in MODELS.items()}

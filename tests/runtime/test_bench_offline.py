@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from pagoda_runtime.bench.offline import nano_vllm_workload
 from pagoda_runtime.bench.shapes import SHAPES, random_model, shape_config
 
-SWEEPS = Path(__file__).parents[2] / "benchmarks" / "sweeps.py"
+SWEEPS = ["-m", "pagoda_runtime.bench.sweeps"]
 
 
 def _bench(tmp_path, *args: str) -> dict:
@@ -117,7 +116,7 @@ def test_transformers_baseline_rotates_positions_like_the_engine(shape):
 
 
 def test_batch_sweep_writes_a_table_and_a_plot_per_batch_size(tmp_path):
-    command = [sys.executable, str(SWEEPS), "batch", "--shape", "tiny-llama", "--device", "cpu"]
+    command = [sys.executable, *SWEEPS, "batch", "--shape", "tiny-llama", "--device", "cpu"]
     command += [
         "--batch-sizes",
         "1,4",

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers.models import WordLevel
 
 from pagoda_runtime.config import ModelConfig
-from pagoda_runtime.model_catalogue import MODELS
+from pagoda_runtime.model_catalogue import MODELS, model_config
 from pagoda_runtime.model_source import LoadedModel
 from pagoda_runtime.tokenizer import Tokenizer
 from pagoda_runtime.weight_layout import expected_weight_shapes
@@ -22,20 +22,7 @@ from pagoda_runtime.weight_layout import expected_weight_shapes
 # Every model of the catalogue, and one small enough for the benchmark's own tests on the CPU.
 SHAPES: dict[str, ModelConfig] = {
     **MODELS,
-    "tiny-llama": ModelConfig(
-        architecture="llama",
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        max_position_embeddings=2048,
-        tie_word_embeddings=False,
-    ),
+    "tiny-llama": model_config("llama", 2, 64, 128, 4, 2, 16, 512, False, 2048, 10000.0),
 }
 
 

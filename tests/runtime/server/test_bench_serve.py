@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +12,7 @@ from pagoda_runtime.bench.stats import percentiles
 
 from .conftest import ServerProcess
 
-SWEEPS = Path(__file__).parents[3] / "benchmarks" / "sweeps.py"
+SWEEPS = ["-m", "pagoda_runtime.bench.sweeps"]
 
 
 def test_percentiles_match_numpy():
@@ -59,7 +58,7 @@ def test_rate_sweep_writes_a_table_and_a_plot_per_rate(tmp_path):
     try:
         server.wait_ready(30)
         out = tmp_path / "sweep"
-        command = [sys.executable, str(SWEEPS), "rate", "--base-url", server.url, "--rates", "10,40"]
+        command = [sys.executable, *SWEEPS, "rate", "--base-url", server.url, "--rates", "10,40"]
         command += [
             "--num-prompts",
             "6",

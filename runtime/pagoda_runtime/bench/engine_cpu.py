@@ -1,6 +1,6 @@
 """Engine throughput on the CPU with the bundled model, and the scheduler's own cost per step.
 
-    PYTHONPATH=runtime python benchmarks/engine_cpu_bench.py
+    .venv/bin/python -m pagoda_runtime.bench.engine_cpu --result-json benchmarks/results/cpu/engine_cpu.json
 
 Decode tokens/s at batch 1 and 16 (greedy, ignore_eos, 64 new tokens, float32), and the time
 one schedule()+update() takes with 256 running sequences and no model at all.
@@ -8,9 +8,11 @@ one schedule()+update() takes with 256 running sequences and no model at all.
 
 from __future__ import annotations
 
+import argparse
 import time
 
 from pagoda_runtime import LLM, SamplingParams
+from pagoda_runtime.bench.results import emit
 from pagoda_runtime.block_manager import BlockManager
 from pagoda_runtime.scheduler import Scheduler
 from pagoda_runtime.sequence import Sequence, SequenceGroup
@@ -53,17 +55,21 @@ def scheduler_step_seconds(num_seqs: int = 256, steps: int = 200) -> float:
     return (time.perf_counter() - start) / steps
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--result-json", default=None, help="write the results here as JSON")
+    args = parser.parse_args(argv)
     llm = LLM("smollm2-135m", dtype="float32", device="cpu")
-    rows = [
-        ("bundled SmolLM2-135M, batch 1, decode", f"{engine_tokens_per_second(llm, 1):.1f} tok/s"),
-        ("bundled SmolLM2-135M, batch 16, decode", f"{engine_tokens_per_second(llm, 16):.1f} tok/s"),
-        ("scheduler + block manager, 256 running", f"{scheduler_step_seconds() * 1e3:.3f} ms/step"),
-    ]
-    width = max(len(name) for name, _ in rows)
-    print(f"{'what':<{width}}  result")
-    for name, value in rows:
-        print(f"{name:<{width}}  {value}")
+    result = {
+        "model": "smollm2-135m",
+        "device": "cpu",
+        "dtype": "float32",
+        "new_tokens": NEW_TOKENS,
+        "decode_tok_per_s_batch_1": engine_tokens_per_second(llm, 1),
+        "decode_tok_per_s_batch_16": engine_tokens_per_second(llm, 16),
+        "scheduler_step_s_256_running": scheduler_step_seconds(),
+    }
+    emit(result, args.result_json)
 
 
 if __name__ == "__main__":

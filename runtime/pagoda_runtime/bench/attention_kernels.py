@@ -6,7 +6,7 @@ the keys and values; GB/s counts the keys and values read once, and the fraction
 device's measured copy bandwidth. Prefill: one 2048-token chunk, alone and over a 2048-token
 cached prefix, in causal TFLOP/s.
 
-    PYTHONPATH=runtime python benchmarks/kernels_bench.py
+    .venv/bin/python -m pagoda_runtime.bench.attention_kernels
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import math
 
 import torch
 import triton.testing
+
 from pagoda_runtime.attention_metadata import AttentionMetadata
 from pagoda_runtime.kernels.triton_paged_attention import default_num_splits, paged_attention
 

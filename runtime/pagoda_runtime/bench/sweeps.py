@@ -1,8 +1,8 @@
 """Throughput against batch size and latency against request rate: a JSON table and a PNG plot each.
 
-    PYTHONPATH=runtime python benchmarks/sweeps.py batch --shape llama-3-8b --out results/h100
-    PYTHONPATH=runtime python benchmarks/sweeps.py rate --base-url http://127.0.0.1:8000 \
-        --rates 1,2,4,8 --num-prompts 200 --out results/h100
+    .venv/bin/python -m pagoda_runtime.bench.sweeps batch --shape llama-3-8b --out benchmarks/results/h100
+    .venv/bin/python -m pagoda_runtime.bench.sweeps rate --base-url http://127.0.0.1:8000 \
+        --rates 1,2,4,8 --num-prompts 200 --out benchmarks/results/h100
 
 `batch` runs `bench latency` once per batch size (fixed input and output lengths, ignore_eos) on
 a random-weight model of a named shape; `rate` runs `bench serve` once per Poisson rate against a

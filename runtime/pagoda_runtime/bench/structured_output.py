@@ -8,7 +8,7 @@ left out: it is the same with and without a grammar, and on a shared CPU it woul
 difference. With --compare-xgrammar (xgrammar importable), the per-token mask cost and the
 schema coverage of xgrammar are measured beside llguidance's, which is how the engine was chosen.
 
-    PYTHONPATH=runtime .venv/bin/python benchmarks/structured_output_bench.py \
+    .venv/bin/python -m pagoda_runtime.bench.structured_output \
         --out benchmarks/results/cpu/structured_output.json
 """
 
@@ -26,6 +26,7 @@ from types import SimpleNamespace
 
 import llguidance
 import torch
+
 from pagoda_runtime.bundled import bundled_model_path
 from pagoda_runtime.gguf_reader import GGUFFile
 from pagoda_runtime.grammar_mask import GrammarCompiler, GrammarMasker, advance

@@ -7,7 +7,7 @@ Reports microseconds per GEMV, the bytes each must read over that time (GB/s), t
 device's measured copy bandwidth, and the per-token time of 32 layers. Weights are random;
 several copies of each are cycled inside one CUDA graph so that the 50 MB L2 cannot hold them.
 
-    PYTHONPATH=runtime python benchmarks/quant_bench.py [--sweep] [--check] [--rows N]
+    .venv/bin/python -m pagoda_runtime.bench.quant_kernels [--sweep] [--check] [--rows N]
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import math
 
 import torch
 import triton.testing
+
 from pagoda_runtime.quantization.online import quantize_fp8, quantize_int4, quantize_int8
 from pagoda_runtime.quantization.reference import reference_matmul
 from pagoda_runtime.quantization.scaled_mm import fp8_scaled_mm, scaled_mm_supported

@@ -1,0 +1,151 @@
+"""The tables of BENCHMARKS.md: for each, the JSON results it is written from and its columns.
+
+To add a table: commit the benchmark's JSON under benchmarks/results/, add a `Table` here, and put
+`<!-- table: NAME -->` and `<!-- /table -->` where it belongs in BENCHMARKS.md; then run
+`python -m pagoda_runtime.bench.report` (report.py) to write it.
+"""
+
+from __future__ import annotations
+
+from pagoda_runtime.bench.report import Column, Table
+
+MIB = 2**20
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.0f}"
+
+
+def percentiles(stats: dict, keys: tuple[str, ...], scale=ms) -> str:
+    """'p50 / p95 / p99' of a bench serve percentile dict, each through `scale`."""
+    return " / ".join(scale(stats[k]) for k in keys)
+
+
+def seconds(value: float) -> str:
+    return f"{value:.1f}"
+
+
+def _quality_rows(loaded: list[dict]) -> list[dict]:
+    (result,) = loaded
+    return result["rows"]
+
+
+def _against_reference(key: str, fmt: str):
+    """A comparison with the reference: empty in the reference's own row."""
+    return lambda row: fmt.format(row[key]) if key in row else ""
+
+
+def _weights(row: dict) -> str:
+    return f"{row['weight_bytes'] / MIB:.1f} ({row['predicted_weight_bytes'] / MIB:.1f})"
+
+
+def micros(value: float) -> str:
+    """A duration given in microseconds, in µs below a millisecond and in ms above."""
+    return f"{value:.2g} µs" if value < 10 else f"{value:.0f} µs" if value < 1000 else f"{value / 1e3:.2g} ms"
+
+
+def _mask_rows(loaded: list[dict]) -> list[dict]:
+    (result,) = loaded
+    return sorted(result["steps"], key=lambda r: (r["constrained"] > 0, r["constrained"], r["batch"]))
+
+
+def _engine_rows(loaded: list[dict]) -> list[dict]:
+    (result,) = loaded
+    rows = [{"engine": f"llguidance {result['llguidance']}", **result["llguidance_engine"]}]
+    if "xgrammar_engine" in result:
+        xgrammar = result["xgrammar_engine"]
+        rows.append({"engine": f"xgrammar {xgrammar['version']}", **xgrammar})
+    return rows
+
+
+def _refused(row: dict) -> str:
+    refused = [key for key, status in row["coverage"].items() if status.startswith("refused")]
+    return ", ".join(refused) if refused else "none"
+
+
+SERVE_RATES = ("0.1", "0.25", "0.5", "1")
+
+TABLES = [
+    Table(
+        "serving-cpu",
+        tuple(f"cpu/serve-rate-{rate}.json" for rate in SERVE_RATES),
+        (
+            Column("rate (req/s)", lambda r: f"{r['config']['request_rate']:g}"),
+            Column("completed", lambda r: f"{r['completed']} / {r['config']['num_prompts']}"),
+            Column("output tok/s", lambda r: f"{r['output_throughput']:.1f}"),
+            Column("TTFT p50 / p95 / p99 (ms)", lambda r: percentiles(r["ttft_s"], ("p50", "p95", "p99"))),
+            Column("TPOT p50 / p95 / p99 (ms)", lambda r: percentiles(r["tpot_s"], ("p50", "p95", "p99"))),
+            Column("ITL p50 / p95 / p99 (ms)", lambda r: percentiles(r["itl_s"], ("p50", "p95", "p99"))),
+            Column("E2E p50 / p95 (s)", lambda r: percentiles(r["e2e_s"], ("p50", "p95"), seconds)),
+        ),
+    ),
+    Table(
+        "batch-sweep-cpu",
+        ("cpu/throughput_vs_batch.json",),
+        (
+            Column("batch", lambda r: str(r["batch"])),
+            Column("Pagoda decode tok/s", lambda r: f"{r['decode_tok_per_s']:.1f}"),
+            Column("Pagoda tok/s, prefill included", lambda r: f"{r['output_tok_per_s']:.1f}"),
+            Column("transformers tok/s, prefill included", lambda r: f"{r['hf_output_tok_per_s']:.1f}"),
+            Column("ratio", lambda r: f"{r['output_tok_per_s'] / r['hf_output_tok_per_s']:.2f}x"),
+        ),
+        rows=lambda loaded: loaded[0]["rows"],
+    ),
+    Table(
+        "mixed-lengths-cpu",
+        ("cpu/throughput_mixed.json",),
+        (
+            Column("requests", lambda r: str(r["workload"]["num_prompts"])),
+            Column("prompt and output lengths", lambda r: "{}-{}".format(*r["workload"]["lengths"])),
+            Column("Pagoda output tok/s", lambda r: f"{r['results']['output_tok_per_s']:.1f}"),
+            Column("transformers output tok/s", lambda r: f"{r['results']['hf_output_tok_per_s']:.1f}"),
+            Column("ratio", lambda r: f"**{r['results']['speedup_vs_hf']:.2f}x**"),
+        ),
+    ),
+    Table(
+        "quant-quality-cpu",
+        ("cpu/quant_quality.json",),
+        (
+            Column("variant", lambda r: r["variant"]),
+            Column("perplexity", lambda r: f"{r['perplexity']:.2f}"),
+            Column("vs reference", _against_reference("perplexity_vs_reference", "{:+.1%}")),
+            Column("top-1 agreement", _against_reference("top1_agreement", "{:.1%}")),
+            Column("mean KL (nats)", _against_reference("mean_kl", "{:.4f}")),
+            Column("weights MiB (sizing)", _weights),
+            Column("KV bytes/block", lambda r: str(r["kv_bytes_per_block"])),
+        ),
+        rows=_quality_rows,
+    ),
+    Table(
+        "structured-mask-cpu",
+        ("cpu/structured_output.json",),
+        (
+            Column("batch", lambda r: str(r["batch"])),
+            Column("constrained rows", lambda r: str(r["constrained"])),
+            Column(
+                "mask per step p50 / p90",
+                lambda r: f"{micros(r['mask']['p50_us'])} / {micros(r['mask']['p90_us'])}",
+            ),
+            Column(
+                "feeding the sampled token, all rows, p50", lambda r: micros(r["advance_all_rows"]["p50_us"])
+            ),
+        ),
+        rows=_mask_rows,
+    ),
+    Table(
+        "grammar-engines-cpu",
+        ("cpu/structured_output.json",),
+        (
+            Column("engine", lambda r: r["engine"]),
+            Column("compile this schema", lambda r: f"{r['compile_ms']:.0f} ms"),
+            Column(
+                "mask per token p50 / p90",
+                lambda r: (
+                    f"{micros(r['mask_per_token']['p50_us'])} / {micros(r['mask_per_token']['p90_us'])}"
+                ),
+            ),
+            Column("schema keywords it refuses by name", _refused),
+        ),
+        rows=_engine_rows,
+    ),
+]
