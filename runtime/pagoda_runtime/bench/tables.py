@@ -63,6 +63,65 @@ def _refused(row: dict) -> str:
     return ", ".join(refused) if refused else "none"
 
 
+def _vs_llamacpp_run(result: dict) -> str:
+    time = result["date"].split(" ", 1)[1]
+    return f"{time} ({result['load_average_before'][0]:.1f})"
+
+
+def _rss_mib(row: dict) -> str:
+    return f"{row['llamacpp']['peak_rss_mib']:,.0f} / {row['pagoda']['peak_rss_mib']:,.0f} MiB"
+
+
+def _gb(n_bytes: float) -> str:
+    return f"{n_bytes / 1e9:.2f} GB"
+
+
+def _cold_start_rows(loaded: list[dict]) -> list[dict]:
+    """The cold-start benchmark's one JSON, as (what, result) rows."""
+    (result,) = loaded
+    hub, minio = result["download"]["hf_mirror"], result["download"]["s3_minio"]
+    synthetic, bundled = result["load"]["synthetic"], result["load"]["bundled"]
+    replica = result["second_replica_scheduled_to_engine_s"]
+    rest = synthetic["process_to_engine_s"] - synthetic["import_s"] - synthetic["weights_s"]
+    return [
+        {
+            "what": "fetch from the hub mirror (huggingface_hub, 4 workers, sha256 checked)",
+            "result": f"{hub['seconds']:.1f} s, {hub['mb_per_s']:.0f} MB/s",
+        },
+        {
+            "what": "fetch from MinIO (MinIO client, MD5 ETags checked)",
+            "result": f"{minio['seconds']:.1f} s, {minio['mb_per_s']:.0f} MB/s",
+        },
+        {
+            "what": f"start-up of the synthetic {_gb(result['checkpoint']['bytes'])} checkpoint "
+            "(process start to engine ready)",
+            "result": f"{synthetic['process_to_engine_s']:.1f} s: {synthetic['import_s']:.1f} s imports, "
+            f"{synthetic['weights_s']:.1f} s weights ({synthetic['weights_gb_per_s']:.2f} GB/s), "
+            f"{rest:.1f} s the rest",
+        },
+        {
+            "what": "anonymous memory the load added, synthetic",
+            "result": f"{_gb(synthetic['load_rss_anon_growth_bytes'])} for {_gb(synthetic['weight_bytes'])} "
+            f"of weights and a {synthetic['kv_cache_bytes'] / MIB:.0f} MiB KV cache",
+        },
+        {
+            "what": "start-up of the bundled SmolLM2-135M (GGUF Q4_1 dequantized to float32)",
+            "result": f"{bundled['process_to_engine_s']:.1f} s: {bundled['import_s']:.1f} s imports, "
+            f"{bundled['weights_s']:.1f} s weights "
+            f"({_gb(bundled['weight_bytes'])} of float32 from GGUF blocks)",
+        },
+        {
+            "what": "second replica, scheduled → engine ready, with the cache",
+            "result": f"{replica['with_cache']:.1f} s (its own start-up only)",
+        },
+        {
+            "what": "second replica, scheduled → engine ready, without it (its own download first)",
+            "result": f"{replica['without_cache_hf_mirror']:.1f} s from the hub mirror, "
+            f"{replica['without_cache_s3_minio']:.1f} s from MinIO",
+        },
+    ]
+
+
 SERVE_RATES = ("0.1", "0.25", "0.5", "1")
 
 TABLES = [
@@ -147,5 +206,42 @@ TABLES = [
             Column("schema keywords it refuses by name", _refused),
         ),
         rows=_engine_rows,
+    ),
+    Table(
+        "vs-llamacpp-cpu",
+        ("cpu/vs_llamacpp_run1.json", "cpu/vs_llamacpp.json"),
+        (
+            Column("run (load at start)", _vs_llamacpp_run),
+            Column("llama.cpp batch 1", lambda r: f"{r['llamacpp']['batch1_decode_tok_s']:.1f} tok/s"),
+            Column(
+                "Pagoda batch 1",
+                lambda r: (
+                    f"{r['pagoda']['batch1_decode_tok_s']:.1f} tok/s "
+                    f"({r['targets']['batch1_vs_llamacpp']:.2f}x)"
+                ),
+            ),
+            Column(
+                "Pagoda batch 8 (aggregate)",
+                lambda r: (
+                    f"{r['pagoda']['batch8_decode_tok_s']:.1f} tok/s "
+                    f"({r['targets']['batch8_vs_llamacpp_batch1']:.2f}x)"
+                ),
+            ),
+            Column(
+                "TTFT 512 tokens llama.cpp / Pagoda",
+                lambda r: (
+                    f"{r['llamacpp']['ttft_s']:.2f} s / {r['pagoda']['ttft_s']:.2f} s "
+                    f"({r['targets']['ttft_vs_llamacpp']:.2f}x)"
+                ),
+            ),
+            Column("greedy ids equal to llama.cpp's", lambda r: r["targets"]["greedy_ids_equal_to_llamacpp"]),
+            Column("peak RSS llama.cpp / Pagoda", _rss_mib),
+        ),
+    ),
+    Table(
+        "cold-start-cpu",
+        ("cpu/cold_start.json",),
+        (Column("what", lambda r: r["what"]), Column("result", lambda r: r["result"])),
+        rows=_cold_start_rows,
     ),
 ]

@@ -1,6 +1,7 @@
 """Where one decode step of the bundled model goes on the CPU.
 
-    PYTHONPATH=runtime python benchmarks/cpu_decode_profile.py --batch 1 --steps 20
+    PYTHONPATH=runtime python -m pagoda_runtime.bench.cpu_decode_profile --batch 1 --steps 20 \
+        --json benchmarks/results/cpu/decode_profile.json
 
 Serves the bundled SmolLM2-135M with `LLM(model="smollm2-135m", device="cpu")`, brings `--batch`
 sequences of the benchmark prompt into decode, then times `--steps` engine steps twice: plain
@@ -19,8 +20,9 @@ import time
 from collections.abc import Callable
 
 import torch
-from pagoda_runtime import LLM, SamplingParams
 from torch.profiler import ProfilerActivity, profile, record_function
+
+from pagoda_runtime import LLM, SamplingParams
 
 PROMPT = "Write a short story about a lighthouse keeper who"
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_weight_int4pack_mm_for_cpu")
