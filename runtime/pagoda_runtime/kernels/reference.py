@@ -3,9 +3,9 @@
 Everything is computed in float32 with the formulation Hugging Face transformers' eager Llama uses
 (matmul, scale, mask, float32 softmax, matmul), so a float32 model reproduces its greedy tokens.
 
-The KV cache holds k / k_scale and v / v_scale in its own dtype: the model's dtype, or fp8 e4m3
-(float8_e4m3fn), where values beyond +-448 saturate instead of becoming NaN. The engine passes no
-scales, so they are 1.0, as in vLLM when a checkpoint carries no calibrated KV scales.
+The KV cache holds k and v in its own dtype: the model's dtype, or fp8 e4m3 (float8_e4m3fn), where
+values beyond +-448 saturate instead of becoming NaN. The fp8 cache has no scale (a per-tensor
+scale of 1.0, as in vLLM when a checkpoint carries no calibrated KV scales).
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ def rotary(
     return q, k
 
 
-def to_cache_dtype(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
-    """x / scale in the cache's dtype (multiplied by the float32 inverse, as the Triton kernel does)."""
-    scaled = x.float() * (1.0 / scale)
+def to_cache_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x in the cache's dtype, through float32 as the Triton kernel does; saturated when it is fp8."""
+    x = x.float()
     if dtype == FP8_KV_DTYPE:
-        scaled = scaled.clamp(-FP8_MAX, FP8_MAX)
-    return scaled.to(dtype)
+        x = x.clamp(-FP8_MAX, FP8_MAX)
+    return x.to(dtype)
 
 
 def write_kv(
@@ -47,8 +47,6 @@ def write_kv(
     v: torch.Tensor,
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
 ) -> None:
     """Store k, v [T, Hkv, D] at their slots of kv_cache [2, blocks, block_size, Hkv, D].
 
@@ -56,8 +54,8 @@ def write_kv(
     """
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
-    kv_cache[0].flatten(0, 1)[slots] = to_cache_dtype(k[keep], k_scale, kv_cache.dtype)
-    kv_cache[1].flatten(0, 1)[slots] = to_cache_dtype(v[keep], v_scale, kv_cache.dtype)
+    kv_cache[0].flatten(0, 1)[slots] = to_cache_dtype(k[keep], kv_cache.dtype)
+    kv_cache[1].flatten(0, 1)[slots] = to_cache_dtype(v[keep], kv_cache.dtype)
 
 
 def _slots(block_table: torch.Tensor, context_lens: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -76,11 +74,9 @@ def _attend(
     return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32), v)
 
 
-def _dequantized(cache: torch.Tensor, slots: torch.Tensor, scale: float) -> torch.Tensor:
+def _gathered(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     values = cache[slots]
-    if values.dtype != torch.float32:
-        values = values.float()
-    return values if scale == 1.0 else values * scale
+    return values if values.dtype == torch.float32 else values.float()
 
 
 def _plan(meta: AttentionMetadata, block_size: int) -> tuple:
@@ -119,8 +115,6 @@ def attention(
     kv_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal attention of q [T, H, D] over the paged cache; returns [T, H, D] in q's dtype.
 
@@ -137,16 +131,16 @@ def attention(
 
     if decode is not None:
         rows, slots, mask = decode
-        k = _dequantized(key_cache, slots, k_scale).permute(0, 2, 1, 3)  # [S, Hkv, L, D]
-        v = _dequantized(value_cache, slots, v_scale).permute(0, 2, 1, 3)
+        k = _gathered(key_cache, slots).permute(0, 2, 1, 3)  # [S, Hkv, L, D]
+        v = _gathered(value_cache, slots).permute(0, 2, 1, 3)
         qd = q[rows].float().view(-1, num_kv_heads, group, head_dim)
         o = _attend(qd, k, v, mask, scale)
         out[rows] = o.reshape(-1, num_heads, head_dim).to(q.dtype)
 
     for start, end, slots, causal in prefills:
         query_len = end - start
-        k = _dequantized(key_cache, slots, k_scale).transpose(0, 1)  # [Hkv, L, D]
-        v = _dequantized(value_cache, slots, v_scale).transpose(0, 1)
+        k = _gathered(key_cache, slots).transpose(0, 1)  # [Hkv, L, D]
+        v = _gathered(value_cache, slots).transpose(0, 1)
         # [M, H, D] -> [Hkv, G*M, D], rows ordered (head in group, token).
         qp = q[start:end].float().view(query_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
         qp = qp.reshape(num_kv_heads, group * query_len, head_dim)

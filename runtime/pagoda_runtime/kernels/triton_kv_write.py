@@ -2,8 +2,8 @@
 
 slot_mapping[t] = block * block_size + offset names the cache row of token t; the cache's
 [blocks, block_size] dimensions are contiguous, so the slot indexes a flat row of Hkv * D values.
-The cache holds k / k_scale and v / v_scale (see kernels/reference.py), saturated to +-448 when it
-is fp8 e4m3.
+The cache holds k and v as they are (see kernels/reference.py), saturated to +-448 when it is fp8
+e4m3.
 """
 
 from __future__ import annotations
@@ -45,8 +45,6 @@ def _kv_write_kernel(
     stride_vt,
     stride_vh,
     value_offset,
-    inv_k_scale,
-    inv_v_scale,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -60,8 +58,8 @@ def _kv_write_kernel(
     # A negative slot is a padding token of a CUDA-graph batch: nothing to store.
     mask = (heads < NUM_KV_HEADS) & (dims < HEAD_DIM) & (slot >= 0)
     row = slot * NUM_KV_HEADS * HEAD_DIM + heads * HEAD_DIM + dims
-    k = tl.load(k_ptr + token * stride_kt + heads * stride_kh + dims, mask=mask).to(tl.float32) * inv_k_scale
-    v = tl.load(v_ptr + token * stride_vt + heads * stride_vh + dims, mask=mask).to(tl.float32) * inv_v_scale
+    k = tl.load(k_ptr + token * stride_kt + heads * stride_kh + dims, mask=mask).to(tl.float32)
+    v = tl.load(v_ptr + token * stride_vt + heads * stride_vh + dims, mask=mask).to(tl.float32)
     if FP8:
         k = _round_to_e4m3(k)
         v = _round_to_e4m3(v)
@@ -74,8 +72,6 @@ def write_kv(
     v: torch.Tensor,
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
 ) -> None:
     """Store k, v [T, Hkv, D] (last dim contiguous) at their slots of kv_cache [2, blocks, bs, Hkv, D]."""
     num_tokens, num_kv_heads, head_dim = k.shape
@@ -92,8 +88,6 @@ def write_kv(
         v.stride(0),
         v.stride(1),
         kv_cache.stride(0),
-        1.0 / k_scale,
-        1.0 / v_scale,
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
         BLOCK_H=triton.next_power_of_2(num_kv_heads),

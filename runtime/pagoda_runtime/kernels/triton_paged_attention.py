@@ -4,8 +4,7 @@ One program per (sequence, kv head, query tile[, KV split]). Its rows are the qu
 share the kv head times the tile's tokens, so grouped-query attention reads each key and value
 once for the whole group. Keys are walked in tiles of BLOCK_N positions, each position's cache row
 found through the block table, with an online softmax in float32 (exp2 of log2-scaled scores).
-Keys and values are widened to q's dtype as they load (an fp8 cache included); the cache's
-per-tensor scales fold into the score scale (k_scale) and the final normalisation (v_scale).
+Keys and values are widened to q's dtype as they load (an fp8 cache included, which has no scale).
 
 Split-K (flash-decoding): when a decode batch has too few (sequence, kv head) pairs to fill the
 GPU, each program takes one of NUM_SPLITS contiguous key ranges and writes a partial output and
@@ -44,7 +43,6 @@ def _paged_attention_kernel(
     partial_out_ptr,
     partial_lse_ptr,
     qk_scale,
-    v_scale,
     stride_qt,
     stride_qh,
     stride_bt,
@@ -115,7 +113,7 @@ def _paged_attention_kernel(
         start += BLOCK_N
 
     has_keys = l_i > 0
-    out = acc * v_scale / tl.where(has_keys, l_i, 1.0)[:, None]
+    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     out_rows = (query_start + token).to(tl.int64) * NUM_HEADS + head
     store_mask = row_valid[:, None] & dim_valid[None, :]
     if NUM_SPLITS == 1:
@@ -176,8 +174,6 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     num_splits: int | None = None,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal attention of q [T, H, D] over kv_cache [2, blocks, block_size, Hkv, D] -> [T, H, D].
 
@@ -216,8 +212,7 @@ def paged_attention(
         out,
         partial_out,
         partial_lse,
-        scale * k_scale * LOG2E,
-        v_scale,
+        scale * LOG2E,
         q.stride(0),
         q.stride(1),
         meta.block_tables.stride(0),

@@ -37,8 +37,6 @@ def make_paged_batch(
     device: str = "cpu",
     seed: int = 0,
     kv_cache_dtype: torch.dtype | None = None,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
 ) -> PagedBatch:
     gen = torch.Generator().manual_seed(seed)
     blocks_per_seq = [-(-context_len // block_size) for context_len, _ in seqs]
@@ -58,8 +56,8 @@ def make_paged_batch(
         k = torch.randn(context_len, num_kv_heads, head_dim, generator=gen)
         v = torch.randn(context_len, num_kv_heads, head_dim, generator=gen)
         prefix = context_len - query_len
-        flat_k[slots[:prefix]] = to_cache_dtype(k[:prefix].to(dtype), k_scale, cache_dtype)
-        flat_v[slots[:prefix]] = to_cache_dtype(v[:prefix].to(dtype), v_scale, cache_dtype)
+        flat_k[slots[:prefix]] = to_cache_dtype(k[:prefix].to(dtype), cache_dtype)
+        flat_v[slots[:prefix]] = to_cache_dtype(v[:prefix].to(dtype), cache_dtype)
         keys.append(k.to(dtype).to(device))
         values.append(v.to(dtype).to(device))
         queries.append(torch.randn(query_len, num_heads, head_dim, generator=gen))

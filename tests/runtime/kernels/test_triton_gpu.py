@@ -134,19 +134,17 @@ def test_fp8_kv_write_rounds_like_torch() -> None:
     kv = torch.randn(300, 16, 128, device="cuda") * torch.logspace(-5, 3, 128, device="cuda")
     kv = kv.to(torch.bfloat16)
     slots = torch.randperm(40 * 16, device="cuda")[:300]
-    get_attention_ops("cuda").write_kv(kv[:, :8], kv[:, 8:], cache, slots, k_scale=0.5, v_scale=4.0)
-    reference.write_kv(kv[:, :8], kv[:, 8:], expected, slots, k_scale=0.5, v_scale=4.0)
+    get_attention_ops("cuda").write_kv(kv[:, :8], kv[:, 8:], cache, slots)
+    reference.write_kv(kv[:, :8], kv[:, 8:], expected, slots)
     assert torch.equal(cache.view(torch.uint8), expected.view(torch.uint8))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_mixed_batch_over_an_fp8_cache(dtype) -> None:
     seqs = [(700, 1), (129, 1), (512, 512), (1500, 300), (3, 1)]
-    fp8 = dict(kv_cache_dtype=reference.FP8_KV_DTYPE, k_scale=0.5, v_scale=2.0)
-    batch = make_paged_batch(seqs, 32, 8, 128, 16, dtype=dtype, device="cuda", seed=5, **fp8)
-    get_attention_ops("cuda").write_kv(
-        batch.k_new, batch.v_new, batch.kv_cache, batch.meta.slot_mapping, k_scale=0.5, v_scale=2.0
-    )
-    out = paged_attention(batch.q, batch.kv_cache, batch.meta, 128**-0.5, k_scale=0.5, v_scale=2.0)
-    expected = reference.attention(batch.q.float(), batch.kv_cache, batch.meta, 128**-0.5, 0.5, 2.0)
+    fp8 = reference.FP8_KV_DTYPE
+    batch = make_paged_batch(seqs, 32, 8, 128, 16, dtype=dtype, device="cuda", seed=5, kv_cache_dtype=fp8)
+    get_attention_ops("cuda").write_kv(batch.k_new, batch.v_new, batch.kv_cache, batch.meta.slot_mapping)
+    out = paged_attention(batch.q, batch.kv_cache, batch.meta, 128**-0.5)
+    expected = reference.attention(batch.q.float(), batch.kv_cache, batch.meta, 128**-0.5)
     assert out.dtype == dtype and relative_error(out, expected) < 1e-2

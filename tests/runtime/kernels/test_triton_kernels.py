@@ -83,32 +83,21 @@ def test_fp8_kv_write_matches_reference_bit_for_bit_and_saturates() -> None:
     kv = torch.randn(5, 6, 64, device=DEVICE) * torch.logspace(-5, 3, 64, device=DEVICE)
     k, v = kv[:, :3], kv[:, 3:]
     slots = torch.tensor([3, -1, 47, 8, 0], device=DEVICE)
-    write_kv(k, v, cache, slots, k_scale=0.5, v_scale=4.0)
-    reference.write_kv(k, v, expected, slots, k_scale=0.5, v_scale=4.0)
+    write_kv(k, v, cache, slots)
+    reference.write_kv(k, v, expected, slots)
     assert torch.equal(cache.view(torch.uint8), expected.view(torch.uint8))
     stored_k = cache[0].flatten(0, 1)[slots[slots >= 0]].float()
     assert not stored_k.isnan().any() and stored_k.abs().max() == 448  # saturated, not NaN
     small = k[slots >= 0].abs() < 0.1
-    assert torch.allclose(stored_k[small] * 0.5, k[slots >= 0][small], rtol=0.07, atol=2**-10)
+    assert torch.allclose(stored_k[small], k[slots >= 0][small], rtol=0.07, atol=2**-10)
 
 
-@pytest.mark.parametrize("k_scale,v_scale", [(1.0, 1.0), (0.5, 4.0)])
-def test_paged_attention_over_an_fp8_cache_matches_reference(k_scale: float, v_scale: float) -> None:
-    batch = make_paged_batch(
-        MIXED,
-        8,
-        2,
-        64,
-        16,
-        device=DEVICE,
-        seed=3,
-        kv_cache_dtype=reference.FP8_KV_DTYPE,
-        k_scale=k_scale,
-        v_scale=v_scale,
-    )
-    reference.write_kv(batch.k_new, batch.v_new, batch.kv_cache, batch.meta.slot_mapping, k_scale, v_scale)
-    out = paged_attention(batch.q, batch.kv_cache, batch.meta, 0.125, k_scale=k_scale, v_scale=v_scale)
-    expected = reference.attention(batch.q, batch.kv_cache, batch.meta, 0.125, k_scale, v_scale)
+def test_paged_attention_over_an_fp8_cache_matches_reference() -> None:
+    fp8 = reference.FP8_KV_DTYPE
+    batch = make_paged_batch(MIXED, 8, 2, 64, 16, device=DEVICE, seed=3, kv_cache_dtype=fp8)
+    reference.write_kv(batch.k_new, batch.v_new, batch.kv_cache, batch.meta.slot_mapping)
+    out = paged_attention(batch.q, batch.kv_cache, batch.meta, 0.125)
+    expected = reference.attention(batch.q, batch.kv_cache, batch.meta, 0.125)
     assert relative_error(out, expected) < 1e-5
     # e4m3 keeps 3 mantissa bits: a relative step of at most 1/16 per key and value.
     assert relative_error(out, dense_attention(batch, 0.125)) < 0.05
