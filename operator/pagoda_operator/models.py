@@ -277,10 +277,7 @@ class VariantSpec(Spec):
     )
     quantization: Quantization = Field(
         default="auto",
-        description="Weight quantization of this variant: auto serves the checkpoint as stored (AWQ, "
-        "GPTQ, or GGUF blocks kept packed on a GPU; float weights unquantized); none serves float or "
-        "dequantized weights; int8, int4 and fp8 quantize float weights at load; awq, gptq and gguf "
-        "require a checkpoint in that format.",
+        description="Weight quantization of this variant: see docs/architecture.md#quantization.",
     )
     kv_cache_dtype: KvCacheDtype = Field(
         default="auto",

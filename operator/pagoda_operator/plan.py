@@ -58,12 +58,8 @@ def capacity_bytes(spec: InferenceServiceSpec) -> int | None:
 def sized_quantization(
     spec: InferenceServiceSpec, variant: VariantSpec, checkpoint: Checkpoint | None = None
 ) -> str:
-    """The method the runtime will build the variant's projections with, as far as we know.
-
-    Before a download the spec says a checkpoint is GGUF by its source; any other source is taken
-    for float weights unless the variant names awq or gptq, so a 4-bit folder is sized exactly only
-    when named. Once the model is cached, the checkpoint says how it is stored.
-    """
+    """The method the runtime will build the variant's projections with, as far as the spec and
+    checkpoint tell: the rule is docs/architecture.md#quantization."""
     stored = "gguf" if spec.model.is_gguf else None
     if checkpoint is not None:
         stored = checkpoint.stored_quantization
