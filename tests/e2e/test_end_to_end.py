@@ -330,6 +330,8 @@ def test_queue_depth_scales_up_then_down_without_losing_a_request(cluster, isvc)
             interval=2,
         )
         [second] = [p for p in pods if p["metadata"]["name"] != first["metadata"]["name"]]
+        # Watched from now: once the queue empties, the scale-down follows within seconds.
+        watches = [PodWatch(cluster, p["metadata"]["name"]) for p in pods]
         served = {}
         if cluster.name == "local":  # only there are pod IPs routed from the host
             _oneshot(f"http://{second['status']['podIP']}:8000", 8, served)
@@ -341,7 +343,6 @@ def test_queue_depth_scales_up_then_down_without_losing_a_request(cluster, isvc)
             assert _complete(served), served
 
         # The queue is empty again: back to one pod, which drains what it was serving.
-        watches = [PodWatch(cluster, p["metadata"]["name"]) for p in pods]
         with Streams(url, count=4) as streams:
             _wait(
                 lambda: _get(cluster, "deployment", DEPLOYMENT)["spec"]["replicas"],
