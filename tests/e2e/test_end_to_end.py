@@ -20,6 +20,7 @@ import pytest
 import yaml
 from conftest import OPERATOR_NAMESPACE
 from pagoda_operator.names import LABEL_ISVC, child_selector, variant_object_name
+from pagoda_operator.render import QUEUE_METRIC
 from providers import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -310,6 +311,16 @@ def test_queue_depth_scales_up_then_down_without_losing_a_request(cluster, isvc)
     cluster.kubectl("patch", "infsvc", NAME, "-n", NAMESPACE, "--type=merge", "-p", json.dumps(autoscaling))
     [first] = _runtime_pods(cluster)
     with cluster.custom_metrics(rules), cluster.service_url(NAMESPACE, NAME, 8000) as url:
+        # The pipeline (discovery, scrape, adapter) serves the pod's queue depth before the load
+        # starts; a queue that empties before anyone measured it scales nothing.
+        path = f"/apis/custom.metrics.k8s.io/v1beta1/namespaces/{NAMESPACE}/pods/*/{QUEUE_METRIC}"
+        _wait(
+            lambda: cluster.kubectl("get", "--raw", path, check=False).stdout,
+            lambda out: first["metadata"]["name"] in out,
+            180,
+            "the custom metrics API to serve the pod's queue depth",
+            interval=2,
+        )
         # Far more than the pod runs at once (maxNumSeqs): the rest wait, and the queue asks for a pod.
         burst = [{} for _ in range(BURST)]
         threads = [threading.Thread(target=_oneshot, args=(url, 64, r), daemon=True) for r in burst]
