@@ -40,8 +40,8 @@ def _load_controlplane():
 controlplane = _load_controlplane()
 
 
-@pytest.fixture(scope="session")
-def control_plane() -> Iterator[controlplane.ControlPlane]:
+def started_control_plane() -> Iterator[controlplane.ControlPlane]:
+    """A fresh loopback control plane for the caller's lifetime, or a skip that says what is missing."""
     missing = [
         n for n in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
                     "kubectl", "kwok")
@@ -58,6 +58,11 @@ def control_plane() -> Iterator[controlplane.ControlPlane]:
         yield cp
     finally:
         cp.stop()
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[controlplane.ControlPlane]:
+    yield from started_control_plane()
 
 
 @pytest.fixture(scope="session")

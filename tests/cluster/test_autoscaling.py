@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 import uuid
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
+from kube_objects import get, wait_for
 from pagoda_operator.models import InferenceServiceSpec
 from pagoda_operator.names import selector_labels, variant_object_name
 from pagoda_operator.plan import plan_service
@@ -54,22 +54,6 @@ SPEC = {
     # The loopback cluster's only node is a tainted GPU node; these CPU pods may run there.
     "scheduling": {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
 }
-
-
-def _wait(fetch, accept, timeout: float, what: str, interval: float = 1.0):
-    """The first value of fetch() that accept() takes, polled; the last value seen if none was."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fetch()
-        if accept(value):
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; last value {value!r}")
-        time.sleep(interval)
-
-
-def _get(cp, *args: str) -> dict:
-    return json.loads(cp.kubectl("get", *args, "-o", "json").stdout)
 
 
 class LoadBurst:
@@ -154,7 +138,7 @@ def runtime(rendered, tmp_path):
 
 def _running_pods(cp, namespace: str) -> list[str]:
     selector = ",".join(f"{k}={v}" for k, v in selector_labels(NAME, VARIANT).items())
-    pods = _get(cp, "pods", "-n", namespace, "-l", selector)["items"]
+    pods = get(cp, "pods", "-n", namespace, "-l", selector)["items"]
     return sorted(
         p["metadata"]["name"]
         for p in pods
@@ -168,7 +152,13 @@ def metered_pod(control_plane, namespace, rendered) -> str:
     control_plane.kubectl(
         "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": rendered})
     )
-    return _wait(lambda: _running_pods(control_plane, namespace), bool, 60, "the first pod to run")[0]
+    return wait_for(
+        lambda: _running_pods(control_plane, namespace),
+        check=bool,
+        timeout=60,
+        what="the first pod to run",
+        interval=1.0,
+    )[0]
 
 
 @pytest.fixture
@@ -207,11 +197,11 @@ def _quantity(value: str) -> float:
 
 
 def _replicas(cp, namespace: str) -> int:
-    return _get(cp, "deployment", "-n", namespace, variant_object_name(NAME, VARIANT))["spec"]["replicas"]
+    return get(cp, "deployment", "-n", namespace, variant_object_name(NAME, VARIANT))["spec"]["replicas"]
 
 
 def _hpa_current(cp, namespace: str) -> float | None:
-    status = _get(cp, "hpa", "-n", namespace, variant_object_name(NAME, VARIANT)).get("status", {})
+    status = get(cp, "hpa", "-n", namespace, variant_object_name(NAME, VARIANT)).get("status", {})
     for current in status.get("currentMetrics") or []:
         if current.get("type") == "Pods" and current["pods"]["metric"]["name"] == QUEUE_METRIC:
             return _quantity(current["pods"]["current"]["averageValue"])
@@ -223,23 +213,77 @@ def test_queue_depth_scales_the_deployment_up_and_back_down(
 ):
     cp = control_plane
     runtime.wait_ready()
-    idle = _wait(lambda: _pod_metrics(cp, namespace), bool, 60, f"{QUEUE_METRIC} in the custom metrics API")
+    idle = wait_for(
+        lambda: _pod_metrics(cp, namespace),
+        check=bool,
+        timeout=60,
+        what=f"{QUEUE_METRIC} in the custom metrics API",
+        interval=1.0,
+    )
     assert idle == {metered_pod: 0.0}
     # The HPA reads the idle queue (so the pipeline works before any load) and keeps one pod.
-    _wait(lambda: _hpa_current(cp, namespace), lambda v: v == 0, 60, "the HPA to read the idle queue depth")
+    wait_for(
+        lambda: _hpa_current(cp, namespace),
+        check=lambda v: v == 0,
+        timeout=60,
+        what="the HPA to read the idle queue depth",
+        interval=1.0,
+    )
     assert _replicas(cp, namespace) == 1
 
     with LoadBurst(runtime.url, BURST) as burst:
         queued = BURST - MAX_NUM_SEQS
-        _wait(lambda: runtime.metric(QUEUE_METRIC), lambda v: v == queued, 60, "the burst to queue", 0.2)
+        wait_for(
+            lambda: runtime.metric(QUEUE_METRIC),
+            check=lambda v: v == queued,
+            timeout=60,
+            what="the burst to queue",
+            interval=0.2,
+        )
         scraped = f"{QUEUE_METRIC} == {queued}"
-        _wait(lambda: prometheus.query(scraped), lambda r: len(r) == len(SCRAPE_JOBS), 30, "every scrape")
+        wait_for(
+            lambda: prometheus.query(scraped),
+            check=lambda r: len(r) == len(SCRAPE_JOBS),
+            timeout=30,
+            what="every scrape",
+            interval=1.0,
+        )
         # What the HPA sees is the pod's own queue, however many times Prometheus scraped it.
         assert _pod_metrics(cp, namespace) == {metered_pod: queued}
-        _wait(lambda: _replicas(cp, namespace), lambda n: n == 2, 60, "the HPA to scale the Deployment up")
-        _wait(lambda: _running_pods(cp, namespace), lambda pods: len(pods) == 2, 60, "the second pod to run")
+        wait_for(
+            lambda: _replicas(cp, namespace),
+            check=lambda n: n == 2,
+            timeout=60,
+            what="the HPA to scale the Deployment up",
+            interval=1.0,
+        )
+        wait_for(
+            lambda: _running_pods(cp, namespace),
+            check=lambda pods: len(pods) == 2,
+            timeout=60,
+            what="the second pod to run",
+            interval=1.0,
+        )
         burst.stop()
-        _wait(lambda: runtime.metric(QUEUE_METRIC), lambda v: v == 0, 30, "the queue to empty", 0.2)
+        wait_for(
+            lambda: runtime.metric(QUEUE_METRIC),
+            check=lambda v: v == 0,
+            timeout=30,
+            what="the queue to empty",
+            interval=0.2,
+        )
 
-    _wait(lambda: _replicas(cp, namespace), lambda n: n == 1, 90, "the HPA to scale the Deployment back down")
-    _wait(lambda: _running_pods(cp, namespace), lambda pods: len(pods) == 1, 60, "the extra pod to go")
+    wait_for(
+        lambda: _replicas(cp, namespace),
+        check=lambda n: n == 1,
+        timeout=90,
+        what="the HPA to scale the Deployment back down",
+        interval=1.0,
+    )
+    wait_for(
+        lambda: _running_pods(cp, namespace),
+        check=lambda pods: len(pods) == 1,
+        timeout=60,
+        what="the extra pod to go",
+        interval=1.0,
+    )

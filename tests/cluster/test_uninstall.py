@@ -4,11 +4,10 @@ its own, because the suite's shared one keeps its install for the other modules.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 
 import pytest
-from conftest import ROOT, controlplane, write_operator_kubeconfig
+from conftest import ROOT, controlplane, started_control_plane, write_operator_kubeconfig
 from kube_objects import apply, get_or_none
 from operator_process import OperatorProcess
 from test_operator import inference_service, wait_ready, wait_resyncs
@@ -18,16 +17,7 @@ pytestmark = pytest.mark.cluster
 
 @pytest.fixture(scope="module")
 def own_control_plane() -> Iterator[controlplane.ControlPlane]:
-    if not controlplane.binary_path("kwok").exists() and shutil.which("go") is None:
-        pytest.skip(
-            "control-plane binaries are not built and Go is not on PATH (run e2e/controlplane/build.sh)"
-        )
-    cp = controlplane.ControlPlane()
-    cp.start()
-    try:
-        yield cp
-    finally:
-        cp.stop()
+    yield from started_control_plane()
 
 
 def test_uninstalling_works_while_the_operator_is_stopped(own_control_plane, tmp_path):

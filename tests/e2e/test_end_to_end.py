@@ -321,35 +321,32 @@ def test_queue_depth_scales_up_then_down_without_losing_a_request(cluster, isvc)
             "the custom metrics API to serve the pod's queue depth",
             interval=2,
         )
-        # Far more than the pod runs at once (maxNumSeqs): the rest wait, and the queue asks for a pod.
-        burst = [{} for _ in range(BURST)]
-        threads = [threading.Thread(target=_oneshot, args=(url, 64, r), daemon=True) for r in burst]
-        for thread in threads:
-            thread.start()
-        _wait(
-            lambda: _get(cluster, "deployment", DEPLOYMENT)["spec"]["replicas"],
-            lambda n: n == 2,
-            300,
-            "the autoscaler to ask for a second pod",
-            interval=2,
-        )
-        pods = _wait(
-            lambda: _runtime_pods(cluster),
-            lambda ps: len(ps) == 2 and all(map(_ready, ps)),
-            600,
-            "the second pod to become Ready",
-            interval=2,
-        )
-        [second] = [p for p in pods if p["metadata"]["name"] != first["metadata"]["name"]]
-        # Watched from now: once the queue empties, the scale-down follows within seconds.
-        watches = [PodWatch(cluster, p["metadata"]["name"]) for p in pods]
-        served = {}
-        if cluster.name == "local":  # only there are pod IPs routed from the host
-            _oneshot(f"http://{second['status']['podIP']}:8000", 8, served)
-        for thread in threads:
-            thread.join(900)
-        lost = [r for r in burst if not _complete(r)]
-        assert not lost, f"{len(lost)} of the burst's requests were lost: {lost[:3]}"
+        # Far more than the pod runs at once (maxNumSeqs), kept up until the second pod has served:
+        # the rest wait and the queue asks for a pod. A burst that drains before the new pod is
+        # Ready lets the short scale-down window take that pod back before it serves.
+        with Streams(url, count=BURST, max_tokens=64) as load:
+            _wait(
+                lambda: _get(cluster, "deployment", DEPLOYMENT)["spec"]["replicas"],
+                lambda n: n == 2,
+                300,
+                "the autoscaler to ask for a second pod",
+                interval=2,
+            )
+            pods = _wait(
+                lambda: _runtime_pods(cluster),
+                lambda ps: len(ps) == 2 and all(map(_ready, ps)),
+                600,
+                "the second pod to become Ready",
+                interval=2,
+            )
+            [second] = [p for p in pods if p["metadata"]["name"] != first["metadata"]["name"]]
+            # Watched from now: once the load stops, the scale-down follows within seconds.
+            watches = [PodWatch(cluster, p["metadata"]["name"]) for p in pods]
+            served = {}
+            if cluster.name == "local":  # only there are pod IPs routed from the host
+                _oneshot(f"http://{second['status']['podIP']}:8000", 8, served)
+        assert not load.failures, f"{len(load.failures)} requests lost: {load.failures[:3]}"
+        assert load.completed >= BURST, load.completed
         if served:
             assert _complete(served), served
 

@@ -284,6 +284,8 @@ def test_not_ready_until_loaded_then_ready():
         ready = client.get("/health/ready")
         assert ready.status_code == 503 and ready.json()["checks"]["model_loaded"]["ok"] is False
         assert client.get("/health/live").status_code == 200
+        loading = client.get("/health")
+        assert loading.status_code == 503 and loading.json()["detail"] == "the model is loading"
         refused = client.post("/v1/completions", json={"prompt": "x"})
         assert refused.status_code == 503 and "retry-after" in refused.headers
         info = client.get("/v1/info")
@@ -291,6 +293,7 @@ def test_not_ready_until_loaded_then_ready():
         loaded.set()
         wait_ready(client)
         assert client.get("/v1/info").status_code == 200
+        assert client.get("/health").status_code == 200
 
 
 def test_load_failure_reports_one_line():

@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-import threading
-
 from fastapi.testclient import TestClient
-from pagoda_runtime.server.app import build_app
-from pagoda_runtime.server.state import ServerSettings
 
 from .conftest import MODEL, fake_app, wait_ready
-from .fake_engine import FakeEngine
 
 
 def test_health_and_version(fake):
@@ -18,24 +12,6 @@ def test_health_and_version(fake):
     health = client.get("/health")
     assert health.status_code == 200 and health.content == b""
     assert client.get("/version").json()["version"]
-
-
-def test_health_is_503_until_the_model_is_loaded():
-    loaded = threading.Event()
-    engine = FakeEngine()
-
-    async def slow_load():
-        while not loaded.is_set():
-            await asyncio.sleep(0.01)
-        await engine.start()
-        return engine
-
-    with TestClient(build_app(ServerSettings(served_model_name=MODEL), slow_load)) as client:
-        loading = client.get("/health")
-        assert loading.status_code == 503 and loading.json()["detail"] == "the model is loading"
-        loaded.set()
-        wait_ready(client)
-        assert client.get("/health").status_code == 200
 
 
 def test_tokenize_a_prompt_and_messages_then_detokenize(fake):
