@@ -55,6 +55,8 @@ def broken(cluster, installed):
     cluster.kubectl("create", "namespace", NAMESPACE)
     base = yaml.safe_load(EXAMPLE.read_text())
     base["spec"]["resources"]["cpu"] = "100m"
+    # Fixed replicas: no HPA, whose missing metrics would be a second, unrelated Degraded reason.
+    base["spec"]["variants"][0]["replicas"] = {"min": 1, "max": 1}
     unpullable = json.loads(json.dumps(base))
     unpullable["metadata"]["name"] = "unpullable"
     unpullable["spec"]["runtime"]["image"] = "localhost/pagoda-runtime:missing"
