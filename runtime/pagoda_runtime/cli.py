@@ -12,6 +12,13 @@ from pathlib import Path
 from pagoda_runtime.config import KV_CACHE_DTYPES, QUANTIZATION_CHOICES, EngineConfig
 from pagoda_runtime.server.metrics_compat import METRICS_COMPAT_CHOICES
 from pagoda_runtime.server.tool_parsers import TOOL_CALL_PARSERS
+from pagoda_runtime.world_layout import (
+    DEFAULT_DISTRIBUTED_PORT,
+    DEFAULT_DISTRIBUTED_TIMEOUT_S,
+    LWS_VARIABLES,
+    WorldLayout,
+    world_layout,
+)
 
 API_KEY_ENV = "PAGODA_API_KEY"
 
@@ -35,6 +42,46 @@ def _chat_template(value: str | None) -> str | None:
         return None
     path = Path(value).expanduser()
     return path.read_text() if path.is_file() else value
+
+
+def _pipeline_parallel_size(value: str) -> int:
+    if value.strip() != "1":
+        raise argparse.ArgumentTypeError(
+            f"{value} is not supported: Pagoda splits a model over GPUs and nodes by tensor parallelism "
+            "only, so give the total GPU count as --tensor-parallel-size and leave this at 1"
+        )
+    return 1
+
+
+def _add_parallel(p) -> None:
+    p.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=1,
+        help="ranks (GPUs) the model is split over, one process each; under LeaderWorkerSet "
+        f"({', '.join(LWS_VARIABLES)} set) they span the group's pods, N / LWS_GROUP_SIZE per pod",
+    )
+    p.add_argument(
+        "--pipeline-parallel-size",
+        "-pp",
+        type=_pipeline_parallel_size,
+        default=1,
+        help="accepted for vLLM's command lines; only 1 (docs/architecture.md#multi-process-and-multi-node)",
+    )
+    p.add_argument(
+        "--distributed-port",
+        type=int,
+        default=DEFAULT_DISTRIBUTED_PORT,
+        help="TCP port where the ranks meet on the leader (LWS_LEADER_ADDRESS, or this machine)",
+    )
+    p.add_argument(
+        "--distributed-timeout",
+        type=float,
+        default=DEFAULT_DISTRIBUTED_TIMEOUT_S,
+        help="seconds a rank waits for the others (to join, to load, within a step) before the "
+        "process exits non-zero",
+    )
 
 
 def _add_serve(sub) -> None:
@@ -115,6 +162,7 @@ def _add_serve(sub) -> None:
         default=defaults.enable_prefix_caching,
     )
     p.add_argument("--enforce-eager", action="store_true", help="do not capture CUDA graphs")
+    _add_parallel(p)
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument(
         "--max-queue",
@@ -232,6 +280,11 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     )
 
 
+def layout(args: argparse.Namespace, env=None) -> WorldLayout:
+    """Raises world_layout.LayoutError, whose message says what to change."""
+    return world_layout(args.tensor_parallel_size, args.distributed_port, args.distributed_timeout, env)
+
+
 def server_settings(args: argparse.Namespace):
     from pagoda_runtime.server.state import ServerSettings
 
@@ -256,10 +309,27 @@ def server_settings(args: argparse.Namespace):
 
 def _serve(args: argparse.Namespace) -> int:
     from pagoda_runtime.server.logs import configure_logging
-    from pagoda_runtime.server.process import default_termination_log, engine_loader, serve
+    from pagoda_runtime.server.process import (
+        default_termination_log,
+        engine_loader,
+        serve,
+        write_termination_message,
+    )
+    from pagoda_runtime.world_layout import LayoutError
 
     configure_logging(args.log_format, args.log_level.upper())
     termination_log = args.termination_log or default_termination_log()
+    try:
+        world = layout(args)
+        if world.is_group:
+            raise LayoutError(
+                f"--tensor-parallel-size {world.tensor_parallel_size} is not available in this build yet; "
+                "use 1"
+            )
+    except LayoutError as exc:
+        print(f"pagoda-runtime serve: {exc}", file=sys.stderr, flush=True)
+        write_termination_message(termination_log, str(exc))
+        return 1
     return serve(
         engine_loader(engine_config(args)), server_settings(args), args.host, args.port, termination_log
     )

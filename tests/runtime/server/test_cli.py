@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from pagoda_runtime.cli import API_KEY_ENV, engine_config, parser, server_settings
+from pagoda_runtime.cli import API_KEY_ENV, engine_config, layout, parser, server_settings
 
 
 def test_serve_flags_reach_the_engine_config():
@@ -105,3 +105,15 @@ def test_a_malformed_origin_list_is_refused(capsys):
     with pytest.raises(SystemExit):
         parser().parse_args(["serve", "--allowed-origins", '["a", 1]'])
     assert "JSON list of strings" in capsys.readouterr().err
+
+
+def test_parallel_flags_reach_the_layout_and_pipeline_parallelism_is_refused(capsys):
+    args = parser().parse_args(
+        ["serve", "--tensor-parallel-size", "2", "--distributed-port", "29600", "--distributed-timeout", "40"]
+    )
+    world = layout(args, env={})
+    assert (world.tensor_parallel_size, world.port, world.timeout_s) == (2, 29600, 40.0)
+    assert layout(parser().parse_args(["serve", "-pp", "1"]), env={}).tensor_parallel_size == 1
+    with pytest.raises(SystemExit):
+        parser().parse_args(["serve", "--pipeline-parallel-size", "2"])
+    assert "tensor parallelism only" in capsys.readouterr().err
