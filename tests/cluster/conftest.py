@@ -8,48 +8,32 @@ later runs reuse ${PAGODA_TOOLS_CACHE:-~/.cache/pagoda-tools} and start in ~10 s
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from operator_process import OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, OperatorProcess
+from repo_modules import ROOT, controlplane
 
-ROOT = Path(__file__).resolve().parents[2]
-_CP_FILE = ROOT / "e2e" / "controlplane" / "controlplane.py"
 # Short, so that tests can watch the operator reconcile again and again within seconds.
 RESYNC_SECONDS = 2.0
-
-
-def _load_controlplane():
-    name = "pagoda_e2e_controlplane"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, _CP_FILE)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-controlplane = _load_controlplane()
 
 
 def started_control_plane() -> Iterator[controlplane.ControlPlane]:
     """A fresh loopback control plane for the caller's lifetime, or a skip that says what is missing."""
     missing = [
-        n for n in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
-                    "kubectl", "kwok")
+        n
+        for n in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")
         if not controlplane.binary_path(n).exists()
     ]
     if missing and shutil.which("go") is None:
-        pytest.skip(f"control-plane binaries {missing} are not built and Go is not on PATH "
-                    "(run e2e/controlplane/build.sh)")
+        pytest.skip(
+            f"control-plane binaries {missing} are not built and Go is not on PATH "
+            "(run e2e/controlplane/build.sh)"
+        )
     if shutil.which("openssl") is None:
         pytest.skip("the loopback control plane needs openssl on PATH")
     cp = controlplane.ControlPlane()

@@ -14,36 +14,19 @@ Pick one with PAGODA_E2E_PROVIDER=local|kind.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from repo_modules import ROOT, controlplane, node
+
 ENSURE_PROMETHEUS = ROOT / "e2e" / "controlplane" / "ensure-prometheus.sh"
-
-
-def _load(name: str, path: Path):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-# The same module objects as tests/cluster's, whichever conftest loads them first.
-controlplane = _load("pagoda_e2e_controlplane", ROOT / "e2e" / "controlplane" / "controlplane.py")
-node = _load("pagoda_e2e_node", ROOT / "e2e" / "node" / "node.py")
 
 
 class Cluster:

@@ -21,6 +21,7 @@ import yaml
 from conftest import OPERATOR_NAMESPACE
 from pagoda_operator.names import LABEL_ISVC, child_selector, variant_object_name
 from pagoda_operator.render import QUEUE_METRIC
+from polling import wait_for
 from providers import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -50,18 +51,6 @@ PROVIDED_MOUNTS = {
     "/etc/resolv.conf",
     "/dev/termination-log",
 }
-
-
-def _wait(fetch, accept, timeout: float, what: str, interval: float = 1.0):
-    """The first value of fetch() that accept() takes, polled."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fetch()
-        if accept(value):
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; last value {value!r}")
-        time.sleep(interval)
 
 
 def _get(cluster, *args: str) -> dict:
@@ -314,29 +303,29 @@ def test_queue_depth_scales_up_then_down_without_losing_a_request(cluster, isvc)
         # The pipeline (discovery, scrape, adapter) serves the pod's queue depth before the load
         # starts; a queue that empties before anyone measured it scales nothing.
         path = f"/apis/custom.metrics.k8s.io/v1beta1/namespaces/{NAMESPACE}/pods/*/{QUEUE_METRIC}"
-        _wait(
+        wait_for(
             lambda: cluster.kubectl("get", "--raw", path, check=False).stdout,
-            lambda out: first["metadata"]["name"] in out,
-            180,
-            "the custom metrics API to serve the pod's queue depth",
+            check=lambda out: first["metadata"]["name"] in out,
+            timeout=180,
+            what="the custom metrics API to serve the pod's queue depth",
             interval=2,
         )
         # Far more than the pod runs at once (maxNumSeqs), kept up until the second pod has served:
         # the rest wait and the queue asks for a pod. A burst that drains before the new pod is
         # Ready lets the short scale-down window take that pod back before it serves.
         with Streams(url, count=BURST, max_tokens=64) as load:
-            _wait(
+            wait_for(
                 lambda: _get(cluster, "deployment", DEPLOYMENT)["spec"]["replicas"],
-                lambda n: n == 2,
-                300,
-                "the autoscaler to ask for a second pod",
+                check=lambda n: n == 2,
+                timeout=300,
+                what="the autoscaler to ask for a second pod",
                 interval=2,
             )
-            pods = _wait(
+            pods = wait_for(
                 lambda: _runtime_pods(cluster),
-                lambda ps: len(ps) == 2 and all(map(_ready, ps)),
-                600,
-                "the second pod to become Ready",
+                check=lambda ps: len(ps) == 2 and all(map(_ready, ps)),
+                timeout=600,
+                what="the second pod to become Ready",
                 interval=2,
             )
             [second] = [p for p in pods if p["metadata"]["name"] != first["metadata"]["name"]]
@@ -352,14 +341,16 @@ def test_queue_depth_scales_up_then_down_without_losing_a_request(cluster, isvc)
 
         # The queue is empty again: back to one pod, which drains what it was serving.
         with Streams(url, count=4) as streams:
-            _wait(
+            wait_for(
                 lambda: _get(cluster, "deployment", DEPLOYMENT)["spec"]["replicas"],
-                lambda n: n == 1,
-                300,
-                "the autoscaler to scale back to one pod",
+                check=lambda n: n == 1,
+                timeout=300,
+                what="the autoscaler to scale back to one pod",
                 interval=2,
             )
-            removed = _wait(lambda: [w for w in watches if w.deleted], bool, 300, "a pod to be removed")[0]
+            removed = wait_for(
+                lambda: [w for w in watches if w.deleted], timeout=300, what="a pod to be removed", interval=1
+            )[0]
         assert not streams.failures, f"{len(streams.failures)} streams lost: {streams.failures[:5]}"
     [status] = removed.last["status"]["containerStatuses"]
     terminated = status["state"]["terminated"]
@@ -383,4 +374,10 @@ def test_deleting_the_inference_service_removes_every_child(cluster, isvc):
             or any(o["uid"] == uid for o in i["metadata"].get("ownerReferences", []))
         ]
 
-    _wait(owned, lambda left: not left, 300, "every child of the InferenceService to be gone", interval=2)
+    wait_for(
+        owned,
+        check=lambda left: not left,
+        timeout=300,
+        what="every child of the InferenceService to be gone",
+        interval=2,
+    )

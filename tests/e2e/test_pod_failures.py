@@ -9,8 +9,8 @@ import json
 
 import pytest
 import yaml
+from polling import wait_for
 from providers import ROOT
-from test_end_to_end import _wait
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -39,11 +39,11 @@ def _warnings(cluster, name: str) -> list[str]:
 
 
 def _wait_degraded(cluster, name: str, reasons: set[str], timeout: float = 300) -> dict:
-    return _wait(
+    return wait_for(
         lambda: _condition(cluster, name, "Degraded"),
-        lambda c: c.get("status") == "True" and c.get("reason") in reasons,
-        timeout,
-        f"{name} to be Degraded with one of {sorted(reasons)}",
+        check=lambda c: c.get("status") == "True" and c.get("reason") in reasons,
+        timeout=timeout,
+        what=f"{name} to be Degraded with one of {sorted(reasons)}",
         interval=2,
     )
 
