@@ -94,3 +94,6 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
     seed: int = 0
+    # Ranks the model is split over (tensor_parallel.py); each rank's process builds the engine
+    # parts with its own TensorParallel.
+    tensor_parallel_size: int = 1

@@ -22,13 +22,19 @@ from pagoda_runtime.request_validation import RequestRejected, check_request
 from pagoda_runtime.sampling_params import SamplingParams
 from pagoda_runtime.sequence import Sequence
 from pagoda_runtime.structured_outputs import StructuredOutputError
+from pagoda_runtime.tensor_parallel import SINGLE_PROCESS, TensorParallel
 
 
 class LLMEngine:
-    def __init__(self, engine_config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+    def __init__(
+        self,
+        engine_config: EngineConfig,
+        loaded: LoadedModel | None = None,
+        tp: TensorParallel = SINGLE_PROCESS,
+    ) -> None:
         """`loaded`: a model already in memory (the benchmarks' random weights) instead of
-        `engine_config.model`."""
-        parts = build_engine(engine_config, loaded)
+        `engine_config.model`; `tp`: this process's rank (rank 0 runs this loop, see build_engine)."""
+        parts = build_engine(engine_config, loaded, tp)
         self.engine_config = engine_config
         self.quantization = parts.quantization
         self.model_config = parts.model_config

@@ -21,6 +21,7 @@ from pagoda_runtime.model_source import LoadedModel, expected_weight_shapes, loa
 from pagoda_runtime.quantization_selection import select_quantization
 from pagoda_runtime.scheduler import Scheduler
 from pagoda_runtime.sizing import weight_bytes
+from pagoda_runtime.tensor_parallel import SINGLE_PROCESS, TensorParallel
 from pagoda_runtime.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -40,11 +41,19 @@ class EngineParts:
     memory: MemoryReport
 
 
-def build_engine(engine_config: EngineConfig, loaded: LoadedModel | None = None) -> EngineParts:
+def build_engine(
+    engine_config: EngineConfig, loaded: LoadedModel | None = None, tp: TensorParallel = SINGLE_PROCESS
+) -> EngineParts:
     """`loaded`: a model already in memory (the benchmarks' random weights) instead of
-    `engine_config.model`."""
+    `engine_config.model`; `tp`: this process's rank of engine_config.tensor_parallel_size. Every
+    rank builds the same parts (its slice of the model, its KV heads' cache); only rank 0 samples."""
     if engine_config.max_num_batched_tokens < 1 or engine_config.max_num_seqs < 1:
         raise ValueError("--max-num-batched-tokens and --max-num-seqs must both be at least 1")
+    if tp.size != engine_config.tensor_parallel_size:
+        raise ValueError(
+            f"this process is a rank of a tensor-parallel group of {tp.size}, but the engine is "
+            f"configured for {engine_config.tensor_parallel_size}; start one process per rank"
+        )
     placement = resolve_placement(engine_config.device, engine_config.dtype)
     if loaded is None:
         LOAD_PROGRESS.phase(f"reading the checkpoint {engine_config.model}")
@@ -67,7 +76,7 @@ def build_engine(engine_config: EngineConfig, loaded: LoadedModel | None = None)
     weights = LOAD_PROGRESS.track(
         loaded.weights, len(expected_weight_shapes(loaded.config)), loaded.config.num_hidden_layers
     )
-    runner = ModelRunner(loaded.config, weights, engine_config, placement, limit, quantization)
+    runner = ModelRunner(loaded.config, weights, engine_config, placement, limit, quantization, tp)
     block_manager = BlockManager(
         runner.num_blocks, engine_config.block_size, engine_config.enable_prefix_caching
     )
@@ -102,7 +111,7 @@ def build_engine(engine_config: EngineConfig, loaded: LoadedModel | None = None)
     logger.info(
         "pagoda-runtime settings: model=%s device=%s dtype=%s quantization=%s kv_cache_dtype=%s "
         "kv_blocks=%d (%d tokens) max_model_len=%d max_num_seqs=%d max_num_batched_tokens=%d "
-        "block_size=%d prefix_caching=%s tensor_parallel_size=1 pipeline_parallel_size=1",
+        "block_size=%d prefix_caching=%s tensor_parallel_size=%d pipeline_parallel_size=1",
         engine_config.model,
         placement.device,
         placement.dtype_name,
@@ -115,6 +124,7 @@ def build_engine(engine_config: EngineConfig, loaded: LoadedModel | None = None)
         engine_config.max_num_batched_tokens,
         engine_config.block_size,
         engine_config.enable_prefix_caching,
+        tp.size,
     )
     return parts
 

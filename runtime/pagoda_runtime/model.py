@@ -17,6 +17,7 @@ from pagoda_runtime.attention_metadata import AttentionMetadata
 from pagoda_runtime.config import ModelConfig
 from pagoda_runtime.kernels import AttentionOps, build_cos_sin_cache, rms_norm, silu_and_mul
 from pagoda_runtime.quantization import make_linear
+from pagoda_runtime.tensor_parallel import SINGLE_PROCESS, TensorParallel
 from pagoda_runtime.weight_layout import expected_weight_shapes
 
 
@@ -123,8 +124,11 @@ class LlamaForCausalLM(nn.Module):
         quantization: str = "none",
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        tp: TensorParallel = SINGLE_PROCESS,
     ) -> None:
         super().__init__()
+        if tp.size > 1:
+            raise ValueError("tensor-parallel sharding of the model is not built yet; use a size of 1")
         self.config = config
         device = torch.device(device)
         # skip_init: every weight comes from the checkpoint, and a random init of a few billion

@@ -27,6 +27,7 @@ from pagoda_runtime.sampler import Sampler, SamplerOutput
 from pagoda_runtime.scheduler import ScheduledBatch
 from pagoda_runtime.sequence import Sequence
 from pagoda_runtime.sizing import kv_bytes_per_block
+from pagoda_runtime.tensor_parallel import SINGLE_PROCESS, TensorParallel
 
 logger = logging.getLogger(__name__)
 
@@ -74,10 +75,12 @@ class ModelRunner:
         placement: Placement,
         max_model_len: int,
         quantization: str,
+        tp: TensorParallel = SINGLE_PROCESS,
     ) -> None:
         """quantization: the method the projections are built with (already checked against the
-        checkpoint by quantization_selection.py)."""
+        checkpoint by quantization_selection.py); tp: this process's rank."""
         self.config = model_config
+        self.tp = tp
         self.device = placement.device
         self.dtype = placement.dtype
         if self.device.type == "cpu":
@@ -93,12 +96,15 @@ class ModelRunner:
             quantization,
             self.device,
             self.dtype,
+            tp,
         )
         self.model.load_weights(weights)
         self.model.eval()
         self.weight_bytes = model_weight_bytes(self.model)
-        self.num_blocks = self._num_blocks(
-            engine_config.kv_cache_memory, engine_config.gpu_memory_utilization
+        # Rank 0's block manager hands out block ids for every rank's cache: all hold as many.
+        self.num_blocks = tp.agree_min(
+            self._num_blocks(engine_config.kv_cache_memory, engine_config.gpu_memory_utilization),
+            self.device,
         )
         self.kv_caches = [
             torch.empty(
@@ -162,7 +168,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> tuple[list[int], SamplerOutput]:
-        """Run one step; returns the indices (into batch.seqs) that sampled, and their samples."""
+        """Run one step; returns the indices (into batch.seqs) that sampled, and their samples.
+
+        With tensor parallelism every rank runs every step on the same batch (the forward and the
+        logits are collectives); only rank 0 samples, the others return no samples."""
         started = time.perf_counter()
         sampling_rows = [i for i in range(len(batch)) if batch.samples(i)]
         input_ids, positions, meta = self._prepare(batch)
@@ -177,6 +186,8 @@ class ModelRunner:
         if not sampling_rows:
             return [], SamplerOutput([], [])
         logits = self.model.compute_logits(hidden[logits_rows])
+        if not self.tp.is_driver:
+            return [], SamplerOutput([], [])
         return sampling_rows, self.sampler(logits, [batch.seqs[i] for i in sampling_rows])
 
     @torch.inference_mode()

@@ -2,7 +2,9 @@
 
 One function for both halves of Pagoda: the runtime reports these numbers at start-up and the
 operator refuses to create pods for a variant that cannot fit. Torch-free on purpose, so that the
-operator can import it.
+operator can import it. With tensor parallelism every figure is per GPU: `ModelArchitecture.per_rank`
+is the slice of the model one rank holds, and `check_tensor_parallel` is the rule for which
+tensor-parallel sizes a model (and its quantization) can be split into.
 
 Only the linear layers of the decoder blocks are quantized (as in vLLM, AWQ and GPTQ); the
 embeddings, the LM head and the norms stay in the model's float dtype (bf16 unless told otherwise).
@@ -11,7 +13,7 @@ embeddings, the LM head and the norms stay in the model's float dtype (bf16 unle
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pagoda_runtime.bundled import BUNDLED_FILE, BUNDLED_MODEL_NAME
 
@@ -19,6 +21,41 @@ GIB = 1024**3
 # CUDA context, activations of one max-size batch, sampler buffers and CUDA graphs; measured
 # footprints of an 8B model beyond weights and KV stay under this.
 DEFAULT_OVERHEAD_BYTES = 2 * GIB
+# NCCL's buffers for one communicator (NCCL_BUFFSIZE of 4 MiB per channel and peer, for each of its
+# protocols) on a node of up to 8 GPUs: an upper estimate, not a measurement (no multi-GPU machine
+# was at hand), counted on every GPU of a tensor-parallel group.
+NCCL_COMMUNICATOR_BYTES = 512 * 2**20
+# The largest tensor-parallel size an error message lists.
+LISTED_PARALLEL_SIZES = 64
+
+
+def dividing_sizes(n: int, up_to: int = LISTED_PARALLEL_SIZES) -> list[int]:
+    return [size for size in range(1, min(n, up_to) + 1) if n % size == 0]
+
+
+def split_evenly(n: int, size: int, what: str) -> int:
+    """n // size, or an error naming the tensor-parallel sizes that do divide n."""
+    if n % size:
+        sizes = ", ".join(map(str, dividing_sizes(n)))
+        raise ValueError(
+            f"the model's {n} {what} do not split evenly over {size} tensor-parallel ranks; "
+            f"use a tensor-parallel size that divides {n}: {sizes}"
+        )
+    return n // size
+
+
+def kv_heads_per_rank(num_kv_heads: int, size: int) -> int:
+    """KV heads split by rank; with fewer KV heads than ranks each rank holds a copy of the one
+    its query heads read (as vLLM does), which needs the size to be a multiple of the head count."""
+    if num_kv_heads >= size or size % num_kv_heads:
+        return split_evenly(num_kv_heads, size, "key/value heads")
+    return 1
+
+
+def padded_vocab_size(vocab_size: int, size: int) -> int:
+    """The vocabulary rounded up to a multiple of the tensor-parallel size (rows past the real
+    vocabulary are zeros, and their logits are cut off before sampling)."""
+    return -(-vocab_size // size) * size
 
 
 @dataclass(frozen=True)
@@ -53,6 +90,20 @@ class ModelArchitecture:
     def num_parameters(self) -> int:
         linear = sum(out * inp for out, inp in self.linear_shapes()) * self.num_layers
         return linear + self.unquantized_parameters()
+
+    def per_rank(self, size: int) -> ModelArchitecture:
+        """The slice one of `size` tensor-parallel ranks holds: its query and key/value heads, its
+        part of the MLP and of the padded vocabulary; hidden size and norms are whole on every rank.
+        Raises when the model does not split into `size` ranks."""
+        if size == 1:
+            return self
+        return replace(
+            self,
+            num_attention_heads=split_evenly(self.num_attention_heads, size, "attention heads"),
+            num_kv_heads=kv_heads_per_rank(self.num_kv_heads, size),
+            intermediate_size=split_evenly(self.intermediate_size, size, "MLP channels"),
+            vocab_size=padded_vocab_size(self.vocab_size, size) // size,
+        )
 
 
 def fitted_group_size(in_features: int, preferred: int) -> int:
@@ -155,24 +206,69 @@ def kv_bytes_per_block(
     return block_size * kv_bytes_per_token(num_layers, num_kv_heads, head_dim, kv_dtype)
 
 
+def check_tensor_parallel(
+    arch: ModelArchitecture, size: int, quantization: str = "none", group_size: int | None = None
+) -> ModelArchitecture:
+    """The slice of `arch` each of `size` ranks holds, or an error saying which sizes would work.
+
+    Besides the heads and the MLP (ModelArchitecture.per_rank), a grouped quantization must split
+    the inputs of the row-parallel projections (o_proj, down_proj) at group boundaries.
+    group_size: a pre-quantized checkpoint's own group (-1: one per row); None: the format's.
+    """
+    if size < 1:
+        raise ValueError(f"the tensor-parallel size must be at least 1, not {size}")
+    sliced = arch.per_rank(size)
+    fmt = WEIGHT_FORMATS.get(quantization)
+    if fmt is None or not fmt.group_size or size == 1:
+        return sliced
+    row_parallel = {
+        "attention output": arch.num_attention_heads * arch.head_dim,
+        "MLP down": arch.intermediate_size,
+    }
+    for what, inputs in row_parallel.items():
+        group = inputs if group_size == -1 else group_size or fitted_group_size(inputs, fmt.group_size)
+        # A group that spans the whole row is a per-row scale, which every slice of the row shares.
+        if group != inputs and (inputs // size) % group:
+            sizes = ", ".join(map(str, dividing_sizes(inputs // group)))
+            raise ValueError(
+                f"{quantization} weights come in groups of {group} inputs, and the {what} projection's "
+                f"{inputs} inputs do not split into whole groups over {size} tensor-parallel ranks; "
+                f"use a tensor-parallel size of {sizes}, or int8/fp8, which have no groups"
+            )
+    return sliced
+
+
+def all_reduce_bytes(tensor_parallel_size: int) -> int:
+    """Memory each GPU of a tensor-parallel group spends on the collectives beyond one GPU's."""
+    return 0 if tensor_parallel_size == 1 else NCCL_COMMUNICATOR_BYTES
+
+
 @dataclass(frozen=True)
 class FitResult:
     fits: bool
-    weight_bytes: int
-    kv_bytes: int  # one sequence of max_model_len tokens
+    weight_bytes: int  # per GPU
+    kv_bytes: int  # one sequence of max_model_len tokens, per GPU
     overhead_bytes: int
-    capacity_bytes: int
+    capacity_bytes: int  # of one GPU
+    all_reduce_bytes: int = 0
+    tensor_parallel_size: int = 1
 
     @property
     def required_bytes(self) -> int:
-        return self.weight_bytes + self.kv_bytes + self.overhead_bytes
+        return self.weight_bytes + self.kv_bytes + self.overhead_bytes + self.all_reduce_bytes
 
     def describe(self) -> str:
         verdict = "fits in" if self.fits else "does not fit in"
+        per_gpu = ""
+        collectives = ""
+        if self.tensor_parallel_size > 1:
+            per_gpu = f" per GPU of {self.tensor_parallel_size}"
+            collectives = f", all-reduce buffers {self.all_reduce_bytes / GIB:.1f} GiB"
         return (
-            f"needs {self.required_bytes / GIB:.1f} GiB (weights {self.weight_bytes / GIB:.1f} GiB, "
+            f"needs {self.required_bytes / GIB:.1f} GiB{per_gpu} (weights {self.weight_bytes / GIB:.1f} GiB, "
             f"KV for one full-length sequence {self.kv_bytes / GIB:.2f} GiB, overhead "
-            f"{self.overhead_bytes / GIB:.1f} GiB), which {verdict} {self.capacity_bytes / GIB:.1f} GiB"
+            f"{self.overhead_bytes / GIB:.1f} GiB{collectives}), which {verdict} "
+            f"{self.capacity_bytes / GIB:.1f} GiB"
         )
 
 
@@ -185,14 +281,24 @@ def fits(
     kv_dtype: str = "auto",
     gguf_block: str | None = None,
     overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
+    tensor_parallel_size: int = 1,
 ) -> FitResult:
-    """Whether the weights plus the KV cache of one max_model_len sequence fit the device memory."""
-    weights = weight_bytes(arch, quantization, gguf_block=gguf_block)
-    kv = max_model_len * kv_bytes_per_token(arch.num_layers, arch.num_kv_heads, arch.head_dim, kv_dtype)
+    """Whether the weights plus the KV cache of one max_model_len sequence fit the device memory.
+
+    With tensor_parallel_size > 1 every figure is one GPU's (capacity_bytes too): its slice of the
+    weights and of the KV heads, plus the all-reduce buffers. Raises ValueError (check_tensor_parallel)
+    when the model cannot be split that way.
+    """
+    sliced = check_tensor_parallel(arch, tensor_parallel_size, quantization)
+    weights = weight_bytes(sliced, quantization, gguf_block=gguf_block)
+    kv = max_model_len * kv_bytes_per_token(sliced.num_layers, sliced.num_kv_heads, sliced.head_dim, kv_dtype)
+    collectives = all_reduce_bytes(tensor_parallel_size)
     return FitResult(
-        fits=weights + kv + overhead_bytes <= capacity_bytes,
+        fits=weights + kv + overhead_bytes + collectives <= capacity_bytes,
         weight_bytes=weights,
         kv_bytes=kv,
         overhead_bytes=overhead_bytes,
         capacity_bytes=capacity_bytes,
+        all_reduce_bytes=collectives,
+        tensor_parallel_size=tensor_parallel_size,
     )

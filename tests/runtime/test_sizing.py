@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from pagoda_runtime.model_catalogue import KNOWN_ARCHITECTURES
 from pagoda_runtime.sizing import (
     GIB,
+    check_tensor_parallel,
     fits,
     gguf_block_type,
     kv_bytes_per_block,
@@ -83,9 +86,7 @@ def test_quantized_formats_shrink_only_the_linear_layers_by_their_bit_width():
 
 def test_int4_groups_shrink_to_divide_a_narrow_layer():
     arch = KNOWN_ARCHITECTURES["smollm2-135m"]  # 576 inputs: groups of 64; 1536 inputs: groups of 128
-    per_layer = sum(
-        o * i / 2 + o * (i // (64 if i == 576 else 128)) * 4 for o, i in arch.linear_shapes()
-    )
+    per_layer = sum(o * i / 2 + o * (i // (64 if i == 576 else 128)) * 4 for o, i in arch.linear_shapes())
     assert weight_bytes(arch, "int4") == 2 * arch.unquantized_parameters() + per_layer * arch.num_layers
 
 
@@ -134,3 +135,42 @@ def test_a_gguf_sources_block_type_comes_from_its_file_name():
     assert gguf_block_type("pvc://models/llama/Llama-3-8B-q4_0.gguf") == "Q4_0"
     assert gguf_block_type("bundled://smollm2-135m") == "Q4_1"
     assert gguf_block_type("file:///m/llama-Q4_0_4_4.gguf") == gguf_block_type("file:///m/x.gguf") == "Q8_0"
+
+
+def test_tensor_parallel_divides_weights_and_kv_per_gpu():
+    arch = KNOWN_ARCHITECTURES["llama-3-70b"]
+    whole = fits(arch, "none", 8192, 80 * GIB)
+    split = fits(arch, "none", 8192, 80 * GIB, tensor_parallel_size=4)
+    assert not whole.fits and split.fits
+    # Only the norms are whole on every GPU; they are a rounding error beside the rest.
+    assert whole.weight_bytes / 4 < split.weight_bytes < whole.weight_bytes / 4 * 1.001
+    assert split.kv_bytes == whole.kv_bytes // 4
+    assert split.all_reduce_bytes > 0 and whole.all_reduce_bytes == 0
+    parts = (split.weight_bytes, split.kv_bytes, split.overhead_bytes, split.all_reduce_bytes)
+    assert split.required_bytes == sum(parts)
+    assert "per GPU of 4" in split.describe()
+
+
+def test_more_ranks_than_kv_heads_replicate_them():
+    arch = KNOWN_ARCHITECTURES["llama-3-70b"]  # 8 KV heads
+    assert check_tensor_parallel(arch, 16).num_kv_heads == 1
+    with pytest.raises(ValueError, match="key/value heads"):
+        check_tensor_parallel(replace(arch, num_attention_heads=48, num_kv_heads=8), 12)
+
+
+def test_a_size_that_does_not_divide_the_heads_names_the_ones_that_do():
+    arch = KNOWN_ARCHITECTURES["smollm2-135m"]  # 9 heads, 3 KV heads
+    with pytest.raises(ValueError, match=r"9 attention heads .* divides 9: 1, 3, 9"):
+        fits(arch, "none", 2048, 80 * GIB, tensor_parallel_size=2)
+    assert check_tensor_parallel(arch, 3).num_attention_heads == 3
+
+
+def test_grouped_quantization_splits_row_parallel_inputs_at_group_boundaries():
+    arch = KNOWN_ARCHITECTURES["smollm2-135m"]  # o_proj takes 576 inputs: int4 groups of 64
+    assert check_tensor_parallel(arch, 3, "int4").num_attention_heads == 3
+    assert check_tensor_parallel(arch, 3, "gguf").intermediate_size == 512
+    with pytest.raises(ValueError, match="groups of 128 inputs.*attention output"):
+        check_tensor_parallel(arch, 3, "gptq", group_size=128)
+    # Per-row scales (int8, fp8, or a checkpoint's group of -1) split anywhere.
+    assert check_tensor_parallel(arch, 3, "int8").num_attention_heads == 3
+    assert check_tensor_parallel(arch, 3, "awq", group_size=-1).num_kv_heads == 1

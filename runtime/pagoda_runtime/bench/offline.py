@@ -166,15 +166,24 @@ def _warm_up(engine: LLMEngine, vocab: int) -> None:
     _run(engine, warm, max_batch=4)
 
 
-def throughput(config: OfflineConfig, num_prompts: int, min_len: int, max_len: int, hf_prompts: int,
-               hf_batch: int) -> Report:
+def throughput(
+    config: OfflineConfig, num_prompts: int, min_len: int, max_len: int, hf_prompts: int, hf_batch: int
+) -> Report:
     model_config = shape_config(config.shape)
     workload = nano_vllm_workload(num_prompts, min_len, max_len, model_config.vocab_size, config.seed)
     device = resolve_device(config.device)
-    report = Report(config.shape, str(device), str(resolve_dtype(config.dtype, device)), {
-        "kind": "throughput", "num_prompts": num_prompts, "lengths": [min_len, max_len],
-        "max_num_seqs": config.max_num_seqs, "max_num_batched_tokens": config.max_num_batched_tokens,
-    })
+    report = Report(
+        config.shape,
+        str(device),
+        str(resolve_dtype(config.dtype, device)),
+        {
+            "kind": "throughput",
+            "num_prompts": num_prompts,
+            "lengths": [min_len, max_len],
+            "max_num_seqs": config.max_num_seqs,
+            "max_num_batched_tokens": config.max_num_batched_tokens,
+        },
+    )
     hf_rate = None
     if config.hf:
         hf_rate = hf_baseline.throughput(config, workload, hf_prompts, hf_batch)
@@ -183,15 +192,17 @@ def throughput(config: OfflineConfig, num_prompts: int, min_len: int, max_len: i
     seconds, trace = _run(engine, workload, config.max_num_seqs)
     out_tokens = trace.num_tokens
     in_tokens = sum(len(p) for p in workload.prompts)
-    report.results.update({
-        "duration_s": seconds,
-        "output_tokens": out_tokens,
-        "output_tok_per_s": out_tokens / seconds,
-        "total_tok_per_s": (in_tokens + out_tokens) / seconds,
-        "requests_per_s": num_prompts / seconds,
-        "kv_cache_blocks": engine.runner.num_blocks,
-        "preemptions": engine.scheduler.num_preemptions,
-    })
+    report.results.update(
+        {
+            "duration_s": seconds,
+            "output_tokens": out_tokens,
+            "output_tok_per_s": out_tokens / seconds,
+            "total_tok_per_s": (in_tokens + out_tokens) / seconds,
+            "requests_per_s": num_prompts / seconds,
+            "kv_cache_blocks": engine.runner.num_blocks,
+            "preemptions": engine.scheduler.num_preemptions,
+        }
+    )
     if trace.host_fractions:
         report.results["host_share_of_step_at_max_batch"] = percentiles(trace.host_fractions)
     if hf_rate is not None:
@@ -204,9 +215,17 @@ def latency(config: OfflineConfig, batch: int, input_len: int, output_len: int) 
     model_config = shape_config(config.shape)
     workload = fixed_workload(batch, input_len, output_len, model_config.vocab_size, config.seed)
     device = resolve_device(config.device)
-    report = Report(config.shape, str(device), str(resolve_dtype(config.dtype, device)), {
-        "kind": "latency", "batch": batch, "input_len": input_len, "output_len": output_len,
-    })
+    report = Report(
+        config.shape,
+        str(device),
+        str(resolve_dtype(config.dtype, device)),
+        {
+            "kind": "latency",
+            "batch": batch,
+            "input_len": input_len,
+            "output_len": output_len,
+        },
+    )
     bandwidth = copy_bandwidth(device)
     hf_rate = hf_baseline.latency(config, workload) if config.hf else None
     engine = build_engine(config, input_len + output_len + 16)
@@ -216,15 +235,17 @@ def latency(config: OfflineConfig, batch: int, input_len: int, output_len: int) 
     gaps = [b - a for times in trace.token_times.values() for a, b in zip(times, times[1:], strict=False)]
     tpot = [(t[-1] - t[0]) / (len(t) - 1) for t in trace.token_times.values() if len(t) > 1]
     decode_rate = batch / percentiles(tpot)["p50"] if tpot else 0.0
-    report.results.update({
-        "duration_s": seconds,
-        "output_tokens": trace.num_tokens,
-        "output_tok_per_s": trace.num_tokens / seconds,
-        "decode_tok_per_s": decode_rate,
-        "ttft_s": percentiles(ttft),
-        "tpot_s": percentiles(tpot),
-        "itl_s": percentiles(gaps),
-    })
+    report.results.update(
+        {
+            "duration_s": seconds,
+            "output_tokens": trace.num_tokens,
+            "output_tok_per_s": trace.num_tokens / seconds,
+            "decode_tok_per_s": decode_rate,
+            "ttft_s": percentiles(ttft),
+            "tpot_s": percentiles(tpot),
+            "itl_s": percentiles(gaps),
+        }
+    )
     if bandwidth is not None:
         roofline = bandwidth / weight_bytes(config)
         report.results["copy_bandwidth_GBps"] = bandwidth / 1e9
