@@ -151,7 +151,8 @@ def build_crd() -> dict:
                             "name": "Cache",
                             "type": "string",
                             "jsonPath": ".status.modelCache.summary",
-                            "description": "The shared model download: Downloading n%, Ready or Failed.",
+                            "description": "The shared model download (Downloading n%, Ready, Failed), "
+                            "or Sizing while a pvc:// model's checkpoint is read.",
                         },
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                     ],

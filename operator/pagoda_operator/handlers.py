@@ -140,18 +140,27 @@ def _report_invalid(k: Kube, body, reason: str, message: str, *, announce: bool)
 
 
 def read_cache_status(k: Kube, spec: InferenceServiceSpec, namespace: str) -> CacheStatus | None:
-    """The model cache's state from its claim, its Job, the Job's pods and the running pod's log."""
-    ref = model_cache.cache_ref(spec)
+    """The model cache's state from its claim, its Job, the Job's pods and the running pod's log; or
+    the sizing Job's of a pvc:// model."""
+    ref = model_cache.job_ref(spec)
     if ref is None:
         return None
     job = k.get("Job", namespace, ref.name)
     pods = k.list("Pod", namespace, f"job-name={ref.name}") if job is not None else []
+    if model_cache.cache_ref(spec) is None:
+        return model_cache.sizing_status(ref, spec, job, pods)
     running = [p for p in pods if p.get("status", {}).get("phase") == "Running"]
     log_tail = ""
     if running:
         log_tail = k.log_tail(namespace, running[0]["metadata"]["name"], model_cache.DOWNLOAD_CONTAINER)
     claim = k.get("PersistentVolumeClaim", namespace, ref.name)
     return model_cache.cache_status(ref, claim, job, pods, log_tail)
+
+
+def _plan(spec: InferenceServiceSpec, cache: CacheStatus | None) -> ServicePlan:
+    if cache is None:
+        return plan_service(spec)
+    return plan_service(spec, cache.checkpoint, held=cache.holds_replicas)
 
 
 def ensure_model_cache(k: Kube, spec: InferenceServiceSpec, namespace: str) -> CacheStatus | None:
@@ -175,7 +184,7 @@ def refresh_status(k: Kube, namespace: str, name: str) -> None:
         except (ValidationError, ValueError):
             return  # the spec handler reports it
         cache = read_cache_status(k, spec, namespace)
-        plan = plan_service(spec, cache.checkpoint if cache else None)
+        plan = _plan(spec, cache)
         _, _, uid, generation = _ids(body)
         selector = child_selector(name)
         observed = _observed.get((namespace, name), Observed())
@@ -253,6 +262,9 @@ def _apply_children(k: Kube, plan: ServicePlan, manifests: list[dict], uid: str)
 
 def _retire(k: Kube, body, plan: ServicePlan, manifests: list[dict], kinds: list[str]) -> dict | None:
     """Deletes the children the render no longer produces, once their replacements serve."""
+    if plan.held:
+        # Nothing is rendered while the checkpoint is read; the serving children stay as they are.
+        return (body.get("status") or {}).get("retiring")
     namespace, name, uid, _ = _ids(body)
     owned = [
         {**child, "kind": kind}
@@ -327,7 +339,7 @@ def reconcile(body, *, announce: bool) -> None:
         _refused(k, body, exc, announce=announce)
         return
     try:
-        plan = plan_service(spec, cache.checkpoint if cache else None)
+        plan = _plan(spec, cache)
         service_monitor = k.has_api(*SERVICE_MONITOR_API)
         manifests = render(
             plan,
@@ -424,7 +436,7 @@ def _cache_users(k: Kube, namespace: str, key: str) -> list[str]:
     users = []
     for item in k.request("GET", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}").get("items", []):
         try:
-            ref = model_cache.cache_ref(_parse(item))
+            ref = model_cache.job_ref(_parse(item))
         except (ValidationError, ValueError):
             continue
         if ref is not None and ref.key == key:
@@ -434,7 +446,7 @@ def _cache_users(k: Kube, namespace: str, key: str) -> list[str]:
 
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_MODEL_CACHE: kopf.PRESENT})
 def cache_job_changed(namespace, labels, **_) -> None:
-    """A download started, finished or failed: every InferenceService using that cache shows it."""
+    """A download or sizing Job started, finished or failed: every InferenceService using it shows it."""
     k = kube()
     for name in _cache_users(k, namespace, labels[LABEL_MODEL_CACHE]):
         refresh_status(k, namespace, name)
@@ -448,7 +460,7 @@ def _refresh_downloading(k: Kube) -> None:
     for namespace, name in sorted(_known):
         body = k.get_inference_service(namespace, name)
         cache = ((body or {}).get("status") or {}).get("modelCache") or {}
-        if cache.get("phase") in ("Pending", "Downloading"):
+        if cache.get("phase") in ("Pending", "Downloading", "Sizing"):
             refresh_status(k, namespace, name)
 
 

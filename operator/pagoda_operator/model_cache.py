@@ -8,6 +8,11 @@ user looks, on the InferenceService. The claim and the Job have no owner: deleti
 InferenceService that uses them leaves the data, and reclaiming it is an explicit
 `kubectl delete pvc,job -l pagoda.dev/model-cache=<key>`.
 
+A pvc:// model (the user's own claim) is not downloaded, but it is sized the same way: unless the
+spec names a family or an architecture, one sizing Job per source runs `pagoda-runtime inspect` on
+the claim, read-only, and reports the checkpoint's shape in its termination message as the download
+Job does; its state is shown in the same status field.
+
 Pure: the spec in, manifests out; the Job, its pod and its log in, a CacheStatus out.
 """
 
@@ -18,7 +23,7 @@ from dataclasses import dataclass
 
 from pagoda_runtime.model_cache.layout import MANIFEST, MODEL_DIR
 from pagoda_runtime.model_cache.progress import parse_progress
-from pagoda_runtime.model_cache.sources import cache_key
+from pagoda_runtime.model_cache.sources import cache_key, parse_pvc
 from pagoda_runtime.sizing import ModelArchitecture
 
 from pagoda_operator.models import InferenceServiceSpec, ModelCacheSpec, ModelSpec
@@ -26,11 +31,15 @@ from pagoda_operator.names import LABEL_MODEL_CACHE
 from pagoda_operator.plan import Checkpoint
 
 CACHE_MOUNT = "/model-cache"  # where the download Job writes
+SIZING_MOUNT = "/model"  # where the sizing Job reads a pvc:// claim
 DOWNLOAD_CONTAINER = "download"
+SIZING_CONTAINER = "inspect"
 WAIT_CONTAINER = "wait-for-model"
 VOLUME = "model"
 # A Job retries a failed download this often, each attempt resuming the previous one's files.
 BACKOFF_LIMIT = 4
+# Reading metadata fails the same way each time; one retry covers a volume that mounted late.
+SIZING_BACKOFF_LIMIT = 1
 
 
 def cached_scheme(model: ModelSpec) -> bool:
@@ -40,16 +49,31 @@ def cached_scheme(model: ModelSpec) -> bool:
 @dataclass(frozen=True)
 class CacheRef:
     key: str
+    prefix: str = "pagoda-model"  # pagoda-size for the sizing Job of a pvc:// model
 
     @property
     def name(self) -> str:
-        """Name of both the claim and the Job."""
-        return f"pagoda-model-{self.key}"
+        """Name of the Job, and of the claim it fills when it downloads."""
+        return f"{self.prefix}-{self.key}"
 
 
 def cache_ref(spec: InferenceServiceSpec) -> CacheRef | None:
+    """The shared download cache of an hf:// or s3:// model."""
     model = spec.model
     return CacheRef(cache_key(model.source, model.revision)) if cached_scheme(model) else None
+
+
+def sizing_ref(spec: InferenceServiceSpec) -> CacheRef | None:
+    """The sizing Job of a pvc:// model the spec does not size itself (no family, no architecture)."""
+    model = spec.model
+    if model.scheme != "pvc" or model.sizing_architecture() is not None:
+        return None
+    return CacheRef(cache_key(model.source, None), prefix="pagoda-size")
+
+
+def job_ref(spec: InferenceServiceSpec) -> CacheRef | None:
+    """The Job whose outcome the status shows and the plan is sized by, if any."""
+    return cache_ref(spec) or sizing_ref(spec)
 
 
 def _labels(ref: CacheRef) -> dict[str, str]:
@@ -166,12 +190,62 @@ def job_manifest(spec: InferenceServiceSpec, namespace: str, ref: CacheRef, plac
     }
 
 
+def sizing_job_manifest(
+    spec: InferenceServiceSpec, namespace: str, ref: CacheRef, placement: JobPlacement
+) -> dict:
+    source = parse_pvc(spec.model.source)
+    container = {
+        "name": SIZING_CONTAINER,
+        "image": spec.runtime.image,
+        "imagePullPolicy": spec.runtime.image_pull_policy,
+        "command": ["pagoda-runtime", "inspect", source.under(SIZING_MOUNT)],
+        "env": [{"name": "HOME", "value": "/tmp"}],
+        "volumeMounts": [
+            {"name": VOLUME, "mountPath": SIZING_MOUNT, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": placement.security.container,
+    }
+    pod = {
+        "restartPolicy": "Never",
+        "securityContext": placement.security.pod,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "containers": [container],
+        "volumes": [
+            {"name": VOLUME, "persistentVolumeClaim": {"claimName": source.claim, "readOnly": True}},
+            {"name": "tmp", "emptyDir": {}},
+        ],
+    }
+    if spec.runtime.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": s} for s in spec.runtime.image_pull_secrets]
+    if placement.tolerations:
+        pod["tolerations"] = placement.tolerations
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": ref.name,
+            "namespace": namespace,
+            "labels": _labels(ref),
+            "annotations": {"pagoda.dev/model-source": spec.model.source},
+        },
+        "spec": {
+            "backoffLimit": SIZING_BACKOFF_LIMIT,
+            "template": {"metadata": {"labels": _labels(ref)}, "spec": pod},
+        },
+    }
+
+
 def cache_manifests(spec: InferenceServiceSpec, namespace: str, placement: JobPlacement) -> list[dict]:
-    """The claim and the Job, created once and never updated: whoever comes first fills the cache."""
-    ref = cache_ref(spec)
-    if ref is None:
-        return []
-    return [claim_manifest(spec, namespace, ref), job_manifest(spec, namespace, ref, placement)]
+    """Created once and never updated: the claim and the download Job (whoever comes first fills the
+    cache), or the sizing Job of a pvc:// model."""
+    if (ref := cache_ref(spec)) is not None:
+        return [claim_manifest(spec, namespace, ref), job_manifest(spec, namespace, ref, placement)]
+    if (ref := sizing_ref(spec)) is not None:
+        return [sizing_job_manifest(spec, namespace, ref, placement)]
+    return []
 
 
 def replica_model_path(mount: str) -> str:
@@ -226,10 +300,11 @@ def same_node_affinity(ref: CacheRef) -> dict:
 @dataclass(frozen=True)
 class CacheStatus:
     claim_name: str
-    phase: str  # Pending, Downloading, Ready, Failed
+    phase: str  # Pending, Downloading (Sizing for a pvc:// model), Ready, Failed
     message: str
     progress: int | None = None  # percent, while downloading
     checkpoint: Checkpoint | None = None  # what the Job read from the files, once Ready
+    holds_replicas: bool = False  # a sizing Job under way: no pods until it says whether they fit
 
     @property
     def ready(self) -> bool:
@@ -255,9 +330,9 @@ class CacheStatus:
         return out
 
 
-def _terminated_message(pod: dict) -> str:
+def _terminated_message(pod: dict, container: str = DOWNLOAD_CONTAINER) -> str:
     for cs in pod.get("status", {}).get("containerStatuses", []):
-        if cs.get("name") == DOWNLOAD_CONTAINER:
+        if cs.get("name") == container:
             terminated = (
                 cs.get("state", {}).get("terminated") or cs.get("lastState", {}).get("terminated") or {}
             )
@@ -276,6 +351,28 @@ def _job_condition(job: dict, type_: str) -> dict | None:
     )
 
 
+def _reported_checkpoint(pods: list[dict], container: str) -> Checkpoint | None:
+    """What the Job's succeeded pod left in its termination message, if it says."""
+    facts = {}
+    for pod in pods:
+        if pod.get("status", {}).get("phase") != "Succeeded":
+            continue
+        try:
+            facts = json.loads(_terminated_message(pod, container))
+        except ValueError:
+            continue
+    arch = facts.get("architecture") if isinstance(facts, dict) else None
+    return Checkpoint(ModelArchitecture(**arch), facts.get("storedQuantization")) if arch else None
+
+
+def _failure_reason(job: dict, pods: list[dict], container: str) -> str | None:
+    failed = _job_condition(job, "Failed")
+    if not failed:
+        return None
+    reasons = [m for p in pods if (m := _terminated_message(p, container))]
+    return reasons[-1] if reasons else failed.get("message") or failed.get("reason", "the Job failed")
+
+
 def cache_status(
     ref: CacheRef, claim: dict | None, job: dict | None, pods: list[dict], log_tail: str
 ) -> CacheStatus:
@@ -283,26 +380,13 @@ def cache_status(
     if job is None:
         return CacheStatus(ref.name, "Pending", "the download Job is being created")
     if _job_condition(job, "Complete"):
-        succeeded = [p for p in pods if p.get("status", {}).get("phase") == "Succeeded"]
-        facts = {}
-        for pod in succeeded:
-            try:
-                facts = json.loads(_terminated_message(pod))
-            except ValueError:
-                continue
-        arch = facts.get("architecture")
         return CacheStatus(
             ref.name,
             "Ready",
             f"the model is cached in PersistentVolumeClaim {ref.name}",
-            checkpoint=Checkpoint(ModelArchitecture(**arch), facts.get("storedQuantization"))
-            if arch
-            else None,
+            checkpoint=_reported_checkpoint(pods, DOWNLOAD_CONTAINER),
         )
-    failed = _job_condition(job, "Failed")
-    if failed:
-        reasons = [m for p in pods if (m := _terminated_message(p))]
-        reason = reasons[-1] if reasons else failed.get("message") or failed.get("reason", "the Job failed")
+    if (reason := _failure_reason(job, pods, DOWNLOAD_CONTAINER)) is not None:
         return CacheStatus(
             ref.name,
             "Failed",
@@ -326,4 +410,40 @@ def cache_status(
         f"downloaded {progress.done / 1e9:.2f} of {progress.total / 1e9:.2f} GB "
         f"({progress.bytes_per_second / 1e6:.1f} MB/s)",
         progress=progress.percent,
+    )
+
+
+def sizing_status(
+    ref: CacheRef, spec: InferenceServiceSpec, job: dict | None, pods: list[dict]
+) -> CacheStatus:
+    """The sizing Job of a pvc:// model: reading, read (with the checkpoint), or why it could not."""
+    claim = parse_pvc(spec.model.source).claim
+    if job is None:
+        return CacheStatus(claim, "Pending", "the sizing Job is being created", holds_replicas=True)
+    if _job_condition(job, "Complete"):
+        checkpoint = _reported_checkpoint(pods, SIZING_CONTAINER)
+        if checkpoint is not None:
+            message = f"sized from the checkpoint in PersistentVolumeClaim {claim}"
+            return CacheStatus(claim, "Ready", message, checkpoint=checkpoint)
+        return CacheStatus(
+            claim,
+            "Sizing",
+            f"Job {ref.name} completed but no pod of it reports the checkpoint (yet); if its pod is "
+            f"gone, `kubectl delete job {ref.name}` to read it again",
+            holds_replicas=True,
+        )
+    if (reason := _failure_reason(job, pods, SIZING_CONTAINER)) is not None:
+        return CacheStatus(
+            claim,
+            "Failed",
+            f"{reason} (the replicas would fail to load it too; fix the checkpoint in "
+            f"PersistentVolumeClaim {claim} or set model.family, then `kubectl delete job {ref.name}` "
+            "to read it again)",
+        )
+    return CacheStatus(
+        claim,
+        "Sizing",
+        f"reading config.json / GGUF metadata from PersistentVolumeClaim {claim}; the variants get "
+        "pods once it is known that they fit",
+        holds_replicas=True,
     )

@@ -574,7 +574,9 @@ class RetiringStatus(Spec):
 
 class ModelCacheStatus(Spec):
     claim_name: str = Field(description="The PersistentVolumeClaim holding the model.")
-    phase: Literal["Pending", "Downloading", "Ready", "Failed"] = Field(description="Where the download is.")
+    phase: Literal["Pending", "Downloading", "Sizing", "Ready", "Failed"] = Field(
+        description="Where the download is (Sizing: a pvc:// model's checkpoint is being read)."
+    )
     progress: int | None = Field(default=None, description="Percent downloaded, while downloading.")
     message: str = Field(default="", description="Bytes so far and rate, or why it failed.")
     summary: str = Field(default="", description="Phase and percent, as printed (Downloading 42%).")

@@ -16,7 +16,8 @@ from pagoda_operator.models import InferenceServiceSpec, VariantSpec
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """What the download Job read from the checkpoint itself (config.json, GGUF metadata)."""
+    """What the download Job (or a pvc:// model's sizing Job) read from the checkpoint itself
+    (config.json, GGUF metadata)."""
 
     architecture: ModelArchitecture
     stored_quantization: str | None = None  # awq, gptq, gguf; None for float weights
@@ -43,10 +44,13 @@ class VariantPlan:
 class ServicePlan:
     spec: InferenceServiceSpec
     variants: tuple[VariantPlan, ...]
+    # No pods yet: the checkpoint that sizes them is being read (a pvc:// model's sizing Job), and
+    # a pod started now might not fit.
+    held: bool = False
 
     @property
     def servable(self) -> tuple[VariantPlan, ...]:
-        return tuple(v for v in self.variants if v.servable)
+        return () if self.held else tuple(v for v in self.variants if v.servable)
 
 
 def capacity_bytes(spec: InferenceServiceSpec) -> int | None:
@@ -96,6 +100,9 @@ def plan_variant(
     return VariantPlan(variant, quantization, _fit(spec, variant, quantization, checkpoint), autoscales)
 
 
-def plan_service(spec: InferenceServiceSpec, checkpoint: Checkpoint | None = None) -> ServicePlan:
-    """checkpoint: read from the model cache once an hf:// or s3:// model is downloaded."""
-    return ServicePlan(spec, tuple(plan_variant(spec, v, checkpoint) for v in spec.variants))
+def plan_service(
+    spec: InferenceServiceSpec, checkpoint: Checkpoint | None = None, *, held: bool = False
+) -> ServicePlan:
+    """checkpoint: read from the files once an hf:// or s3:// model is downloaded, or a pvc:// one
+    read; held: while that read is under way (ServicePlan.held)."""
+    return ServicePlan(spec, tuple(plan_variant(spec, v, checkpoint) for v in spec.variants), held)

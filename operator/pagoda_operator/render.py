@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pagoda_runtime.model_cache.sources import parse_pvc
+
 from pagoda_operator import model_cache
 from pagoda_operator.models import GROUP, KIND, VERSION, InferenceServiceSpec, VariantSpec
 from pagoda_operator.names import LABEL_VARIANT, PORT, labels, selector_labels, variant_object_name
@@ -52,8 +54,7 @@ def _metadata(object_name: str, namespace: str, name: str, uid: str, variant: st
 def _model_argument(spec: InferenceServiceSpec) -> str:
     scheme, rest = spec.model.source.split("://", 1)
     if scheme == "pvc":
-        _claim, _, path = rest.partition("/")
-        return f"{MODEL_MOUNT}/{path}".rstrip("/")
+        return parse_pvc(spec.model.source).under(MODEL_MOUNT)
     if scheme in ("hf", "s3"):
         return model_cache.replica_model_path(MODEL_MOUNT)
     return rest  # file:///x keeps its leading slash; bundled://name is the runtime's own name
@@ -210,7 +211,7 @@ def _volumes(spec: InferenceServiceSpec) -> list[dict]:
     ]
     model = spec.model
     if model.scheme == "pvc":
-        claim = model.source.removeprefix("pvc://").partition("/")[0]
+        claim = parse_pvc(model.source).claim
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
     elif (ref := model_cache.cache_ref(spec)) is not None:
         volumes.append(model_cache.replica_volume(ref))

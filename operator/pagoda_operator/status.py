@@ -51,7 +51,7 @@ def model_fits_condition(plan: ServicePlan) -> dict:
             None,
             "SizeUnknown",
             f"cannot size variants {', '.join(unknown)}: set model.family or model.architecture (an "
-            "hf:// or s3:// model is sized from its files once cached), and resources.gpuMemory "
+            "hf://, s3:// or pvc:// model is sized from its files once read), and resources.gpuMemory "
             "(resources.memory for CPU pods)",
         )
     return _condition("ModelFits", True, "Fits", "every variant fits its pods")
@@ -161,7 +161,8 @@ def compute_status(
 ) -> dict:
     """`deployments`, `pods` and `hpas`: the InferenceService's own; `clashes`: objects in the way that
     belong to someone else; `retiring`: old children kept serving (RetiringStatus's fields); `cache`:
-    the shared model cache of an hf:// or s3:// source (the plan was made with its checkpoint)."""
+    the shared model cache of an hf:// or s3:// source, or the sizing Job of a pvc:// one (the plan
+    was made with its checkpoint)."""
     by_name = {d["metadata"]["name"]: d for d in deployments}
     # A variant that no longer fits keeps its pods while they serve: it is waited on like the others.
     servable = [v for v in plan.variants if v.servable or variant_object_name(name, v.name) in by_name]

@@ -1,5 +1,6 @@
 """`pagoda-runtime serve` (the OpenAI-compatible server), `pagoda-runtime fetch` (the model cache's
-download Job) and `pagoda-runtime bench ...` (benchmarks)."""
+download Job), `pagoda-runtime inspect` (the sizing Job of a pvc:// model) and
+`pagoda-runtime bench ...` (benchmarks)."""
 
 from __future__ import annotations
 
@@ -372,6 +373,32 @@ def _fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_inspect(sub) -> None:
+    p = sub.add_parser("inspect", help="read a checkpoint's shape (config.json / GGUF metadata) for sizing")
+    p.add_argument("model", help="a model folder or a .gguf file, as serve's --model")
+    p.add_argument("--termination-log", default=None, help="file for the outcome line (default: as serve)")
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    """The sizing Job of a pvc:// model: the facts the download Job reports, without a download."""
+    from pagoda_runtime.bundled import resolve_model
+    from pagoda_runtime.model_cache.architecture import facts_line
+    from pagoda_runtime.server.process import default_termination_log, write_termination_message
+
+    termination_log = args.termination_log or default_termination_log()
+    try:
+        line = facts_line(resolve_model(args.model))
+    except Exception as exc:  # every failure ends the Job with its one-line reason for the operator
+        message = f"reading the checkpoint {args.model} failed: {type(exc).__name__}: {exc}"
+        message = message.replace("\n", " ")
+        print(message, file=sys.stderr, flush=True)
+        write_termination_message(termination_log, message)
+        return 1
+    write_termination_message(termination_log, line)
+    print(line, flush=True)
+    return 0
+
+
 def _bench_serve(args: argparse.Namespace) -> int:
     from pagoda_runtime.bench.serve import BenchConfig, run
 
@@ -396,6 +423,7 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True)
     _add_serve(sub)
     _add_fetch(sub)
+    _add_inspect(sub)
     _add_bench(sub)
     return top
 
@@ -406,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args)
     if args.command == "fetch":
         return _fetch(args)
+    if args.command == "inspect":
+        return _inspect(args)
     if args.bench_command == "serve":
         return _bench_serve(args)
     return _bench_offline(args)

@@ -26,18 +26,21 @@ def _free_port() -> int:
 
 
 class MinioServer:
-    def __init__(self, data: Path):
+    """host: the address it listens on; loopback, or the host side of a node's link for its pods."""
+
+    def __init__(self, data: Path, host: str = "127.0.0.1"):
         self.binary = controlplane.ensure_binaries(("minio",))["minio"]
         self.data = data
+        self.host = host
         self.port = _free_port()
         self.process: subprocess.Popen | None = None
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def client(self, access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY) -> Minio:
-        return Minio(f"127.0.0.1:{self.port}", access_key=access_key, secret_key=secret_key, secure=False)
+        return Minio(f"{self.host}:{self.port}", access_key=access_key, secret_key=secret_key, secure=False)
 
     def __enter__(self) -> MinioServer:
         env = {
@@ -48,7 +51,7 @@ class MinioServer:
             "MINIO_UPDATE": "off",
         }
         self.process = subprocess.Popen(
-            [str(self.binary), "server", str(self.data), "--address", f"127.0.0.1:{self.port}", "--quiet"],
+            [str(self.binary), "server", str(self.data), "--address", f"{self.host}:{self.port}", "--quiet"],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

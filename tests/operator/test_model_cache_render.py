@@ -7,7 +7,14 @@ from dataclasses import asdict
 
 from kubernetes_schema import validate
 from operator_specs import spec
-from pagoda_operator.model_cache import JobPlacement, cache_manifests, cache_ref, cache_status
+from pagoda_operator.model_cache import (
+    JobPlacement,
+    cache_manifests,
+    cache_ref,
+    cache_status,
+    sizing_ref,
+    sizing_status,
+)
 from pagoda_operator.plan import plan_service
 from pagoda_operator.render import POD_SECURITY, RenderOptions, pod_tolerations, render
 from pagoda_operator.status import compute_status
@@ -99,14 +106,14 @@ def _job(condition: str | None = None, active: int = 0) -> dict:
     return {"metadata": {"name": "j"}, "status": status}
 
 
-def _pod(phase: str, message: str = "") -> dict:
+def _pod(phase: str, message: str = "", container: str = "download") -> dict:
     terminated = {"terminated": {"exitCode": 0 if phase == "Succeeded" else 1, "message": message}}
     return {
         "metadata": {"name": "p"},
         "status": {
             "phase": phase,
             "containerStatuses": [
-                {"name": "download", "state": terminated if phase != "Running" else {"running": {}}}
+                {"name": container, "state": terminated if phase != "Running" else {"running": {}}}
             ],
         },
     }
@@ -140,7 +147,7 @@ def test_status_follows_the_download():
 
 def _status(s, cache):
     return compute_status(
-        plan_service(s, cache.checkpoint),
+        plan_service(s, cache.checkpoint, held=cache.holds_replicas),
         namespace="ml",
         name="llama",
         generation=1,
@@ -182,3 +189,75 @@ def test_service_status_shows_the_cache_and_sizes_from_the_checkpoint():
     assert len([m for m in served if m["kind"] == "Deployment"]) < len(
         [m for m in unserved if m["kind"] == "Deployment"]
     )
+
+
+PVC = {"source": "pvc://checkpoints/llama/8b"}
+
+
+def test_a_pvc_model_the_spec_does_not_size_gets_one_sizing_job_reading_its_claim():
+    a = spec(model=PVC)
+    b = spec(model={**PVC, "servedName": "other"}, variants=[{"name": "int4", "quantization": "int4"}])
+    assert sizing_ref(a) == sizing_ref(b) and cache_ref(a) is None
+    assert sizing_ref(spec(model={**PVC, "family": "llama-3.1-8b"})) is None  # sized before, no Job
+    assert sizing_ref(spec(model={"source": "pvc://checkpoints/other"})) != sizing_ref(a)
+
+    objects = _manifests(PVC)
+    assert list(objects) == ["Job"]  # the claim is the user's own: nothing to create or fill
+    job = objects["Job"]
+    validate(job)
+    assert job["metadata"]["name"] == sizing_ref(a).name
+    assert "ownerReferences" not in job["metadata"]
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"] == ["pagoda-runtime", "inspect", "/model/llama/8b"]
+    model_volume = next(v for v in pod["volumes"] if v["name"] == "model")
+    assert model_volume["persistentVolumeClaim"] == {"claimName": "checkpoints", "readOnly": True}
+    assert {"name": "model", "mountPath": "/model", "readOnly": True} in container["volumeMounts"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["automountServiceAccountToken"] is False
+    assert _manifests({"source": "pvc://checkpoints"})["Job"]["spec"]["template"]["spec"]["containers"][0][
+        "command"
+    ] == ["pagoda-runtime", "inspect", "/model"]
+
+
+def test_a_pvc_model_is_sized_from_what_its_sizing_job_read():
+    s = spec(
+        model=PVC,
+        resources={"gpus": 1, "gpuMemory": "24Gi"},
+        variants=[{"name": "bf16", "quantization": "none"}],
+    )
+    ref = sizing_ref(s)
+    assert sizing_status(ref, s, None, []).phase == "Pending"
+    reading = sizing_status(ref, s, _job(active=1), [_pod("Running", container="inspect")])
+    status = _status(s, reading)
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert (status["modelCache"]["summary"], status["modelCache"]["claimName"]) == ("Sizing", "checkpoints")
+    assert conditions["Ready"]["reason"] == "ModelCacheSizing"
+    assert conditions["ModelFits"]["status"] == "Unknown"
+    # No pods until it is known whether they fit: a pod started now might not.
+    ids = {"namespace": "ml", "name": "llama", "uid": "u", "options": RenderOptions()}
+    held = render(plan_service(s, held=reading.holds_replicas), **ids)
+    assert not [m for m in held if m["kind"] == "Deployment"]
+
+    broken = "reading the checkpoint /model/llama/8b failed: FileNotFoundError: no config.json"
+    failed = sizing_status(ref, s, _job("Failed"), [_pod("Failed", broken, container="inspect")])
+    assert failed.phase == "Failed" and "no config.json" in failed.message
+    assert f"kubectl delete job {ref.name}" in failed.message
+
+    # Done, but no pod says what it read: still no pods, and the way out is named.
+    unreported = sizing_status(ref, s, _job("Complete"), [_pod("Succeeded", "", container="inspect")])
+    assert unreported.phase == "Sizing" and unreported.holds_replicas
+    assert f"kubectl delete job {ref.name}" in unreported.message
+
+    arch = asdict(KNOWN_ARCHITECTURES["llama-3.1-8b"])
+    facts = json.dumps({"architecture": arch, "storedQuantization": None})
+    read = sizing_status(ref, s, _job("Complete"), [_pod("Succeeded", facts, container="inspect")])
+    assert read.ready and read.checkpoint.architecture == KNOWN_ARCHITECTURES["llama-3.1-8b"]
+    conditions = {c["type"]: c for c in _status(s, read)["conditions"]}
+    # 8B in bf16 with its 128k context does not fit 24 GiB: known now, from the claim's own files.
+    assert conditions["ModelFits"]["status"] == "False", conditions["ModelFits"]
+    assert "variant bf16" in conditions["ModelFits"]["message"]
+    assert not [m for m in render(plan_service(s, read.checkpoint), **ids) if m["kind"] == "Deployment"]
+    roomy = spec(model=PVC, resources={"gpus": 1, "gpuMemory": "80Gi"}, variants=[{"name": "bf16"}])
+    conditions = {c["type"]: c for c in _status(roomy, read)["conditions"]}
+    assert conditions["ModelFits"]["status"] == "True"
+    assert [m for m in render(plan_service(roomy, read.checkpoint), **ids) if m["kind"] == "Deployment"]

@@ -3,6 +3,7 @@ checkpoint (not only the named families): config.json of a folder, the metadata 
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from pathlib import Path
 
@@ -19,6 +20,12 @@ def checkpoint_facts(path: Path) -> dict:
     """
     loaded = load_model_source(path, keep_quantized=True)
     return {"architecture": asdict(loaded.config.to_sizing()), "storedQuantization": loaded.quantization}
+
+
+def facts_line(path: Path) -> str:
+    """What a sizing Job leaves in its termination message for the operator (< 4 KiB): the same
+    keys the download Job's summary carries."""
+    return json.dumps(checkpoint_facts(path), separators=(",", ":"))
 
 
 def architecture_from_facts(facts: dict) -> ModelArchitecture:

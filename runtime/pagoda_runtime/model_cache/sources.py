@@ -39,6 +39,23 @@ class S3Source:
 RemoteSource = HubSource | S3Source
 
 
+@dataclass(frozen=True)
+class PvcSource:
+    """A user's own claim holding a checkpoint: mounted read-only, never downloaded."""
+
+    claim: str
+    path: str  # inside the claim: a model folder or a .gguf file; "" for the claim's root
+
+    def under(self, mount: str) -> str:
+        """The checkpoint's path where the claim is mounted at `mount`."""
+        return f"{mount}/{self.path}".rstrip("/")
+
+
+def parse_pvc(uri: str) -> PvcSource:
+    claim, _, path = uri.removeprefix("pvc://").partition("/")
+    return PvcSource(claim, path.strip("/"))
+
+
 def parse_remote(uri: str, revision: str | None = None) -> RemoteSource:
     """The source a download Job fetches; ValueError says what is wrong with the URI."""
     if match := _HF.match(uri):
