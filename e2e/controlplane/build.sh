@@ -4,7 +4,7 @@
 #
 # Usage: e2e/controlplane/build.sh [--print-dir] [NAME...]
 #   NAME is one of: kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy
-#   etcd kwok prometheus-adapter minio, or the groups `core` (everything the loopback control plane
+#   etcd kwok prometheus-adapter minio lws-controller, or the groups `core` (everything the loopback control plane
 #   needs), `node` (a real worker node, e2e/node: kubelet, kube-proxy) and `all` (default). Only
 #   missing binaries are built; a flock serialises concurrent callers.
 #   --print-dir prints the cache directory and exits.
@@ -18,8 +18,9 @@ cache="${PAGODA_TOOLS_CACHE:-$HOME/.cache/pagoda-tools}"
 KUBE_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 CORE=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok)
 NODE=(kubelet kube-proxy)
-# minio: the S3-compatible server the model-cache tests download from.
-ALL=("${CORE[@]}" "${NODE[@]}" prometheus-adapter minio)
+# minio: the S3-compatible server the model-cache tests download from; lws-controller: the
+# LeaderWorkerSet controller that runs InferenceServices spanning nodes.
+ALL=("${CORE[@]}" "${NODE[@]}" prometheus-adapter minio lws-controller)
 
 version_of() {
   case "$1" in
@@ -28,6 +29,7 @@ version_of() {
     kwok) echo "$KWOK_VERSION" ;;
     prometheus-adapter) echo "$PROMETHEUS_ADAPTER_VERSION" ;;
     minio) echo "$MINIO_VERSION" ;;
+    lws-controller) echo "$LWS_VERSION" ;;
     *) echo "unknown binary: $1" >&2; return 1 ;;
   esac
 }
@@ -76,6 +78,26 @@ install_bin() {  # install_bin NAME BUILT_FILE: atomic rename into the versioned
 has() { grep -qx "$1" <<<"$todo"; }
 
 echo "build.sh: building $(echo "$todo" | tr '\n' ' ')into $cache (go $(go env GOVERSION))"
+
+# The LeaderWorkerSet controller builds beside the others: a Go build does not keep both cores
+# busy all the time (the link is single-threaded), so overlapping them saves wall time.
+lws_pid=""
+if has lws-controller; then
+  (
+    t=$SECONDS
+    mkdir -p "$tmp/lws"
+    (cd "$here/lws" && go build "${BUILDFLAGS[@]}" -o "$tmp/lws/lws-controller" sigs.k8s.io/lws/cmd)
+    # Its CRDs are installed from the same module version (config/crd/bases).
+    lwsdir="$(cd "$here/lws" && go list -m -f '{{.Dir}}' sigs.k8s.io/lws)"
+    cp "$lwsdir/config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml" "$tmp/lws/crd.yaml"
+    dest="$(path_of lws-controller)"
+    mkdir -p "${dest%/*}"
+    mv -f "$tmp/lws/crd.yaml" "${dest%/*}/leaderworkersets.yaml"
+    install_bin lws-controller "$tmp/lws/lws-controller"
+    echo "  lws-controller $LWS_VERSION: $((SECONDS - t))s"
+  ) &
+  lws_pid=$!
+fi
 
 # kube-*: one `go build` for all of them shares compilation of the common packages.
 pkgs=()
@@ -130,4 +152,5 @@ if has minio; then
   echo "  minio $MINIO_VERSION: $((SECONDS - t))s"
 fi
 
+if [ -n "$lws_pid" ]; then wait "$lws_pid"; fi
 echo "build.sh: done in $((SECONDS - start))s"

@@ -25,14 +25,23 @@ from pydantic import ValidationError
 from pagoda_operator import metrics, model_cache
 from pagoda_operator.kube import (
     CHILD_KINDS,
+    LEADER_WORKER_SET_API,
     REPLICAS_FIELD_MANAGER,
     SERVICE_MONITOR_API,
     Kube,
     load_credentials,
 )
+from pagoda_operator.leader_worker_set import LWS_GROUP, LWS_PLURAL, LWS_VERSION
 from pagoda_operator.model_cache import CacheStatus
 from pagoda_operator.models import GROUP, PLURAL, VERSION, InferenceServiceSpec
-from pagoda_operator.names import LABEL_ISVC, LABEL_MODEL_CACHE, LABEL_VARIANT, NAME_RULES, child_selector
+from pagoda_operator.names import (
+    LABEL_ISVC,
+    LABEL_MODEL_CACHE,
+    LABEL_VARIANT,
+    NAME_RULES,
+    WORKLOAD_KINDS,
+    child_selector,
+)
 from pagoda_operator.plan import ServicePlan, plan_service
 from pagoda_operator.render import POD_SECURITY, RenderOptions, pod_tolerations, render
 from pagoda_operator.replicas import replicas_manifest, replicas_to_apply
@@ -173,6 +182,11 @@ def ensure_model_cache(k: Kube, spec: InferenceServiceSpec, namespace: str) -> C
     return read_cache_status(k, spec, namespace)
 
 
+def _workload_kinds(k: Kube) -> list[str]:
+    """Deployment, and LeaderWorkerSet where its CRD is installed (listing it elsewhere is a 404)."""
+    return [kind for kind in WORKLOAD_KINDS if kind != "LeaderWorkerSet" or k.has_api(*LEADER_WORKER_SET_API)]
+
+
 def refresh_status(k: Kube, namespace: str, name: str) -> None:
     """Recomputes the status from the stored object, so that it compares with the latest write."""
     with _STATUS_LOCKS[hash((namespace, name)) % len(_STATUS_LOCKS)]:
@@ -194,7 +208,9 @@ def refresh_status(k: Kube, namespace: str, name: str) -> None:
             namespace=namespace,
             name=name,
             generation=generation,
-            deployments=[d for d in k.list("Deployment", namespace, selector) if _owned(d, uid)],
+            deployments=[
+                w for kind in _workload_kinds(k) for w in k.list(kind, namespace, selector) if _owned(w, uid)
+            ],
             pods=k.list("Pod", namespace, selector),
             hpas=[h for h in k.list("HorizontalPodAutoscaler", namespace, selector) if _owned(h, uid)],
             clashes=list(observed.clashes),
@@ -232,7 +248,7 @@ def _announce_transitions(k: Kube, body, previous: dict, new: dict) -> None:
         k.post_event(body, "Normal", "Recovered", "no child reports a failure any more")
 
 
-def _apply_deployment(k: Kube, manifest: dict, variant, live: dict | None) -> None:
+def _apply_workload(k: Kube, manifest: dict, variant, live: dict | None) -> None:
     count = replicas_to_apply(variant, live)
     if live is None:
         # Created with its count, then co-owned by the replicas manager, so that the main manager
@@ -253,8 +269,8 @@ def _apply_children(k: Kube, plan: ServicePlan, manifests: list[dict], uid: str)
         live = k.get(manifest["kind"], meta["namespace"], meta["name"])
         if live is not None and not _owned(live, uid):
             clashes.append(f"{manifest['kind']} {meta['namespace']}/{meta['name']}")
-        elif manifest["kind"] == "Deployment":
-            _apply_deployment(k, manifest, variants[meta["labels"][LABEL_VARIANT]], live)
+        elif manifest["kind"] in WORKLOAD_KINDS:
+            _apply_workload(k, manifest, variants[meta["labels"][LABEL_VARIANT]], live)
         else:
             k.apply(manifest, force=live is not None)
     return clashes
@@ -273,7 +289,7 @@ def _retire(k: Kube, body, plan: ServicePlan, manifests: list[dict], kinds: list
         if _owned(child, uid)
     ]
     wanted = {(m["kind"], m["metadata"]["name"]) for m in manifests}
-    deployments = [c for c in owned if c["kind"] == "Deployment"]
+    deployments = [c for c in owned if c["kind"] in WORKLOAD_KINDS]
     unfit = {v.name for v in plan.variants if not v.servable}
     retiring = (body.get("status") or {}).get("retiring") or {}
     retirement = plan_retirement(
@@ -281,7 +297,7 @@ def _retire(k: Kube, body, plan: ServicePlan, manifests: list[dict], kinds: list
         owned=owned,
         kept_variants=unfit & serving_variants(deployments),
         replacements_are_ready=replacements_ready(
-            [d for d in deployments if ("Deployment", d["metadata"]["name"]) in wanted]
+            [d for d in deployments if (d["kind"], d["metadata"]["name"]) in wanted]
         ),
         since=retiring.get("since"),
         now=datetime.now(UTC),
@@ -350,9 +366,21 @@ def reconcile(body, *, announce: bool) -> None:
         )
     except (ValidationError, ValueError) as exc:
         _invalid(k, body, exc, announce=announce)
+    lws_installed = k.has_api(*LEADER_WORKER_SET_API)
+    if spec.spans_nodes and not lws_installed:
+        message = (
+            f"parallelism.nodes {spec.parallelism.nodes} needs LeaderWorkerSet ({LWS_GROUP}) installed in "
+            "the cluster: install it (see README), or serve from one node"
+        )
+        _report_invalid(k, body, "LeaderWorkerSetMissing", message, announce=announce)
+        raise kopf.PermanentError(message)
     try:
         clashes = _apply_children(k, plan, manifests, uid)
-        kinds = [kind for kind in CHILD_KINDS if kind != "ServiceMonitor" or service_monitor]
+        kinds = [
+            kind
+            for kind in CHILD_KINDS
+            if (kind != "ServiceMonitor" or service_monitor) and (kind != "LeaderWorkerSet" or lws_installed)
+        ]
         retiring = _retire(k, body, plan, manifests, kinds)
         _observed[(namespace, name)] = Observed(tuple(clashes), retiring)
         refresh_status(k, namespace, name)
@@ -424,6 +452,12 @@ def schedule_resync(interval: float) -> None:
 
 @kopf.on.event("apps", "v1", "deployments", labels={LABEL_ISVC: kopf.PRESENT})
 def deployment_changed(namespace, labels, **_) -> None:
+    refresh_status(kube(), namespace, labels[LABEL_ISVC])
+
+
+@kopf.on.event(LWS_GROUP, LWS_VERSION, LWS_PLURAL, labels={LABEL_ISVC: kopf.PRESENT})
+def leader_worker_set_changed(namespace, labels, **_) -> None:
+    """Ready groups; kopf watches the kind once its CRD exists."""
     refresh_status(kube(), namespace, labels[LABEL_ISVC])
 
 

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 
 from kubernetes import client, config
 
+from pagoda_operator.leader_worker_set import LWS_GROUP, LWS_PLURAL, LWS_VERSION
 from pagoda_operator.models import GROUP, PLURAL, VERSION
 
 logger = logging.getLogger(__name__)
@@ -23,6 +24,7 @@ REPLICAS_FIELD_MANAGER = "pagoda-operator-replicas"
 # kind → (API prefix, plural) of every child kind the operator manages.
 CHILD_KINDS: dict[str, tuple[str, str]] = {
     "Deployment": ("/apis/apps/v1", "deployments"),
+    "LeaderWorkerSet": (f"/apis/{LWS_GROUP}/{LWS_VERSION}", LWS_PLURAL),
     "Service": ("/api/v1", "services"),
     "HorizontalPodAutoscaler": ("/apis/autoscaling/v2", "horizontalpodautoscalers"),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
@@ -35,6 +37,7 @@ SHARED_KINDS: dict[str, tuple[str, str]] = {
     "Job": ("/apis/batch/v1", "jobs"),
 }
 SERVICE_MONITOR_API = ("monitoring.coreos.com", "v1", "servicemonitors")
+LEADER_WORKER_SET_API = (LWS_GROUP, LWS_VERSION, LWS_PLURAL)
 
 
 def load_credentials() -> None:

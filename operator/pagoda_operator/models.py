@@ -29,6 +29,10 @@ SOURCE_PATTERN = (
     r"|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?)$"
 )
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# A node's GPUs: the most one pod asks for (8 on HGX/DGX machines).
+MAX_GPUS_PER_POD = 8
+# Pods one replica may span (a LeaderWorkerSet group).
+MAX_NODES = 16
 
 # The runtime's own flag values, so that a variant the apiserver admits is one the pods can start.
 Quantization = Literal[QUANTIZATION_CHOICES]
@@ -291,9 +295,9 @@ class ResourcesSpec(Spec):
     gpus: int = Field(
         default=1,
         ge=0,
-        le=1,
-        description="GPUs per pod: 1, or 0 to run on the CPU. The runtime uses one device; "
-        "scale out with replicas.",
+        le=MAX_GPUS_PER_POD,
+        description=f"GPUs per pod, up to a node's {MAX_GPUS_PER_POD}, or 0 to run on the CPU. The "
+        "runtime runs one tensor-parallel rank per GPU (see parallelism); scale out with replicas.",
     )
     gpu_product: str | None = Field(
         default=None, description="Value of the nvidia.com/gpu.product node label the pods must run on."
@@ -306,6 +310,25 @@ class ResourcesSpec(Spec):
     memory: str | int | None = Field(
         default=None,
         description="Memory request and limit of each pod; the capacity CPU variants are sized against.",
+    )
+
+
+class ParallelismSpec(Spec):
+    tensor: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_GPUS_PER_POD * MAX_NODES,
+        description="Tensor-parallel size: how many ranks split the model's attention heads, MLP and "
+        "vocabulary, one per GPU. Unset, it is resources.gpus x nodes (1 on the CPU); given, it must "
+        "equal that product (there is no pipeline parallelism). It must divide the model's heads.",
+    )
+    nodes: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_NODES,
+        description="Pods one replica of the model spans, each with resources.gpus GPUs: 1 gives a "
+        "Deployment, more a LeaderWorkerSet per variant (LeaderWorkerSet must be installed) whose "
+        "leader serves HTTP while its workers compute.",
     )
 
 
@@ -499,8 +522,25 @@ def _gguf_is_not_awq(spec: InferenceServiceSpec) -> bool:
     return not spec.model.is_gguf or all(v.quantization not in ("awq", "gptq") for v in spec.variants)
 
 
+# Each GPU runs one rank; a CPU pod runs one. The apiserver has filled the defaults in by then.
+_RANKS_PER_POD = "(self.resources.gpus > 0 ? self.resources.gpus : 1)"
+
+
 class InferenceServiceSpec(Spec):
     RULES = (
+        Rule(
+            f"!has(self.parallelism.tensor) || self.parallelism.tensor == {_RANKS_PER_POD} * "
+            "self.parallelism.nodes",
+            lambda s: s.parallelism.tensor in (None, s.tensor_parallel_size),
+            "parallelism.tensor must equal resources.gpus x parallelism.nodes (one rank per GPU; "
+            "there is no pipeline parallelism): leave it unset to have it derived",
+        ),
+        Rule(
+            "self.parallelism.nodes == 1 || self.resources.gpus >= 1",
+            lambda s: s.parallelism.nodes == 1 or s.resources.gpus >= 1,
+            "parallelism.nodes above 1 needs GPU pods (resources.gpus at least 1): a CPU replica runs "
+            "in one pod",
+        ),
         Rule(
             "self.variants.all(v, self.variants.exists_one(w, w.name == v.name))",
             lambda s: len({v.name for v in s.variants}) == len(s.variants),
@@ -533,6 +573,11 @@ class InferenceServiceSpec(Spec):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     resources: ResourcesSpec = Field(default=ResourcesSpec(), description="Resources of each pod.")
+    parallelism: ParallelismSpec = Field(
+        default=ParallelismSpec(),
+        description="How one replica of the model is split: tensor-parallel ranks over the GPUs of one "
+        "pod, or of a group of pods on several nodes.",
+    )
     autoscaling: AutoscalingSpec = Field(default=AutoscalingSpec(), description="Autoscaling on queue depth.")
     drain: DrainSpec = Field(default=DrainSpec(), description="Graceful shutdown of pods.")
     scheduling: SchedulingSpec = Field(default=SchedulingSpec(), description="Where the pods may run.")
@@ -547,6 +592,19 @@ class InferenceServiceSpec(Spec):
         "runtimeClassName, extra env, volumes and mounts, labels and annotations. The operator's own "
         "selector labels win; the apiserver validates the result.",
     )
+
+    @property
+    def ranks_per_pod(self) -> int:
+        return self.resources.gpus or 1
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return self.ranks_per_pod * self.parallelism.nodes
+
+    @property
+    def spans_nodes(self) -> bool:
+        """A replica is a LeaderWorkerSet group of several pods rather than one Deployment pod."""
+        return self.parallelism.nodes > 1
 
 
 class Condition(Spec):

@@ -45,6 +45,26 @@ def variant_object_name(name: str, variant: str) -> str:
     return f"{name[:room].rstrip('-')}-{variant}-{digest}"
 
 
+# A LeaderWorkerSet names a headless Service after itself, which must not be the variant's Service,
+# and its worker StatefulSets NAME-GROUP, whose pods' controller-revision-hash label (the StatefulSet's
+# name and 11 more characters) must stay within a label value's 63.
+GROUP_SET_MAX_LENGTH = 45
+# The kinds whose pods serve a variant: one Deployment, or one LeaderWorkerSet when a replica spans nodes.
+WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
+
+
+def group_set_name(name: str, variant: str) -> str:
+    """The LeaderWorkerSet of a variant whose replicas span nodes: `<name>-<variant>-<hash>-lws`."""
+    digest = hashlib.sha256(f"{name}/{variant}".encode()).hexdigest()[:_HASH_LENGTH]
+    room = GROUP_SET_MAX_LENGTH - len(variant) - len(digest) - len("-lws") - 2
+    return f"{name[:room].rstrip('-')}-{variant}-{digest}-lws"
+
+
+def workload_name(name: str, variant: str, *, spans_nodes: bool) -> str:
+    """The Deployment or, when a replica spans nodes, the LeaderWorkerSet that runs a variant's pods."""
+    return group_set_name(name, variant) if spans_nodes else variant_object_name(name, variant)
+
+
 def service_url(name: str, namespace: str) -> str:
     return f"http://{name}.{namespace}.svc:{PORT}/v1"
 

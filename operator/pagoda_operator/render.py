@@ -1,9 +1,10 @@
 """InferenceService → the child manifests that serve it. Pure: no I/O, same input, same output.
 
-Per variant: a Deployment, a Service, a PodDisruptionBudget and (when it autoscales) an HPA on
-queue depth. Over all variants: one Service, and a ServiceMonitor when Prometheus Operator is
-installed. A variant whose model cannot fit its pods gets no workload at all: pods that can only
-crash-loop help nobody, and the status says why.
+Per variant: a Deployment (a LeaderWorkerSet when a replica spans nodes), a Service, a
+PodDisruptionBudget and (when it autoscales) an HPA on queue depth. Over all variants: one
+Service, and a ServiceMonitor when Prometheus Operator is installed. A variant whose model cannot
+fit its pods gets no workload at all: pods that can only crash-loop help nobody, and the status says
+why.
 """
 
 from __future__ import annotations
@@ -14,8 +15,16 @@ from dataclasses import dataclass
 from pagoda_runtime.model_cache.sources import parse_pvc
 
 from pagoda_operator import model_cache
+from pagoda_operator.leader_worker_set import LEADER_SELECTOR, LWS_API_VERSION, LWS_KIND, leader_worker_set
 from pagoda_operator.models import GROUP, KIND, VERSION, InferenceServiceSpec, VariantSpec
-from pagoda_operator.names import LABEL_VARIANT, PORT, labels, selector_labels, variant_object_name
+from pagoda_operator.names import (
+    LABEL_VARIANT,
+    PORT,
+    labels,
+    selector_labels,
+    variant_object_name,
+    workload_name,
+)
 from pagoda_operator.plan import ServicePlan, VariantPlan
 
 QUEUE_METRIC = "pagoda_num_requests_waiting"
@@ -26,6 +35,8 @@ MODEL_MOUNT = "/models"
 CACHE_MOUNT = "/cache"
 SHUTDOWN_MARGIN_SECONDS = 15
 PROBE_PERIOD_SECONDS = 10
+# Where rank 0 (the leader pod's first rank) listens for the others to join the process group.
+DISTRIBUTED_PORT = 29500
 
 
 @dataclass(frozen=True)
@@ -96,6 +107,13 @@ def runtime_args(spec: InferenceServiceSpec, variant: VariantSpec, served_name: 
     ]
     if rt.max_queue is not None:
         args += ["--max-queue", str(rt.max_queue)]
+    if spec.tensor_parallel_size > 1:
+        args += [
+            "--tensor-parallel-size",
+            str(spec.tensor_parallel_size),
+            "--distributed-port",
+            str(DISTRIBUTED_PORT),
+        ]
     args += [
         "--drain-timeout",
         str(spec.drain.timeout_seconds),
@@ -152,7 +170,11 @@ def _http_probe(path: str, period: int, failures: int, timeout: int) -> dict:
     }
 
 
-def _runtime_container(spec: InferenceServiceSpec, variant: VariantSpec, served_name: str) -> dict:
+def _runtime_container(
+    spec: InferenceServiceSpec, variant: VariantSpec, served_name: str, *, serves: bool
+) -> dict:
+    """serves: the pod that serves HTTP (every pod of a Deployment, a group's leader); a worker pod
+    only computes its ranks, has no HTTP port for a Service to route to, and no HTTP probes."""
     rt = spec.runtime
     env = [
         {"name": "HOME", "value": CACHE_MOUNT},
@@ -178,24 +200,32 @@ def _runtime_container(spec: InferenceServiceSpec, variant: VariantSpec, served_
         "imagePullPolicy": rt.image_pull_policy,
         "command": ["pagoda-runtime"],
         "args": runtime_args(spec, variant, served_name),
-        "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
         "env": env,
         "resources": _resources(spec),
         "volumeMounts": mounts,
-        # Model loading can take many minutes; liveness only starts once the pod was ready once.
-        "startupProbe": _http_probe(
-            "/health/ready",
-            PROBE_PERIOD_SECONDS,
-            math.ceil(rt.startup_timeout_seconds / PROBE_PERIOD_SECONDS),
-            5,
-        ),
-        "readinessProbe": _http_probe("/health/ready", 5, 2, 3),
-        # A busy engine still beats its heartbeat; a minute of silence means it is stuck.
-        "livenessProbe": _http_probe("/health/live", PROBE_PERIOD_SECONDS, 6, 5),
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": _CONTAINER_SECURITY,
     }
+    if not serves:
+        return container
+    container["ports"] = [{"name": "http", "containerPort": PORT, "protocol": "TCP"}]
+    if spec.spans_nodes:
+        # The group's other pods join rank 0's store here.
+        container["ports"].append(
+            {"name": "distributed", "containerPort": DISTRIBUTED_PORT, "protocol": "TCP"}
+        )
+    # Model loading can take many minutes; liveness only starts once the pod was ready once. A
+    # group's leader is ready only once every rank of the group has joined.
+    container["startupProbe"] = _http_probe(
+        "/health/ready",
+        PROBE_PERIOD_SECONDS,
+        math.ceil(rt.startup_timeout_seconds / PROBE_PERIOD_SECONDS),
+        5,
+    )
+    container["readinessProbe"] = _http_probe("/health/ready", 5, 2, 3)
+    # A busy engine still beats its heartbeat; a minute of silence means it is stuck.
+    container["livenessProbe"] = _http_probe("/health/live", PROBE_PERIOD_SECONDS, 6, 5)
     if spec.drain.endpoint_removal_seconds:
         # The runtime drains on SIGTERM; keep serving until endpoints controllers and load
         # balancers have stopped routing here, or requests arriving meanwhile get a 503.
@@ -226,7 +256,7 @@ def pod_tolerations(spec: InferenceServiceSpec) -> list[dict]:
     return tolerations
 
 
-def _pod_spec(spec: InferenceServiceSpec, variant: VariantSpec, served_name: str) -> dict:
+def _pod_spec(spec: InferenceServiceSpec, variant: VariantSpec, served_name: str, *, serves: bool) -> dict:
     sched = spec.scheduling
     node_selector = dict(sched.node_selector)
     tolerations = pod_tolerations(spec)
@@ -240,7 +270,7 @@ def _pod_spec(spec: InferenceServiceSpec, variant: VariantSpec, served_name: str
         "terminationGracePeriodSeconds": (
             spec.drain.endpoint_removal_seconds + spec.drain.timeout_seconds + SHUTDOWN_MARGIN_SECONDS
         ),
-        "containers": [_runtime_container(spec, variant, served_name)],
+        "containers": [_runtime_container(spec, variant, served_name, serves=serves)],
         "volumes": _volumes(spec),
     }
     if (ref := model_cache.cache_ref(spec)) is not None:
@@ -275,6 +305,34 @@ def _with_overrides(pod: dict, spec: InferenceServiceSpec) -> dict:
     return pod
 
 
+def _pod_template(
+    spec: InferenceServiceSpec, variant: VariantSpec, served_name: str, name: str, *, serves: bool
+):
+    return {
+        "metadata": {
+            "labels": {
+                **spec.pod_template.metadata.labels,
+                **labels(name, variant.name),
+                **model_cache.pod_labels(spec),
+            },
+            "annotations": {
+                **spec.pod_template.metadata.annotations,
+                "kubectl.kubernetes.io/default-container": RUNTIME_CONTAINER,
+                **(
+                    {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(PORT),
+                        "prometheus.io/path": "/metrics",
+                    }
+                    if serves
+                    else {}
+                ),
+            },
+        },
+        "spec": _with_overrides(_pod_spec(spec, variant, served_name, serves=serves), spec),
+    }
+
+
 def _deployment(spec, plan: VariantPlan, *, namespace, name, uid, served_name) -> dict:
     variant = plan.variant
     object_name = variant_object_name(name, variant.name)
@@ -283,23 +341,7 @@ def _deployment(spec, plan: VariantPlan, *, namespace, name, uid, served_name) -
         "strategy": {"type": "RollingUpdate", "rollingUpdate": spec.rollout.strategy(spec.resources.gpus)},
         # Loading a model may take the whole startup timeout; only then is a rollout stuck.
         "progressDeadlineSeconds": spec.runtime.startup_timeout_seconds + 300,
-        "template": {
-            "metadata": {
-                "labels": {
-                    **spec.pod_template.metadata.labels,
-                    **labels(name, variant.name),
-                    **model_cache.pod_labels(spec),
-                },
-                "annotations": {
-                    **spec.pod_template.metadata.annotations,
-                    "kubectl.kubernetes.io/default-container": RUNTIME_CONTAINER,
-                    "prometheus.io/scrape": "true",
-                    "prometheus.io/port": str(PORT),
-                    "prometheus.io/path": "/metrics",
-                },
-            },
-            "spec": _with_overrides(_pod_spec(spec, variant, served_name), spec),
-        },
+        "template": _pod_template(spec, variant, served_name, name, serves=True),
     }
     # spec.replicas is left out: a field manager of its own owns it (replicas.py).
     return {
@@ -308,6 +350,17 @@ def _deployment(spec, plan: VariantPlan, *, namespace, name, uid, served_name) -
         "metadata": _metadata(object_name, namespace, name, uid, variant.name),
         "spec": deployment_spec,
     }
+
+
+def _leader_worker_set(spec, plan: VariantPlan, *, namespace, name, uid, served_name) -> dict:
+    variant = plan.variant
+    return leader_worker_set(
+        _metadata(workload_name(name, variant.name, spans_nodes=True), namespace, name, uid, variant.name),
+        size=spec.parallelism.nodes,
+        leader_template=_pod_template(spec, variant, served_name, name, serves=True),
+        worker_template=_pod_template(spec, variant, served_name, name, serves=False),
+        rolling_update=spec.rollout.strategy(spec.resources.gpus),
+    )
 
 
 def _service(object_name, selector, *, namespace, name, uid, variant) -> dict:
@@ -331,7 +384,16 @@ def _hpa(spec, variant, *, namespace, name, uid) -> dict:
         "kind": "HorizontalPodAutoscaler",
         "metadata": _metadata(object_name, namespace, name, uid, variant.name),
         "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": object_name},
+            # A LeaderWorkerSet scales by groups, and its scale subresource selects the leaders.
+            "scaleTargetRef": (
+                {
+                    "apiVersion": LWS_API_VERSION,
+                    "kind": LWS_KIND,
+                    "name": workload_name(name, variant.name, spans_nodes=True),
+                }
+                if spec.spans_nodes
+                else {"apiVersion": "apps/v1", "kind": "Deployment", "name": object_name}
+            ),
             "minReplicas": variant.replicas.min,
             "maxReplicas": variant.replicas.max,
             "metrics": [
@@ -370,7 +432,9 @@ def _pdb(variant, *, namespace, name, uid) -> dict:
         "kind": "PodDisruptionBudget",
         "metadata": _metadata(variant_object_name(name, variant.name), namespace, name, uid, variant.name),
         "spec": {
-            # One pod at a time: node drains proceed, capacity never drops by more than one pod.
+            # One pod at a time: node drains proceed, capacity never drops by more than one pod. Over
+            # a LeaderWorkerSet it selects leaders and workers alike: any pod's loss restarts its whole
+            # group, so one pod at a time is one group at a time, and a worker is covered too.
             "maxUnavailable": 1,
             "selector": {"matchLabels": selector_labels(name, variant.name)},
             # A pod that is not serving anyway must not block a node drain.
@@ -408,13 +472,23 @@ def _network_policy(spec, *, namespace, name, uid) -> dict:
         "spec": {
             "podSelector": {"matchLabels": selector_labels(name)},
             "policyTypes": ["Ingress"],
-            "ingress": [{"from": [*clients, prometheus], "ports": [{"protocol": "TCP", "port": PORT}]}],
+            "ingress": [
+                {"from": [*clients, prometheus], "ports": [{"protocol": "TCP", "port": PORT}]},
+                # The ranks of a group in several pods reach each other on the distributed port
+                # and on the ports NCCL or gloo pick at run time.
+                *(
+                    [{"from": [{"podSelector": {"matchLabels": selector_labels(name)}}]}]
+                    if spec.spans_nodes
+                    else []
+                ),
+            ],
         },
     }
 
 
 def render(plan: ServicePlan, *, namespace: str, name: str, uid: str, options: RenderOptions) -> list[dict]:
-    """Every child that should exist; Deployments without spec.replicas (see replicas.py)."""
+    """Every child that should exist; Deployments and LeaderWorkerSets without spec.replicas (see
+    replicas.py)."""
     spec = plan.spec
     served_name = spec.model.served_name or name
     ids = {"namespace": namespace, "name": name, "uid": uid}
@@ -422,9 +496,14 @@ def render(plan: ServicePlan, *, namespace: str, name: str, uid: str, options: R
     for variant_plan in plan.servable:
         variant = variant_plan.variant
         object_name = variant_object_name(name, variant.name)
-        objects.append(_deployment(spec, variant_plan, served_name=served_name, **ids))
+        workload = _leader_worker_set if spec.spans_nodes else _deployment
+        objects.append(workload(spec, variant_plan, served_name=served_name, **ids))
+        # Workers expose no HTTP port, so no Service routes to them; this one says it outright.
+        leaders = LEADER_SELECTOR if spec.spans_nodes else {}
         objects.append(
-            _service(object_name, selector_labels(name, variant.name), variant=variant.name, **ids)
+            _service(
+                object_name, {**selector_labels(name, variant.name), **leaders}, variant=variant.name, **ids
+            )
         )
         objects.append(_pdb(variant, **ids))
         if variant_plan.autoscales:

@@ -1,4 +1,5 @@
-"""Who owns a Deployment's spec.replicas, so that no transition between fixed and autoscaled kills a pod.
+"""Who owns a Deployment's (or LeaderWorkerSet's) spec.replicas, so that no transition between fixed
+and autoscaled kills a pod.
 
 Server-side apply removes a field once its last owner stops applying it, and the apiserver then
 defaults spec.replicas to 1: a variant moved from {min: 3, max: 3} to {min: 3, max: 6} lost two pods
@@ -36,12 +37,13 @@ def replicas_to_apply(variant: VariantPlan, live: dict | None) -> int | None:
     return None
 
 
-def replicas_manifest(deployment: dict, count: int) -> dict:
-    """What the replicas manager applies to a Deployment: its identity and spec.replicas only."""
-    meta = deployment["metadata"]
+def replicas_manifest(workload: dict, count: int) -> dict:
+    """What the replicas manager applies to a Deployment or LeaderWorkerSet: its identity and
+    spec.replicas only."""
+    meta = workload["metadata"]
     return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
+        "apiVersion": workload["apiVersion"],
+        "kind": workload["kind"],
         "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
         "spec": {"replicas": count},
     }

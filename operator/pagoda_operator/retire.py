@@ -1,11 +1,12 @@
 """Which of an InferenceService's children go, and when: make before break. Pure.
 
 A child that the render no longer produces belongs to a removed, renamed or replaced variant, or to
-a feature switched off (an HPA, a NetworkPolicy). Old Deployments that still have ready pods are kept
-until every rendered Deployment has a ready pod, or until rollout.replacementTimeoutSeconds has
-passed since the wait began; the top-level Service selects old and new pods alike meanwhile. A
-variant that no longer fits keeps its children while its pods serve: the fit gate refuses new pods,
-it does not stop working ones.
+a feature switched off (an HPA, a NetworkPolicy), or to a variant moved between a Deployment and a
+LeaderWorkerSet (one node, several). Old workloads (either kind) that still have ready pods are kept
+until every rendered workload has a ready pod (a LeaderWorkerSet: a ready group), or until
+rollout.replacementTimeoutSeconds has passed since the wait began; the top-level Service selects old
+and new pods alike meanwhile. A variant that no longer fits keeps its children while its pods serve:
+the fit gate refuses new pods, it does not stop working ones.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from pagoda_operator.names import LABEL_VARIANT
+from pagoda_operator.names import LABEL_VARIANT, WORKLOAD_KINDS
 
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
@@ -21,22 +22,23 @@ TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 @dataclass(frozen=True)
 class Retirement:
     delete: tuple[tuple[str, str], ...]  # (kind, name)
-    waiting: tuple[str, ...]  # old Deployments kept serving meanwhile
+    waiting: tuple[str, ...]  # old workloads kept serving meanwhile
     since: str | None  # when the wait began
-    timed_out: bool  # old Deployments deleted although their replacements are not ready
+    timed_out: bool  # old workloads deleted although their replacements are not ready
 
 
-def _ready(deployment: dict) -> bool:
-    return deployment.get("status", {}).get("readyReplicas", 0) >= 1
+def _ready(workload: dict) -> bool:
+    """A Deployment with a ready pod, a LeaderWorkerSet with a ready group."""
+    return workload.get("status", {}).get("readyReplicas", 0) >= 1
 
 
-def replacements_ready(deployments: list[dict]) -> bool:
-    """Every rendered Deployment serves, or is meant to have no pods at all."""
-    return all(_ready(d) or d.get("spec", {}).get("replicas", 1) == 0 for d in deployments)
+def replacements_ready(workloads: list[dict]) -> bool:
+    """Every rendered workload serves, or is meant to have no pods at all."""
+    return all(_ready(w) or w.get("spec", {}).get("replicas", 1) == 0 for w in workloads)
 
 
-def serving_variants(deployments: list[dict]) -> set[str]:
-    return {d["metadata"]["labels"].get(LABEL_VARIANT) for d in deployments if _ready(d)}
+def serving_variants(workloads: list[dict]) -> set[str]:
+    return {w["metadata"]["labels"].get(LABEL_VARIANT) for w in workloads if _ready(w)}
 
 
 def plan_retirement(
@@ -57,7 +59,7 @@ def plan_retirement(
         and child["metadata"].get("labels", {}).get(LABEL_VARIANT) not in kept_variants
     ]
     serving = tuple(
-        sorted(c["metadata"]["name"] for c in candidates if c["kind"] == "Deployment" and _ready(c))
+        sorted(c["metadata"]["name"] for c in candidates if c["kind"] in WORKLOAD_KINDS and _ready(c))
     )
     delete = tuple(sorted((c["kind"], c["metadata"]["name"]) for c in candidates))
     if not serving or replacements_are_ready:

@@ -7,7 +7,7 @@ status of a settled service yields exactly the stored one and the handler writes
 from __future__ import annotations
 
 from pagoda_operator.model_cache import CacheStatus
-from pagoda_operator.names import LABEL_VARIANT, service_url, variant_object_name
+from pagoda_operator.names import LABEL_VARIANT, service_url, workload_name
 from pagoda_operator.plan import ServicePlan
 
 # Container waiting reasons that mean the pod will not get better on its own.
@@ -100,8 +100,8 @@ def hpa_problems(hpas: list[dict]) -> list[tuple[str, str]]:
     return problems
 
 
-def _variant_status(name: str, variant, deployments: dict[str, dict]) -> dict:
-    deployment = deployments.get(variant_object_name(name, variant.name), {})
+def _variant_status(workload_of, variant, deployments: dict[str, dict]) -> dict:
+    deployment = deployments.get(workload_of(variant.name), {})
     dep_status = deployment.get("status", {})
     entry = {
         "name": variant.name,
@@ -159,25 +159,28 @@ def compute_status(
     retiring: dict | None = None,
     cache: CacheStatus | None = None,
 ) -> dict:
-    """`deployments`, `pods` and `hpas`: the InferenceService's own; `clashes`: objects in the way that
+    """`deployments` (its Deployments and LeaderWorkerSets, whose replicas count groups), `pods` and
+    `hpas`: the InferenceService's own; `clashes`: objects in the way that
     belong to someone else; `retiring`: old children kept serving (RetiringStatus's fields); `cache`:
     the shared model cache of an hf:// or s3:// source, or the sizing Job of a pvc:// one (the plan
     was made with its checkpoint)."""
     by_name = {d["metadata"]["name"]: d for d in deployments}
-    # A variant that no longer fits keeps its pods while they serve: it is waited on like the others.
-    servable = [v for v in plan.variants if v.servable or variant_object_name(name, v.name) in by_name]
-    variants = [_variant_status(name, v, by_name) for v in plan.variants]
 
-    missing = [v.name for v in servable if variant_object_name(name, v.name) not in by_name]
-    rolling = [
-        v.name for v in servable if (d := by_name.get(variant_object_name(name, v.name))) and _rolling_out(d)
-    ]
+    def workload_of(variant: str) -> str:
+        return workload_name(name, variant, spans_nodes=plan.spec.spans_nodes)
+
+    # A variant that no longer fits keeps its pods while they serve: it is waited on like the others.
+    servable = [v for v in plan.variants if v.servable or workload_of(v.name) in by_name]
+    variants = [_variant_status(workload_of, v, by_name) for v in plan.variants]
+
+    missing = [v.name for v in servable if workload_of(v.name) not in by_name]
+    rolling = [v.name for v in servable if (d := by_name.get(workload_of(v.name))) and _rolling_out(d)]
     if retiring:
         progressing = _condition(
             "Progressing",
             True,
             "ReplacingVariants",
-            f"Deployments {', '.join(retiring['deployments'])} keep serving until the variants that "
+            f"{', '.join(retiring['deployments'])} keep serving until the variants that "
             f"replace them have ready pods (waiting since {retiring['since']})",
         )
     elif missing or rolling:
@@ -211,7 +214,7 @@ def compute_status(
         for entry in variants
         if entry["name"] in servable_names
         and (entry["name"] in missing or entry["readyReplicas"] < 1)
-        and not _scaled_to_zero(by_name.get(variant_object_name(name, entry["name"])))
+        and not _scaled_to_zero(by_name.get(workload_of(entry["name"])))
     ]
     if clashes:
         ready = _condition("Ready", False, "NameClash", clash_problems[0][1])
@@ -230,9 +233,9 @@ def compute_status(
     conditions = _stamped([ready, progressing, degraded, fits], previous or {}, generation, now)
 
     desired = sum(
-        by_name[variant_object_name(name, v.name)].get("spec", {}).get("replicas", 0)
+        by_name[workload_of(v.name)].get("spec", {}).get("replicas", 0)
         for v in servable
-        if variant_object_name(name, v.name) in by_name
+        if workload_of(v.name) in by_name
     )
     return {
         "conditions": conditions,

@@ -57,3 +57,19 @@ def test_children_that_serve_nothing_go_at_once_and_a_serving_unfit_variant_stay
 def test_replacements_ready_counts_scaled_to_zero_as_ready():
     zero = {**NEW, "spec": {"replicas": 0}}
     assert replacements_ready([zero]) and not replacements_ready([NEW])
+
+
+def test_a_deployment_moved_onto_several_nodes_serves_until_its_leader_worker_set_has_a_ready_group():
+    """Same variant, new kind: the old Deployment is the child the render no longer produces."""
+    lws = child("LeaderWorkerSet", "new-lws", "a", ready=0)
+    moving = plan_retirement(
+        wanted={("LeaderWorkerSet", "new-lws")},
+        owned=[child("Deployment", "old", "a"), lws],
+        kept_variants=set(),
+        replacements_are_ready=replacements_ready([lws]),
+        since=None,
+        now=NOW,
+        timeout_seconds=60,
+    )
+    assert moving.delete == () and moving.waiting == ("old",)
+    assert replacements_ready([child("LeaderWorkerSet", "new-lws", "a")])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from operator_specs import spec
-from pagoda_operator.names import variant_object_name
+from pagoda_operator.names import group_set_name, variant_object_name
 from pagoda_operator.plan import plan_service
 from pagoda_operator.status import compute_status, invalid_status, status_changed
 
@@ -231,3 +231,16 @@ def test_invalid_status_keeps_the_other_conditions_and_the_transition_rule():
     again = invalid_status(invalid, reason="InvalidSpec", message="bad", generation=4, now="later")
     assert cond(again, "Ready")["lastTransitionTime"] == T1
     assert cond(invalid, "ModelFits") == cond(settled, "ModelFits")
+
+
+def test_a_variant_spanning_nodes_reads_ready_groups_from_its_leader_worker_set():
+    s = spec(resources={"gpus": 4}, parallelism={"nodes": 2}, variants=[{"name": "bf16"}])
+    lws = dep("bf16", desired=2, ready=0)
+    lws["metadata"]["name"] = group_set_name(NAME, "bf16")
+    st = status(s, [lws])
+    assert cond(st, "Ready")["reason"] == "Starting"
+    lws["status"]["readyReplicas"] = 1
+    st = status(s, [lws])
+    assert cond(st, "Ready")["status"] == "True"
+    assert st["variants"] == [{"name": "bf16", "replicas": 2, "readyReplicas": 1}]
+    assert st["replicaSummary"] == "1/2"
