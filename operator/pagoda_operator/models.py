@@ -16,6 +16,7 @@ from pagoda_runtime.sizing import ModelArchitecture
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from pagoda_operator.parallelism import FAMILY_SPLIT_RULE, MAX_GPUS_PER_POD, MAX_NODES, RANKS_PER_POD_CEL
 from pagoda_operator.rules import IS_GGUF_SOURCE, Rule, cel_validations, enforce
 
 GROUP = "pagoda.dev"
@@ -29,10 +30,6 @@ SOURCE_PATTERN = (
     r"|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?)$"
 )
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-# A node's GPUs: the most one pod asks for (8 on HGX/DGX machines).
-MAX_GPUS_PER_POD = 8
-# Pods one replica may span (a LeaderWorkerSet group).
-MAX_NODES = 16
 
 # The runtime's own flag values, so that a variant the apiserver admits is one the pods can start.
 Quantization = Literal[QUANTIZATION_CHOICES]
@@ -522,14 +519,10 @@ def _gguf_is_not_awq(spec: InferenceServiceSpec) -> bool:
     return not spec.model.is_gguf or all(v.quantization not in ("awq", "gptq") for v in spec.variants)
 
 
-# Each GPU runs one rank; a CPU pod runs one. The apiserver has filled the defaults in by then.
-_RANKS_PER_POD = "(self.resources.gpus > 0 ? self.resources.gpus : 1)"
-
-
 class InferenceServiceSpec(Spec):
     RULES = (
         Rule(
-            f"!has(self.parallelism.tensor) || self.parallelism.tensor == {_RANKS_PER_POD} * "
+            f"!has(self.parallelism.tensor) || self.parallelism.tensor == {RANKS_PER_POD_CEL} * "
             "self.parallelism.nodes",
             lambda s: s.parallelism.tensor in (None, s.tensor_parallel_size),
             "parallelism.tensor must equal resources.gpus x parallelism.nodes (one rank per GPU; "
@@ -541,6 +534,7 @@ class InferenceServiceSpec(Spec):
             "parallelism.nodes above 1 needs GPU pods (resources.gpus at least 1): a CPU replica runs "
             "in one pod",
         ),
+        FAMILY_SPLIT_RULE,
         Rule(
             "self.variants.all(v, self.variants.exists_one(w, w.name == v.name))",
             lambda s: len({v.name for v in s.variants}) == len(s.variants),

@@ -1,6 +1,7 @@
 """Each variant's plan, decided once from the spec and handed to render and status: the method its
-runtime will build the projections with, whether its model fits its pods, and so whether it gets
-pods. pagoda_runtime.quantization_selection and pagoda_runtime.sizing own the rules; this applies them.
+runtime will build the projections with, whether its model splits over its tensor-parallel ranks and
+fits their GPUs, and so whether it gets pods. pagoda_runtime.quantization_selection and
+pagoda_runtime.sizing own the rules; this applies them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pagoda_runtime.quantization_selection import select_quantization
 from pagoda_runtime.sizing import FitResult, ModelArchitecture, fits, gguf_block_type
 
 from pagoda_operator.models import InferenceServiceSpec, VariantSpec
+from pagoda_operator.parallelism import split_error
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,9 @@ class VariantPlan:
     quantization: str  # what --quantization auto resolves to, as far as the spec tells
     fit: FitResult | None  # None: the spec lacks the architecture or the capacity to decide
     autoscales: bool  # an HPA owns the replica count between min and max
+    # Why the model does not split over the tensor-parallel ranks: an explicit architecture or a
+    # downloaded checkpoint (the apiserver already refuses named families that do not split).
+    split_error: str | None = None
 
     @property
     def name(self) -> str:
@@ -36,8 +41,8 @@ class VariantPlan:
 
     @property
     def servable(self) -> bool:
-        """Gets pods: all but a variant whose model is known not to fit."""
-        return self.fit is None or self.fit.fits
+        """Gets pods: all but a variant whose model is known not to split or not to fit."""
+        return self.split_error is None and (self.fit is None or self.fit.fits)
 
 
 @dataclass(frozen=True)
@@ -54,7 +59,8 @@ class ServicePlan:
 
 
 def capacity_bytes(spec: InferenceServiceSpec) -> int | None:
-    """Memory the model must fit in: one GPU's memory, or the pod's memory on the CPU."""
+    """Memory each rank's slice of the model must fit in: one GPU's memory, or the pod's memory on
+    the CPU."""
     quantity = spec.resources.gpu_memory if spec.resources.gpus else spec.resources.memory
     return None if quantity is None else int(parse_quantity(str(quantity)))
 
@@ -73,11 +79,14 @@ def sized_quantization(
     return select_quantization(variant.quantization, stored, device_type, spec.model.source)
 
 
-def _fit(
-    spec: InferenceServiceSpec, variant: VariantSpec, quantization: str, checkpoint: Checkpoint | None
-) -> FitResult | None:
+def _architecture(spec: InferenceServiceSpec, checkpoint: Checkpoint | None) -> ModelArchitecture | None:
     # The spec's family or architecture wins: it is what the user asked to be sized by.
-    arch = spec.model.sizing_architecture() or (checkpoint.architecture if checkpoint else None)
+    return spec.model.sizing_architecture() or (checkpoint.architecture if checkpoint else None)
+
+
+def _fit(
+    spec: InferenceServiceSpec, variant: VariantSpec, quantization: str, arch: ModelArchitecture | None
+) -> FitResult | None:
     capacity = capacity_bytes(spec)
     if arch is None or capacity is None:
         return None
@@ -89,6 +98,7 @@ def _fit(
         capacity,
         kv_dtype=variant.kv_cache_dtype,
         gguf_block=gguf_block_type(spec.model.source),
+        tensor_parallel_size=spec.tensor_parallel_size,
     )
 
 
@@ -97,7 +107,10 @@ def plan_variant(
 ) -> VariantPlan:
     quantization = sized_quantization(spec, variant, checkpoint)
     autoscales = spec.autoscaling.enabled and variant.replicas.max > variant.replicas.min
-    return VariantPlan(variant, quantization, _fit(spec, variant, quantization, checkpoint), autoscales)
+    arch = _architecture(spec, checkpoint)
+    split = split_error(arch, spec.tensor_parallel_size, quantization) if arch is not None else None
+    fit = None if split else _fit(spec, variant, quantization, arch)
+    return VariantPlan(variant, quantization, fit, autoscales, split)
 
 
 def plan_service(

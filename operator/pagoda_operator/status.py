@@ -200,8 +200,17 @@ def compute_status(
         )
         for clash in clashes
     ]
+    # A model whose shape the apiserver could not check (an explicit architecture, a downloaded
+    # checkpoint) and that does not split over the ranks: the same sentence the apiserver would say.
+    split_problems = [
+        ("InvalidParallelism", f"variant {v.name}: {v.split_error}") for v in plan.variants if v.split_error
+    ]
     problems = (
-        clash_problems + deployment_problems(deployments) + hpa_problems(list(hpas)) + pod_problems(own_pods)
+        clash_problems
+        + split_problems
+        + deployment_problems(deployments)
+        + hpa_problems(list(hpas))
+        + pod_problems(own_pods)
     )
     if problems:
         degraded = _condition("Degraded", True, problems[0][0], "; ".join(message for _, message in problems))
@@ -219,7 +228,9 @@ def compute_status(
     if clashes:
         ready = _condition("Ready", False, "NameClash", clash_problems[0][1])
     elif not servable:
-        ready = _condition("Ready", False, "NoVariantFits", fits["message"])
+        ready = _condition(
+            "Ready", False, *(split_problems[0] if split_problems else ("NoVariantFits", fits["message"]))
+        )
     elif cache is not None and not cache.ready:
         ready = _condition(
             "Ready", False, f"ModelCache{cache.phase}", f"model cache {cache.summary()}: {cache.message}"

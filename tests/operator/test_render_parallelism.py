@@ -3,21 +3,25 @@ LeaderWorkerSet whose leader serves and whose workers compute when a replica spa
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 from kubernetes_schema import lws_crd_schema, validate, validate_leader_worker_set
 from operator_specs import spec
 from pagoda_operator.leader_worker_set import LABEL_WORKER_INDEX
 from pagoda_operator.names import GROUP_SET_MAX_LENGTH, group_set_name, selector_labels, variant_object_name
-from pagoda_operator.plan import plan_service
-from pagoda_operator.render import RenderOptions, render
+from pagoda_operator.plan import Checkpoint, plan_service
+from pagoda_operator.render import RenderOptions, render, runtime_args
+from pagoda_operator.status import compute_status
+from pagoda_runtime.model_catalogue import KNOWN_ARCHITECTURES
 from pydantic import ValidationError
 
 NS, NAME, UID = "ml", "llama", "0b7e1d2a-0000-4000-8000-000000000001"
 MODEL = {"source": "pvc://models/llama-3-70b", "family": "llama-3-70b"}
-FOUR_GPUS = dict(model=MODEL, resources={"gpus": 4})
+FOUR_GPUS = dict(model=MODEL, resources={"gpus": 4, "gpuMemory": "80Gi"})
 TWO_NODES = dict(
     model=MODEL,
-    resources={"gpus": 4},
+    resources={"gpus": 4, "gpuMemory": "80Gi"},
     parallelism={"nodes": 2},
     variants=[{"name": "bf16", "replicas": {"min": 1, "max": 3}}],
     networkPolicy={"enabled": True},
@@ -132,3 +136,58 @@ def test_group_set_names_stay_short_enough_for_their_pods_labels():
 def test_parallel_sizes_that_cannot_be_served_are_refused(changes, message):
     with pytest.raises(ValidationError, match=message):
         spec(**changes)
+
+
+def test_a_family_whose_heads_do_not_split_is_refused_naming_the_sizes_that_do():
+    with pytest.raises(ValidationError) as refused:
+        spec(model=MODEL, resources={"gpus": 3})
+    assert (
+        "parallelism.tensor 3 (resources.gpus x parallelism.nodes) does not split model family llama-3-70b "
+        "evenly over its ranks (attention heads, key/value heads, MLP); use one of 1, 2, 4, 8, 16, 32, 64"
+    ) in str(refused.value)
+
+
+def test_70b_in_bf16_fits_four_80gib_gpus_but_not_one():
+    def fit(gpus):
+        s = spec(model=MODEL, resources={"gpus": gpus, "gpuMemory": "80Gi"})
+        return plan_service(s).variants[0].fit
+
+    four, one = fit(4), fit(1)
+    assert four.fits and not one.fits
+    # Each GPU holds a quarter of the projections (embeddings and LM head split by vocabulary too)
+    # and the all-reduce buffers come on top.
+    assert four.weight_bytes < one.weight_bytes / 3.9
+    assert four.all_reduce_bytes > 0 == one.all_reduce_bytes
+    assert four.kv_bytes * 4 == one.kv_bytes
+
+
+def test_a_checkpoint_that_does_not_split_gets_no_pods_and_the_status_says_why():
+    s = spec(
+        model={"source": "hf://org/m", "revision": "a" * 40},
+        resources={"gpus": 2},
+        parallelism={"nodes": 2},
+    )
+    plan = plan_service(s, Checkpoint(KNOWN_ARCHITECTURES["smollm2-135m"]))  # 9 heads, 3 KV heads
+    assert not plan.servable
+    rendered = render(plan, namespace=NS, name=NAME, uid=UID, options=RenderOptions())
+    assert not [o for o in rendered if o["kind"] == "LeaderWorkerSet"]
+    st = compute_status(
+        plan, namespace=NS, name=NAME, generation=1, deployments=[], pods=[], previous=None, now="t"
+    )
+    conditions = {c["type"]: c for c in st["conditions"]}
+    expected = (
+        "variant bf16: parallelism.tensor 4 (resources.gpus x parallelism.nodes) does not split the model "
+        "evenly over its ranks (attention heads, key/value heads, MLP); use one of 1, 3"
+    )
+    assert conditions["Degraded"]["reason"] == conditions["Ready"]["reason"] == "InvalidParallelism"
+    assert conditions["Degraded"]["message"] == expected
+    assert group_set_name(NAME, "bf16") not in str(rendered)
+
+
+def test_parallel_arguments_parse_with_the_runtime_cli():
+    cli = pytest.importorskip("pagoda_runtime.cli")
+    parser = argparse.ArgumentParser()
+    cli._add_serve(parser.add_subparsers(dest="command"))
+    s = spec(**TWO_NODES)
+    parsed = parser.parse_args(runtime_args(s, s.variants[0], "llama"))
+    assert parsed.tensor_parallel_size == 8 and parsed.distributed_port == 29500
