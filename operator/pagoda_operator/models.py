@@ -16,7 +16,7 @@ from pagoda_runtime.sizing import ModelArchitecture
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from pagoda_operator.parallelism import FAMILY_SPLIT_RULE, MAX_GPUS_PER_POD, MAX_NODES, RANKS_PER_POD_CEL
+from pagoda_operator.parallelism import FAMILY_SPLIT_RULES, MAX_GPUS_PER_POD, MAX_NODES, RANKS_PER_POD_CEL
 from pagoda_operator.rules import IS_GGUF_SOURCE, Rule, cel_validations, enforce
 
 GROUP = "pagoda.dev"
@@ -534,7 +534,7 @@ class InferenceServiceSpec(Spec):
             "parallelism.nodes above 1 needs GPU pods (resources.gpus at least 1): a CPU replica runs "
             "in one pod",
         ),
-        FAMILY_SPLIT_RULE,
+        *FAMILY_SPLIT_RULES,
         Rule(
             "self.variants.all(v, self.variants.exists_one(w, w.name == v.name))",
             lambda s: len({v.name for v in s.variants}) == len(s.variants),

@@ -25,10 +25,6 @@ class Rule:
     cel: str  # about `self`, the object the rule is attached to
     holds: Callable[[Any], bool]
     message: str
-    # A message that names the object's own values: a CEL string expression for the apiserver and
-    # the same sentence from Python; `message` is the apiserver's fallback.
-    message_expression: str | None = None
-    describe: Callable[[Any], str] | None = None
 
 
 # "Is this model source a GGUF file?", asked by the quantization rules and by sizing.
@@ -39,14 +35,10 @@ IS_GGUF_SOURCE = Predicate(
 
 
 def cel_validations(rules: tuple[Rule, ...]) -> list[dict]:
-    return [
-        {"rule": rule.cel, "message": rule.message}
-        | ({"messageExpression": rule.message_expression} if rule.message_expression else {})
-        for rule in rules
-    ]
+    return [{"rule": rule.cel, "message": rule.message} for rule in rules]
 
 
 def enforce(obj: Any, rules: tuple[Rule, ...]) -> None:
     for rule in rules:
         if not rule.holds(obj):
-            raise ValueError(rule.describe(obj) if rule.describe else rule.message)
+            raise ValueError(rule.message)

@@ -142,7 +142,7 @@ def test_a_family_whose_heads_do_not_split_is_refused_naming_the_sizes_that_do()
     with pytest.raises(ValidationError) as refused:
         spec(model=MODEL, resources={"gpus": 3})
     assert (
-        "parallelism.tensor 3 (resources.gpus x parallelism.nodes) does not split model family llama-3-70b "
+        "parallelism.tensor (resources.gpus x parallelism.nodes) does not split model family llama-3-70b "
         "evenly over its ranks (attention heads, key/value heads, MLP); use one of 1, 2, 4, 8, 16, 32, 64"
     ) in str(refused.value)
 
