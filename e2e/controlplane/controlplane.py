@@ -20,6 +20,7 @@ the component logs, when ``keep_dir=True`` or ``PAGODA_CP_KEEP=1``).
 from __future__ import annotations
 
 import atexit
+import base64
 import contextlib
 import json
 import os
@@ -84,6 +85,7 @@ def binary_path(name: str) -> Path:
         "kwok": v["KWOK_VERSION"],
         "prometheus-adapter": v["PROMETHEUS_ADAPTER_VERSION"],
         "minio": v["MINIO_VERSION"],
+        "lws-controller": v["LWS_VERSION"],
     }.get(name, v["KUBERNETES_VERSION"])
     return tools_cache() / f"{name}-{version}" / name
 
@@ -724,6 +726,103 @@ class ControlPlane:
         for c in [c for c in self._components if c.name == "prometheus-adapter"]:
             self._terminate(c)
             self._components.remove(c)
+
+    def start_lws_controller(self, *, timeout: float = 60.0) -> None:
+        """Install LeaderWorkerSet (its CRDs from the pinned module) and run its controller on loopback.
+
+        Its admission webhooks are what label each pod with its worker index and inject
+        LWS_LEADER_ADDRESS, LWS_GROUP_SIZE and LWS_WORKER_INDEX, so they are registered, not disabled:
+        by URL on 127.0.0.1 with a serving certificate of this control plane's CA, in place of the
+        in-cluster Service and the certificate rotation a real install runs (the one part of LWS not
+        exercised here). The pod webhooks see only LeaderWorkerSet pods (an objectSelector), so
+        other tests' pods never depend on this controller.
+        """
+        binary = ensure_binaries(("lws-controller",))["lws-controller"]
+        self.kubectl("apply", "--server-side", "-f", str(binary.parent / "leaderworkersets.yaml"))
+        deadline = time.monotonic() + timeout
+
+        def established() -> bool:
+            crd = self.api("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+                           "leaderworkersets.leaderworkerset.x-k8s.io")
+            return any(c["type"] == "Established" and c["status"] == "True"
+                       for c in crd.get("status", {}).get("conditions") or [])
+
+        self._wait("leaderworkersets CRD", established, deadline, interval=0.5)
+        certs = self._p("lws-certs")
+        certs.mkdir(exist_ok=True)
+        pki = self._p("pki")
+        (certs / "tls.ext").write_text(
+            "keyUsage=critical,digitalSignature,keyEncipherment\n"
+            "extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1\n"
+        )
+        _openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                 "-keyout", "tls.key", "-out", "tls.csr", "-subj", "/CN=lws-webhook", cwd=certs)
+        _openssl("x509", "-req", "-in", "tls.csr", "-CA", str(pki / "ca.crt"), "-CAkey",
+                 str(pki / "ca.key"), "-CAcreateserial", "-days", "3650", "-extfile", "tls.ext",
+                 "-out", "tls.crt", cwd=certs)
+        port, health = _free_port(), _free_port()
+        config = self._p("lws-config.yaml")
+        config.write_text(json.dumps({
+            "apiVersion": "config.lws.x-k8s.io/v1alpha1",
+            "kind": "Configuration",
+            "leaderElection": {"leaderElect": False},
+            "internalCertManagement": {"enable": False},
+            "webhook": {"host": "127.0.0.1", "port": port, "certDir": str(certs)},
+            "metrics": {"bindAddress": "0"},
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{health}"},
+        }))
+        self._spawn("lws-controller", [str(binary), f"--config={config}", f"--kubeconfig={self.kubeconfig}"])
+        ca_bundle = base64.b64encode((pki / "ca.crt").read_bytes()).decode()
+        lws_pods = {"matchExpressions": [
+            {"key": "leaderworkerset.sigs.k8s.io/name", "operator": "Exists"}
+        ]}
+
+        def hook(name: str, path: str, group: str, resource: str, operations: list[str]) -> dict:
+            out = {
+                "name": name,
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "failurePolicy": "Fail",
+                "clientConfig": {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca_bundle},
+                "rules": [{"apiGroups": [group], "apiVersions": ["v1"], "operations": operations,
+                           "resources": [resource]}],
+            }
+            if resource == "pods":
+                out["objectSelector"] = lws_pods
+            return out
+
+        lws = ("leaderworkerset.x-k8s.io", "leaderworkersets")
+        configurations = [
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "MutatingWebhookConfiguration",
+                "metadata": {"name": "lws-mutating"},
+                "webhooks": [
+                    hook("mleaderworkerset.kb.io", "/mutate-leaderworkerset-x-k8s-io-v1-leaderworkerset",
+                         *lws, ["CREATE", "UPDATE"]),
+                    hook("mpod.kb.io", "/mutate--v1-pod", "", "pods", ["CREATE"]),
+                ],
+            },
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingWebhookConfiguration",
+                "metadata": {"name": "lws-validating"},
+                "webhooks": [
+                    hook("vleaderworkerset.kb.io",
+                         "/validate-leaderworkerset-x-k8s-io-v1-leaderworkerset", *lws,
+                         ["CREATE", "UPDATE"]),
+                    hook("vpod.kb.io", "/validate--v1-pod", "", "pods", ["CREATE", "UPDATE"]),
+                ],
+            },
+        ]
+        self.kubectl("apply", "-f", "-",
+                     input=json.dumps({"apiVersion": "v1", "kind": "List", "items": configurations}))
+        self._wait("lws-controller", lambda: self._http_ok(f"http://127.0.0.1:{health}/readyz"),
+                   deadline, interval=0.5)
+        # The webhook server starts once the controllers are set up, after readyz answers.
+        self._wait("lws-controller",
+                   lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close() is None,
+                   deadline, interval=0.5)
 
     def node_ready(self, name: str) -> bool:
         try:
