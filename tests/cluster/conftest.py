@@ -103,6 +103,12 @@ def pagoda_operator(operator_kubeconfig, tmp_path_factory) -> Iterator[OperatorP
     assert not failures, f"the operator failed (logs in {operator.logs_dir}):\n" + "\n".join(failures[:10])
 
 
+@pytest.fixture(scope="session")
+def lws_controller(control_plane) -> None:
+    """LeaderWorkerSet installed and its controller running, for InferenceServices spanning nodes."""
+    control_plane.start_lws_controller()
+
+
 @pytest.fixture
 def isvc_namespace(control_plane) -> Iterator[str]:
     """A fresh namespace per test, deleted (with everything in it) afterwards. It enforces the

@@ -21,8 +21,7 @@ NODES = ("gpu-node-lws-a", "gpu-node-lws-b")
 
 
 @pytest.fixture(scope="module")
-def lws(control_plane):
-    control_plane.start_lws_controller()
+def lws(control_plane, lws_controller):
     for node in NODES:
         control_plane.create_gpu_node(node)
     yield

@@ -168,9 +168,12 @@ def test_operator_runs_as_its_service_account_with_least_privilege(control_plane
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.stem)
-def test_example_is_accepted_and_reconciled(control_plane, pagoda_operator, isvc_namespace, example):
+def test_example_is_accepted_and_reconciled(control_plane, pagoda_operator, isvc_namespace, example, request):
     cp = control_plane
-    name = yaml.safe_load(example.read_text())["metadata"]["name"]
+    manifest = yaml.safe_load(example.read_text())
+    name = manifest["metadata"]["name"]
+    if manifest["spec"].get("parallelism", {}).get("nodes", 1) > 1:
+        request.getfixturevalue("lws_controller")
     applied = apply(cp, isvc_namespace, example.read_text())
     assert applied.strip() == f"inferenceservice.pagoda.dev/{name} created"
     # A second client-side apply of the same file finds nothing the apiserver filled in to undo.
