@@ -534,6 +534,17 @@ class InferenceServiceSpec(Spec):
             "parallelism.nodes above 1 needs GPU pods (resources.gpus at least 1): a CPU replica runs "
             "in one pod",
         ),
+        Rule(
+            "self.parallelism.nodes == 1 || !has(self.model.cache) || !has(self.model.cache.accessMode) "
+            "|| self.model.cache.accessMode != 'ReadWriteOnce'",
+            lambda s: (
+                s.parallelism.nodes == 1
+                or s.model.cache is None
+                or s.model.cache.access_mode != "ReadWriteOnce"
+            ),
+            "parallelism.nodes above 1 needs model.cache.accessMode ReadWriteMany: a ReadWriteOnce cache "
+            "holds every pod on the one node its volume is attached to",
+        ),
         *FAMILY_SPLIT_RULES,
         Rule(
             "self.variants.all(v, self.variants.exists_one(w, w.name == v.name))",

@@ -481,6 +481,13 @@ INVALID = {
         lambda s: s.update(parallelism={"tensor": 2, "nodes": 3}),
         "parallelism.tensor must equal resources.gpus x parallelism.nodes",
     ),
+    "read-write-once-cache-across-nodes": (
+        lambda s: (
+            s["model"].update(source="hf://org/m", revision="a" * 40, cache={"accessMode": "ReadWriteOnce"}),
+            s.update(parallelism={"nodes": 3}),
+        ),
+        "parallelism.nodes above 1 needs model.cache.accessMode ReadWriteMany",
+    ),
     "bad-model-source-scheme": (
         lambda s: s["model"].update(source="gs://bucket/llama"),
         'spec.model.source: Invalid value: "gs://bucket/llama"',

@@ -131,6 +131,17 @@ def test_group_set_names_stay_short_enough_for_their_pods_labels():
         ),
         ({"resources": {"gpus": 0}, "parallelism": {"nodes": 2}}, "parallelism.nodes above 1 needs GPU pods"),
         ({"resources": {"gpus": 9}}, "less than or equal to 8"),
+        (
+            {
+                "model": {
+                    "source": "hf://org/m",
+                    "revision": "a" * 40,
+                    "cache": {"accessMode": "ReadWriteOnce"},
+                },
+                "parallelism": {"nodes": 2},
+            },
+            "parallelism.nodes above 1 needs model.cache.accessMode ReadWriteMany",
+        ),
     ],
 )
 def test_parallel_sizes_that_cannot_be_served_are_refused(changes, message):
