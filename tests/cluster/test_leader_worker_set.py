@@ -111,3 +111,17 @@ def test_one_node_is_a_deployment_and_two_nodes_a_leader_worker_set_group(
         details=pagoda_operator.log_tail,
     )
     assert isvc["status"]["variants"] == [{"name": "bf16", "replicas": 1, "readyReplicas": 1, "fits": True}]
+
+    # The top-level Service selects workers too, but they declare no http port: only the leader is
+    # an endpoint clients reach.
+    leader_ip = get(cp, "pod", by_index["0"]["metadata"]["name"], "-n", ns)["status"]["podIP"]
+
+    def served_addresses() -> set[str]:
+        slices = get(cp, "endpointslices", "-n", ns, "-l", "kubernetes.io/service-name=big")["items"]
+        return {
+            a for sl in slices if sl.get("ports") for ep in sl.get("endpoints") or [] for a in ep["addresses"]
+        }
+
+    wait_for(
+        served_addresses, check=lambda found: found == {leader_ip}, what="the leader as the only endpoint"
+    )
