@@ -20,7 +20,7 @@ from pagoda_runtime.model_runner import ModelRunner
 from pagoda_runtime.model_source import LoadedModel, expected_weight_shapes, load_model_source
 from pagoda_runtime.quantization_selection import select_quantization
 from pagoda_runtime.scheduler import Scheduler
-from pagoda_runtime.sizing import weight_bytes
+from pagoda_runtime.sizing import check_tensor_parallel, weight_bytes
 from pagoda_runtime.tensor_parallel import SINGLE_PROCESS, TensorParallel
 from pagoda_runtime.tokenizer import Tokenizer
 
@@ -72,6 +72,11 @@ def build_engine(
                 loaded.quantization,
             )
         loaded = loaded.dequantized(placement.dtype)
+    # Before any weight is read: a model that does not split over the ranks fails in one sentence.
+    # An AWQ/GPTQ checkpoint's own group size is met at load (PackedWeight.columns).
+    sliced = check_tensor_parallel(
+        loaded.config.to_sizing(), tp.size, "none" if quantization in ("awq", "gptq") else quantization
+    )
     limit = engine_config.max_model_len or loaded.config.max_position_embeddings
     weights = LOAD_PROGRESS.track(
         loaded.weights, len(expected_weight_shapes(loaded.config)), loaded.config.num_hidden_layers
@@ -86,9 +91,7 @@ def build_engine(
         dtype=placement.dtype_name,
         kv_cache_dtype=runner.kv_cache_dtype_name,
         weight_bytes=runner.weight_bytes,
-        predicted_weight_bytes=weight_bytes(
-            loaded.config.to_sizing(), quantization, placement.dtype_name, loaded.gguf_block
-        ),
+        predicted_weight_bytes=weight_bytes(sliced, quantization, placement.dtype_name, loaded.gguf_block),
         kv_bytes_per_block=runner.kv_bytes_per_block,
         block_size=engine_config.block_size,
         num_kv_blocks=runner.num_blocks,

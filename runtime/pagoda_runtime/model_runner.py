@@ -26,7 +26,7 @@ from pagoda_runtime.quantization.memory import model_weight_bytes
 from pagoda_runtime.sampler import Sampler, SamplerOutput
 from pagoda_runtime.scheduler import ScheduledBatch
 from pagoda_runtime.sequence import Sequence
-from pagoda_runtime.sizing import kv_bytes_per_block
+from pagoda_runtime.sizing import kv_bytes_per_block, kv_heads_per_rank
 from pagoda_runtime.tensor_parallel import SINGLE_PROCESS, TensorParallel
 
 logger = logging.getLogger(__name__)
@@ -81,6 +81,8 @@ class ModelRunner:
         checkpoint by quantization_selection.py); tp: this process's rank."""
         self.config = model_config
         self.tp = tp
+        # This rank's KV cache holds only the KV heads its query heads read.
+        self.num_kv_heads = kv_heads_per_rank(model_config.num_key_value_heads, tp.size)
         self.device = placement.device
         self.dtype = placement.dtype
         if self.device.type == "cpu":
@@ -111,7 +113,7 @@ class ModelRunner:
                 2,
                 self.num_blocks,
                 self.block_size,
-                model_config.num_key_value_heads,
+                self.num_kv_heads,
                 model_config.head_dim,
                 device=self.device,
                 dtype=self.kv_cache_dtype,
@@ -134,7 +136,7 @@ class ModelRunner:
     def kv_bytes_per_block(self) -> int:
         c = self.config
         return kv_bytes_per_block(
-            c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.block_size, self.kv_cache_dtype_name
+            c.num_hidden_layers, self.num_kv_heads, c.head_dim, self.block_size, self.kv_cache_dtype_name
         )
 
     def _num_blocks(self, kv_cache_memory: float, gpu_memory_utilization: float | None) -> int:

@@ -2,7 +2,9 @@
 
 The model builds every projection through make_linear and feeds it weights row block by row
 block (q, k and v into one fused qkv_proj): float weights are quantized on arrival, PackedWeights
-from AWQ, GPTQ or GGUF checkpoints are stored as they are.
+from AWQ, GPTQ or GGUF checkpoints are stored as they are. A row-parallel layer of a
+tensor-parallel model (`input_part`) keeps only its slice of the inputs, cut after quantizing the
+whole row, so every rank holds exactly the numbers one process would.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class QuantizedLinear(nn.Module):
         method: str,
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.bfloat16,
+        input_part: slice | None = None,
     ) -> None:
         super().__init__()
         if method not in ONLINE_QUANTIZERS:
@@ -61,6 +64,7 @@ class QuantizedLinear(nn.Module):
         self.in_features = in_features
         self.out_features = out_features
         self.method = method
+        self.input_part = input_part
         self.kind: str | None = None
         self.group_size = 0
         # Registered empty so that .to() and state_dict() see them once the first load fills them.
@@ -83,6 +87,8 @@ class QuantizedLinear(nn.Module):
         """Store rows [row_offset, row_offset + rows) of W, quantizing a float weight first."""
         if not isinstance(weight, PackedWeight):
             weight = self._quantize(weight)
+        if self.input_part is not None:
+            weight = weight.columns(self.input_part)
         if weight.in_features != self.in_features or row_offset + weight.out_features > self.out_features:
             raise ValueError(
                 f"a weight of {weight.out_features}x{weight.in_features} at row {row_offset} does not fit "
@@ -106,7 +112,8 @@ class QuantizedLinear(nn.Module):
 
     def _quantize(self, weight: torch.Tensor) -> PackedWeight:
         if self.method == "int4":
-            return ONLINE_QUANTIZERS["int4"](weight, int4_group_size(self.in_features))
+            # The whole row's width, also for a row-parallel shard: groups as one process has them.
+            return ONLINE_QUANTIZERS["int4"](weight, int4_group_size(weight.shape[1]))
         return ONLINE_QUANTIZERS[self.method](weight)
 
     def _allocate(self, like: PackedWeight) -> None:
@@ -126,7 +133,9 @@ class QuantizedLinear(nn.Module):
 
 
 class DenseLinear(nn.Linear):
-    """An unquantized nn.Linear with the same row-block `load` as QuantizedLinear."""
+    """An unquantized nn.Linear with the same row-block `load` (and `input_part`) as QuantizedLinear."""
+
+    input_part: slice | None = None
 
     def load(self, weight: torch.Tensor, row_offset: int = 0) -> None:
         if isinstance(weight, PackedWeight):
@@ -134,6 +143,8 @@ class DenseLinear(nn.Linear):
                 "this checkpoint holds quantized weights; serve it with --quantization awq, gptq or gguf "
                 "to match how it was saved"
             )
+        if self.input_part is not None:
+            weight = weight[:, self.input_part]
         self.weight.data[row_offset : row_offset + weight.shape[0]] = weight.to(self.weight.dtype)
 
     def load_bias(self, bias: torch.Tensor, row_offset: int = 0) -> None:
@@ -147,8 +158,12 @@ def make_linear(
     method: str,
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.bfloat16,
+    input_part: slice | None = None,
 ) -> nn.Module:
-    """The projection for a quantization method; both kinds take `load(weight, row_offset)`."""
+    """The projection for a quantization method; both kinds take `load(weight, row_offset)`.
+
+    input_part: for a row-parallel shard, which of the checkpoint's inputs it keeps (in_features
+    of them); None keeps them all."""
     if method not in QUANTIZATION_METHODS:
         raise ValueError(f"unknown quantization {method!r}; use one of {', '.join(QUANTIZATION_METHODS)}")
     if method == "none":
@@ -156,7 +171,8 @@ def make_linear(
         device = torch.get_default_device() if device is None else device  # skip_init needs one
         layer = skip_init(DenseLinear, in_features, out_features, bias=bias, device=device, dtype=dtype)
         layer.requires_grad_(False)
+        layer.input_part = input_part
         return layer
     return QuantizedLinear(
-        in_features, out_features, bias, _FLOAT_FALLBACK.get(method, method), device, dtype
+        in_features, out_features, bias, _FLOAT_FALLBACK.get(method, method), device, dtype, input_part
     )

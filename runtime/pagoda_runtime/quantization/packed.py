@@ -58,6 +58,26 @@ class PackedWeight:
             None if self.offsets is None else self.offsets[index],
         )
 
+    def columns(self, part: slice) -> PackedWeight:
+        """The same weight restricted to inputs [part.start, part.stop): a row-parallel shard. A
+        per-row scale goes with every slice of its row; groups must not be cut."""
+        start, stop = part.start, part.stop
+        per_row = self.scales.shape[1] == 1
+        if not per_row and (start % self.group_size or stop % self.group_size):
+            raise ValueError(
+                f"inputs {start}..{stop} of this {self.kind} weight cut its groups of {self.group_size}; "
+                "choose a tensor-parallel size that splits the layer at group boundaries"
+            )
+        pack = 2 if self.kind == "int4" else 1
+        groups = slice(None) if per_row else slice(start // self.group_size, stop // self.group_size)
+        return PackedWeight(
+            self.kind,
+            self.qweight[:, start // pack : stop // pack],
+            self.scales[:, groups],
+            stop - start if per_row else self.group_size,
+            None if self.offsets is None else self.offsets[:, groups],
+        )
+
     def to(self, device: torch.device | str) -> PackedWeight:
         offsets = None if self.offsets is None else self.offsets.to(device)
         return PackedWeight(

@@ -1,0 +1,92 @@
+"""What each tensor-parallel rank runs in test_tensor_parallel.py: module-level functions that a
+spawned rank can import without the test's heavier imports (transformers).
+
+`run_tasks(tp, tasks)` runs several jobs in one group of ranks, so a test module spawns one
+group per size instead of one per test.
+"""
+
+from __future__ import annotations
+
+import torch
+from pagoda_runtime.attention_metadata import AttentionMetadata
+from pagoda_runtime.config import EngineConfig
+from pagoda_runtime.engine import LLMEngine
+from pagoda_runtime.kernels import get_attention_ops
+from pagoda_runtime.model import LlamaForCausalLM
+from pagoda_runtime.model_source import load_model_source
+from pagoda_runtime.sampling_params import SamplingParams
+from pagoda_runtime.sizing import kv_bytes_per_block, kv_heads_per_rank
+
+from tests.runtime.tensor_parallel_ranks import lockstep
+
+NEW_TOKENS = 12
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog. She",
+    "def add(a, b):",
+    "The quick brown fox jumps over the lazy dog. He",  # shares whole blocks with the first
+    "Hello, world! How are",
+]
+# Tiny prefill chunks, prefix caching, and a cache of 10 blocks of 4 tokens that the four prompts
+# cannot hold at once: every step kind the scheduler has runs on every rank.
+TINY_ENGINE = dict(block_size=4, max_num_batched_tokens=7, enable_prefix_caching=True, max_model_len=40)
+TINY_KV_BLOCKS = 10
+
+
+def sharded_logits(tp, folder: str, quantization: str) -> torch.Tensor:
+    """Logits after each token of one prompt, from a model built directly (no engine) on this rank."""
+    loaded = load_model_source(folder)
+    config = loaded.config
+    model = LlamaForCausalLM(config, get_attention_ops("cpu"), 64, quantization, tp=tp)
+    model.load_weights(loaded.weights)
+    ids = torch.tensor(loaded.tokenizer.encode(PROMPTS[0]))
+    n, block_size = ids.shape[0], 4
+    blocks = -(-n // block_size)
+    kv_heads = kv_heads_per_rank(config.num_key_value_heads, tp.size)
+    caches = [
+        torch.zeros(2, blocks, block_size, kv_heads, config.head_dim) for _ in range(config.num_hidden_layers)
+    ]
+    meta = AttentionMetadata(
+        slot_mapping=torch.arange(n),
+        query_start_loc=torch.tensor([0, n], dtype=torch.int32),
+        seq_lens=torch.tensor([n], dtype=torch.int32),
+        block_tables=torch.arange(blocks, dtype=torch.int32)[None],
+        max_query_len=n,
+        max_seq_len=n,
+    )
+    with torch.inference_mode():
+        return model.compute_logits(model(ids, torch.arange(n), caches, meta))
+
+
+def greedy_runs(tp, jobs: list[tuple[str, str, dict]]) -> dict[str, tuple[list[list[int]], int, int]]:
+    """job name -> (greedy ids per prompt, preemptions, prefix-cache hits) of an engine per job."""
+    runs = {}
+    for name, model, settings in jobs:
+        settings = dict(settings)
+        kv_blocks = settings.pop("kv_blocks", None)
+        if kv_blocks is not None:
+            config = load_model_source(model).config
+            heads = kv_heads_per_rank(config.num_key_value_heads, tp.size)
+            per_block = kv_bytes_per_block(
+                config.num_hidden_layers, heads, config.head_dim, settings["block_size"], "float32"
+            )
+            settings["kv_cache_memory"] = kv_blocks * per_block
+        engine_config = EngineConfig(
+            model=model, dtype="float32", device="cpu", tensor_parallel_size=tp.size, **settings
+        )
+        engine = LLMEngine(engine_config, tp=tp)
+        lockstep(engine, tp)
+        for i, prompt in enumerate(PROMPTS):
+            engine.add_request(f"{name}-{i}", prompt, GREEDY)
+        finished = {}
+        while engine.has_unfinished():
+            finished.update({o.request_id: o for o in engine.step() if o.finished})
+        ids = [finished[f"{name}-{i}"].outputs[0].token_ids for i in range(len(PROMPTS))]
+        stats = engine.stats()
+        runs[name] = (ids, stats.num_preemptions, stats.prefix_cache_hits)
+    return runs
+
+
+def run_tasks(tp, tasks: dict[str, tuple[str, tuple]]) -> dict:
+    """task name -> (function name in this module, its arguments) -> task name -> its result."""
+    return {name: globals()[function](tp, *args) for name, (function, args) in tasks.items()}

@@ -1,0 +1,135 @@
+"""Tensor parallelism on the CPU (gloo): a model split over 2, 3 or 4 ranks computes what one
+process computes. The logits of a sharded forward pass match one process's; greedy ids match on
+every architecture variant, quantized (int8, GPTQ, GGUF) and on the bundled model, with prefix
+caching, chunked prefill and preemption all at work.
+
+Starting ranks costs seconds each (every one imports torch), so each group size is spawned once
+per module and runs all of its jobs (tensor_parallel_jobs.run_tasks)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pagoda_runtime.config import EngineConfig
+from pagoda_runtime.engine import LLMEngine
+from pagoda_runtime.quantization import dequantize, quantize_int4, quantize_int8
+from pagoda_runtime.tensor_parallel import SINGLE_PROCESS, TensorParallel
+
+from tests.runtime.engine.tensor_parallel_jobs import (
+    TINY_ENGINE,
+    TINY_KV_BLOCKS,
+    greedy_runs,
+    run_tasks,
+    sharded_logits,
+)
+from tests.runtime.quantization.quantized_folders import build_quantized_folder
+from tests.runtime.tensor_parallel_ranks import run_on_ranks
+from tests.runtime.tiny_models import VARIANTS, build_tiny_gguf, build_tiny_model
+
+LOGIT_QUANTIZATIONS = ("none", "int8")
+# SmolLM2-135M has 9 attention heads and 3 KV heads: 3 ranks is the size that splits it. Its Q4_1
+# blocks are dequantized at load, as on any CPU (the tiny GGUF job keeps Q4_1 packed).
+BUNDLED_JOB = ("bundled", "smollm2-135m", dict(block_size=4, max_num_batched_tokens=16))
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tp-models")
+    tiny = {"kv_blocks": TINY_KV_BLOCKS, **TINY_ENGINE}
+    folders = {variant: build_tiny_model(root / variant, variant) for variant in sorted(VARIANTS)}
+    # gqa: 8 query heads of width 8, so o_proj's 64 inputs split over 2 ranks into whole groups of 32.
+    gptq = build_quantized_folder(folders["gqa"], root / "gptq", "gptq", group_size=32)
+    gguf = build_tiny_gguf(folders["gqa"], root / "gqa.Q4_1.gguf", "Q4_1")
+    tiny_jobs = [(variant, str(folder), tiny) for variant, folder in folders.items()]
+    tiny_jobs.append(("llama3-int8", str(folders["llama3"]), {**tiny, "quantization": "int8"}))
+    packed_jobs = [
+        ("gptq", str(gptq), tiny),
+        ("gguf-q4_1", str(gguf), {**tiny, "quantization": "gguf"}),
+    ]
+    return {"qwen2": str(folders["qwen2"]), "tiny": tiny_jobs, "packed": packed_jobs}
+
+
+@pytest.fixture(scope="module")
+def one_process(models):
+    return {
+        "logits": {q: sharded_logits(SINGLE_PROCESS, models["qwen2"], q) for q in LOGIT_QUANTIZATIONS},
+        "tiny": greedy_runs(SINGLE_PROCESS, models["tiny"]),
+        "packed": greedy_runs(SINGLE_PROCESS, models["packed"]),
+        "bundled": greedy_runs(SINGLE_PROCESS, [BUNDLED_JOB]),
+    }
+
+
+@pytest.fixture(scope="module")
+def sharded(models):
+    """size -> that group's results, each group spawned once, on first use."""
+    tasks = {
+        # qwen2: biases on q, k and v; 2 KV heads, so 4 ranks hold a copy of one each.
+        **{f"logits-{q}": ("sharded_logits", (models["qwen2"], q)) for q in LOGIT_QUANTIZATIONS},
+        "tiny": ("greedy_runs", (models["tiny"],)),
+    }
+    by_size = {
+        # GPTQ groups and GGUF blocks of 32 split o_proj's 64 inputs over 2 ranks, not over 4.
+        2: {**tasks, "packed": ("greedy_runs", (models["packed"],))},
+        3: {"bundled": ("greedy_runs", ([BUNDLED_JOB],))},
+        4: tasks,
+    }
+    results = {}
+
+    def get(size: int) -> dict:
+        if size not in results:
+            results[size] = run_on_ranks(size, run_tasks, by_size[size])
+        return results[size]
+
+    return get
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_sharded_logits_match_one_process(one_process, sharded, size):
+    for quantization in LOGIT_QUANTIZATIONS:
+        whole, split = one_process["logits"][quantization], sharded(size)[f"logits-{quantization}"]
+        assert split.shape == whole.shape
+        torch.testing.assert_close(split, whole, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_tiny_models_greedy_ids_do_not_depend_on_the_tensor_parallel_size(one_process, sharded, size):
+    runs = sharded(size)["tiny"]
+    assert set(runs) == set(one_process["tiny"])
+    for name, (ids, preemptions, prefix_hits) in runs.items():
+        assert ids == one_process["tiny"][name][0], name
+        assert preemptions > 0 and prefix_hits > 0, name
+
+
+def test_packed_checkpoints_split_over_two_ranks_at_group_boundaries(one_process, sharded):
+    for name, (ids, preemptions, _) in sharded(2)["packed"].items():
+        assert ids == one_process["packed"][name][0], name
+        assert preemptions > 0, name
+
+
+def test_bundled_model_on_three_ranks(one_process, sharded):
+    ids, _, prefix_hits = sharded(3)["bundled"]["bundled"]
+    assert ids == one_process["bundled"]["bundled"][0]
+    assert prefix_hits > 0
+
+
+def test_a_size_that_does_not_split_the_heads_is_refused_before_any_collective():
+    # A stand-in group: the refusal must come before anything talks to the other rank.
+    tp = TensorParallel(rank=0, size=2, group=object())
+    config = EngineConfig(model="smollm2-135m", device="cpu", tensor_parallel_size=2)
+    with pytest.raises(ValueError, match=r"9 attention heads .* divides 9: 1, 3, 9"):
+        LLMEngine(config, tp=tp)
+
+
+def test_a_row_parallel_shard_never_cuts_a_quantization_group():
+    weight = torch.randn(8, 128)
+    grouped = quantize_int4(weight, 32)
+    x = torch.randn(3, 128)
+    # The two halves' partial products sum to the whole product, as the all-reduce does.
+    halves = [grouped.columns(slice(0, 64)), grouped.columns(slice(64, 128))]
+    whole = x @ dequantize(grouped).t()
+    parts = x[:, :64] @ dequantize(halves[0]).t() + x[:, 64:] @ dequantize(halves[1]).t()
+    torch.testing.assert_close(parts, whole)
+    with pytest.raises(ValueError, match="cut its groups of 32"):
+        grouped.columns(slice(0, 48))
+    per_row = quantize_int8(weight)  # one scale per row: any slice keeps it
+    assert per_row.columns(slice(0, 48)).group_size == 48
