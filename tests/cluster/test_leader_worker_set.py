@@ -125,3 +125,13 @@ def test_one_node_is_a_deployment_and_two_nodes_a_leader_worker_set_group(
     wait_for(
         served_addresses, check=lambda found: found == {leader_ip}, what="the leader as the only endpoint"
     )
+
+    # What LWS's defaulting webhook adds to the operator's apply is no change: resyncs write nothing.
+    version = get(cp, "leaderworkerset", group, "-n", ns)["metadata"]["resourceVersion"]
+    resyncs = pagoda_operator.handled(ns, "big", "Resync succeeded")
+    wait_for(
+        lambda: pagoda_operator.handled(ns, "big", "Resync succeeded"),
+        check=lambda count: count >= resyncs + 2,
+        what="two resyncs",
+    )
+    assert get(cp, "leaderworkerset", group, "-n", ns)["metadata"]["resourceVersion"] == version
