@@ -36,7 +36,7 @@ def llama_70b(nodes: int) -> dict:
         "metadata": {"name": "big"},
         "spec": {
             "model": {"source": "file:///models/llama-3-70b", "family": "llama-3-70b", "maxModelLen": 8192},
-            "variants": [{"name": "bf16", "replicas": {"min": 1, "max": 1}}],
+            "variants": [{"name": "bf16", "replicas": {"min": 1, "max": 2}}],
             "resources": {"gpus": 4, "gpuMemory": "80Gi", "cpu": "8", "memory": "64Gi"},
             "parallelism": {"nodes": nodes},
             "drain": {"timeoutSeconds": 5, "endpointRemovalSeconds": 1},
@@ -135,3 +135,16 @@ def test_one_node_is_a_deployment_and_two_nodes_a_leader_worker_set_group(
         what="two resyncs",
     )
     assert get(cp, "leaderworkerset", group, "-n", ns)["metadata"]["resourceVersion"] == version
+
+    # The HPA reads the group count through the LeaderWorkerSet's scale subresource (no metrics
+    # adapter runs here, so it cannot compute a recommendation: that is the autoscaling suite's).
+    hpa = wait_for(
+        lambda: get(cp, "hpa", variant_object_name("big", "bf16"), "-n", ns),
+        check=lambda h: (
+            h["spec"]["scaleTargetRef"]["kind"] == "LeaderWorkerSet"
+            and condition(h, "AbleToScale").get("reason") == "SucceededGetScale"
+        ),
+        timeout=45,
+        what="the HPA to read the LeaderWorkerSet's scale",
+    )
+    assert hpa["status"]["currentReplicas"] == 1
