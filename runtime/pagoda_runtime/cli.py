@@ -278,6 +278,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         enable_prefix_caching=args.enable_prefix_caching,
         enforce_eager=args.enforce_eager,
         seed=args.seed,
+        tensor_parallel_size=args.tensor_parallel_size,
     )
 
 
@@ -313,6 +314,7 @@ def _serve(args: argparse.Namespace) -> int:
     from pagoda_runtime.server.process import (
         default_termination_log,
         engine_loader,
+        group_engine_loader,
         serve,
         write_termination_message,
     )
@@ -322,18 +324,21 @@ def _serve(args: argparse.Namespace) -> int:
     termination_log = args.termination_log or default_termination_log()
     try:
         world = layout(args)
-        if world.is_group:
-            raise LayoutError(
-                f"--tensor-parallel-size {world.tensor_parallel_size} is not available in this build yet; "
-                "use 1"
-            )
     except LayoutError as exc:
         print(f"pagoda-runtime serve: {exc}", file=sys.stderr, flush=True)
         write_termination_message(termination_log, str(exc))
         return 1
-    return serve(
-        engine_loader(engine_config(args)), server_settings(args), args.host, args.port, termination_log
-    )
+    config = engine_config(args)
+    settings = server_settings(args)
+    if not world.is_group:
+        return serve(engine_loader(config), settings, args.host, args.port, termination_log)
+    from pagoda_runtime.rank_group import LogSettings, RankGroup
+    from pagoda_runtime.rank_worker import serve_worker_node
+
+    group = RankGroup(world, config, LogSettings(args.log_format, args.log_level.upper()), termination_log)
+    if not world.is_leader:
+        return serve_worker_node(group)
+    return group.finish(serve(group_engine_loader(group), settings, args.host, args.port, termination_log))
 
 
 def _add_fetch(sub) -> None:

@@ -31,10 +31,12 @@ class LLMEngine:
         engine_config: EngineConfig,
         loaded: LoadedModel | None = None,
         tp: TensorParallel = SINGLE_PROCESS,
+        layout: str = "1x1",
     ) -> None:
         """`loaded`: a model already in memory (the benchmarks' random weights) instead of
-        `engine_config.model`; `tp`: this process's rank (rank 0 runs this loop, see build_engine)."""
-        parts = build_engine(engine_config, loaded, tp)
+        `engine_config.model`; `tp`: this process's rank (rank 0 runs this loop, see build_engine);
+        `layout`: nodes x ranks per node, for the start-up banner."""
+        parts = build_engine(engine_config, loaded, tp, layout)
         self.engine_config = engine_config
         self.quantization = parts.quantization
         self.model_config = parts.model_config

@@ -42,7 +42,10 @@ class EngineParts:
 
 
 def build_engine(
-    engine_config: EngineConfig, loaded: LoadedModel | None = None, tp: TensorParallel = SINGLE_PROCESS
+    engine_config: EngineConfig,
+    loaded: LoadedModel | None = None,
+    tp: TensorParallel = SINGLE_PROCESS,
+    layout: str = "1x1",
 ) -> EngineParts:
     """`loaded`: a model already in memory (the benchmarks' random weights) instead of
     `engine_config.model`; `tp`: this process's rank of engine_config.tensor_parallel_size. Every
@@ -110,11 +113,14 @@ def build_engine(
         max_model_len=_cap_context(limit, capacity, engine_config),
         memory=memory,
     )
-    # One line with every effective setting, for whoever reads a pod's log first.
+    if not tp.is_driver:
+        return parts
+    # One line with every effective setting, for whoever reads a pod's log first; `layout` is
+    # world_layout.WorldLayout.describe(), nodes x ranks per node.
     logger.info(
         "pagoda-runtime settings: model=%s device=%s dtype=%s quantization=%s kv_cache_dtype=%s "
         "kv_blocks=%d (%d tokens) max_model_len=%d max_num_seqs=%d max_num_batched_tokens=%d "
-        "block_size=%d prefix_caching=%s tensor_parallel_size=%d pipeline_parallel_size=1",
+        "block_size=%d prefix_caching=%s tensor_parallel_size=%d layout=%s pipeline_parallel_size=1",
         engine_config.model,
         placement.device,
         placement.dtype_name,
@@ -128,6 +134,7 @@ def build_engine(
         engine_config.block_size,
         engine_config.enable_prefix_caching,
         tp.size,
+        layout,
     )
     return parts
 

@@ -27,6 +27,7 @@ from pagoda_runtime.sampler import Sampler, SamplerOutput
 from pagoda_runtime.scheduler import ScheduledBatch
 from pagoda_runtime.sequence import Sequence
 from pagoda_runtime.sizing import kv_bytes_per_block, kv_heads_per_rank
+from pagoda_runtime.step_broadcast import StepInputs, StepSender
 from pagoda_runtime.tensor_parallel import SINGLE_PROCESS, TensorParallel
 
 logger = logging.getLogger(__name__)
@@ -125,6 +126,8 @@ class ModelRunner:
         self._graph_pool = None
         self._max_graph_size = 0
         self.last_prepare_s = 0.0  # host time spent building the last step's tensors
+        # Rank 0 of a tensor-parallel group: where each step goes to the other ranks first.
+        self.step_sender: StepSender | None = None
         if self.device.type == "cuda" and not engine_config.enforce_eager:
             self._capture_graphs(engine_config.max_num_seqs)
 
@@ -176,18 +179,11 @@ class ModelRunner:
         logits are collectives); only rank 0 samples, the others return no samples."""
         started = time.perf_counter()
         sampling_rows = [i for i in range(len(batch)) if batch.samples(i)]
-        input_ids, positions, meta = self._prepare(batch)
+        step = self._prepare(batch, sampling_rows, replayable=True)
         self.last_prepare_s = time.perf_counter() - started
-        if meta.is_decode_only and len(batch) <= self._max_graph_size:
-            hidden = self._replay(input_ids, positions, meta)
-            logits_rows = torch.tensor(sampling_rows, device=self.device)
-        else:
-            hidden = self.model(input_ids, positions, self.kv_caches, meta)
-            ends = meta.query_start_loc[1:].long() - 1
-            logits_rows = ends[torch.tensor(sampling_rows, device=self.device, dtype=torch.long)]
-        if not sampling_rows:
+        logits = self.run(step)
+        if logits is None:
             return [], SamplerOutput([], [])
-        logits = self.model.compute_logits(hidden[logits_rows])
         if not self.tp.is_driver:
             return [], SamplerOutput([], [])
         return sampling_rows, self.sampler(logits, [batch.seqs[i] for i in sampling_rows])
@@ -196,10 +192,32 @@ class ModelRunner:
     def score(self, seq: Sequence) -> torch.Tensor:
         """Float32 logits [num_tokens, vocab] after each token of `seq`, in one prefill; `seq` holds
         blocks for all its tokens and none of them is computed yet."""
-        input_ids, positions, meta = self._prepare(ScheduledBatch([seq], [seq.num_tokens]))
-        return self.model.compute_logits(self.model(input_ids, positions, self.kv_caches, meta))
+        return self.run(self._prepare(ScheduledBatch([seq], [seq.num_tokens]), None, replayable=False))
 
-    def _prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    @torch.inference_mode()
+    def run(self, step: StepInputs) -> torch.Tensor | None:
+        """The forward and the float32 logits of step.logits_rows (None when there are none): what
+        every rank of a group computes for a step. Rank 0 first sends the step to the others."""
+        if self.step_sender is None:
+            return self._forward(step)
+        with self.step_sender.sending(step):
+            return self._forward(step)
+
+    def _forward(self, step: StepInputs) -> torch.Tensor | None:
+        meta = step.meta
+        if step.replayable and meta.is_decode_only and meta.num_seqs <= self._max_graph_size:
+            hidden = self._replay(step.input_ids, step.positions, meta)
+        else:
+            hidden = self.model(step.input_ids, step.positions, self.kv_caches, meta)
+        if step.logits_rows.shape[0] == 0:
+            return None
+        return self.model.compute_logits(hidden[step.logits_rows])
+
+    def _prepare(
+        self, batch: ScheduledBatch, sampling_rows: list[int] | None, replayable: bool
+    ) -> StepInputs:
+        """The step's flat tensors; logits for the last token of each of `sampling_rows`, or for
+        every token when None (scoring)."""
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
@@ -224,7 +242,17 @@ class ModelRunner:
             max_query_len=max(batch.num_new_tokens),
             max_seq_len=max(seq_lens),
         )
-        return self._tensor(input_ids, torch.int64), self._tensor(positions, torch.int64), meta
+        if sampling_rows is None:
+            rows = list(range(len(input_ids)))
+        else:
+            rows = [query_start[i + 1] - 1 for i in sampling_rows]
+        return StepInputs(
+            self._tensor(input_ids, torch.int64),
+            self._tensor(positions, torch.int64),
+            meta,
+            self._tensor(rows, torch.int64),
+            replayable,
+        )
 
     def _tensor(self, data: list, dtype: torch.dtype) -> torch.Tensor:
         if self.device.type == "cpu":

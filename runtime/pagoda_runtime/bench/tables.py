@@ -278,6 +278,17 @@ TABLES = [
         ),
     ),
     Table(
+        "step-broadcast-cpu",
+        ("cpu/step_broadcast.json",),
+        (
+            Column("step", lambda r: r["shape"]),
+            Column("sent", lambda r: f"{r['payload_bytes'] / 1024:,.1f} KiB"),
+            Column("broadcast + one all-reduce (median)", lambda r: micros(r["median_us"])),
+            Column("the broadcast's own cost", lambda r: micros(r["overhead_us"])),
+        ),
+        rows=lambda loaded: loaded[0]["rows"],
+    ),
+    Table(
         "cold-start-cpu",
         ("cpu/cold_start.json",),
         (Column("what", lambda r: r["what"]), Column("result", lambda r: r["result"])),

@@ -41,20 +41,37 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+class RankFilter(logging.Filter):
+    """Tags every line of a tensor-parallel rank's process (other than rank 0's) with its rank."""
+
+    def __init__(self, rank: int) -> None:
+        super().__init__()
+        self.rank = rank
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.rank = self.rank
+        return True
+
+
 class TextFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
+        rank = getattr(record, "rank", None)
+        if rank is not None:
+            line = f"{line} [rank={rank}]"
         rid = getattr(record, "request_id", None)
         return f"{line} [request_id={rid}]" if rid else line
 
 
-def configure_logging(log_format: str, level: str = "INFO") -> None:
+def configure_logging(log_format: str, level: str = "INFO", rank: int | None = None) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     handler.addFilter(RequestIdFilter())
+    if rank is not None:
+        handler.addFilter(RankFilter(rank))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

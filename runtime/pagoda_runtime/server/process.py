@@ -80,6 +80,29 @@ def engine_loader(engine_config: EngineConfig) -> EngineLoader:
     return load
 
 
+def group_engine_loader(group) -> EngineLoader:
+    """Rank 0 of a tensor-parallel group (rank_group.RankGroup): start this node's other ranks,
+    join, build the engine on this rank's share of the model; the engine is ready only once
+    every rank has loaded, so the readiness canary's first generation already runs on all."""
+
+    async def load():
+        def construct():
+            from pagoda_runtime.async_engine import AsyncLLMEngine
+            from pagoda_runtime.engine import LLMEngine
+
+            group.start()
+            member = group.join(0)
+            engine = LLMEngine(member.engine_config, tp=member.tp, layout=group.world.describe())
+            group.lead(member, engine.runner)
+            return AsyncLLMEngine(engine)
+
+        engine = await _in_daemon_thread(construct)
+        await engine.start()
+        return engine
+
+    return load
+
+
 class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, state: ServerState, termination_log: str | None) -> None:
         super().__init__(config)

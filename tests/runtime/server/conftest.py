@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -52,7 +53,9 @@ class ServerProcess:
     """A serving process on loopback, as a real child: `pagoda-runtime serve` with the bundled model,
     or (fake=True) the same process code over the fake engine."""
 
-    def __init__(self, *flags: str, log_dir: Path, fake: bool = False) -> None:
+    def __init__(
+        self, *flags: str, log_dir: Path, fake: bool = False, env: dict[str, str] | None = None
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_dir / f"server-{self.port}.log"
@@ -72,7 +75,12 @@ class ServerProcess:
             ]
             command += ["--kv-cache-memory", str(200 * 2**20), "--canary-interval", "1", *flags]
         self._log = self.log_path.open("w")
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            command,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=None if env is None else {**os.environ, **env},
+        )
 
     def log(self) -> str:
         return self.log_path.read_text()
