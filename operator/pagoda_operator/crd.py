@@ -159,8 +159,9 @@ def build_crd() -> dict:
                     "schema": {
                         "openAPIV3Schema": {
                             "type": "object",
-                            "description": "An LLM served by pagoda-runtime pods: one Deployment per "
-                            "quantization variant behind one Service, autoscaled on queue depth.",
+                            "description": "An LLM served by pagoda-runtime pods: one Deployment (a "
+                            "LeaderWorkerSet across nodes) per quantization variant behind one Service, "
+                            "autoscaled on queue depth.",
                             "required": ["spec"],
                             "x-kubernetes-validations": cel_validations(NAME_RULES),
                             "properties": {

@@ -421,7 +421,8 @@ class RolloutSpec(Spec):
     )
 
     def strategy(self, gpus: int) -> dict:
-        """The Deployment's rollingUpdate: the fields given, the device's defaults for the others."""
+        """The Deployment's rollingUpdate (a LeaderWorkerSet's, counted in groups): the fields given, the
+        device's defaults for the others."""
         surge, unavailable = (0, 1) if gpus else (1, 0)
         surge = surge if self.max_surge is None else self.max_surge
         unavailable = unavailable if self.max_unavailable is None else self.max_unavailable
@@ -572,7 +573,8 @@ class InferenceServiceSpec(Spec):
     variants: list[VariantSpec] = Field(
         min_length=1,
         max_length=8,
-        description="Quantization variants served side by side behind one Service, each its own Deployment. "
+        description="Quantization variants served side by side behind one Service, each its own "
+        "Deployment (or LeaderWorkerSet, when a replica spans nodes). "
         "A map keyed by name: server-side apply merges variants by name, so that several field managers "
         "can each own their own.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
@@ -632,7 +634,9 @@ class VariantStatus(Spec):
 
 class RetiringStatus(Spec):
     since: str = Field(description="When the operator began waiting for the replacing variants.")
-    deployments: list[str] = Field(default=[], description="Deployments kept serving meanwhile.")
+    deployments: list[str] = Field(
+        default=[], description="Deployments (or LeaderWorkerSets) kept serving meanwhile."
+    )
 
 
 class ModelCacheStatus(Spec):
