@@ -279,7 +279,7 @@ def _apply_children(k: Kube, plan: ServicePlan, manifests: list[dict], uid: str)
 def _retire(k: Kube, body, plan: ServicePlan, manifests: list[dict], kinds: list[str]) -> dict | None:
     """Deletes the children the render no longer produces, once their replacements serve."""
     if plan.held:
-        # Nothing is rendered while the checkpoint is read; the serving children stay as they are.
+        # No variant is rendered while the checkpoint is read: the serving ones stay as they are.
         return (body.get("status") or {}).get("retiring")
     namespace, name, uid, _ = _ids(body)
     owned = [
