@@ -5,15 +5,13 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 from minio import Minio
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "e2e" / "controlplane"))
-import controlplane  # noqa: E402
+from tests.repo_modules import controlplane
 
 ACCESS_KEY = "pagoda-test"
 SECRET_KEY = "pagoda-test-secret"
