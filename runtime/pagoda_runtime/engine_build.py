@@ -76,10 +76,7 @@ def build_engine(
             )
         loaded = loaded.dequantized(placement.dtype)
     # Before any weight is read: a model that does not split over the ranks fails in one sentence.
-    # An AWQ/GPTQ checkpoint's own group size is met at load (PackedWeight.columns).
-    sliced = check_tensor_parallel(
-        loaded.config.to_sizing(), tp.size, "none" if quantization in ("awq", "gptq") else quantization
-    )
+    sliced = check_tensor_parallel(loaded.config.to_sizing(), tp.size, quantization, loaded.group_size)
     limit = engine_config.max_model_len or loaded.config.max_position_embeddings
     weights = LOAD_PROGRESS.track(
         loaded.weights, len(expected_weight_shapes(loaded.config)), loaded.config.num_hidden_layers

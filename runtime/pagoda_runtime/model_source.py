@@ -79,6 +79,9 @@ class LoadedModel:
     quantization: str | None = None
     # For "gguf": the block type of those projections (Q4_0, Q4_1, Q8_0; the largest if they mix).
     gguf_block: str | None = None
+    # For "awq" and "gptq": the checkpoint's group of inputs (-1: one per row), which a
+    # tensor-parallel split must not cut.
+    group_size: int | None = None
 
     def dequantized(self, dtype: torch.dtype) -> LoadedModel:
         """The same model with each PackedWeight turned into a float tensor as it streams past."""
@@ -304,7 +307,9 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype) -> LoadedModel:
                 else:
                     yield name, read(name).to(dtype)
 
-    return LoadedModel(config, weights(), tokenizer, spec.method if stored else None)
+    if not stored:
+        return LoadedModel(config, weights(), tokenizer)
+    return LoadedModel(config, weights(), tokenizer, spec.method, group_size=spec.group_size)
 
 
 # ---- GGUF files -----------------------------------------------------------------------------------

@@ -230,10 +230,15 @@ def check_tensor_parallel(
         # A group that spans the whole row is a per-row scale, which every slice of the row shares.
         if group != inputs and (inputs // size) % group:
             sizes = ", ".join(map(str, dividing_sizes(inputs // group)))
+            other = (
+                "a checkpoint quantized in smaller groups"
+                if quantization in ("awq", "gptq")
+                else "int8 or fp8 quantization, which have no groups"
+            )
             raise ValueError(
                 f"{quantization} weights come in groups of {group} inputs, and the {what} projection's "
                 f"{inputs} inputs do not split into whole groups over {size} tensor-parallel ranks; "
-                f"use a tensor-parallel size of {sizes}, or int8/fp8, which have no groups"
+                f"use a tensor-parallel size of {sizes}, or {other}"
             )
     return sliced
 

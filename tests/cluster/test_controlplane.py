@@ -38,14 +38,15 @@ def _deployment(name: str, gpus: int = 1, replicas: int = 1) -> dict:
                 "metadata": {"labels": {"app": name}},
                 "spec": {
                     "terminationGracePeriodSeconds": 1,
-                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
-                                     "effect": "NoSchedule"}],
+                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
                     "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
-                    "containers": [{
-                        "name": "server",
-                        "image": "registry.invalid/pagoda-runtime:test",
-                        "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
-                    }],
+                    "containers": [
+                        {
+                            "name": "server",
+                            "image": "registry.invalid/pagoda-runtime:test",
+                            "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                        }
+                    ],
                 },
             },
         },
@@ -84,9 +85,12 @@ def test_gpu_deployment_scheduled_and_ready(control_plane, namespace):
     def ready_pods():
         pods = _get(cp, "pods", "-n", namespace, "-l", "app=gpu-app")["items"]
         return [
-            p for p in pods
-            if any(c["type"] == "Ready" and c["status"] == "True"
-                   for c in p.get("status", {}).get("conditions", []))
+            p
+            for p in pods
+            if any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in p.get("status", {}).get("conditions", [])
+            )
         ]
 
     pods = _wait(ready_pods, what="a Ready gpu-app pod")
@@ -104,9 +108,12 @@ def test_gpu_requests_beyond_capacity_stay_pending(control_plane, namespace):
     def unschedulable():
         pods = _get(cp, "pods", "-n", namespace, "-l", "app=too-big")["items"]
         return [
-            p for p in pods
-            if any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
-                   for c in p.get("status", {}).get("conditions", []))
+            p
+            for p in pods
+            if any(
+                c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+                for c in p.get("status", {}).get("conditions", [])
+            )
         ]
 
     pod = _wait(unschedulable, what="the 9-GPU pod to be Unschedulable")[0]
@@ -127,8 +134,9 @@ def test_namespace_deletion_garbage_collects(control_plane):
         return cp.kubectl("get", "namespace", ns, check=False).returncode != 0
 
     _wait(gone, timeout=90, what=f"namespace {ns} to be deleted")
-    left = _get(cp, "pods,replicasets,deployments,configmaps", "-A",
-                f"--field-selector=metadata.namespace={ns}")["items"]
+    left = _get(
+        cp, "pods,replicasets,deployments,configmaps", "-A", f"--field-selector=metadata.namespace={ns}"
+    )["items"]
     assert left == []
 
 

@@ -127,6 +127,16 @@ def test_a_size_that_does_not_split_the_heads_is_refused_before_any_collective()
         LLMEngine(config, tp=tp)
 
 
+def test_a_size_that_cuts_a_checkpoints_groups_is_refused_before_any_collective(tmp_path):
+    float_folder = build_tiny_model(tmp_path / "gqa", "gqa")
+    gptq = build_quantized_folder(float_folder, tmp_path / "gptq", "gptq", group_size=32)
+    tp = TensorParallel(rank=0, size=4, group=object())
+    config = EngineConfig(model=str(gptq), device="cpu", tensor_parallel_size=4)
+    # o_proj's 64 inputs are two groups of 32: 4 ranks would each hold half a group.
+    with pytest.raises(ValueError, match=r"groups of 32 inputs.* size of 1, 2,"):
+        LLMEngine(config, tp=tp)
+
+
 def test_a_row_parallel_shard_never_cuts_a_quantization_group():
     weight = torch.randn(8, 128)
     grouped = quantize_int4(weight, 32)
