@@ -22,6 +22,7 @@ from pagoda_runtime.devices import Placement, dtype_name
 from pagoda_runtime.kernels import get_attention_ops
 from pagoda_runtime.kernels.reference import FP8_KV_DTYPE
 from pagoda_runtime.model import LlamaForCausalLM
+from pagoda_runtime.quantization import QuantizedLinear
 from pagoda_runtime.quantization.memory import model_weight_bytes
 from pagoda_runtime.sampler import Sampler, SamplerOutput
 from pagoda_runtime.scheduler import ScheduledBatch
@@ -102,6 +103,10 @@ class ModelRunner:
             tp,
         )
         self.model.load_weights(weights)
+        if self.device.type == "cpu":
+            for module in self.model.modules():
+                if isinstance(module, QuantizedLinear):
+                    module.pack_for_cpu()
         self.model.eval()
         self.weight_bytes = model_weight_bytes(self.model)
         # Rank 0's block manager hands out block ids for every rank's cache: all hold as many.

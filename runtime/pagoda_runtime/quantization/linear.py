@@ -15,6 +15,7 @@ from torch.nn.utils import skip_init
 
 from pagoda_runtime.config import QUANTIZATION_METHODS
 
+from .cpu_packed import cpu_packed_weight
 from .online import ONLINE_QUANTIZERS, int4_group_size
 from .packed import PackedWeight
 from .reference import reference_matmul
@@ -70,6 +71,7 @@ class QuantizedLinear(nn.Module):
         # Registered empty so that .to() and state_dict() see them once the first load fills them.
         for name in ("qweight", "scales", "offsets"):
             self.register_buffer(name, None)
+        self.cpu_weight: nn.Module | None = None  # see pack_for_cpu
         self._device = torch.device(device) if device is not None else torch.device("cpu")
         self.bias = (
             nn.Parameter(torch.zeros(out_features, device=self._device, dtype=dtype), requires_grad=False)
@@ -80,6 +82,8 @@ class QuantizedLinear(nn.Module):
     @property
     def weight(self) -> PackedWeight:
         if self.qweight is None:
+            if self.cpu_weight is not None:
+                raise RuntimeError("this layer's weight is in torch's CPU kernel layout (cpu_weight) now")
             raise RuntimeError("this layer has no weight yet; call load() with its checkpoint tensor first")
         return PackedWeight(self.kind, self.qweight, self.scales, self.group_size, self.offsets)
 
@@ -122,8 +126,17 @@ class QuantizedLinear(nn.Module):
             shape = (self.out_features, *tensor.shape[1:])
             self.register_buffer(name, torch.zeros(shape, dtype=tensor.dtype, device=self._device))
 
+    def pack_for_cpu(self) -> None:
+        """Once every row is loaded: hand the weight to torch's CPU kernel for its kind, in that
+        kernel's layout (cpu_packed.py), where one takes it; the buffers it came from are dropped."""
+        packed = cpu_packed_weight(self.weight)
+        if packed is not None:
+            self.cpu_weight = packed
+            self.qweight = self.scales = self.offsets = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = quantized_matmul(x.reshape(-1, self.in_features), self.weight)
+        x2d = x.reshape(-1, self.in_features)
+        y = self.cpu_weight(x2d) if self.cpu_weight is not None else quantized_matmul(x2d, self.weight)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)

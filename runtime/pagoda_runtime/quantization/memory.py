@@ -11,7 +11,9 @@ def linear_weight_bytes(model: nn.Module) -> int:
     """Stored bytes of every projection built by make_linear (packed weights, scales, offsets)."""
     total = 0
     for module in model.modules():
-        if isinstance(module, QuantizedLinear) and module.qweight is not None:
+        if isinstance(module, QuantizedLinear) and module.cpu_weight is not None:
+            total += sum(t.numel() * t.element_size() for t in module.cpu_weight.buffers())
+        elif isinstance(module, QuantizedLinear) and module.qweight is not None:
             total += module.weight.nbytes
         elif isinstance(module, DenseLinear):
             total += module.weight.numel() * module.weight.element_size()
