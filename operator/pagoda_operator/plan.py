@@ -76,7 +76,9 @@ def sized_quantization(
     elif variant.quantization in ("awq", "gptq"):
         stored = variant.quantization
     device_type = "cuda" if spec.resources.gpus else "cpu"
-    return select_quantization(variant.quantization, stored, device_type, spec.model.source)
+    return select_quantization(
+        variant.quantization, stored, device_type, spec.model.source, spec.runtime.dtype
+    )
 
 
 def _architecture(spec: InferenceServiceSpec, checkpoint: Checkpoint | None) -> ModelArchitecture | None:

@@ -62,16 +62,21 @@ def build_engine(
         LOAD_PROGRESS.phase(f"reading the checkpoint {engine_config.model}")
         loaded = load_model_source(engine_config.model, placement.dtype, keep_quantized=True)
     quantization = select_quantization(
-        engine_config.quantization, loaded.quantization, placement.device.type, engine_config.model
+        engine_config.quantization,
+        loaded.quantization,
+        placement.device.type,
+        engine_config.model,
+        engine_config.dtype,
     )
     if loaded.quantization is not None and quantization != loaded.quantization:
         if engine_config.quantization == "auto":
             logger.info(
-                "%s stores %s blocks; on the %s they are dequantized at load "
+                "%s stores %s blocks; on the %s with --dtype %s they are dequantized at load "
                 "(--quantization %s keeps them packed)",
                 engine_config.model,
                 loaded.quantization,
                 placement.device.type,
+                engine_config.dtype,
                 loaded.quantization,
             )
         loaded = loaded.dequantized(placement.dtype)

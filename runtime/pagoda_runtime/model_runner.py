@@ -24,6 +24,7 @@ from pagoda_runtime.kernels.reference import FP8_KV_DTYPE
 from pagoda_runtime.model import LlamaForCausalLM
 from pagoda_runtime.quantization import QuantizedLinear
 from pagoda_runtime.quantization.memory import model_weight_bytes
+from pagoda_runtime.quantization_selection import cpu_packed_kernels
 from pagoda_runtime.sampler import Sampler, SamplerOutput
 from pagoda_runtime.scheduler import ScheduledBatch
 from pagoda_runtime.sequence import Sequence
@@ -103,7 +104,7 @@ class ModelRunner:
             tp,
         )
         self.model.load_weights(weights)
-        if self.device.type == "cpu":
+        if self.device.type == "cpu" and cpu_packed_kernels(engine_config.dtype):
             for module in self.model.modules():
                 if isinstance(module, QuantizedLinear):
                     module.pack_for_cpu()

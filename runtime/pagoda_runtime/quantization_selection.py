@@ -13,11 +13,21 @@ STORED_FORMATS = ("awq", "gptq", "gguf")  # formats a checkpoint can hold its pr
 _ONLINE = tuple(m for m in QUANTIZATION_METHODS if m not in STORED_FORMATS)
 
 
-def select_quantization(requested: str, stored: str | None, device_type: str, source: str) -> str:
+def cpu_packed_kernels(dtype: str) -> bool:
+    """Whether packed projections on the CPU run through torch's bfloat16 int4/int8 kernels
+    (quantization/cpu_packed.py): with --dtype auto. An explicit --dtype asks for every matmul in
+    that dtype, which the reference (dequantize, then matmul) gives exactly."""
+    return dtype == "auto"
+
+
+def select_quantization(
+    requested: str, stored: str | None, device_type: str, source: str, dtype: str = "auto"
+) -> str:
     """The method to build the model's projections with.
 
     stored: "awq", "gptq" or "gguf" when the checkpoint holds its projections in that format,
-    None for float weights; device_type: "cpu" or "cuda"; source names the model in messages.
+    None for float weights; device_type: "cpu" or "cuda"; source names the model in messages;
+    dtype: the --dtype asked for ("auto" or a float type).
     """
     if requested not in CHOICES:
         raise ValueError(f"unknown quantization {requested!r}; use one of {', '.join(CHOICES)}")
@@ -30,9 +40,10 @@ def select_quantization(requested: str, stored: str | None, device_type: str, so
         return stored
     if stored == "gguf":
         if requested == "auto":
-            # On the CPU a packed matmul dequantizes its weight at every step (decode of the bundled
-            # model measured 8x slower than float32), so there the file is dequantized once at load.
-            return "gguf" if device_type == "cuda" else "none"
+            # Without the CPU kernels a packed matmul dequantizes its weight at every step (decode
+            # of the bundled model measured 8x slower than float32): then the file is dequantized
+            # once at load instead.
+            return "gguf" if device_type == "cuda" or cpu_packed_kernels(dtype) else "none"
         if requested in ("awq", "gptq"):
             raise ValueError(
                 f"{source} holds GGUF blocks, not {requested.upper()} weights; "

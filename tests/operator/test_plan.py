@@ -24,11 +24,13 @@ def test_auto_is_sized_as_the_runtime_will_serve_the_checkpoint():
     bundled = {"source": "bundled://smollm2-135m", "family": "smollm2-135m"}
     on_gpu = spec(model=bundled, resources={"gpuMemory": "16Gi"})
     on_cpu = spec(model=bundled, resources={"gpus": 0, "memory": "4Gi"})
+    exact_cpu = spec(model=bundled, resources={"gpus": 0, "memory": "4Gi"}, runtime={"dtype": "float32"})
     assert plan_variant(on_gpu, on_gpu.variants[0]).quantization == "gguf"
-    assert plan_variant(on_cpu, on_cpu.variants[0]).quantization == "none"
+    assert plan_variant(on_cpu, on_cpu.variants[0]).quantization == "gguf"
+    assert plan_variant(exact_cpu, exact_cpu.variants[0]).quantization == "none"
     assert (
-        plan_variant(on_gpu, on_gpu.variants[0]).fit.weight_bytes
-        < plan_variant(on_cpu, on_cpu.variants[0]).fit.weight_bytes
+        plan_variant(on_cpu, on_cpu.variants[0]).fit.weight_bytes
+        < plan_variant(exact_cpu, exact_cpu.variants[0]).fit.weight_bytes
     )
 
     folder = spec(model={"source": "pvc://models/llama", "family": "llama-3-8b"})

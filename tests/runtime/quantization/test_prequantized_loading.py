@@ -123,9 +123,11 @@ def test_gguf_blocks_stay_packed_and_generate_what_the_dequantized_file_generate
     assert _greedy(engine) == _greedy(reference)
 
 
-def test_auto_keeps_gguf_blocks_on_a_gpu_and_dequantizes_them_on_the_cpu():
+def test_auto_keeps_gguf_blocks_packed_unless_the_cpu_is_asked_for_an_exact_float_dtype():
     assert select_quantization("auto", "gguf", "cuda", "m.gguf") == "gguf"
-    assert select_quantization("auto", "gguf", "cpu", "m.gguf") == "none"
+    assert select_quantization("auto", "gguf", "cpu", "m.gguf") == "gguf"
+    assert select_quantization("auto", "gguf", "cpu", "m.gguf", dtype="float32") == "none"
+    assert select_quantization("auto", "gguf", "cuda", "m.gguf", dtype="float32") == "gguf"
     assert select_quantization("gguf", "gguf", "cpu", "m.gguf") == "gguf"
     assert select_quantization("int8", "gguf", "cuda", "m.gguf") == "int8"
     assert select_quantization("auto", "awq", "cpu", "m") == "awq"

@@ -119,18 +119,21 @@ def test_unknown_model_and_context_overflow(client):
 
 def test_info_reports_the_bundled_model_as_loaded_on_the_cpu(server):
     info = httpx.get(server.url + "/v1/info", timeout=10).json()
-    # On the CPU "auto" serves the bundled Q4_1 file dequantized to float32 (see quantization_selection.py).
+    # With --dtype auto the CPU keeps the bundled Q4_1 projections packed (see quantization_selection.py):
+    # 4 bits and a 16-bit scale and minimum per 32 weights, the embedding in float32.
     assert (info["model"], info["quantization"], info["dtype"], info["kv_cache_dtype"]) == (
         MODEL,
-        "none",
+        "gguf",
         "float32",
         "float32",
     )
-    assert info["weight_bytes"] == info["predicted_weight_bytes"] == 4 * 134_515_008
+    floats = (49_152 + 61) * 576  # the embedding and the norms
+    expected = (134_515_008 - floats) * 5 // 8 + 4 * floats
+    assert info["weight_bytes"] == info["predicted_weight_bytes"] == expected
     per_block = 2 * 30 * 16 * 3 * 64 * 4  # keys and values, 30 layers, 16 tokens, 3 kv heads of 64, float32
     assert info["kv_bytes_per_block"] == per_block and info["num_kv_blocks"] == 200 * 2**20 // per_block
     assert info["kv_cache_bytes"] == per_block * info["num_kv_blocks"]
-    assert f"memory: {MODEL}: quantization none" in server.log()
+    assert f"memory: {MODEL}: quantization gguf" in server.log()
 
 
 def test_raw_sse_framing(server):
