@@ -99,6 +99,8 @@ class RankGroup:
         """Start local ranks 1..local_size-1 and watch them."""
         from pagoda_runtime.rank_worker import spawned_rank
 
+        if self.world.local_size == 1:
+            return
         context = multiprocessing.get_context("spawn")
         self._failures = context.SimpleQueue()
         for local_rank in range(1, self.world.local_size):
@@ -117,8 +119,7 @@ class RankGroup:
             )
             process.start()
             self._processes[rank] = process
-        if self._processes:
-            threading.Thread(target=self._watch, name="pagoda-rank-watch", daemon=True).start()
+        threading.Thread(target=self._watch, name="pagoda-rank-watch", daemon=True).start()
 
     def _watch(self) -> None:
         by_sentinel = {p.sentinel: (rank, p) for rank, p in self._processes.items()}
