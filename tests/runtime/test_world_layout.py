@@ -37,3 +37,11 @@ def test_a_leaderworkerset_pod_holds_its_share_of_the_global_ranks(index, ranks)
 def test_a_layout_that_cannot_run_is_refused_with_what_to_change(size, env, message):
     with pytest.raises(LayoutError, match=message):
         world_layout(size, env=env)
+
+
+def test_each_rank_takes_its_own_device_and_one_pinned_gpu_is_refused():
+    from pagoda_runtime.rank_group import rank_device
+
+    assert [rank_device("cpu", r, 2) for r in range(2)] == ["cpu", "cpu"]
+    with pytest.raises(LayoutError, match="--device cuda:1 pins one GPU, but each of the 2 ranks"):
+        rank_device("cuda:1", 0, 2)
