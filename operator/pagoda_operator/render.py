@@ -35,6 +35,9 @@ MODEL_MOUNT = "/models"
 CACHE_MOUNT = "/cache"
 SHUTDOWN_MARGIN_SECONDS = 15
 PROBE_PERIOD_SECONDS = 10
+# The startup probe runs only until the pod is ready once, so a short period costs little and lets
+# the Ready condition (and the Service's endpoints) follow /health/ready within a second.
+STARTUP_PROBE_PERIOD_SECONDS = 1
 # Where rank 0 (the leader pod's first rank) listens for the others to join the process group.
 DISTRIBUTED_PORT = 29500
 
@@ -219,8 +222,8 @@ def _runtime_container(
     # group's leader is ready only once every rank of the group has joined.
     container["startupProbe"] = _http_probe(
         "/health/ready",
-        PROBE_PERIOD_SECONDS,
-        math.ceil(rt.startup_timeout_seconds / PROBE_PERIOD_SECONDS),
+        STARTUP_PROBE_PERIOD_SECONDS,
+        math.ceil(rt.startup_timeout_seconds / STARTUP_PROBE_PERIOD_SECONDS),
         5,
     )
     container["readinessProbe"] = _http_probe("/health/ready", 5, 2, 3)

@@ -269,10 +269,13 @@ def test_probes_give_model_loading_the_startup_timeout():
     startup = c["startupProbe"]
     assert startup["httpGet"] == {"path": "/health/ready", "port": "http"}
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 1200
+    # Ready follows the runtime within a second or two of loading, not a probe period later.
+    assert startup["periodSeconds"] <= 2
     assert c["readinessProbe"]["httpGet"]["path"] == "/health/ready"
     live = c["livenessProbe"]
     assert live["httpGet"]["path"] == "/health/live"
     assert live["periodSeconds"] * live["failureThreshold"] >= 60  # conservative
+    assert c["readinessProbe"]["periodSeconds"] >= 5  # no more probe load once started
     default = container(spec())["startupProbe"]
     assert default["periodSeconds"] * default["failureThreshold"] == 1800
 
