@@ -4,7 +4,9 @@ LeaderWorkerSet becomes leader and worker pods on kwok's fake GPU nodes.
 
 Not exercised here: LWS's own certificate rotation and in-cluster webhook Service (the webhooks are
 registered by URL on 127.0.0.1, see ControlPlane.start_lws_controller), and real ranks joining (kwok
-runs no containers; tests/runtime covers the runtime's side of the LWS environment).
+runs no containers; tests/runtime covers the runtime's side of the LWS environment, and the
+end-to-end node has no cluster DNS to resolve LWS_LEADER_ADDRESS, a pod's name under the group's
+headless Service).
 """
 
 from __future__ import annotations
