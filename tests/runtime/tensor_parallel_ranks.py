@@ -5,9 +5,6 @@ one torch.distributed group, calls `fn(tp, *args)` on each with its TensorParall
 what rank 0 returned; an exception on any rank is raised here with that rank's traceback, and a
 group that does not finish within `timeout` seconds is killed. `fn` must be importable (a module
 level function), since the ranks are spawned, not forked.
-
-`lockstep(engine, tp)` makes every rank's LLMEngine take rank 0's samples, so engines fed the same
-requests in the same order schedule the same batches, as the server's step broadcast would.
 """
 
 from __future__ import annotations
@@ -73,16 +70,3 @@ def run_on_ranks(size: int, fn, *args, timeout: float = 300):
             process.join(timeout=10)
             if process.is_alive():
                 process.kill()
-
-
-def lockstep(engine, tp: TensorParallel) -> None:
-    if tp.size == 1:
-        return
-    execute = engine.runner.execute
-
-    def shared_samples(batch):
-        samples = [execute(batch)]
-        dist.broadcast_object_list(samples, src=0, group=tp.group)
-        return samples[0]
-
-    engine.runner.execute = shared_samples

@@ -2,7 +2,8 @@
 spawned rank can import without the test's heavier imports (transformers).
 
 `run_tasks(tp, tasks)` runs several jobs in one group of ranks, so a test module spawns one
-group per size instead of one per test.
+group per size instead of one per test. `greedy_runs` runs the ranks as the server does: rank 0 an
+LLMEngine whose steps go to the others through step_broadcast.py, the others only those steps.
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ import torch
 from pagoda_runtime.attention_metadata import AttentionMetadata
 from pagoda_runtime.config import EngineConfig
 from pagoda_runtime.engine import LLMEngine
+from pagoda_runtime.engine_build import build_engine
 from pagoda_runtime.kernels import get_attention_ops
 from pagoda_runtime.model import LlamaForCausalLM
 from pagoda_runtime.model_source import load_model_source
 from pagoda_runtime.sampling_params import SamplingParams
 from pagoda_runtime.sizing import kv_bytes_per_block, kv_heads_per_rank
-
-from tests.runtime.tensor_parallel_ranks import lockstep
+from pagoda_runtime.step_broadcast import StepReceiver, StepSender
 
 NEW_TOKENS = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
@@ -76,17 +77,36 @@ def greedy_runs(
         engine_config = EngineConfig(
             model=model, dtype="float32", device="cpu", tensor_parallel_size=tp.size, **settings
         )
-        engine = LLMEngine(engine_config, tp=tp)
-        lockstep(engine, tp)
-        for i, prompt in enumerate(prompts):
-            engine.add_request(f"{name}-{i}", prompt, GREEDY)
-        finished = {}
-        while engine.has_unfinished():
-            finished.update({o.request_id: o for o in engine.step() if o.finished})
-        ids = [finished[f"{name}-{i}"].outputs[0].token_ids for i in range(len(prompts))]
-        stats = engine.stats()
-        runs[name] = (ids, stats.num_preemptions, stats.prefix_cache_hits)
+        if tp.is_driver:
+            runs[name] = _drive(LLMEngine(engine_config, tp=tp), tp, name, prompts)
+        else:
+            _follow(build_engine(engine_config, tp=tp).runner, tp)
     return runs
+
+
+def _drive(engine: LLMEngine, tp, name: str, prompts: list[str]) -> tuple[list[list[int]], int, int]:
+    """Rank 0, as the server runs it: each step goes to the other ranks before its forward."""
+    sender = None
+    if tp.size > 1:
+        sender = StepSender(tp, engine.runner.device, keepalive_s=3600, on_failure=lambda why: None)
+        engine.runner.step_sender = sender
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"{name}-{i}", prompt, GREEDY)
+    finished = {}
+    while engine.has_unfinished():
+        finished.update({o.request_id: o for o in engine.step() if o.finished})
+    if sender is not None:
+        sender.stop()
+    ids = [finished[f"{name}-{i}"].outputs[0].token_ids for i in range(len(prompts))]
+    stats = engine.stats()
+    return ids, stats.num_preemptions, stats.prefix_cache_hits
+
+
+def _follow(runner, tp) -> None:
+    """Every other rank, as rank_worker.py runs it: the steps rank 0 sends, until it says stop."""
+    receiver = StepReceiver(tp, runner.device)
+    while (step := receiver.receive()) is not None:
+        runner.run(step)
 
 
 def run_tasks(tp, tasks: dict[str, tuple[str, tuple]]) -> dict:
