@@ -59,10 +59,8 @@ def sharded_logits(tp, folder: str, quantization: str) -> torch.Tensor:
         return model.compute_logits(model(ids, torch.arange(n), caches, meta))
 
 
-def greedy_runs(
-    tp, jobs: list[tuple[str, str, dict]], prompts: list[str] = PROMPTS
-) -> dict[str, tuple[list[list[int]], int, int]]:
-    """job name -> (greedy ids per prompt, preemptions, prefix-cache hits) of an engine per job."""
+def greedy_runs(tp, jobs: list[tuple[str, str, dict]], prompts: list[str] = PROMPTS) -> dict[str, dict]:
+    """job name -> what rank 0's engine did (see _drive)."""
     runs = {}
     for name, model, settings in jobs:
         settings = dict(settings)
@@ -84,7 +82,7 @@ def greedy_runs(
     return runs
 
 
-def _drive(engine: LLMEngine, tp, name: str, prompts: list[str]) -> tuple[list[list[int]], int, int]:
+def _drive(engine: LLMEngine, tp, name: str, prompts: list[str]) -> dict:
     """Rank 0, as the server runs it: each step goes to the other ranks before its forward."""
     sender = None
     if tp.size > 1:
@@ -97,9 +95,16 @@ def _drive(engine: LLMEngine, tp, name: str, prompts: list[str]) -> tuple[list[l
         finished.update({o.request_id: o for o in engine.step() if o.finished})
     if sender is not None:
         sender.stop()
-    ids = [finished[f"{name}-{i}"].outputs[0].token_ids for i in range(len(prompts))]
     stats = engine.stats()
-    return ids, stats.num_preemptions, stats.prefix_cache_hits
+    return {
+        "ids": [finished[f"{name}-{i}"].outputs[0].token_ids for i in range(len(prompts))],
+        "preemptions": stats.num_preemptions,
+        "prefix_hits": stats.prefix_cache_hits,
+        "kv_heads": engine.model_config.num_key_value_heads,
+        "kv_bytes_per_block": engine.memory.kv_bytes_per_block,
+        "weight_bytes": engine.memory.weight_bytes,
+        "predicted_weight_bytes": engine.memory.predicted_weight_bytes,
+    }
 
 
 def _follow(runner, tp) -> None:

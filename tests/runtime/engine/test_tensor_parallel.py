@@ -13,6 +13,7 @@ import torch
 from pagoda_runtime.config import EngineConfig
 from pagoda_runtime.engine import LLMEngine
 from pagoda_runtime.quantization import dequantize, quantize_int4, quantize_int8
+from pagoda_runtime.sizing import kv_heads_per_rank
 from pagoda_runtime.tensor_parallel import SINGLE_PROCESS, TensorParallel
 
 from tests.runtime.engine.tensor_parallel_jobs import (
@@ -101,22 +102,27 @@ def test_sharded_logits_match_one_process(one_process, sharded, size):
 def test_tiny_models_greedy_ids_do_not_depend_on_the_tensor_parallel_size(one_process, sharded, size):
     runs = sharded(size)["tiny"]
     assert set(runs) == set(one_process["tiny"])
-    for name, (ids, preemptions, prefix_hits) in runs.items():
-        assert ids == one_process["tiny"][name][0], name
-        assert preemptions > 0 and prefix_hits > 0, name
+    for name, run in runs.items():
+        whole = one_process["tiny"][name]
+        assert run["ids"] == whole["ids"], name
+        assert run["preemptions"] > 0 and run["prefix_hits"] > 0, name
+        # Each rank caches its KV heads only (a copy of one when there are fewer heads than ranks),
+        # and holds the weights sizing.py predicts for one GPU of the group.
+        per_rank = kv_heads_per_rank(run["kv_heads"], size)
+        assert run["kv_bytes_per_block"] == whole["kv_bytes_per_block"] * per_rank // run["kv_heads"], name
+        assert run["weight_bytes"] == run["predicted_weight_bytes"] < whole["weight_bytes"], name
 
 
 @pytest.mark.slow
 def test_packed_checkpoints_split_over_two_ranks_at_group_boundaries(one_process, sharded):
-    for name, (ids, preemptions, _) in sharded(2)["packed"].items():
-        assert ids == one_process["packed"][name][0], name
-        assert preemptions > 0, name
+    for name, run in sharded(2)["packed"].items():
+        assert run["ids"] == one_process["packed"][name]["ids"], name
+        assert run["preemptions"] > 0, name
 
 
 @pytest.mark.slow
 def test_bundled_model_on_three_ranks(one_process, sharded):
-    ids, _, _ = sharded(3)["bundled"]["bundled"]
-    assert ids == one_process["bundled"]["bundled"][0]
+    assert sharded(3)["bundled"]["bundled"]["ids"] == one_process["bundled"]["bundled"]["ids"]
 
 
 def test_a_size_that_does_not_split_the_heads_is_refused_before_any_collective():
