@@ -14,6 +14,7 @@ from kubernetes import client, config
 
 from pagoda_operator.leader_worker_set import LWS_GROUP, LWS_PLURAL, LWS_VERSION
 from pagoda_operator.models import GROUP, PLURAL, VERSION
+from pagoda_operator.names import WORKLOAD_KINDS
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,26 @@ def load_credentials() -> None:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
+
+
+def owned(obj: dict, uid: str) -> bool:
+    """Whether the object with this uid is the controller of `obj`."""
+    return any(
+        ref.get("uid") == uid and ref.get("controller") for ref in obj["metadata"].get("ownerReferences", [])
+    )
+
+
+def api_message(exc: client.ApiException) -> str:
+    """The apiserver's own sentence from its Status body (which object, what is wrong), else the body."""
+    try:
+        return json.loads(exc.body)["message"]
+    except (TypeError, ValueError, KeyError):
+        return str(exc.body)
+
+
+def being_deleted(exc: client.ApiException) -> bool:
+    """The object or its namespace is gone, or the namespace refuses new objects while it terminates."""
+    return exc.status == 404 or (exc.status == 403 and "NamespaceTerminating" in str(exc.body))
 
 
 class Kube:
@@ -205,3 +226,20 @@ class Kube:
         except client.ApiException as exc:
             if exc.status != 409:
                 raise
+
+
+_kube: Kube | None = None
+
+
+def kube() -> Kube:
+    """The operator process's one client, created with the credentials on first use."""
+    global _kube
+    if _kube is None:
+        load_credentials()
+        _kube = Kube()
+    return _kube
+
+
+def workload_kinds(k: Kube) -> list[str]:
+    """Deployment, and LeaderWorkerSet where its CRD is installed (listing it elsewhere is a 404)."""
+    return [kind for kind in WORKLOAD_KINDS if kind != "LeaderWorkerSet" or k.has_api(*LEADER_WORKER_SET_API)]

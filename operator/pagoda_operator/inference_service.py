@@ -1,0 +1,34 @@
+"""One InferenceService object as the operator reads it: its identity, its spec parsed at the edge,
+and its plan once the model cache's state is known."""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+from pagoda_operator.model_cache import CacheStatus
+from pagoda_operator.models import InferenceServiceSpec
+from pagoda_operator.names import NAME_RULES
+from pagoda_operator.plan import ServicePlan, plan_service
+from pagoda_operator.rules import enforce
+
+
+def ids(body) -> tuple[str, str, str, int]:
+    meta = body["metadata"]
+    return meta["namespace"], meta["name"], meta["uid"], meta.get("generation", 1)
+
+
+def parse(body) -> InferenceServiceSpec:
+    enforce(body["metadata"]["name"], NAME_RULES)
+    return InferenceServiceSpec.model_validate(dict(body.get("spec") or {}))
+
+
+def error_text(exc: ValidationError | ValueError) -> str:
+    if isinstance(exc, ValidationError):
+        return "; ".join(f"spec.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
+    return str(exc)
+
+
+def plan_with_cache(spec: InferenceServiceSpec, cache: CacheStatus | None) -> ServicePlan:
+    if cache is None:
+        return plan_service(spec)
+    return plan_service(spec, cache.checkpoint, held=cache.holds_replicas)

@@ -1,0 +1,55 @@
+"""The shared model cache in the cluster: creating its claim and Job, reading their state, finding
+the InferenceServices that use it. What those objects are and what their state means is
+model_cache.py's (pure); this module makes the calls."""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+from pagoda_operator import model_cache
+from pagoda_operator.inference_service import parse
+from pagoda_operator.kube import Kube
+from pagoda_operator.model_cache import CacheStatus
+from pagoda_operator.models import GROUP, PLURAL, VERSION, InferenceServiceSpec
+from pagoda_operator.render import POD_SECURITY, pod_tolerations
+
+
+def read_cache_status(k: Kube, spec: InferenceServiceSpec, namespace: str) -> CacheStatus | None:
+    """The model cache's state from its claim, its Job, the Job's pods and the running pod's log; or
+    the sizing Job's of a pvc:// model."""
+    ref = model_cache.job_ref(spec)
+    if ref is None:
+        return None
+    job = k.get("Job", namespace, ref.name)
+    pods = k.list("Pod", namespace, f"job-name={ref.name}") if job is not None else []
+    if model_cache.cache_ref(spec) is None:
+        return model_cache.sizing_status(ref, spec, job, pods)
+    running = [p for p in pods if p.get("status", {}).get("phase") == "Running"]
+    log_tail = ""
+    if running:
+        log_tail = k.log_tail(namespace, running[0]["metadata"]["name"], model_cache.DOWNLOAD_CONTAINER)
+    claim = k.get("PersistentVolumeClaim", namespace, ref.name)
+    return model_cache.cache_status(ref, claim, job, pods, log_tail)
+
+
+def ensure_model_cache(k: Kube, spec: InferenceServiceSpec, namespace: str) -> CacheStatus | None:
+    """Creates the claim and the download Job unless they exist, and reads their state. Both are
+    shared by every user of the model revision: created once by whoever comes first, never updated,
+    never owned (deleting a user keeps the data)."""
+    placement = model_cache.JobPlacement(POD_SECURITY, pod_tolerations(spec))
+    for shared in model_cache.cache_manifests(spec, namespace, placement):
+        k.create_if_absent(shared)
+    return read_cache_status(k, spec, namespace)
+
+
+def cache_users(k: Kube, namespace: str, key: str) -> list[str]:
+    """The InferenceServices of the namespace whose model is the cache (or sizing Job) `key`."""
+    users = []
+    for item in k.request("GET", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}").get("items", []):
+        try:
+            ref = model_cache.job_ref(parse(item))
+        except (ValidationError, ValueError):
+            continue
+        if ref is not None and ref.key == key:
+            users.append(item["metadata"]["name"])
+    return users

@@ -1,0 +1,181 @@
+"""One reconcile of an InferenceService: makes the children match the spec and the status match the
+children.
+
+Parse the spec, create or read the shared model cache, plan, render, server-side apply (unchanged
+objects are not written; objects of someone else are never touched), retire children that should no
+longer exist (make before break, retire.py), recompute the status and patch it only when it changed
+(status_refresh.py). Failures become kopf's errors: an invalid spec or a refused child is permanent
+and reported on the status, a transient API error is retried.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+import kopf
+from kubernetes.client import ApiException
+from pydantic import ValidationError
+
+from pagoda_operator import metrics
+from pagoda_operator.inference_service import error_text, ids, parse, plan_with_cache
+from pagoda_operator.kube import (
+    CHILD_KINDS,
+    LEADER_WORKER_SET_API,
+    REPLICAS_FIELD_MANAGER,
+    SERVICE_MONITOR_API,
+    Kube,
+    api_message,
+    being_deleted,
+    owned,
+)
+from pagoda_operator.leader_worker_set import LWS_GROUP
+from pagoda_operator.model_cache_cluster import ensure_model_cache
+from pagoda_operator.names import LABEL_VARIANT, WORKLOAD_KINDS, child_selector
+from pagoda_operator.plan import ServicePlan
+from pagoda_operator.render import RenderOptions, render
+from pagoda_operator.replicas import replicas_manifest, replicas_to_apply
+from pagoda_operator.retire import plan_retirement, replacements_ready, serving_variants
+from pagoda_operator.status_refresh import Observed, observe, refresh_status, report_invalid
+
+
+def _apply_workload(k: Kube, manifest: dict, variant, live: dict | None) -> None:
+    count = replicas_to_apply(variant, live)
+    if live is None:
+        # Created with its count, then co-owned by the replicas manager, so that the main manager
+        # can leave spec.replicas out from now on without the apiserver resetting it.
+        k.apply({**manifest, "spec": {**manifest["spec"], "replicas": count}}, force=False)
+    if count is not None:
+        k.apply(replicas_manifest(manifest, count), force=True, manager=REPLICAS_FIELD_MANAGER)
+    if live is not None:
+        k.apply(manifest, force=True)
+
+
+def _apply_children(k: Kube, plan: ServicePlan, manifests: list[dict], uid: str) -> list[str]:
+    """Applies what is ours or new; returns the objects in the way that belong to someone else."""
+    variants = {v.name: v for v in plan.variants}
+    clashes = []
+    for manifest in manifests:
+        meta = manifest["metadata"]
+        live = k.get(manifest["kind"], meta["namespace"], meta["name"])
+        if live is not None and not owned(live, uid):
+            clashes.append(f"{manifest['kind']} {meta['namespace']}/{meta['name']}")
+        elif manifest["kind"] in WORKLOAD_KINDS:
+            _apply_workload(k, manifest, variants[meta["labels"][LABEL_VARIANT]], live)
+        else:
+            k.apply(manifest, force=live is not None)
+    return clashes
+
+
+def _retire(k: Kube, body, plan: ServicePlan, manifests: list[dict], kinds: list[str]) -> dict | None:
+    """Deletes the children the render no longer produces, once their replacements serve."""
+    if plan.held:
+        # No variant is rendered while the checkpoint is read: the serving ones stay as they are.
+        return (body.get("status") or {}).get("retiring")
+    namespace, name, uid, _ = ids(body)
+    owned_children = [
+        {**child, "kind": kind}
+        for kind in kinds
+        for child in k.list(kind, namespace, child_selector(name))
+        if owned(child, uid)
+    ]
+    wanted = {(m["kind"], m["metadata"]["name"]) for m in manifests}
+    deployments = [c for c in owned_children if c["kind"] in WORKLOAD_KINDS]
+    unfit = {v.name for v in plan.variants if not v.servable}
+    retiring = (body.get("status") or {}).get("retiring") or {}
+    retirement = plan_retirement(
+        wanted=wanted,
+        owned=owned_children,
+        kept_variants=unfit & serving_variants(deployments),
+        replacements_are_ready=replacements_ready(
+            [d for d in deployments if (d["kind"], d["metadata"]["name"]) in wanted]
+        ),
+        since=retiring.get("since"),
+        now=datetime.now(UTC),
+        timeout_seconds=plan.spec.rollout.replacement_timeout_seconds,
+    )
+    for kind, child in retirement.delete:
+        k.delete(kind, namespace, child)
+    if retirement.timed_out:
+        k.post_event(
+            body,
+            "Warning",
+            "ReplacementNotReady",
+            f"removed {', '.join(retiring.get('deployments', []))} after "
+            f"{plan.spec.rollout.replacement_timeout_seconds}s although the variants replacing them "
+            "have no ready pod yet",
+        )
+    if not retirement.waiting:
+        return None
+    return {"since": retirement.since, "deployments": list(retirement.waiting)}
+
+
+def _invalid(k: Kube, body, exc: ValidationError | ValueError, *, announce: bool) -> None:
+    metrics.RECONCILES.labels(result="invalid").inc()
+    report_invalid(k, body, "InvalidSpec", error_text(exc), announce=announce)
+    raise kopf.PermanentError(f"invalid spec: {error_text(exc)}") from exc
+
+
+def _refused(k: Kube, body, exc: ApiException, *, announce: bool) -> None:
+    """Raises what a refusal from the API means for kopf; returns when the object is going away."""
+    if being_deleted(exc):
+        return  # the InferenceService or its namespace goes; the garbage collector does the rest
+    metrics.RECONCILES.labels(result="error").inc()
+    if exc.status in (0, 409, 429) or exc.status >= 500:
+        raise kopf.TemporaryError(
+            f"Kubernetes API error {exc.status} {exc.reason}; retrying", delay=10
+        ) from exc
+    # Not the spec's fault alone: RBAC, quotas and admission policies refuse children too.
+    message = f"the API refused a child object ({exc.status} {exc.reason}): {api_message(exc)}"
+    report_invalid(k, body, "ChildRejected", message, announce=announce)
+    raise kopf.PermanentError(message) from exc
+
+
+def reconcile(k: Kube, body, *, announce: bool) -> None:
+    """Makes the children match the spec and the status match the children."""
+    namespace, name, uid, _ = ids(body)
+    started = time.monotonic()
+    try:
+        spec = parse(body)
+    except (ValidationError, ValueError) as exc:
+        _invalid(k, body, exc, announce=announce)
+    try:
+        cache = ensure_model_cache(k, spec, namespace)
+    except ApiException as exc:
+        _refused(k, body, exc, announce=announce)
+        return
+    try:
+        plan = plan_with_cache(spec, cache)
+        service_monitor = k.has_api(*SERVICE_MONITOR_API)
+        manifests = render(
+            plan,
+            namespace=namespace,
+            name=name,
+            uid=uid,
+            options=RenderOptions(service_monitor=service_monitor),
+        )
+    except (ValidationError, ValueError) as exc:
+        _invalid(k, body, exc, announce=announce)
+    lws_installed = k.has_api(*LEADER_WORKER_SET_API)
+    if spec.spans_nodes and not lws_installed:
+        message = (
+            f"parallelism.nodes {spec.parallelism.nodes} needs LeaderWorkerSet ({LWS_GROUP}) installed in "
+            "the cluster: install it (see README), or serve from one node"
+        )
+        report_invalid(k, body, "LeaderWorkerSetMissing", message, announce=announce)
+        raise kopf.PermanentError(message)
+    try:
+        clashes = _apply_children(k, plan, manifests, uid)
+        kinds = [
+            kind
+            for kind in CHILD_KINDS
+            if (kind != "ServiceMonitor" or service_monitor) and (kind != "LeaderWorkerSet" or lws_installed)
+        ]
+        retiring = _retire(k, body, plan, manifests, kinds)
+        observe(namespace, name, Observed(tuple(clashes), retiring))
+        refresh_status(k, namespace, name)
+    except ApiException as exc:
+        _refused(k, body, exc, announce=announce)
+        return
+    metrics.RECONCILES.labels(result="ok").inc()
+    metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
