@@ -12,20 +12,14 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
-import socket
 import traceback
 from datetime import timedelta
 
 import torch.distributed as dist
+from loopback_client import free_port
 from pagoda_runtime.tensor_parallel import TensorParallel
 
 COLLECTIVE_TIMEOUT = timedelta(seconds=60)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank(rank: int, size: int, port: int, fn, args: tuple, results) -> None:
@@ -50,7 +44,7 @@ def _rank(rank: int, size: int, port: int, fn, args: tuple, results) -> None:
             dist.destroy_process_group()
 
 
-def run_on_ranks(size: int, fn, *args, timeout: float = 300):
+def run_on_ranks(size: int, fn, *args, timeout: float = 600):
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     port = free_port()
