@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -106,7 +107,18 @@ def _load(model: str, label: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1]) | {"model": label}
 
 
-def write_checkpoint(folder: Path, size_gb: float) -> dict:
+@dataclass(frozen=True)
+class CheckpointShape:
+    """A synthetic checkpoint's widths; its layer count follows from the size asked for."""
+
+    hidden: int = 2048
+    intermediate: int = 8192
+    heads: int = 16
+    kv_heads: int = 4
+    vocab: int = 32768
+
+
+def write_checkpoint(folder: Path, size_gb: float, shape: CheckpointShape = CheckpointShape()) -> dict:
     import torch
     from safetensors.torch import save_file
 
@@ -116,7 +128,13 @@ def write_checkpoint(folder: Path, size_gb: float) -> dict:
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"):
         if (tiny / name).exists():
             shutil.copy(tiny / name, folder / name)
-    hidden, inter, heads, kv_heads, vocab = 2048, 8192, 16, 4, 32768
+    hidden, inter, heads, kv_heads, vocab = (
+        shape.hidden,
+        shape.intermediate,
+        shape.heads,
+        shape.kv_heads,
+        shape.vocab,
+    )
     head_dim = hidden // heads
     per_layer = 2 * (hidden * hidden + 2 * hidden * kv_heads * head_dim + 3 * hidden * inter + 2 * hidden)
     layers = max(1, int((size_gb * 1e9 - 4 * vocab * hidden) // per_layer))
@@ -178,7 +196,7 @@ def write_checkpoint(folder: Path, size_gb: float) -> dict:
         weight_map |= dict.fromkeys(shard, file)
     (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     total = sum(p.stat().st_size for p in folder.iterdir())
-    return {"layers": layers, "files": len(list(folder.iterdir())), "bytes": total}
+    return {"layers": layers, "files": len(list(folder.iterdir())), "bytes": total, "config": config}
 
 
 def _fetch_timed(source, cache: Path) -> dict:
