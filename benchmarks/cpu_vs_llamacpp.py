@@ -130,6 +130,7 @@ def run_pagoda(args: argparse.Namespace) -> dict:
         "greedy_ids": ids,
         "peak_rss_mib": peak_rss_mib(),
         "torch_threads": __import__("torch").get_num_threads(),
+        "quantization": llm.engine.memory.quantization,
     }
 
 
@@ -145,6 +146,7 @@ def child(engine: str, args: argparse.Namespace) -> dict:
 def summarize(runs: list[dict]) -> dict:
     keys = [k for k, v in runs[0].items() if isinstance(v, float | int) and not isinstance(v, bool)]
     summary = {k: statistics.median(run[k] for run in runs) for k in keys}
+    summary.update({k: v for k, v in runs[0].items() if isinstance(v, str)})  # how it ran, the same in each
     summary["greedy_ids"] = runs[0]["greedy_ids"]
     return summary
 

@@ -1,9 +1,11 @@
 """Where one decode step of the bundled model goes on the CPU.
 
-    PYTHONPATH=runtime python -m pagoda_runtime.bench.cpu_decode_profile --batch 1 --steps 20 \
-        --json benchmarks/results/cpu/decode_profile.json
+    OMP_NUM_THREADS=1 PYTHONPATH=runtime python -m pagoda_runtime.bench.cpu_decode_profile \
+        --batch 1 --steps 20 --dtype auto --json benchmarks/results/cpu/decode_profile_auto_b1.json
 
-Serves the bundled SmolLM2-135M with `LLM(model="smollm2-135m", device="cpu")`, brings `--batch`
+Serves the bundled SmolLM2-135M with `LLM(model="smollm2-135m", device="cpu", dtype=--dtype)`
+(auto: the Q4_1 projections through torch's packed int4 kernel; float32: the file dequantized to
+float32 at load, the exact path), brings `--batch`
 sequences of the benchmark prompt into decode, then times `--steps` engine steps twice: plain
 (wall and process CPU time per step), and under torch.profiler with each part of the step labelled
 (the labels wrap the engine's own functions from here; nothing in the runtime is changed). Prints
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -100,10 +103,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument(
+        "--dtype", default="auto", help="auto (packed int4 kernels) or float32 (the exact, dequantized path)"
+    )
     parser.add_argument("--json", help="write the summary here")
     args = parser.parse_args()
 
-    llm = LLM("smollm2-135m", device="cpu")
+    load_before = os.getloadavg()
+    llm = LLM("smollm2-135m", device="cpu", dtype=args.dtype)
     num_layers = len(llm.engine.runner.model.layers)
     into_decode(llm, args.batch, max_tokens=2 * args.steps + 16)
     engine = llm.engine
@@ -130,6 +137,10 @@ def main() -> None:
     top_level /= args.steps
     matmul_ms = sum(e.self_cpu_time_total for e in events if e.key in MATMUL_OPS) / 1e3 / args.steps
     summary = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_average_before": load_before,
+        "dtype": args.dtype,
+        "quantization": engine.memory.quantization,
         "batch": args.batch,
         "torch_threads": torch.get_num_threads(),
         "step_wall_ms_median": statistics.median(wall) * 1e3,

@@ -68,6 +68,10 @@ def _vs_llamacpp_run(result: dict) -> str:
     return f"{time} ({result['load_average_before'][0]:.1f})"
 
 
+def _profile_parts(row: dict, *labels: str) -> str:
+    return f"{sum(row['parts_ms'][label] for label in labels):.1f}"
+
+
 def _rss_mib(row: dict) -> str:
     return f"{row['llamacpp']['peak_rss_mib']:,.0f} / {row['pagoda']['peak_rss_mib']:,.0f} MiB"
 
@@ -294,6 +298,27 @@ TABLES = [
             ),
             Column("greedy ids equal to llama.cpp's", lambda r: r["targets"]["greedy_ids_equal_to_llamacpp"]),
             Column("peak RSS llama.cpp / Pagoda", _rss_mib),
+        ),
+    ),
+    Table(
+        "decode-profile-cpu",
+        tuple(
+            f"cpu/decode_profile_{dtype}_b{batch}.json" for batch in (1, 8) for dtype in ("float32", "auto")
+        ),
+        (
+            Column("--dtype (projections)", lambda r: f"{r['dtype']} ({r['quantization']})"),
+            Column("batch", lambda r: str(r["batch"])),
+            Column("CPU per step (median)", lambda r: f"{r['step_cpu_ms_median']:.1f} ms"),
+            Column("profiled step", lambda r: f"{r['profiled_step_ms']:.1f} ms"),
+            Column("projections", lambda r: _profile_parts(r, "linear (projections)")),
+            Column("lm_head", lambda r: _profile_parts(r, "logits (lm_head)")),
+            Column("attention", lambda r: _profile_parts(r, "attention")),
+            Column(
+                "norms, rotary, KV write, SiLU",
+                lambda r: _profile_parts(r, "rms_norm", "rotary", "write_kv", "silu_and_mul"),
+            ),
+            Column("ATen calls per layer", lambda r: f"{r['aten_ops_per_layer']:.0f}"),
+            Column("load at start", lambda r: f"{r['load_average_before'][0]:.1f}"),
         ),
     ),
     Table(
