@@ -271,9 +271,10 @@ TABLES = [
     ),
     Table(
         "vs-llamacpp-cpu",
-        ("cpu/vs_llamacpp_run1.json", "cpu/vs_llamacpp.json"),
+        ("cpu/vs_llamacpp_before.json", "cpu/vs_llamacpp.json"),
         (
             Column("run (load at start)", _vs_llamacpp_run),
+            Column("Pagoda's projections", lambda r: r["pagoda"]["quantization"]),
             Column("llama.cpp batch 1", lambda r: f"{r['llamacpp']['batch1_decode_tok_s']:.1f} tok/s"),
             Column(
                 "Pagoda batch 1",

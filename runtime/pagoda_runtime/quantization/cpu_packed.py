@@ -2,7 +2,7 @@
 
 The reference matmul dequantizes the whole weight at every step; decode on a CPU is bound by the
 bytes of weight it streams, so keeping them packed is what makes it fast. torch ships two CPU
-kernels for that, both fast only with bfloat16 activations (float32 ones measured 10-40x slower):
+kernels for that, both fast only with bfloat16 activations (float32 ones measured 6-50x slower):
 
 - `_weight_int4pack_mm_for_cpu`: 4-bit weights in its own blocked layout (output rows interleaved,
   so it is built once after every row is loaded), groups of 32 to 256 inputs, w = (q - 8) * scale
