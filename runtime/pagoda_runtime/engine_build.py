@@ -18,7 +18,7 @@ from pagoda_runtime.load_progress import LOAD_PROGRESS
 from pagoda_runtime.memory_report import MemoryReport
 from pagoda_runtime.model_runner import ModelRunner
 from pagoda_runtime.model_source import LoadedModel, expected_weight_shapes, load_model_source
-from pagoda_runtime.quantization_selection import select_quantization
+from pagoda_runtime.quantization_selection import cpu_vocab_dtype, select_quantization
 from pagoda_runtime.scheduler import Scheduler
 from pagoda_runtime.sizing import check_tensor_parallel, weight_bytes
 from pagoda_runtime.tensor_parallel import SINGLE_PROCESS, TensorParallel
@@ -96,7 +96,13 @@ def build_engine(
         dtype=placement.dtype_name,
         kv_cache_dtype=runner.kv_cache_dtype_name,
         weight_bytes=runner.weight_bytes,
-        predicted_weight_bytes=weight_bytes(sliced, quantization, placement.dtype_name, loaded.gguf_block),
+        predicted_weight_bytes=weight_bytes(
+            sliced,
+            quantization,
+            placement.dtype_name,
+            loaded.gguf_block,
+            cpu_vocab_dtype(placement.device.type, engine_config.dtype),
+        ),
         kv_bytes_per_block=runner.kv_bytes_per_block,
         block_size=engine_config.block_size,
         num_kv_blocks=runner.num_blocks,

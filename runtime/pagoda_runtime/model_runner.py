@@ -18,19 +18,20 @@ import torch
 from pagoda_runtime.attention_metadata import AttentionMetadata
 from pagoda_runtime.config import KV_CACHE_DTYPES, EngineConfig, ModelConfig
 from pagoda_runtime.cpu_threads import configure_torch_threads
-from pagoda_runtime.devices import Placement, dtype_name
+from pagoda_runtime.devices import Placement, dtype_name, resolve_dtype
 from pagoda_runtime.kernels import get_attention_ops
 from pagoda_runtime.kernels.reference import FP8_KV_DTYPE
 from pagoda_runtime.model import LlamaForCausalLM
 from pagoda_runtime.quantization import QuantizedLinear
 from pagoda_runtime.quantization.memory import model_weight_bytes
-from pagoda_runtime.quantization_selection import cpu_packed_kernels
+from pagoda_runtime.quantization_selection import cpu_packed_kernels, cpu_vocab_dtype
 from pagoda_runtime.sampler import Sampler, SamplerOutput
 from pagoda_runtime.scheduler import ScheduledBatch
 from pagoda_runtime.sequence import Sequence
 from pagoda_runtime.sizing import kv_bytes_per_block, kv_heads_per_rank
 from pagoda_runtime.step_broadcast import StepInputs, StepSender
 from pagoda_runtime.tensor_parallel import SINGLE_PROCESS, TensorParallel
+from pagoda_runtime.vocab_parallel import VocabParallel
 
 logger = logging.getLogger(__name__)
 
@@ -105,9 +106,12 @@ class ModelRunner:
         )
         self.model.load_weights(weights)
         if self.device.type == "cpu" and cpu_packed_kernels(engine_config.dtype):
+            vocab_dtype = resolve_dtype(cpu_vocab_dtype("cpu", engine_config.dtype), self.device)
             for module in self.model.modules():
                 if isinstance(module, QuantizedLinear):
                     module.pack_for_cpu()
+                elif isinstance(module, VocabParallel):
+                    module.hold_in(vocab_dtype)
         self.model.eval()
         self.weight_bytes = model_weight_bytes(self.model)
         # Rank 0's block manager hands out block ids for every rank's cache: all hold as many.

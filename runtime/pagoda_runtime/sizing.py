@@ -78,9 +78,13 @@ class ModelArchitecture:
         h, i = self.hidden_size, self.intermediate_size
         return [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]
 
+    def vocab_parameters(self) -> int:
+        """The embedding and, unless tied to it, the LM head."""
+        return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+
     def unquantized_parameters(self) -> int:
         """Embeddings, LM head, norms and attention biases: kept in 16 bits by every variant."""
-        embeddings = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+        embeddings = self.vocab_parameters()
         norms = (2 * self.num_layers + 1) * self.hidden_size
         biases = (
             (self.num_attention_heads + 2 * self.num_kv_heads) * self.head_dim if self.attention_bias else 0
@@ -176,10 +180,16 @@ def gguf_block_type(source: str) -> str:
 
 
 def weight_bytes(
-    arch: ModelArchitecture, quantization: str, float_dtype: str = "bfloat16", gguf_block: str | None = None
+    arch: ModelArchitecture,
+    quantization: str,
+    float_dtype: str = "bfloat16",
+    gguf_block: str | None = None,
+    vocab_dtype: str | None = None,
 ) -> int:
     """float_dtype: what the unquantized tensors are held in (every tensor, for "none");
-    gguf_block: for "gguf", the file's block type (Q4_0, Q4_1, Q8_0) when it is known."""
+    gguf_block: for "gguf", the file's block type (Q4_0, Q4_1, Q8_0) when it is known;
+    vocab_dtype: what the embedding and LM head are held in where not float_dtype
+    (quantization_selection.cpu_vocab_dtype)."""
     if quantization not in WEIGHT_FORMATS:
         raise ValueError(
             f"unknown quantization {quantization!r}; use one of {', '.join(sorted(WEIGHT_FORMATS))}"
@@ -191,7 +201,10 @@ def weight_bytes(
     if quantization == "gguf" and gguf_block is not None:
         fmt = GGUF_BLOCK_FORMATS[gguf_block]
     linear = sum(fmt.linear_bytes(out, inp) for out, inp in arch.linear_shapes()) * arch.num_layers
-    return int(linear + arch.unquantized_parameters() * float_bytes)
+    unquantized = arch.unquantized_parameters() * float_bytes
+    if vocab_dtype is not None:
+        unquantized += arch.vocab_parameters() * (FLOAT_DTYPE_BYTES[vocab_dtype] - float_bytes)
+    return int(linear + unquantized)
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype: str = "auto") -> int:

@@ -24,6 +24,7 @@ class VocabParallel(nn.Module):
         super().__init__()
         self.tp = tp
         self.vocab_size = vocab_size
+        self.dtype = dtype  # of the activations: lookups come out in it, whatever the matrix is held in
         self.rows = tp.part(padded_vocab_size(vocab_size, tp.size), "vocabulary rows")
         shape = (self.rows.stop - self.rows.start, hidden_size)
         # Uninitialized: the checkpoint fills it (see LlamaForCausalLM.load_weights).
@@ -40,19 +41,24 @@ class VocabParallel(nn.Module):
         self.weight.data.zero_()
         self.weight.data[: real.shape[0]] = real.to(self.weight.dtype)
 
+    def hold_in(self, dtype: torch.dtype) -> None:
+        """Keep the matrix in `dtype` from now on; lookups and logits keep their dtypes. On the CPU
+        the LM head reads the whole matrix every step, and bfloat16 halves that."""
+        self.weight.data = self.weight.data.to(dtype)
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The embeddings of input_ids, whole on every rank."""
         if self.tp.size == 1:
-            return nn.functional.embedding(input_ids, self.weight)
+            return nn.functional.embedding(input_ids, self.weight).to(self.dtype)
         local = input_ids - self.rows.start
         # Masked without a host sync (no boolean indexing), so a CUDA graph can hold it.
         mine = (local >= 0) & (local < self.weight.shape[0])
-        x = nn.functional.embedding(torch.where(mine, local, 0), self.weight)
+        x = nn.functional.embedding(torch.where(mine, local, 0), self.weight).to(self.dtype)
         return self.tp.all_reduce(x * mine.unsqueeze(-1).to(x.dtype))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits [tokens, vocab] of the whole vocabulary, on every rank."""
-        local = nn.functional.linear(hidden, self.weight).float()
+        local = nn.functional.linear(hidden.to(self.weight.dtype), self.weight).float()
         if self.tp.size == 1:
             return local
         return self.tp.all_gather(local, dim=-1)[..., : self.vocab_size]

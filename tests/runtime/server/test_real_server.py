@@ -120,15 +120,15 @@ def test_unknown_model_and_context_overflow(client):
 def test_info_reports_the_bundled_model_as_loaded_on_the_cpu(server):
     info = httpx.get(server.url + "/v1/info", timeout=10).json()
     # With --dtype auto the CPU keeps the bundled Q4_1 projections packed (see quantization_selection.py):
-    # 4 bits and a 16-bit scale and minimum per 32 weights, the embedding in float32.
+    # 4 bits and a 16-bit scale and minimum per 32 weights, the embedding in bfloat16, the norms float32.
     assert (info["model"], info["quantization"], info["dtype"], info["kv_cache_dtype"]) == (
         MODEL,
         "gguf",
         "float32",
         "float32",
     )
-    floats = (49_152 + 61) * 576  # the embedding and the norms
-    expected = (134_515_008 - floats) * 5 // 8 + 4 * floats
+    embedding, norms = 49_152 * 576, 61 * 576
+    expected = (134_515_008 - embedding - norms) * 5 // 8 + 2 * embedding + 4 * norms
     assert info["weight_bytes"] == info["predicted_weight_bytes"] == expected
     per_block = 2 * 30 * 16 * 3 * 64 * 4  # keys and values, 30 layers, 16 tokens, 3 kv heads of 64, float32
     assert info["kv_bytes_per_block"] == per_block and info["num_kv_blocks"] == 200 * 2**20 // per_block
