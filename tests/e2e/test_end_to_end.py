@@ -292,12 +292,18 @@ def test_a_spec_change_rolls_the_pod_without_losing_a_stream(cluster, isvc):
     assert "0 aborted" in terminated["message"], terminated
 
 
+def _autoscaling(scale_down_seconds: int) -> str:
+    window = {"targetQueueDepth": 2, "scaleDownStabilizationSeconds": scale_down_seconds}
+    return json.dumps({"spec": {"autoscaling": window}})
+
+
 def test_queue_depth_scales_up_then_down_without_losing_a_request(cluster, isvc):
     if cluster.custom_metrics_missing:
         pytest.skip(cluster.custom_metrics_missing)
     rules = yaml.safe_load(ADAPTER_RULES.read_text())["data"]["config.yaml"]
-    autoscaling = {"spec": {"autoscaling": {"targetQueueDepth": 2, "scaleDownStabilizationSeconds": 5}}}
-    cluster.kubectl("patch", "infsvc", NAME, "-n", NAMESPACE, "--type=merge", "-p", json.dumps(autoscaling))
+    # While the load runs, two pods can empty the queue and a short scale-down window would take
+    # one back mid-burst; the window is made short only once the load has stopped.
+    cluster.kubectl("patch", "infsvc", NAME, "-n", NAMESPACE, "--type=merge", "-p", _autoscaling(600))
     [first] = _runtime_pods(cluster)
     with cluster.custom_metrics(rules), cluster.service_url(NAMESPACE, NAME, 8000) as url:
         # The pipeline (discovery, scrape, adapter) serves the pod's queue depth before the load
@@ -311,8 +317,7 @@ def test_queue_depth_scales_up_then_down_without_losing_a_request(cluster, isvc)
             interval=2,
         )
         # Far more than the pod runs at once (maxNumSeqs), kept up until the second pod has served:
-        # the rest wait and the queue asks for a pod. A burst that drains before the new pod is
-        # Ready lets the short scale-down window take that pod back before it serves.
+        # the rest wait and the queue asks for a pod.
         with Streams(url, count=BURST, max_tokens=64) as load:
             wait_for(
                 lambda: _get(cluster, "deployment", DEPLOYMENT)["spec"]["replicas"],
@@ -340,6 +345,7 @@ def test_queue_depth_scales_up_then_down_without_losing_a_request(cluster, isvc)
             assert _complete(served), served
 
         # The queue is empty again: back to one pod, which drains what it was serving.
+        cluster.kubectl("patch", "infsvc", NAME, "-n", NAMESPACE, "--type=merge", "-p", _autoscaling(5))
         with Streams(url, count=4) as streams:
             wait_for(
                 lambda: _get(cluster, "deployment", DEPLOYMENT)["spec"]["replicas"],
