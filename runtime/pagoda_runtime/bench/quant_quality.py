@@ -37,6 +37,7 @@ class Variant:
     name: str
     quantization: str
     kv_cache_dtype: str = "auto"
+    dtype: str = "float32"
 
 
 REFERENCE = Variant("float32 reference", "none")
@@ -46,6 +47,9 @@ VARIANTS = [
     Variant("int4", "int4"),
     Variant("gguf (Q4_1 kept as int4)", "gguf"),
     Variant("fp8 KV cache", "none", "fp8"),
+    # What `--dtype auto` serves on the CPU: the file's int4 blocks in torch's packed CPU matmul
+    # with bfloat16 activations around it, and a bfloat16 embedding and LM head.
+    Variant("gguf, --dtype auto", "gguf", dtype="auto"),
 ]
 
 
@@ -60,7 +64,7 @@ def score_eval_text(variant: Variant, device: str = "cpu") -> Scored:
     """Build the variant's engine, score the evaluation text in one prefill, and let the engine go."""
     config = EngineConfig(
         model="smollm2-135m",
-        dtype="float32",
+        dtype=variant.dtype,
         device=device,
         quantization=variant.quantization,
         kv_cache_dtype=variant.kv_cache_dtype,
