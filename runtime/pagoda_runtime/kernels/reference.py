@@ -19,18 +19,44 @@ FP8_KV_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_KV_DTYPE).max
 
 
+_STEP_MEMO: dict = {}
+
+
+def _per_step(name: str, build, *sources: torch.Tensor):
+    """build(*sources), kept while the sources are the same tensor objects: a step's forward passes
+    the same positions and slot mapping to all its layers, so what depends only on them is built by
+    the first layer. The runner builds these tensors anew for every step and never writes into
+    them (inference tensors carry no version counter to check that). The sources are held, so
+    their ids cannot be reused by other tensors meanwhile."""
+    key = tuple(map(id, sources))
+    cached = _STEP_MEMO.get(name)
+    if cached is None or cached[0] != key:
+        cached = _STEP_MEMO[name] = (key, sources, build(*sources))
+    return cached[2]
+
+
+def _cos_sin(positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sign-folded sin [T, 1, D] of the positions, so that rotate_half(x) * sin is
+    flip_halves(x) * sin."""
+    half = cos_sin_cache.shape[1] // 2
+    cos_sin = cos_sin_cache[positions].float()
+    cos, sin = cos_sin[:, None, :half], cos_sin[:, None, half:]
+    # Negation is exact, so x1 * cos + x2 * (-sin) equals the reference's x1 * cos - x2 * sin.
+    return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
+
+
 def rotary(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q [T, H, D] and k [T, Hkv, D] in place, rotate_half style; returns (q, k)."""
-    half = cos_sin_cache.shape[1] // 2
-    cos_sin = cos_sin_cache[positions].float()
-    cos = cos_sin[:, None, :half]
-    sin = cos_sin[:, None, half:]
+    cos, sin = _per_step("cos_sin", _cos_sin, positions, cos_sin_cache)
+    half = q.shape[-1] // 2
     for x in (q, k):
-        x1 = x[..., :half].float()
-        x2 = x[..., half:].float()
-        x.copy_(torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1))
+        xf = x.float()  # x itself when it is float32, then rotated in place
+        swapped = xf.unflatten(-1, (2, half)).flip(-2).flatten(-2)
+        xf.mul_(cos).add_(swapped.mul_(sin))
+        if xf is not x:
+            x.copy_(xf)
     return q, k
 
 
@@ -52,10 +78,19 @@ def write_kv(
 
     A negative slot marks a padding token (a CUDA-graph batch padded to its bucket) and is skipped.
     """
+    keep, slots = _per_step("kv_slots", _kept_slots, slot_mapping)
+    if keep is not None:
+        k, v = k[keep], v[keep]
+    kv_cache[0].flatten(0, 1).index_put_((slots,), to_cache_dtype(k, kv_cache.dtype))
+    kv_cache[1].flatten(0, 1).index_put_((slots,), to_cache_dtype(v, kv_cache.dtype))
+
+
+def _kept_slots(slot_mapping: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(the mask of real tokens, or None when all are, and their slots)."""
     keep = slot_mapping >= 0
-    slots = slot_mapping[keep]
-    kv_cache[0].flatten(0, 1)[slots] = to_cache_dtype(k[keep], kv_cache.dtype)
-    kv_cache[1].flatten(0, 1)[slots] = to_cache_dtype(v[keep], kv_cache.dtype)
+    if bool(keep.all()):
+        return None, slot_mapping
+    return keep, slot_mapping[keep]
 
 
 def _slots(block_table: torch.Tensor, context_lens: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -68,9 +103,11 @@ def _slots(block_table: torch.Tensor, context_lens: torch.Tensor, block_size: in
 def _attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    """q [.., Hkv, G*M, D], k/v [.., Hkv, L, D], mask broadcastable to the scores (True = attend)."""
+    """q [.., Hkv, G*M, D], k/v [.., Hkv, L, D], mask broadcastable to the scores (True = attend),
+    or None where every key is attended."""
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    scores = scores.masked_fill(~mask, float("-inf"))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
     return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32), v)
 
 
@@ -97,7 +134,14 @@ def _plan(meta: AttentionMetadata, block_size: int) -> tuple:
         # Padding positions read a real key of their own sequence: the rest of the cache may hold
         # NaN garbage, and a zero probability times NaN is still NaN.
         slots = torch.where(mask, slots, slots[:, :1])
-        decode = (meta.query_start_loc[rows].long(), slots, mask[:, None, None, :])
+        # Ops saved in every layer: a step of decode rows only needs no gather and scatter of its
+        # rows, and one whose rows have one context length (batch 1 always) no mask.
+        all_rows = rows.numel() == meta.query_start_loc.shape[0] - 1 == int(meta.query_start_loc[-1])
+        decode = (
+            None if all_rows else meta.query_start_loc[rows].long(),
+            slots,
+            None if bool(mask.all()) else mask[:, None, None, :],
+        )
     prefills = []
     for i in torch.nonzero(query_lens > 1).flatten().tolist():
         start, end = starts[i], starts[i + 1]
@@ -126,16 +170,18 @@ def attention(
     group = num_heads // num_kv_heads
     key_cache = kv_cache[0].flatten(0, 1)
     value_cache = kv_cache[1].flatten(0, 1)
-    out = torch.empty_like(q)
     decode, prefills = _plan(meta, block_size)
+    out = torch.empty_like(q)
 
     if decode is not None:
         rows, slots, mask = decode
         k = _gathered(key_cache, slots).permute(0, 2, 1, 3)  # [S, Hkv, L, D]
         v = _gathered(value_cache, slots).permute(0, 2, 1, 3)
-        qd = q[rows].float().view(-1, num_kv_heads, group, head_dim)
-        o = _attend(qd, k, v, mask, scale)
-        out[rows] = o.reshape(-1, num_heads, head_dim).to(q.dtype)
+        qd = (q if rows is None else q[rows]).float().view(-1, num_kv_heads, group, head_dim)
+        o = _attend(qd, k, v, mask, scale).reshape(-1, num_heads, head_dim).to(q.dtype)
+        if rows is None:
+            return o
+        out[rows] = o
 
     for start, end, slots, causal in prefills:
         query_len = end - start
@@ -155,6 +201,10 @@ def rms_norm(
     """(RMSNorm(x + residual) * weight, x + residual), the sum in x's dtype as transformers adds it."""
     if residual is not None:
         x = x + residual
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        # One op instead of six; for float32 it computes x * rsqrt(mean(x^2) + eps) * weight with
+        # the same roundings as the formulation below.
+        return F.rms_norm(x, weight.shape, weight, eps), x
     hidden = x.float()
     hidden = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + eps)
     return weight * hidden.to(x.dtype), x
@@ -163,4 +213,4 @@ def rms_norm(
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """SiLU(gate) * up for gate_up [T, 2 * I] holding gate in the first half."""
     gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
+    return F.silu(gate).mul_(up)
