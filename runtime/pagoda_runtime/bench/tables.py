@@ -271,7 +271,12 @@ TABLES = [
     ),
     Table(
         "vs-llamacpp-cpu",
-        ("cpu/vs_llamacpp_before.json", "cpu/vs_llamacpp.json", "cpu/vs_llamacpp_idle.json"),
+        (
+            "cpu/vs_llamacpp_before.json",
+            "cpu/vs_llamacpp.json",
+            "cpu/vs_llamacpp_idle.json",
+            "cpu/vs_llamacpp_fewer_ops.json",
+        ),
         (
             Column("run (load at start)", _vs_llamacpp_run),
             Column("Pagoda's projections", lambda r: r["pagoda"]["quantization"]),
