@@ -153,57 +153,61 @@ def job_manifest(spec: InferenceServiceSpec, namespace: str, ref: CacheRef, plac
     command = ["pagoda-runtime", "fetch", model.source, "--cache-dir", CACHE_MOUNT]
     if model.revision:
         command += ["--revision", model.revision]
-    container = {
-        "name": DOWNLOAD_CONTAINER,
-        "image": spec.runtime.image,
-        "imagePullPolicy": spec.runtime.image_pull_policy,
-        "command": command,
-        "env": _download_env(model),
-        "volumeMounts": [{"name": VOLUME, "mountPath": CACHE_MOUNT}, {"name": "tmp", "mountPath": "/tmp"}],
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": placement.security.container,
-    }
-    pod = {
-        "restartPolicy": "Never",
-        "securityContext": placement.security.pod,
-        # The download never calls the Kubernetes API.
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "containers": [container],
-        "volumes": [
-            {"name": VOLUME, "persistentVolumeClaim": {"claimName": ref.name}},
-            {"name": "tmp", "emptyDir": {}},
-        ],
-    }
-    if spec.runtime.image_pull_secrets:
-        pod["imagePullSecrets"] = [{"name": s} for s in spec.runtime.image_pull_secrets]
-    if placement.tolerations:
-        pod["tolerations"] = placement.tolerations
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": ref.name, "namespace": namespace, "labels": _labels(ref)},
-        "spec": {
-            "backoffLimit": BACKOFF_LIMIT,
-            "template": {"metadata": {"labels": _labels(ref)}, "spec": pod},
+    return _job(
+        spec,
+        namespace,
+        ref,
+        placement,
+        container={
+            "name": DOWNLOAD_CONTAINER,
+            "command": command,
+            "env": _download_env(model),
+            "volumeMounts": [{"name": VOLUME, "mountPath": CACHE_MOUNT}],
         },
-    }
+        claim={"claimName": ref.name},
+        backoff_limit=BACKOFF_LIMIT,
+    )
 
 
 def sizing_job_manifest(
     spec: InferenceServiceSpec, namespace: str, ref: CacheRef, placement: JobPlacement
 ) -> dict:
     source = parse_pvc(spec.model.source)
+    return _job(
+        spec,
+        namespace,
+        ref,
+        placement,
+        container={
+            "name": SIZING_CONTAINER,
+            "command": ["pagoda-runtime", "inspect", source.under(SIZING_MOUNT)],
+            "env": [{"name": "HOME", "value": "/tmp"}],
+            "volumeMounts": [{"name": VOLUME, "mountPath": SIZING_MOUNT, "readOnly": True}],
+        },
+        claim={"claimName": source.claim, "readOnly": True},
+        backoff_limit=SIZING_BACKOFF_LIMIT,
+        annotations={"pagoda.dev/model-source": spec.model.source},
+    )
+
+
+def _job(
+    spec: InferenceServiceSpec,
+    namespace: str,
+    ref: CacheRef,
+    placement: JobPlacement,
+    *,
+    container: dict,
+    claim: dict,
+    backoff_limit: int,
+    annotations: dict | None = None,
+) -> dict:
+    """A one-container Job of the runtime's image on one claim, with the replicas' security and
+    tolerations; it never calls the Kubernetes API."""
     container = {
-        "name": SIZING_CONTAINER,
+        **container,
         "image": spec.runtime.image,
         "imagePullPolicy": spec.runtime.image_pull_policy,
-        "command": ["pagoda-runtime", "inspect", source.under(SIZING_MOUNT)],
-        "env": [{"name": "HOME", "value": "/tmp"}],
-        "volumeMounts": [
-            {"name": VOLUME, "mountPath": SIZING_MOUNT, "readOnly": True},
-            {"name": "tmp", "mountPath": "/tmp"},
-        ],
+        "volumeMounts": [*container["volumeMounts"], {"name": "tmp", "mountPath": "/tmp"}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": placement.security.container,
     }
@@ -214,7 +218,7 @@ def sizing_job_manifest(
         "enableServiceLinks": False,
         "containers": [container],
         "volumes": [
-            {"name": VOLUME, "persistentVolumeClaim": {"claimName": source.claim, "readOnly": True}},
+            {"name": VOLUME, "persistentVolumeClaim": claim},
             {"name": "tmp", "emptyDir": {}},
         ],
     }
@@ -222,17 +226,15 @@ def sizing_job_manifest(
         pod["imagePullSecrets"] = [{"name": s} for s in spec.runtime.image_pull_secrets]
     if placement.tolerations:
         pod["tolerations"] = placement.tolerations
+    metadata = {"name": ref.name, "namespace": namespace, "labels": _labels(ref)}
+    if annotations:
+        metadata["annotations"] = annotations
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {
-            "name": ref.name,
-            "namespace": namespace,
-            "labels": _labels(ref),
-            "annotations": {"pagoda.dev/model-source": spec.model.source},
-        },
+        "metadata": metadata,
         "spec": {
-            "backoffLimit": SIZING_BACKOFF_LIMIT,
+            "backoffLimit": backoff_limit,
             "template": {"metadata": {"labels": _labels(ref)}, "spec": pod},
         },
     }
