@@ -19,9 +19,11 @@ from .rope_cache import build_cos_sin_cache
 
 @dataclass(frozen=True)
 class AttentionOps:
-    """rotary(positions, q, k, cos_sin_cache) -> (q, k), rotated in place;
-    write_kv(k, v, kv_cache, slot_mapping), in place, negative slots skipped;
+    """rotary(positions, q, k, cos_sin_cache, derived) -> (q, k), rotated in place;
+    write_kv(k, v, kv_cache, slot_mapping, derived), in place, negative slots skipped;
     attention(q, kv_cache, meta, scale) -> out [T, H, D], reading keys and values from the cache only.
+    derived is the step's memo (AttentionMetadata.derived), for an implementation that builds
+    tensors from the step once for all layers (the reference path; the Triton kernels need none).
     """
 
     rotary: Callable

@@ -19,20 +19,15 @@ FP8_KV_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_KV_DTYPE).max
 
 
-_STEP_MEMO: dict = {}
-
-
-def _per_step(name: str, build, *sources: torch.Tensor):
-    """build(*sources), kept while the sources are the same tensor objects: a step's forward passes
-    the same positions and slot mapping to all its layers, so what depends only on them is built by
-    the first layer. The runner builds these tensors anew for every step and never writes into
-    them (inference tensors carry no version counter to check that). The sources are held, so
-    their ids cannot be reused by other tensors meanwhile."""
-    key = tuple(map(id, sources))
-    cached = _STEP_MEMO.get(name)
-    if cached is None or cached[0] != key:
-        cached = _STEP_MEMO[name] = (key, sources, build(*sources))
-    return cached[2]
+def _per_step(derived: dict | None, key: str, build):
+    """build(), kept in the step's memo (AttentionMetadata.derived) when one is given: every layer
+    of a step rotates the same positions and writes the same slots, so the first layer builds what
+    depends only on them."""
+    if derived is None:
+        return build()
+    if key not in derived:
+        derived[key] = build()
+    return derived[key]
 
 
 def _cos_sin(positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,10 +41,14 @@ def _cos_sin(positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> tuple[torc
 
 
 def rotary(
-    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    derived: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q [T, H, D] and k [T, Hkv, D] in place, rotate_half style; returns (q, k)."""
-    cos, sin = _per_step("cos_sin", _cos_sin, positions, cos_sin_cache)
+    cos, sin = _per_step(derived, "rotary_cos_sin", lambda: _cos_sin(positions, cos_sin_cache))
     half = q.shape[-1] // 2
     for x in (q, k):
         xf = x.float()  # x itself when it is float32, then rotated in place
@@ -73,12 +72,13 @@ def write_kv(
     v: torch.Tensor,
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    derived: dict | None = None,
 ) -> None:
     """Store k, v [T, Hkv, D] at their slots of kv_cache [2, blocks, block_size, Hkv, D].
 
     A negative slot marks a padding token (a CUDA-graph batch padded to its bucket) and is skipped.
     """
-    keep, slots = _per_step("kv_slots", _kept_slots, slot_mapping)
+    keep, slots = _per_step(derived, "write_kv_slots", lambda: _kept_slots(slot_mapping))
     if keep is not None:
         k, v = k[keep], v[keep]
     kv_cache[0].flatten(0, 1).index_put_((slots,), to_cache_dtype(k, kv_cache.dtype))
@@ -119,9 +119,10 @@ def _gathered(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
 def _plan(meta: AttentionMetadata, block_size: int) -> tuple:
     """The gather slots and masks of a step: (decode rows, their slots, their mask) and for each
     prefill chunk (start, end, slots, mask). The same for every layer, so built once per step."""
-    key = ("reference_attention", block_size)
-    if key in meta.derived:
-        return meta.derived[key]
+    return _per_step(meta.derived, "attention_plan", lambda: _build_plan(meta, block_size))
+
+
+def _build_plan(meta: AttentionMetadata, block_size: int) -> tuple:
     device = meta.query_start_loc.device
     starts = meta.query_start_loc.tolist()
     query_lens = meta.query_start_loc.diff()
@@ -150,7 +151,6 @@ def _plan(meta: AttentionMetadata, block_size: int) -> tuple:
         key_pos = torch.arange(context_len, device=device)
         query_pos = torch.arange(context_len - (end - start), context_len, device=device)
         prefills.append((start, end, slots, key_pos[None, :] <= query_pos[:, None]))
-    meta.derived[key] = (decode, prefills)
     return decode, prefills
 
 

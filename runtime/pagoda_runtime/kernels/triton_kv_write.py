@@ -72,6 +72,7 @@ def write_kv(
     v: torch.Tensor,
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    derived: dict | None = None,
 ) -> None:
     """Store k, v [T, Hkv, D] (last dim contiguous) at their slots of kv_cache [2, blocks, bs, Hkv, D]."""
     num_tokens, num_kv_heads, head_dim = k.shape

@@ -62,7 +62,11 @@ def _rotary_kernel(
 
 
 def rotary(
-    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    derived: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q [T, H, D] and k [T, Hkv, D] (last dim contiguous) in place; returns (q, k)."""
     num_tokens, num_heads, head_dim = q.shape
