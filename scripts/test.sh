@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
 # The end-to-end suite's real node and images need root and Debian's packages; elsewhere it skips.
 node=false
 if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null && command -v go >/dev/null; then

@@ -102,8 +102,7 @@ def ensure_binaries(names: tuple[str, ...] = _CORE_BINARIES) -> dict[str, Path]:
         missing.append("kwok")  # stages.yaml is written together with the kwok binary
     if missing:
         print(
-            f"controlplane: building {' '.join(missing)} with {BUILD_SH.name} "
-            "(one-off, several minutes)...",
+            f"controlplane: building {' '.join(missing)} with {BUILD_SH.name} (one-off, several minutes)...",
             file=sys.__stderr__,
             flush=True,
         )
@@ -179,9 +178,7 @@ class ControlPlane:
         self.aggregator_routing = aggregator_routing
         self.hpa_sync_period = hpa_sync_period
         self.start_timeout = start_timeout
-        self.keep_dir = (
-            keep_dir if keep_dir is not None else os.environ.get("PAGODA_CP_KEEP") == "1"
-        )
+        self.keep_dir = keep_dir if keep_dir is not None else os.environ.get("PAGODA_CP_KEEP") == "1"
         self._own_dir = workdir is None
         self.dir = Path(workdir) if workdir else None
         self._components: list[_Component] = []
@@ -258,10 +255,7 @@ class ControlPlane:
     def _start(self) -> None:
         t0 = time.monotonic()
         deadline = t0 + self.start_timeout
-        ports = {
-            k: _free_port()
-            for k in ("etcd", "etcd_peer", "apiserver", "kcm", "scheduler", "kwok")
-        }
+        ports = {k: _free_port() for k in ("etcd", "etcd_peer", "apiserver", "kcm", "scheduler", "kwok")}
         self.server = f"https://127.0.0.1:{ports['apiserver']}"
         self._make_pki()
         self._write_kubeconfig()
@@ -381,8 +375,7 @@ class ControlPlane:
                 "--node-lease-duration-seconds=40",
             ],
         )
-        for name, port in (("kube-controller-manager", ports["kcm"]),
-                           ("kube-scheduler", ports["scheduler"])):
+        for name, port in (("kube-controller-manager", ports["kcm"]), ("kube-scheduler", ports["scheduler"])):
             url = f"https://127.0.0.1:{port}/healthz"
             self._wait(name, lambda u=url: self._http_ok(u, insecure=True), deadline)
 
@@ -435,32 +428,71 @@ class ControlPlane:
         ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
 
         def ca(name: str, cn: str) -> None:
-            _openssl("req", "-x509", *ec, "-keyout", f"{name}.key", "-out", f"{name}.crt",
-                     "-days", "3650", "-subj", f"/CN={cn}", cwd=pki)
+            _openssl(
+                "req",
+                "-x509",
+                *ec,
+                "-keyout",
+                f"{name}.key",
+                "-out",
+                f"{name}.crt",
+                "-days",
+                "3650",
+                "-subj",
+                f"/CN={cn}",
+                cwd=pki,
+            )
 
         def leaf(name: str, ca_name: str, subj: str, ext: str) -> None:
             (pki / f"{name}.ext").write_text(ext)
-            _openssl("req", "-new", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr",
-                     "-subj", subj, cwd=pki)
-            _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca_name}.crt",
-                     "-CAkey", f"{ca_name}.key", "-CAcreateserial", "-days", "3650",
-                     "-extfile", f"{name}.ext", "-out", f"{name}.crt", cwd=pki)
+            _openssl(
+                "req", "-new", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subj, cwd=pki
+            )
+            _openssl(
+                "x509",
+                "-req",
+                "-in",
+                f"{name}.csr",
+                "-CA",
+                f"{ca_name}.crt",
+                "-CAkey",
+                f"{ca_name}.key",
+                "-CAcreateserial",
+                "-days",
+                "3650",
+                "-extfile",
+                f"{name}.ext",
+                "-out",
+                f"{name}.crt",
+                cwd=pki,
+            )
 
         client = "keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n"
         ca("ca", "pagoda-test-ca")
         ca("front-proxy-ca", "pagoda-test-front-proxy-ca")
-        sans = ",".join([
-            "IP:127.0.0.1", f"IP:{SERVICE_FIRST_IP}", "DNS:localhost", "DNS:kubernetes",
-            "DNS:kubernetes.default", "DNS:kubernetes.default.svc",
-            "DNS:kubernetes.default.svc.cluster.local",
-        ])
-        leaf("apiserver", "ca", "/CN=kube-apiserver",
-             "keyUsage=critical,digitalSignature,keyEncipherment\n"
-             f"extendedKeyUsage=serverAuth\nsubjectAltName={sans}\n")
+        sans = ",".join(
+            [
+                "IP:127.0.0.1",
+                f"IP:{SERVICE_FIRST_IP}",
+                "DNS:localhost",
+                "DNS:kubernetes",
+                "DNS:kubernetes.default",
+                "DNS:kubernetes.default.svc",
+                "DNS:kubernetes.default.svc.cluster.local",
+            ]
+        )
+        leaf(
+            "apiserver",
+            "ca",
+            "/CN=kube-apiserver",
+            "keyUsage=critical,digitalSignature,keyEncipherment\n"
+            f"extendedKeyUsage=serverAuth\nsubjectAltName={sans}\n",
+        )
         leaf("admin", "ca", "/O=system:masters/CN=pagoda-admin", client)
         leaf("front-proxy-client", "front-proxy-ca", "/CN=front-proxy-client", client)
-        _openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048",
-                 "-out", "sa.key", cwd=pki)
+        _openssl(
+            "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", "sa.key", cwd=pki
+        )
         _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
 
     def _write_kubeconfig(self) -> None:
@@ -468,22 +500,27 @@ class ControlPlane:
         cfg = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{
-                "name": "pagoda-test",
-                "cluster": {"server": self.server, "certificate-authority": str(pki / "ca.crt")},
-            }],
-            "users": [{
-                "name": "pagoda-admin",
-                "user": {
-                    "client-certificate": str(pki / "admin.crt"),
-                    "client-key": str(pki / "admin.key"),
-                },
-            }],
-            "contexts": [{
-                "name": "pagoda-test",
-                "context": {"cluster": "pagoda-test", "user": "pagoda-admin",
-                            "namespace": "default"},
-            }],
+            "clusters": [
+                {
+                    "name": "pagoda-test",
+                    "cluster": {"server": self.server, "certificate-authority": str(pki / "ca.crt")},
+                }
+            ],
+            "users": [
+                {
+                    "name": "pagoda-admin",
+                    "user": {
+                        "client-certificate": str(pki / "admin.crt"),
+                        "client-key": str(pki / "admin.key"),
+                    },
+                }
+            ],
+            "contexts": [
+                {
+                    "name": "pagoda-test",
+                    "context": {"cluster": "pagoda-test", "user": "pagoda-admin", "namespace": "default"},
+                }
+            ],
             "current-context": "pagoda-test",
         }
         path = self._p("kubeconfig")
@@ -517,8 +554,7 @@ class ControlPlane:
         for c in self._components:
             if c.proc is not None and c.proc.poll() is not None:
                 raise ControlPlaneError(
-                    f"{c.name} exited with {c.proc.returncode}; log {c.log}:\n"
-                    + self.log_tail(c.name)
+                    f"{c.name} exited with {c.proc.returncode}; log {c.log}:\n" + self.log_tail(c.name)
                 )
 
     def _wait(self, name: str, ok, deadline: float, interval: float = 0.2) -> None:
@@ -632,9 +668,7 @@ class ControlPlane:
             },
             "spec": {
                 "taints": (
-                    [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
-                    if taint
-                    else []
+                    [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}] if taint else []
                 ),
             },
             "status": {"capacity": resources, "allocatable": dict(resources)},
@@ -695,16 +729,16 @@ class ControlPlane:
                 "spec": {
                     "group": "custom.metrics.k8s.io",
                     "version": "v1beta1",
-                    "service": {"name": "prometheus-adapter", "namespace": "kube-system",
-                                "port": port},
+                    "service": {"name": "prometheus-adapter", "namespace": "kube-system", "port": port},
                     "insecureSkipTLSVerify": True,
                     "groupPriorityMinimum": 100,
                     "versionPriority": 100,
                 },
             },
         ]
-        self.kubectl("apply", "-f", "-",
-                     input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}))
+        self.kubectl(
+            "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs})
+        )
         self._wait(
             "prometheus-adapter",
             lambda: self._api_ok("/apis/custom.metrics.k8s.io/v1beta1"),
@@ -721,8 +755,7 @@ class ControlPlane:
         caller done with custom metrics removes the registration rather than leaving it dangling.
         """
         self.kubectl("delete", "apiservice", "v1beta1.custom.metrics.k8s.io", "--ignore-not-found")
-        self.kubectl("delete", "service", "prometheus-adapter", "-n", "kube-system",
-                     "--ignore-not-found")
+        self.kubectl("delete", "service", "prometheus-adapter", "-n", "kube-system", "--ignore-not-found")
         for c in [c for c in self._components if c.name == "prometheus-adapter"]:
             self._terminate(c)
             self._components.remove(c)
@@ -742,10 +775,15 @@ class ControlPlane:
         deadline = time.monotonic() + timeout
 
         def established() -> bool:
-            crd = self.api("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
-                           "leaderworkersets.leaderworkerset.x-k8s.io")
-            return any(c["type"] == "Established" and c["status"] == "True"
-                       for c in crd.get("status", {}).get("conditions") or [])
+            crd = self.api(
+                "GET",
+                "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+                "leaderworkersets.leaderworkerset.x-k8s.io",
+            )
+            return any(
+                c["type"] == "Established" and c["status"] == "True"
+                for c in crd.get("status", {}).get("conditions") or []
+            )
 
         self._wait("leaderworkersets CRD", established, deadline, interval=0.5)
         certs = self._p("lws-certs")
@@ -755,27 +793,58 @@ class ControlPlane:
             "keyUsage=critical,digitalSignature,keyEncipherment\n"
             "extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1\n"
         )
-        _openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                 "-keyout", "tls.key", "-out", "tls.csr", "-subj", "/CN=lws-webhook", cwd=certs)
-        _openssl("x509", "-req", "-in", "tls.csr", "-CA", str(pki / "ca.crt"), "-CAkey",
-                 str(pki / "ca.key"), "-CAcreateserial", "-days", "3650", "-extfile", "tls.ext",
-                 "-out", "tls.crt", cwd=certs)
+        _openssl(
+            "req",
+            "-new",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            "tls.key",
+            "-out",
+            "tls.csr",
+            "-subj",
+            "/CN=lws-webhook",
+            cwd=certs,
+        )
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            "tls.csr",
+            "-CA",
+            str(pki / "ca.crt"),
+            "-CAkey",
+            str(pki / "ca.key"),
+            "-CAcreateserial",
+            "-days",
+            "3650",
+            "-extfile",
+            "tls.ext",
+            "-out",
+            "tls.crt",
+            cwd=certs,
+        )
         port, health = _free_port(), _free_port()
         config = self._p("lws-config.yaml")
-        config.write_text(json.dumps({
-            "apiVersion": "config.lws.x-k8s.io/v1alpha1",
-            "kind": "Configuration",
-            "leaderElection": {"leaderElect": False},
-            "internalCertManagement": {"enable": False},
-            "webhook": {"host": "127.0.0.1", "port": port, "certDir": str(certs)},
-            "metrics": {"bindAddress": "0"},
-            "health": {"healthProbeBindAddress": f"127.0.0.1:{health}"},
-        }))
+        config.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "config.lws.x-k8s.io/v1alpha1",
+                    "kind": "Configuration",
+                    "leaderElection": {"leaderElect": False},
+                    "internalCertManagement": {"enable": False},
+                    "webhook": {"host": "127.0.0.1", "port": port, "certDir": str(certs)},
+                    "metrics": {"bindAddress": "0"},
+                    "health": {"healthProbeBindAddress": f"127.0.0.1:{health}"},
+                }
+            )
+        )
         self._spawn("lws-controller", [str(binary), f"--config={config}", f"--kubeconfig={self.kubeconfig}"])
         ca_bundle = base64.b64encode((pki / "ca.crt").read_bytes()).decode()
-        lws_pods = {"matchExpressions": [
-            {"key": "leaderworkerset.sigs.k8s.io/name", "operator": "Exists"}
-        ]}
+        lws_pods = {"matchExpressions": [{"key": "leaderworkerset.sigs.k8s.io/name", "operator": "Exists"}]}
 
         def hook(name: str, path: str, group: str, resource: str, operations: list[str]) -> dict:
             out = {
@@ -784,8 +853,14 @@ class ControlPlane:
                 "sideEffects": "None",
                 "failurePolicy": "Fail",
                 "clientConfig": {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca_bundle},
-                "rules": [{"apiGroups": [group], "apiVersions": ["v1"], "operations": operations,
-                           "resources": [resource]}],
+                "rules": [
+                    {
+                        "apiGroups": [group],
+                        "apiVersions": ["v1"],
+                        "operations": operations,
+                        "resources": [resource],
+                    }
+                ],
             }
             if resource == "pods":
                 out["objectSelector"] = lws_pods
@@ -798,8 +873,12 @@ class ControlPlane:
                 "kind": "MutatingWebhookConfiguration",
                 "metadata": {"name": "lws-mutating"},
                 "webhooks": [
-                    hook("mleaderworkerset.kb.io", "/mutate-leaderworkerset-x-k8s-io-v1-leaderworkerset",
-                         *lws, ["CREATE", "UPDATE"]),
+                    hook(
+                        "mleaderworkerset.kb.io",
+                        "/mutate-leaderworkerset-x-k8s-io-v1-leaderworkerset",
+                        *lws,
+                        ["CREATE", "UPDATE"],
+                    ),
                     hook("mpod.kb.io", "/mutate--v1-pod", "", "pods", ["CREATE"]),
                 ],
             },
@@ -808,21 +887,35 @@ class ControlPlane:
                 "kind": "ValidatingWebhookConfiguration",
                 "metadata": {"name": "lws-validating"},
                 "webhooks": [
-                    hook("vleaderworkerset.kb.io",
-                         "/validate-leaderworkerset-x-k8s-io-v1-leaderworkerset", *lws,
-                         ["CREATE", "UPDATE"]),
+                    hook(
+                        "vleaderworkerset.kb.io",
+                        "/validate-leaderworkerset-x-k8s-io-v1-leaderworkerset",
+                        *lws,
+                        ["CREATE", "UPDATE"],
+                    ),
                     hook("vpod.kb.io", "/validate--v1-pod", "", "pods", ["CREATE", "UPDATE"]),
                 ],
             },
         ]
-        self.kubectl("apply", "-f", "-",
-                     input=json.dumps({"apiVersion": "v1", "kind": "List", "items": configurations}))
-        self._wait("lws-controller", lambda: self._http_ok(f"http://127.0.0.1:{health}/readyz"),
-                   deadline, interval=0.5)
+        self.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": configurations}),
+        )
+        self._wait(
+            "lws-controller",
+            lambda: self._http_ok(f"http://127.0.0.1:{health}/readyz"),
+            deadline,
+            interval=0.5,
+        )
         # The webhook server starts once the controllers are set up, after readyz answers.
-        self._wait("lws-controller",
-                   lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close() is None,
-                   deadline, interval=0.5)
+        self._wait(
+            "lws-controller",
+            lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close() is None,
+            deadline,
+            interval=0.5,
+        )
 
     def node_ready(self, name: str) -> bool:
         try:
