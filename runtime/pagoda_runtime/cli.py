@@ -229,9 +229,18 @@ def _add_offline_bench(bench) -> None:
     p.add_argument("--num-prompts", type=int, default=256)
     p.add_argument("--min-len", type=int, default=100, help="shortest prompt and output")
     p.add_argument("--max-len", type=int, default=1024, help="longest prompt and output")
-    p.add_argument("--hf-num-prompts", type=int, default=64, help="requests the transformers run covers")
+    p.add_argument(
+        "--temperature", type=float, default=0.6, help="sampling temperature (nano-vllm's 0.6; 0: greedy)"
+    )
+    p.add_argument(
+        "--hf-num-prompts",
+        type=int,
+        default=64,
+        help="how many of the workload's requests, from the first, the transformers run covers "
+        "(--num-prompts: all of them)",
+    )
     p.add_argument("--hf-batch-size", type=int, default=64)
-    p = bench.add_parser("latency", help="TTFT/TPOT/ITL and the bandwidth roofline at a fixed batch")
+    p = bench.add_parser("latency", help="TTFT/TPOT/ITL and the roofline at a fixed batch, greedy")
     _add_offline_common(p)
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--input-len", type=int, default=128)
@@ -253,12 +262,22 @@ def _bench_offline(args: argparse.Namespace) -> int:
         seed=args.seed,
         hf=args.hf,
     )
-    if args.bench_command == "throughput":
-        report = offline.throughput(
-            config, args.num_prompts, args.min_len, args.max_len, args.hf_num_prompts, args.hf_batch_size
-        )
-    else:
-        report = offline.latency(config, args.batch_size, args.input_len, args.output_len)
+    try:
+        if args.bench_command == "throughput":
+            report = offline.throughput(
+                config,
+                args.num_prompts,
+                args.min_len,
+                args.max_len,
+                args.hf_num_prompts,
+                args.hf_batch_size,
+                args.temperature,
+            )
+        else:
+            report = offline.latency(config, args.batch_size, args.input_len, args.output_len)
+    except ValueError as exc:  # a shape, device or option this run cannot take; the message says which
+        print(f"pagoda-runtime bench {args.bench_command}: {exc}", file=sys.stderr)
+        return 2
     return offline.finish(report, args.result_json)
 
 

@@ -143,6 +143,7 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return []
+        shape = batch.shape()
         scheduled = time.perf_counter()
         now = time.monotonic()
         for seq in batch.seqs:
@@ -172,6 +173,7 @@ class LLMEngine:
             outputs.append(request.output(request_deltas))
         self.last_step_timing = StepTiming(
             num_seqs=len(batch),
+            shape=shape,
             schedule_s=scheduled - started,
             prepare_s=self.runner.last_prepare_s,
             execute_s=executed - scheduled,

@@ -19,10 +19,21 @@ class EngineStats:
 
 
 @dataclass(frozen=True)
+class StepShape:
+    """What one step computed, in the terms a roofline counts (bench/roofline.py)."""
+
+    num_tokens: int  # tokens run through the model
+    num_sampled: int  # sequences whose next token is sampled: the rows the LM head computes
+    context_tokens: int  # KV entries attention reads: every sequence's context up to its last new token
+    attended_pairs: int  # (query, key) pairs attention scores, causal within a prefill chunk
+
+
+@dataclass(frozen=True)
 class StepTiming:
     """Where one step's wall time went; the host parts are what the GPU may wait on."""
 
     num_seqs: int
+    shape: StepShape
     schedule_s: float
     prepare_s: float  # building the batch tensors
     execute_s: float  # the model and the sampler, including waiting for the device

@@ -23,7 +23,7 @@ from pagoda_runtime.kernels import get_attention_ops
 from pagoda_runtime.kernels.reference import FP8_KV_DTYPE
 from pagoda_runtime.model import LlamaForCausalLM
 from pagoda_runtime.quantization import QuantizedLinear
-from pagoda_runtime.quantization.memory import model_weight_bytes
+from pagoda_runtime.quantization.memory import decode_weight_bytes, model_weight_bytes
 from pagoda_runtime.quantization_selection import cpu_packed_kernels, cpu_vocab_dtype
 from pagoda_runtime.sampler import Sampler, SamplerOutput
 from pagoda_runtime.scheduler import ScheduledBatch
@@ -114,6 +114,7 @@ class ModelRunner:
                     module.hold_in(vocab_dtype)
         self.model.eval()
         self.weight_bytes = model_weight_bytes(self.model)
+        self.decode_weight_bytes = decode_weight_bytes(self.model)  # what one decode step reads
         # Rank 0's block manager hands out block ids for every rank's cache: all hold as many.
         self.num_blocks = tp.agree_min(
             self._num_blocks(engine_config.kv_cache_memory, engine_config.gpu_memory_utilization),
@@ -151,6 +152,11 @@ class ModelRunner:
         return kv_bytes_per_block(
             c.num_hidden_layers, self.num_kv_heads, c.head_dim, self.block_size, self.kv_cache_dtype_name
         )
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Keys and values of one token in every layer of this rank's cache, at the cache's dtype."""
+        return self.kv_bytes_per_block // self.block_size
 
     def _num_blocks(self, kv_cache_memory: float, gpu_memory_utilization: float | None) -> int:
         flag = "--kv-cache-memory"

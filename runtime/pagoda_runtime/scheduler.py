@@ -15,6 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from pagoda_runtime.block_manager import BlockManager
+from pagoda_runtime.engine_stats import StepShape
 from pagoda_runtime.sequence import Sequence, SequenceStatus
 
 
@@ -34,6 +35,18 @@ class ScheduledBatch:
         """Whether sequence i's last token is computed this step, so a new token is sampled for it."""
         seq = self.seqs[i]
         return seq.num_computed_tokens + self.num_new_tokens[i] == seq.num_tokens
+
+    def shape(self) -> StepShape:
+        """What this batch computes (before the scheduler counts its tokens as computed); one pass
+        of integer sums, cheap enough for every step."""
+        context = pairs = sampled = 0
+        for seq, new in zip(self.seqs, self.num_new_tokens, strict=True):
+            start = seq.num_computed_tokens
+            context += start + new
+            # Query i of the chunk sees the start tokens before it, itself and the chunk's earlier ones.
+            pairs += new * start + new * (new + 1) // 2
+            sampled += start + new == seq.num_tokens
+        return StepShape(sum(self.num_new_tokens), sampled, context, pairs)
 
 
 class Scheduler:

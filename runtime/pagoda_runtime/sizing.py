@@ -1,4 +1,5 @@
-"""How many bytes a model needs: weights per quantization, KV cache per token, and whether it fits.
+"""How many bytes a model needs: weights per quantization (and what one decode step reads of them),
+KV cache per token, and whether it fits.
 
 One function for both halves of Pagoda: the runtime reports these numbers at start-up and the
 operator refuses to create pods for a variant that cannot fit. Torch-free on purpose, so that the
@@ -196,7 +197,7 @@ def weight_bytes(
         )
     if float_dtype not in FLOAT_DTYPE_BYTES:
         raise ValueError(f"unknown dtype {float_dtype!r}; use one of {', '.join(FLOAT_DTYPE_BYTES)}")
-    float_bytes = 4 if quantization == "float32" else FLOAT_DTYPE_BYTES[float_dtype]
+    float_bytes = _float_bytes(quantization, float_dtype)
     fmt = WeightFormat(bits=8 * float_bytes) if quantization == "none" else WEIGHT_FORMATS[quantization]
     if quantization == "gguf" and gguf_block is not None:
         fmt = GGUF_BLOCK_FORMATS[gguf_block]
@@ -205,6 +206,32 @@ def weight_bytes(
     if vocab_dtype is not None:
         unquantized += arch.vocab_parameters() * (FLOAT_DTYPE_BYTES[vocab_dtype] - float_bytes)
     return int(linear + unquantized)
+
+
+def _float_bytes(quantization: str, float_dtype: str) -> int:
+    return 4 if quantization == "float32" else FLOAT_DTYPE_BYTES[float_dtype]
+
+
+def decode_read_bytes(stored_bytes: int, embedding_bytes: int, tied: bool) -> int:
+    """Bytes of weights one decode step reads, from the bytes stored: every tensor once except the
+    input embedding, of which a step reads only its batch's rows. A tied embedding is the LM head
+    too, read whole for the logits, so then nothing is left out."""
+    return stored_bytes if tied else stored_bytes - embedding_bytes
+
+
+def decode_weight_bytes(
+    arch: ModelArchitecture,
+    quantization: str,
+    float_dtype: str = "bfloat16",
+    gguf_block: str | None = None,
+    vocab_dtype: str | None = None,
+) -> int:
+    """decode_read_bytes of weight_bytes' estimate (same arguments): the weight traffic that bounds
+    batch-1 decode at memory bandwidth / these bytes tokens per second."""
+    stored = weight_bytes(arch, quantization, float_dtype, gguf_block, vocab_dtype)
+    vocab_bytes = FLOAT_DTYPE_BYTES[vocab_dtype] if vocab_dtype else _float_bytes(quantization, float_dtype)
+    embedding = arch.vocab_size * arch.hidden_size * vocab_bytes
+    return decode_read_bytes(stored, embedding, arch.tie_word_embeddings)
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype: str = "auto") -> int:

@@ -64,7 +64,25 @@ def test_throughput_generates_every_requested_token_and_compares_with_transforme
     assert results["speedup_vs_hf"] == pytest.approx(
         results["output_tok_per_s"] / results["hf_output_tok_per_s"]
     )
+    # The transformers run: the first 4 requests, their own output tokens only.
+    assert report["workload"]["hf_num_prompts"] == 4 and report["workload"]["hf_batch_size"] == 2
+    assert results["hf_output_tokens"] == sum(workload.output_lens[:4])
+    assert "first 4" in results["speedup_vs_hf_formed_as"]
+    assert report["workload"]["temperature"] == 0.6
     assert 0 < results["host_share_of_step_at_max_batch"]["p50"] <= 1
+    _check_roofline(results)
+
+
+def _check_roofline(results: dict) -> None:
+    """The run's roofline is positive, below the measured time, and no step beats streaming the
+    weights once at the measured bandwidth."""
+    assert 0 < results["fraction_of_roofline"] < 1
+    assert results["fraction_of_roofline"] == pytest.approx(results["roofline_s"] / results["duration_s"])
+    weights_s = results["decode_weight_bytes"] / (results["copy_bandwidth_GBps"] * 1e9)
+    assert results["roofline_s"] >= results["roofline_steps"] * weights_s
+    assert results["roofline_tok_per_s_batch1"] == pytest.approx(1 / weights_s)
+    assert 0 <= results["roofline_memory_bound_steps"] <= results["roofline_steps"]
+    assert results["matmul_peak_TFLOPs"] > 0
 
 
 def test_latency_reports_per_token_percentiles(tmp_path):
@@ -75,8 +93,10 @@ def test_latency_reports_per_token_percentiles(tmp_path):
     ttft, tpot = results["ttft_s"], results["tpot_s"]
     assert 0 < ttft["p50"] <= ttft["p99"] < results["duration_s"]
     assert 0 < tpot["p50"] < results["duration_s"]
-    # The roofline needs a device copy bandwidth; the CPU has none worth quoting.
-    assert "fraction_of_roofline" not in results
+    _check_roofline(results)
+    # Two prefills in one step, then one step per decode token for both.
+    assert results["roofline_steps"] == 6
+    assert "decode_fraction_of_roofline_batch1" not in results  # a batch-1 figure only
 
 
 def test_workload_is_fixed_by_its_seed_and_within_bounds():

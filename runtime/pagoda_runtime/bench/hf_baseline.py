@@ -2,13 +2,15 @@
 device and dtype as the engine, with random weights of its own.
 
 A static batch pads every prompt to the longest and runs until its longest output is done, so a
-request's useful tokens are only its own output length: that is what the rates count.
+request's useful tokens are only its own output length: that is what the rates count. Sampling
+is plain temperature sampling (no top-k, no top-p), as the engine's; temperature 0 is greedy.
 """
 
 from __future__ import annotations
 
 import gc
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -67,18 +69,23 @@ def _model(offline: OfflineConfig):
     return model.eval(), device
 
 
-def _generate(model, device: torch.device, prompts: list[list[int]], new_tokens: int) -> None:
+def _generate(
+    model, device: torch.device, prompts: list[list[int]], new_tokens: int, temperature: float = 0.0
+) -> None:
     width = max(len(p) for p in prompts)
     # Left padding, as generate expects for decoder-only models.
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    sampling = {"do_sample": False}
+    if temperature > 0:
+        sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
     with torch.inference_mode():
         model.generate(
             input_ids=ids,
             attention_mask=mask,
             max_new_tokens=new_tokens,
             min_new_tokens=new_tokens,
-            do_sample=False,
+            **sampling,
         )
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -91,21 +98,35 @@ def _release() -> None:
         torch.cuda.empty_cache()
 
 
-def throughput(offline: OfflineConfig, workload: Workload, num_prompts: int, batch: int) -> float:
-    """Useful output tokens per second over the first `num_prompts` requests, `batch` at a time."""
+@dataclass(frozen=True)
+class ThroughputRun:
+    num_prompts: int  # the first num_prompts requests of the workload
+    batch_size: int  # requests per static batch, in the workload's order
+    output_tokens: int  # useful: each request's own output length
+    seconds: float
+
+    @property
+    def output_tok_per_s(self) -> float:
+        return self.output_tokens / self.seconds
+
+
+def throughput(
+    offline: OfflineConfig, workload: Workload, num_prompts: int, batch: int, temperature: float
+) -> ThroughputRun:
+    """The first `num_prompts` requests, `batch` at a time, sampled at `temperature`."""
     model, device = _model(offline)
-    _generate(model, device, workload.prompts[:1], 4)
+    _generate(model, device, workload.prompts[:1], 4, temperature)
     useful = 0
     start = time.perf_counter()
     for first in range(0, num_prompts, batch):
         prompts = workload.prompts[first : min(first + batch, num_prompts)]
         lens = workload.output_lens[first : first + len(prompts)]
-        _generate(model, device, prompts, max(lens))
+        _generate(model, device, prompts, max(lens), temperature)
         useful += sum(lens)
     seconds = time.perf_counter() - start
     del model
     _release()
-    return useful / seconds
+    return ThroughputRun(num_prompts, batch, useful, seconds)
 
 
 def latency(offline: OfflineConfig, workload: Workload) -> float:

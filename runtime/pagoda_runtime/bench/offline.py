@@ -1,13 +1,19 @@
 """`pagoda-runtime bench throughput|latency`: the engine on a random-weight model of a named shape.
 
 throughput: nano-vllm's fixed workload (by default 256 requests, prompt and output lengths uniform
-in 100-1024, ignore_eos), all submitted at once; output tokens per second, and the host's share
-of each engine step (scheduling, batch preparation, output handling) at the largest batch.
-latency: a batch of identical-length requests; TTFT, TPOT and ITL percentiles, and for batch 1 the
-fraction of the memory-bandwidth roofline (weight bytes per token against the device's copy
-bandwidth, measured in the same run).
-With --hf, Hugging Face transformers' `generate` (static batches) runs the same shape and
-workload on the same device, and the report gives the ratio.
+in 100-1024, ignore_eos, sampled at temperature 0.6 as nano-vllm samples), all submitted at once;
+output tokens per second, and the host's share of each engine step (scheduling, batch
+preparation, output handling) at the largest batch.
+latency: a batch of identical-length greedy requests; TTFT, TPOT and ITL percentiles, and the
+batch-1 decode bound (copy bandwidth over the bytes one decode step reads of the model as built).
+Both measure the device's copy bandwidth and matmul peak in the same run and report the run's own
+roofline (roofline.py): each engine step's bound, the larger of its bytes over the bandwidth and
+its FLOPs over the peak, summed over the run's steps; `fraction_of_roofline` is that sum over the
+measured seconds.
+With --hf, Hugging Face transformers' `generate` (static batches) runs the same shape on the same
+device: for throughput, the first --hf-num-prompts requests of the workload (all of them when it
+equals --num-prompts) at the same temperature; the report names the requests and how the ratio is
+formed.
 """
 
 from __future__ import annotations
@@ -19,13 +25,13 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from pagoda_runtime import sizing
-from pagoda_runtime.bench import hf_baseline
+from pagoda_runtime.bench import hf_baseline, roofline
 from pagoda_runtime.bench.shapes import random_model, shape_config
 from pagoda_runtime.bench.stats import percentiles
 from pagoda_runtime.config import EngineConfig
 from pagoda_runtime.devices import resolve_device, resolve_dtype
 from pagoda_runtime.engine import LLMEngine
+from pagoda_runtime.engine_stats import StepShape
 from pagoda_runtime.sampling_params import SamplingParams
 
 
@@ -62,9 +68,13 @@ class Report:
         print(f"shape {self.shape} on {self.device} ({self.dtype}); workload {self.workload}")
         for key, value in self.results.items():
             if isinstance(value, dict):
-                print(f"{key:<34}" + "  ".join(f"{k} {v:.4g}" for k, v in value.items()))
+                print(f"{key:<36}" + "  ".join(f"{k} {_number(v)}" for k, v in value.items()))
             else:
-                print(f"{key:<34}{value:.4g}" if isinstance(value, float) else f"{key:<34}{value}")
+                print(f"{key:<36}{_number(value)}")
+
+
+def _number(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def nano_vllm_workload(num_prompts: int, min_len: int, max_len: int, vocab: int, seed: int) -> Workload:
@@ -78,31 +88,6 @@ def fixed_workload(batch: int, input_len: int, output_len: int, vocab: int, seed
     rng = random.Random(seed)
     prompts = [[rng.randrange(vocab) for _ in range(input_len)] for _ in range(batch)]
     return Workload(prompts, [output_len] * batch)
-
-
-def copy_bandwidth(device: torch.device) -> float | None:
-    """Bytes per second of a 1 GiB device-to-device copy, counting bytes read plus written."""
-    if device.type != "cuda":
-        return None
-    src = torch.empty(2**30, dtype=torch.uint8, device=device).random_(0, 255)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(20):
-        dst.copy_(src)
-    end.record()
-    torch.cuda.synchronize(device)
-    seconds = start.elapsed_time(end) / 1e3 / 20
-    del src, dst
-    torch.cuda.empty_cache()
-    return 2 * 2**30 / seconds
-
-
-def weight_bytes(config: OfflineConfig) -> float:
-    """Bytes a decode step reads for the weights (each parameter once; the KV cache not counted)."""
-    return sizing.weight_bytes(shape_config(config.shape).to_sizing(), config.quantization)
 
 
 def build_engine(config: OfflineConfig, max_model_len: int) -> LLMEngine:
@@ -129,27 +114,44 @@ class _Trace:
     token_times: dict[str, list[float]] = field(default_factory=dict)
     arrival: float = 0.0
     host_fractions: list[float] = field(default_factory=list)
+    shapes: list[StepShape] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
         return sum(len(times) for times in self.token_times.values())
 
 
-def _run(engine: LLMEngine, workload: Workload, max_batch: int) -> tuple[float, _Trace]:
-    """Submit every request at once and step until all finish; seconds and per-token times."""
-    trace = _Trace()
+def submit(engine: LLMEngine, workload: Workload, temperature: float) -> list[str]:
+    """Queue every request of the workload (ignore_eos: each runs to its output length); their ids."""
+    ids = []
     for i, (prompt, out_len) in enumerate(zip(workload.prompts, workload.output_lens, strict=True)):
-        params = SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True, detokenize=False)
+        params = SamplingParams(
+            max_tokens=out_len, temperature=temperature, ignore_eos=True, detokenize=False
+        )
         engine.add_request(f"bench-{i}", prompt, params)
-        trace.token_times[f"bench-{i}"] = []
+        ids.append(f"bench-{i}")
+    return ids
+
+
+def _run(
+    engine: LLMEngine, workload: Workload, max_batch: int, temperature: float = 0.0
+) -> tuple[float, _Trace]:
+    """Submit every request at once and step until all finish; seconds, per-token times and each
+    step's shape."""
+    trace = _Trace()
+    trace.token_times = {request_id: [] for request_id in submit(engine, workload, temperature)}
     _sync(engine)
     trace.arrival = start = time.perf_counter()
+    previous = engine.last_step_timing
     while engine.has_unfinished():
         outputs = engine.step()
         now = time.perf_counter()
         timing = engine.last_step_timing
-        if timing is not None and timing.num_seqs >= max_batch:
-            trace.host_fractions.append(timing.host_fraction)
+        if timing is not previous:  # a step that ran a batch (an empty one leaves the last timing)
+            previous = timing
+            trace.shapes.append(timing.shape)
+            if timing.num_seqs >= max_batch:
+                trace.host_fractions.append(timing.host_fraction)
         for output in outputs:
             trace.token_times[output.request_id].append(now)
     return time.perf_counter() - start, trace
@@ -160,36 +162,64 @@ def _sync(engine: LLMEngine) -> None:
         torch.cuda.synchronize(engine.runner.device)
 
 
-def _warm_up(engine: LLMEngine, vocab: int) -> None:
-    """Compile the kernels (Triton, prefill shapes) outside the timed run."""
+def _warm_up(engine: LLMEngine, vocab: int, temperature: float = 0.0) -> None:
+    """Compile the kernels (Triton, prefill shapes, the sampler's path) outside the timed run."""
     warm = fixed_workload(4, min(64, engine.max_model_len - 8), 8, vocab, seed=1)
-    _run(engine, warm, max_batch=4)
+    _run(engine, warm, 4, temperature)
+
+
+def _roofline_results(engine: LLMEngine, hardware: roofline.Hardware, trace: _Trace, seconds: float) -> dict:
+    costs = roofline.model_costs(engine.runner)
+    bound = roofline.roofline(trace.shapes, costs, hardware)
+    return {
+        **hardware.as_results(),
+        "decode_weight_bytes": costs.weight_bytes,
+        "roofline_tok_per_s_batch1": roofline.batch1_tok_per_s(costs, hardware),
+        **bound.as_results(seconds),
+    }
 
 
 def throughput(
-    config: OfflineConfig, num_prompts: int, min_len: int, max_len: int, hf_prompts: int, hf_batch: int
+    config: OfflineConfig,
+    num_prompts: int,
+    min_len: int,
+    max_len: int,
+    hf_prompts: int,
+    hf_batch: int,
+    temperature: float = 0.6,
 ) -> Report:
+    """hf_prompts: how many of the workload's requests, from the first, the transformers run covers."""
+    if config.hf and not 1 <= hf_prompts <= num_prompts:
+        raise ValueError(
+            f"--hf-num-prompts {hf_prompts} is not a part of the workload's {num_prompts} requests; "
+            f"give 1 to {num_prompts} (all of them compares the same requests)"
+        )
     model_config = shape_config(config.shape)
     workload = nano_vllm_workload(num_prompts, min_len, max_len, model_config.vocab_size, config.seed)
     device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
     report = Report(
         config.shape,
         str(device),
-        str(resolve_dtype(config.dtype, device)),
+        str(dtype),
         {
             "kind": "throughput",
             "num_prompts": num_prompts,
             "lengths": [min_len, max_len],
+            "temperature": temperature,
             "max_num_seqs": config.max_num_seqs,
             "max_num_batched_tokens": config.max_num_batched_tokens,
         },
     )
-    hf_rate = None
     if config.hf:
-        hf_rate = hf_baseline.throughput(config, workload, hf_prompts, hf_batch)
+        report.workload |= {"hf_num_prompts": hf_prompts, "hf_batch_size": hf_batch}
+    hardware = roofline.measure(device, dtype)
+    hf_run = None
+    if config.hf:
+        hf_run = hf_baseline.throughput(config, workload, hf_prompts, hf_batch, temperature)
     engine = build_engine(config, 2 * max_len)
-    _warm_up(engine, model_config.vocab_size)
-    seconds, trace = _run(engine, workload, config.max_num_seqs)
+    _warm_up(engine, model_config.vocab_size, temperature)
+    seconds, trace = _run(engine, workload, config.max_num_seqs, temperature)
     out_tokens = trace.num_tokens
     in_tokens = sum(len(p) for p in workload.prompts)
     report.results.update(
@@ -201,13 +231,22 @@ def throughput(
             "requests_per_s": num_prompts / seconds,
             "kv_cache_blocks": engine.runner.num_blocks,
             "preemptions": engine.scheduler.num_preemptions,
+            **_roofline_results(engine, hardware, trace, seconds),
         }
     )
     if trace.host_fractions:
         report.results["host_share_of_step_at_max_batch"] = percentiles(trace.host_fractions)
-    if hf_rate is not None:
-        report.results["hf_output_tok_per_s"] = hf_rate
-        report.results["speedup_vs_hf"] = out_tokens / seconds / hf_rate
+    if hf_run is not None:
+        report.results["hf_output_tokens"] = hf_run.output_tokens
+        report.results["hf_duration_s"] = hf_run.seconds
+        report.results["hf_output_tok_per_s"] = hf_run.output_tok_per_s
+        report.results["speedup_vs_hf"] = out_tokens / seconds / hf_run.output_tok_per_s
+        same = "the same requests" if hf_prompts == num_prompts else f"its first {hf_prompts} only"
+        report.results["speedup_vs_hf_formed_as"] = (
+            f"Pagoda's output tok/s over all {num_prompts} requests / transformers' output tok/s over "
+            f"{same}, in static batches of {hf_batch} (each request's own output tokens, not the "
+            "padding steps of its batch)"
+        )
     return report
 
 
@@ -215,10 +254,11 @@ def latency(config: OfflineConfig, batch: int, input_len: int, output_len: int) 
     model_config = shape_config(config.shape)
     workload = fixed_workload(batch, input_len, output_len, model_config.vocab_size, config.seed)
     device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
     report = Report(
         config.shape,
         str(device),
-        str(resolve_dtype(config.dtype, device)),
+        str(dtype),
         {
             "kind": "latency",
             "batch": batch,
@@ -226,7 +266,7 @@ def latency(config: OfflineConfig, batch: int, input_len: int, output_len: int) 
             "output_len": output_len,
         },
     )
-    bandwidth = copy_bandwidth(device)
+    hardware = roofline.measure(device, dtype)
     hf_rate = hf_baseline.latency(config, workload) if config.hf else None
     engine = build_engine(config, input_len + output_len + 16)
     _warm_up(engine, model_config.vocab_size)
@@ -244,17 +284,18 @@ def latency(config: OfflineConfig, batch: int, input_len: int, output_len: int) 
             "ttft_s": percentiles(ttft),
             "tpot_s": percentiles(tpot),
             "itl_s": percentiles(gaps),
+            **_roofline_results(engine, hardware, trace, seconds),
         }
     )
-    if bandwidth is not None:
-        roofline = bandwidth / weight_bytes(config)
-        report.results["copy_bandwidth_GBps"] = bandwidth / 1e9
-        report.results["roofline_tok_per_s_batch1"] = roofline
-        if batch == 1:
-            report.results["fraction_of_roofline"] = decode_rate / roofline
+    if batch == 1:
+        bound = report.results["roofline_tok_per_s_batch1"]
+        report.results["decode_fraction_of_roofline_batch1"] = decode_rate / bound
     if hf_rate is not None:
         report.results["hf_output_tok_per_s"] = hf_rate
         report.results["speedup_vs_hf"] = trace.num_tokens / seconds / hf_rate
+        report.results["speedup_vs_hf_formed_as"] = (
+            f"output tok/s, prefill included, of the same {batch} requests on each side"
+        )
     return report
 
 

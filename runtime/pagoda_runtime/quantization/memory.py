@@ -1,8 +1,11 @@
-"""Bytes the weights of a built model really occupy, to report beside sizing.py's estimate."""
+"""Bytes the weights of a built model really occupy, to report beside sizing.py's estimate, and
+what one decode step reads of them (the batch-1 roofline's numerator)."""
 
 from __future__ import annotations
 
 from torch import nn
+
+from pagoda_runtime.sizing import decode_read_bytes
 
 from .linear import DenseLinear, QuantizedLinear
 
@@ -22,5 +25,14 @@ def linear_weight_bytes(model: nn.Module) -> int:
 
 def model_weight_bytes(model: nn.Module) -> int:
     """Stored bytes of everything a checkpoint fills: parameters and packed buffers, but not derived
-    buffers such as the rotary cos/sin table, which are not saved with the model."""
+    buffers such as the rotary cos/sin table, which are not saved with the model. A layer packed for
+    the CPU kernels holds only its packed buffers, so no weight is counted twice."""
     return sum(tensor.numel() * tensor.element_size() for tensor in model.state_dict().values())
+
+
+def decode_weight_bytes(model: nn.Module) -> int:
+    """Bytes of weights one decode step of `model` (a LlamaForCausalLM) reads, as stored: the rule
+    is sizing.decode_read_bytes, which sizing.decode_weight_bytes applies to the estimate."""
+    embedding = model.embed_tokens.weight
+    tied = model.lm_head is None
+    return decode_read_bytes(model_weight_bytes(model), embedding.numel() * embedding.element_size(), tied)
