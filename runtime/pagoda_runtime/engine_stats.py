@@ -40,6 +40,10 @@ class StepTiming:
     output_s: float  # appending tokens, stop rules, detokenizing
 
     @property
+    def host_s(self) -> float:
+        return self.schedule_s + self.prepare_s + self.output_s
+
+    @property
     def host_fraction(self) -> float:
         total = self.schedule_s + self.execute_s + self.output_s
-        return (self.schedule_s + self.prepare_s + self.output_s) / total if total else 0.0
+        return self.host_s / total if total else 0.0

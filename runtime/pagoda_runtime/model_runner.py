@@ -137,6 +137,8 @@ class ModelRunner:
         self._graph_pool = None
         self._max_graph_size = 0
         self.last_prepare_s = 0.0  # host time spent building the last step's tensors
+        # The CUDA graph bucket the last forward replayed, None when it ran eagerly (profiles read it).
+        self.last_graph_batch: int | None = None
         # Rank 0 of a tensor-parallel group: where each step goes to the other ranks first.
         self.step_sender: StepSender | None = None
         if self.device.type == "cuda" and not engine_config.enforce_eager:
@@ -224,6 +226,7 @@ class ModelRunner:
         if step.replayable and meta.is_decode_only and meta.num_seqs <= self._max_graph_size:
             hidden = self._replay(step.input_ids, step.positions, meta)
         else:
+            self.last_graph_batch = None
             hidden = self.model(step.input_ids, step.positions, self.kv_caches, meta)
         if step.logits_rows.shape[0] == 0:
             return None
@@ -322,6 +325,7 @@ class ModelRunner:
     ) -> torch.Tensor:
         n = input_ids.shape[0]
         size = min(s for s in self._graphs if s >= n)
+        self.last_graph_batch = size
         s = self._static
         s["input_ids"][:n] = input_ids
         s["positions"][:n] = positions

@@ -155,3 +155,36 @@ def test_batch_sweep_writes_a_table_and_a_plot_per_batch_size(tmp_path):
     for row in table["rows"]:
         assert row["decode_tok_per_s"] > 0 and row["output_tok_per_s"] > 0 and row["hf_output_tok_per_s"] > 0
     assert (tmp_path / "throughput_vs_batch.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_quant_sweep_compares_each_variant_with_the_first_and_records_what_cannot_run(tmp_path):
+    from pagoda_runtime.bench import sweeps
+
+    command = ["quant", "--shape", "tiny-llama", "--device", "cpu", "--quantizations", "none,int8,int4,gptq"]
+    assert sweeps.main([*command, "--input-len", "8", "--output-len", "6", "--out", str(tmp_path)]) == 0
+    table = json.loads((tmp_path / "quantization_speed.json").read_text())
+    assert (table["baseline"], table["batch"]) == ("none", 1)
+    none, int8, int4, gptq = table["rows"]
+    assert [r["quantization"] for r in table["rows"]] == ["none", "int8", "int4", "gptq"]
+    assert none["speedup"] == 1.0
+    for row in (int8, int4):
+        assert row["speedup"] == pytest.approx(row["decode_tok_per_s"] / none["decode_tok_per_s"])
+    for row in (none, int8, int4):  # bench latency's roofline figures, as it reports them
+        assert row["copy_bandwidth_GBps"] > 0 and row["matmul_peak_TFLOPs"] > 0
+        assert row["fraction_of_roofline"] > 0 and row["decode_fraction_of_roofline_batch1"] > 0
+    assert none["decode_weight_bytes"] > int8["decode_weight_bytes"] > int4["decode_weight_bytes"]
+    # Random float weights hold no GPTQ blocks: the row says so instead of stopping the sweep.
+    assert "no GPTQ blocks" in gptq["skipped"] and gptq["speedup"] is None and "decode_tok_per_s" not in gptq
+    assert (tmp_path / "quantization_speed.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_quant_sweep_refuses_an_unknown_variant_before_running_any(tmp_path, capsys):
+    from pagoda_runtime.bench import sweeps
+
+    with pytest.raises(SystemExit) as exit_info:
+        sweeps.main(
+            ["quant", "--shape", "tiny-llama", "--quantizations", "none,int3", "--out", str(tmp_path)]
+        )
+    assert exit_info.value.code == 2
+    assert "unknown quantization int3" in capsys.readouterr().err
+    assert not (tmp_path / "quantization_speed.json").exists()

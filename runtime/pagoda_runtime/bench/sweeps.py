@@ -1,13 +1,20 @@
-"""Throughput against batch size and latency against request rate: a JSON table and a PNG plot each.
+"""Throughput against batch size, latency against request rate, speed against weight quantization:
+a JSON table and a PNG plot each.
 
     .venv/bin/python -m pagoda_runtime.bench.sweeps batch --shape llama-3-8b --out benchmarks/results/h100
     .venv/bin/python -m pagoda_runtime.bench.sweeps rate --base-url http://127.0.0.1:8000 \
         --rates 1,2,4,8 --num-prompts 200 --out benchmarks/results/h100
+    .venv/bin/python -m pagoda_runtime.bench.sweeps quant --shape llama-3-8b \
+        --quantizations none,int8,fp8,int4 --batch-size 1 --out benchmarks/results/h100
 
 `batch` runs `bench latency` once per batch size (fixed input and output lengths, ignore_eos) on
 a random-weight model of a named shape; `rate` runs `bench serve` once per Poisson rate against a
-server that is already up. Each writes its table as JSON beside the plot, so a figure in
-BENCHMARKS.md can be traced to the numbers under it.
+server that is already up; `quant` runs `bench latency` once per weight quantization, one after
+the other in one process (each engine's memory freed before the next is built), and gives each
+variant's decode tok/s against the first's, with the report's roofline figures as it gives them.
+A variant that cannot run on this device or shape gets a row saying why instead of a speed. Each
+writes its table as JSON beside the plot, so a figure in BENCHMARKS.md can be traced to the
+numbers under it.
 """
 
 from __future__ import annotations
@@ -16,6 +23,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+# Results of `bench latency` that belong to its roofline (the measured bandwidth and matmul peak,
+# the bytes read, the bound and the fraction of it): the quant table passes them on as they are.
+ROOFLINE_WORDS = ("roofline", "bandwidth", "peak", "bytes")
 
 
 def _floats(text: str) -> list[float]:
@@ -56,6 +67,78 @@ def batch_sweep(args: argparse.Namespace) -> dict:
         "quantization": args.quantization,
         "input_len": args.input_len,
         "output_len": args.output_len,
+        "rows": rows,
+    }
+
+
+def _quantizations(text: str) -> list[str]:
+    from pagoda_runtime.config import QUANTIZATION_CHOICES
+
+    names = text.split(",")
+    unknown = [n for n in names if n not in QUANTIZATION_CHOICES]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown quantization {', '.join(unknown)}; use names from {', '.join(QUANTIZATION_CHOICES)}"
+        )
+    return names
+
+
+def _is_roofline_figure(key: str) -> bool:
+    return any(word in key for word in ROOFLINE_WORDS)
+
+
+def quant_sweep(args: argparse.Namespace) -> dict:
+    import gc
+
+    import torch
+
+    from pagoda_runtime.bench import offline
+    from pagoda_runtime.devices import resolve_device, resolve_dtype
+
+    device = resolve_device(args.device)
+    rows = []
+    for quantization in args.quantizations:
+        config = offline.OfflineConfig(
+            shape=args.shape,
+            device=args.device,
+            dtype=args.dtype,
+            quantization=quantization,
+            max_num_seqs=args.batch_size,
+            kv_cache_memory=args.kv_cache_memory,
+        )
+        try:
+            results = offline.latency(config, args.batch_size, args.input_len, args.output_len).results
+        except (ValueError, RuntimeError) as exc:  # a variant this device or shape cannot run
+            rows.append({"quantization": quantization, "skipped": str(exc)})
+            print(f"{quantization:>6}: skipped, {exc}", flush=True)
+        else:
+            rows.append(
+                {
+                    "quantization": quantization,
+                    "decode_tok_per_s": results["decode_tok_per_s"],
+                    "tpot_p50_s": results["tpot_s"]["p50"],
+                    **{k: v for k, v in results.items() if _is_roofline_figure(k)},
+                }
+            )
+            print(f"{quantization:>6}: {results['decode_tok_per_s']:.1f} decode tok/s", flush=True)
+        finally:
+            # The next variant's weights need the memory this one's engine held.
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    baseline = rows[0].get("decode_tok_per_s")
+    for row in rows:
+        rate = row.get("decode_tok_per_s")
+        row["speedup"] = rate / baseline if rate and baseline else None
+    return {
+        "kind": "quant",
+        "shape": args.shape,
+        "device": str(device),
+        "dtype": str(resolve_dtype(args.dtype, device)),
+        "batch": args.batch_size,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "baseline": rows[0]["quantization"],
         "rows": rows,
     }
 
@@ -155,6 +238,29 @@ def plot_rate(table: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def plot_quant(table: dict, path: Path) -> None:
+    plt = _pyplot()
+    rows = table["rows"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    names = [r["quantization"] for r in rows]
+    rates = [r.get("decode_tok_per_s", 0.0) for r in rows]
+    bars = ax.bar(names, rates)
+    for bar, row in zip(bars, rows, strict=True):
+        label = f"{row['speedup']:.2f}x" if row["speedup"] is not None else "skipped"
+        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom")
+    ax.set_xlabel(f"weights (speedup against {table['baseline']})")
+    ax.set_ylabel("decode tok/s")
+    ax.set_title(
+        f"{table['shape']}, {table['device']} {table['dtype'].removeprefix('torch.')}, "
+        f"batch {table['batch']}, in {table['input_len']} / out {table['output_len']}",
+        fontsize=9,
+    )
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def _pyplot():
     try:
         import matplotlib
@@ -192,7 +298,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     rate.add_argument("--seed", type=int, default=0)
     rate.add_argument("--api-key", default=None)
-    for p in (batch, rate):
+    quant = sub.add_parser(
+        "quant", help="decode tok/s of each weight quantization against the first, one run"
+    )
+    quant.add_argument("--shape", default="llama-3-8b")
+    quant.add_argument(
+        "--quantizations", type=_quantizations, default="none,int8,fp8,int4", help="the first is the baseline"
+    )
+    quant.add_argument("--batch-size", type=int, default=1)
+    quant.add_argument("--device", default="auto")
+    quant.add_argument("--dtype", default="auto")
+    quant.add_argument("--kv-cache-memory", type=float, default=0.9)
+    quant.add_argument("--input-len", type=int, default=128)
+    quant.add_argument("--output-len", type=int, default=128)
+    for p in (batch, rate, quant):
         p.add_argument("--out", required=True, help="folder for the JSON table and the PNG plot")
     args = parser.parse_args(argv)
 
@@ -200,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.sweep == "batch":
         table, name, plot = batch_sweep(args), "throughput_vs_batch", plot_batch
+    elif args.sweep == "quant":
+        table, name, plot = quant_sweep(args), "quantization_speed", plot_quant
     else:
         table, name, plot = rate_sweep(args), "latency_vs_rate", plot_rate
     (out / f"{name}.json").write_text(json.dumps(table, indent=2))

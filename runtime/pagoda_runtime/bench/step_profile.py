@@ -1,0 +1,399 @@
+"""Where a decode step's time goes: wall time against kernel time, step by step.
+
+    python -m pagoda_runtime.bench.step_profile --shape llama-3-8b --batch-sizes 1,32,256 \
+        --out benchmarks/results/h100
+    OMP_NUM_THREADS=1 python -m pagoda_runtime.bench.step_profile --model smollm2-135m --device cpu \
+        --batch-sizes 1,8 --input-len 9 --parts --name decode_profile_auto --out benchmarks/results/cpu
+
+Builds one engine: random weights of a named shape (bench/offline.py), or with --model a model the
+engine loads (the bundled one, a folder, a .gguf file). For each batch size it brings that many
+sequences of --input-len random tokens into decode, runs a few warm-up steps, times --steps steps
+unprofiled (wall and process CPU time), then --steps more, each in its own torch.profiler session,
+so that every event a session records belongs to its step. For each profiled step it reports the
+wall time, the kernel time, the idle gap (wall - kernel), the host time the engine measured itself
+(scheduling, batch tensors, output handling: StepTiming.host_s), the launches, and whether the
+forward replayed a CUDA graph (the runner's choice); over the steps, the kernels that took the
+most time and their share.
+
+On CUDA the kernel time is the sum of the device's activities (kernels, copies, memsets) and the
+launches are the host's kernel- and graph-launch calls. The CPU has no device: there the kernel
+time is the self time of the ATen ops and the launches are the ATen calls made from Python (each
+pays the dispatcher). `kernel_time_is` in the JSON says which.
+
+--parts also labels each part of the step (schedule, projections, attention, the LM head, ...) with
+profiler ranges around the engine's own functions, removed again afterwards, and reports each
+part's host time per step (parts_ms). A CUDA graph replay runs none of those functions: use
+--enforce-eager for parts on CUDA.
+
+Writes {out}/{name}_b{N}.json per batch size and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from pagoda_runtime.bench import offline
+from pagoda_runtime.config import EngineConfig
+from pagoda_runtime.engine import LLMEngine
+from pagoda_runtime.sampling_params import SamplingParams
+
+WARM_UP_STEPS = 3
+TOP_KERNELS = 10
+# The runtime calls that put work on a CUDA device: one per kernel, or one for a whole graph.
+LAUNCH_CALLS = ("LaunchKernel", "GraphLaunch")
+KERNEL_TIME_IS = {
+    "cuda": "CUDA device activity (kernels, copies, memsets); launches are kernel and graph launch calls",
+    "cpu": "self CPU time of the ATen ops (no device); launches are the ATen calls made from Python",
+}
+# The profiler labels of --parts, in step order; the indented ones run inside "decoder layers (all)".
+PARTS = (
+    "schedule",
+    "prepare batch tensors",
+    "embedding",
+    "decoder layers (all)",
+    "rms_norm",
+    "linear (projections)",
+    "rotary",
+    "write_kv",
+    "attention",
+    "silu_and_mul",
+    "final norm",
+    "logits (lm_head)",
+    "sampler",
+)
+INSIDE_LAYERS = PARTS[4:10]
+
+
+def build(args: argparse.Namespace, max_num_seqs: int, max_model_len: int) -> LLMEngine:
+    if args.model:
+        config = EngineConfig(
+            model=args.model,
+            dtype=args.dtype,
+            device=args.device,
+            quantization=args.quantization,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            kv_cache_memory=args.kv_cache_memory,
+            enable_prefix_caching=False,  # random prompts share nothing
+            enforce_eager=args.enforce_eager,
+        )
+        return LLMEngine(config)
+    config = offline.OfflineConfig(
+        shape=args.shape,
+        device=args.device,
+        dtype=args.dtype,
+        quantization=args.quantization,
+        max_num_seqs=max_num_seqs,
+        kv_cache_memory=args.kv_cache_memory,
+        enforce_eager=args.enforce_eager,
+    )
+    return offline.build_engine(config, max_model_len)
+
+
+def into_decode(engine: LLMEngine, batch: int, input_len: int, max_tokens: int) -> None:
+    """`batch` sequences, all past their prompt and decoding together."""
+    workload = offline.fixed_workload(batch, input_len, max_tokens, engine.model_config.vocab_size, seed=0)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+    for i, prompt in enumerate(workload.prompts):
+        engine.add_request(f"profile-{batch}-{i}", prompt, params)
+    running = engine.scheduler.running
+    while engine.scheduler.waiting or any(seq.num_computed_tokens < seq.num_prompt_tokens for seq in running):
+        engine.step()
+    for _ in range(WARM_UP_STEPS):
+        engine.step()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_steps(engine: LLMEngine, steps: int) -> tuple[list[float], list[float]]:
+    """Wall and process CPU seconds of each of `steps` unprofiled steps."""
+    device = engine.runner.device
+    wall, cpu = [], []
+    for _ in range(steps):
+        _sync(device)
+        w, c = time.perf_counter(), time.process_time()
+        engine.step()
+        _sync(device)
+        wall.append(time.perf_counter() - w)
+        cpu.append(time.process_time() - c)
+    return wall, cpu
+
+
+def _is_aten(event) -> bool:
+    return event.device_type == DeviceType.CPU and event.name.startswith("aten::")
+
+
+def _called_from_python(event) -> bool:
+    return _is_aten(event) and not (event.cpu_parent and event.cpu_parent.name.startswith("aten::"))
+
+
+def kernels_of(events, device_type: str) -> list[tuple[str, float]]:
+    """(name, microseconds) of each kernel of one profiled step."""
+    if device_type == "cuda":
+        return [(e.name, e.time_range.elapsed_us()) for e in events if e.device_type == DeviceType.CUDA]
+    return [(e.name, e.self_cpu_time_total) for e in events if _is_aten(e)]
+
+
+def launches_of(events, device_type: str) -> int:
+    if device_type == "cuda":
+        return sum(
+            1 for e in events if e.device_type == DeviceType.CPU and any(c in e.name for c in LAUNCH_CALLS)
+        )
+    return sum(1 for e in events if _called_from_python(e))
+
+
+def profiled_step(engine: LLMEngine) -> tuple[dict, list[tuple[str, float]], dict[str, float]]:
+    """One step under its own profiler session: its figures, its kernels, and the microseconds of
+    each part labelled by labelled_parts (none without it)."""
+    device = engine.runner.device
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    _sync(device)
+    # One session per step; acc_events only keeps torch from warning that cycles drop events.
+    with profile(activities=activities, acc_events=True) as prof:
+        started = time.perf_counter()
+        engine.step()
+        _sync(device)
+        wall_ms = (time.perf_counter() - started) * 1e3
+    events = prof.events()
+    kernels = kernels_of(events, device.type)
+    kernel_ms = sum(us for _, us in kernels) / 1e3
+    timing = engine.last_step_timing
+    figures = {
+        "num_seqs": timing.num_seqs,
+        "wall_ms": wall_ms,
+        "kernel_ms": kernel_ms,
+        "idle_gap_ms": wall_ms - kernel_ms,
+        "host_ms": timing.host_s * 1e3,
+        "launches": launches_of(events, device.type),
+        "kernels": len(kernels),
+        "aten_calls_from_python": sum(1 for e in events if _called_from_python(e)),
+        "cuda_graph_batch": engine.runner.last_graph_batch,
+    }
+    part_us: dict[str, float] = defaultdict(float)
+    for e in events:
+        if e.name in PARTS:
+            part_us[e.name] += e.cpu_time_total
+    return figures, kernels, part_us
+
+
+def top_kernels(kernels: list[tuple[str, float]], steps: int) -> list[dict]:
+    total_us: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+    for name, us in kernels:
+        total_us[name] += us
+        calls[name] += 1
+    everything = sum(total_us.values()) or 1.0
+    ranked = sorted(total_us, key=total_us.get, reverse=True)[:TOP_KERNELS]
+    return [
+        {
+            "name": name,
+            "ms_per_step": total_us[name] / 1e3 / steps,
+            "share": total_us[name] / everything,
+            "calls_per_step": calls[name] / steps,
+        }
+        for name in ranked
+    ]
+
+
+def profile_batch(engine: LLMEngine, batch: int, args: argparse.Namespace) -> dict:
+    """Every figure of one batch size; the engine is left empty again."""
+    load_before = os.getloadavg()
+    into_decode(engine, batch, args.input_len, max_tokens=_tokens_needed(args.steps))
+    wall, cpu = timed_steps(engine, args.steps)
+    steps, kernels, part_us = [], [], defaultdict(float)
+    with labelled_parts(engine) if args.parts else nullcontext():
+        for _ in range(args.steps):
+            figures, step_kernels, step_parts = profiled_step(engine)
+            steps.append(figures)
+            kernels.extend(step_kernels)
+            for name, us in step_parts.items():
+                part_us[name] += us
+    for request_id in list(engine.requests):
+        engine.abort(request_id)
+    device = engine.runner.device
+    num_layers = engine.model_config.num_hidden_layers
+    aten_calls = statistics.median(s["aten_calls_from_python"] for s in steps)
+    summary = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_average_before": load_before,
+        "torch": torch.__version__,
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "model": args.model or args.shape,
+        "random_weights": not args.model,
+        "dtype": args.dtype,
+        "model_dtype": str(engine.runner.dtype).removeprefix("torch."),
+        "quantization": engine.memory.quantization,
+        "batch": batch,
+        "input_len": args.input_len,
+        "steps": args.steps,
+        "torch_threads": torch.get_num_threads(),
+        "kernel_time_is": KERNEL_TIME_IS[device.type],
+        "step_wall_ms_median": statistics.median(wall) * 1e3,
+        "step_cpu_ms_median": statistics.median(cpu) * 1e3,
+        "profiled_step_ms": statistics.median(s["wall_ms"] for s in steps),
+        **{
+            f"{key}_median": statistics.median(s[key] for s in steps)
+            for key in ("kernel_ms", "idle_gap_ms", "host_ms")
+        },
+        "launches_per_step": statistics.median(s["launches"] for s in steps),
+        "kernels_per_step": statistics.median(s["kernels"] for s in steps),
+        "aten_ops_per_step": aten_calls,
+        "aten_ops_per_layer": aten_calls / num_layers,
+        "cuda_graph_steps": sum(1 for s in steps if s["cuda_graph_batch"] is not None),
+        "top_kernels": top_kernels(kernels, args.steps),
+        "steps_profiled": steps,
+    }
+    if args.parts:
+        summary["parts_ms"] = {name: part_us[name] / 1e3 / args.steps for name in PARTS}
+    return summary
+
+
+def _tokens_needed(steps: int) -> int:
+    # The prefill's token, the warm-up steps, the timed and the profiled ones, and a margin.
+    return 1 + WARM_UP_STEPS + 2 * steps + 4
+
+
+def _labelled(label: str, fn: Callable) -> Callable:
+    def wrapper(*args, **kwargs):
+        with record_function(label):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+@contextmanager
+def labelled_parts(engine: LLMEngine) -> Iterator[None]:
+    """Wrap every part of a step in a profiler label (PARTS); the originals come back on exit."""
+    import pagoda_runtime.model as model_module
+
+    undo: list[Callable[[], None]] = []
+
+    def wrap(owner, name: str, label: str) -> None:
+        own = vars(owner)
+        if name in own:
+            original = own[name]
+            undo.append(lambda: setattr(owner, name, original))
+        else:  # a method of the class, shadowed on this instance
+            undo.append(lambda: delattr(owner, name))
+        setattr(owner, name, _labelled(label, getattr(owner, name)))
+
+    runner = engine.runner
+    model = runner.model
+    wrap(engine.scheduler, "schedule", "schedule")
+    wrap(runner, "_prepare", "prepare batch tensors")
+    wrap(model.embed_tokens, "forward", "embedding")
+    for layer in model.layers:
+        wrap(layer, "forward", "decoder layers (all)")
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+            wrap(norm, "forward", "rms_norm")
+        attn, mlp = layer.self_attn, layer.mlp
+        for proj in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+            wrap(proj, "forward", "linear (projections)")
+        ops = attn.ops
+        undo.append(lambda attn=attn, ops=ops: setattr(attn, "ops", ops))
+        attn.ops = type(ops)(
+            **{name: _labelled(name, getattr(ops, name)) for name in ops.__dataclass_fields__}
+        )
+    wrap(model.norm, "forward", "final norm")
+    wrap(model, "compute_logits", "logits (lm_head)")
+    wrap(type(runner.sampler), "__call__", "sampler")  # Python looks special methods up on the class
+    wrap(model_module, "silu_and_mul", "silu_and_mul")
+    try:
+        yield
+    finally:
+        for restore in reversed(undo):
+            restore()
+
+
+def print_summary(summary: dict) -> None:
+    print(
+        f"{summary['model']} ({summary['quantization']}, {summary['model_dtype']}) on {summary['device']}, "
+        f"batch {summary['batch']}, {summary['steps']} steps; kernel time: {summary['kernel_time_is']}"
+    )
+    print(
+        f"  unprofiled: {summary['step_wall_ms_median']:.2f} ms wall, "
+        f"{summary['step_cpu_ms_median']:.2f} ms process CPU per step (median)"
+    )
+    print("  step   wall ms  kernel ms  idle gap ms  host ms  launches  kernels  CUDA graph")
+    for i, s in enumerate(summary["steps_profiled"]):
+        graph = f"batch {s['cuda_graph_batch']}" if s["cuda_graph_batch"] is not None else "no (eager)"
+        print(
+            f"  {i:>4}  {s['wall_ms']:8.2f}  {s['kernel_ms']:9.2f}  {s['idle_gap_ms']:11.2f}  "
+            f"{s['host_ms']:7.2f}  {s['launches']:8d}  {s['kernels']:7d}  {graph}"
+        )
+    print("  top kernels: ms per step, share of kernel time, calls per step")
+    for k in summary["top_kernels"]:
+        share, calls = 100 * k["share"], k["calls_per_step"]
+        print(f"    {k['ms_per_step']:8.3f}  {share:5.1f}%  {calls:6.0f}  {k['name'][:90]}")
+    if "parts_ms" in summary:
+        print("  parts (host time per step):")
+        step_ms = summary["profiled_step_ms"]
+        for label, part_ms in summary["parts_ms"].items():
+            indent = "  " if label in INSIDE_LAYERS else ""
+            print(f"    {indent}{label:<26}{part_ms:8.2f} ms  {100 * part_ms / step_ms:5.1f}%")
+
+
+def _sizes(text: str) -> list[int]:
+    sizes = [int(b) for b in text.split(",")]
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"batch sizes must be positive integers, got {text!r}")
+    return sizes
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--shape", help="random weights of this named shape (bench/shapes.py)")
+    source.add_argument("--model", help="a model the engine loads: smollm2-135m, a folder or a .gguf file")
+    parser.add_argument("--batch-sizes", type=_sizes, default=[1, 32, 256])
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--quantization", default="auto")
+    parser.add_argument("--kv-cache-memory", type=float, default=0.9)
+    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=20, help="steps timed, then as many profiled")
+    parser.add_argument("--parts", action="store_true", help="each part of the step's host time")
+    parser.add_argument("--name", help="file name before _b{N}.json (default: step_profile_MODEL_QUANT)")
+    parser.add_argument("--out", required=True, help="folder for the JSON files")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    engine = build(args, max(args.batch_sizes), args.input_len + _tokens_needed(args.steps) + 16)
+    model = Path(args.model).name.removesuffix(".gguf") if args.model else args.shape
+    name = args.name or f"step_profile_{model}_{engine.memory.quantization}"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for batch in args.batch_sizes:
+        summary = profile_batch(engine, batch, args)
+        print_summary(summary)
+        path = out / f"{name}_b{batch}.json"
+        path.write_text(json.dumps(summary, indent=2))
+        print(f"wrote {path}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,67 @@
+"""`python -m pagoda_runtime.bench.step_profile`: per-step wall and kernel time, on the CPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from pagoda_runtime.bench import offline, step_profile
+from pagoda_runtime.bench.tables import TABLES
+from pagoda_runtime.sampler import Sampler
+
+
+def test_each_step_reports_wall_kernel_gap_host_and_launches(tmp_path, capsys):
+    args = ["--shape", "tiny-llama", "--device", "cpu", "--batch-sizes", "1,3", "--steps", "3"]
+    assert step_profile.main([*args, "--input-len", "8", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "wall ms  kernel ms  idle gap ms  host ms  launches" in printed
+    for batch in (1, 3):
+        summary = json.loads((tmp_path / f"step_profile_tiny-llama_none_b{batch}.json").read_text())
+        assert (summary["batch"], summary["device"], summary["quantization"]) == (batch, "cpu", "none")
+        assert "ATen" in summary["kernel_time_is"]  # the CPU has no kernels: said, not hidden
+        steps = summary["steps_profiled"]
+        assert len(steps) == 3
+        for step in steps:
+            assert step["num_seqs"] == batch  # every sequence decodes in every profiled step
+            assert 0 < step["kernel_ms"] <= step["wall_ms"]
+            assert step["idle_gap_ms"] == pytest.approx(step["wall_ms"] - step["kernel_ms"])
+            assert 0 < step["host_ms"] < step["wall_ms"]
+            assert 0 < step["launches"] < step["kernels"]
+            assert step["cuda_graph_batch"] is None
+        assert summary["cuda_graph_steps"] == 0
+        assert summary["kernel_ms_median"] <= summary["profiled_step_ms"]
+        top = summary["top_kernels"]
+        assert [k["ms_per_step"] for k in top] == sorted((k["ms_per_step"] for k in top), reverse=True)
+        assert 0 < sum(k["share"] for k in top) <= 1
+        assert "aten::mm" in {k["name"] for k in top}
+        assert "parts_ms" not in summary
+        assert summary["aten_ops_per_layer"] == summary["aten_ops_per_step"] / 2  # tiny-llama: 2 layers
+
+
+def test_the_bundled_models_profile_fills_the_committed_cpu_table(tmp_path):
+    # BENCHMARKS.md's decode-profile-cpu table is written from this tool's JSON.
+    args = ["--model", "smollm2-135m", "--device", "cpu", "--batch-sizes", "1", "--steps", "2"]
+    args += ["--input-len", "9", "--parts", "--name", "decode_profile_auto", "--out", str(tmp_path)]
+    assert step_profile.main(args) == 0
+    summary = json.loads((tmp_path / "decode_profile_auto_b1.json").read_text())
+    parts = summary["parts_ms"]
+    assert list(parts) == list(step_profile.PARTS)
+    assert all(parts[name] > 0 for name in parts)
+    assert sum(parts[name] for name in step_profile.INSIDE_LAYERS) <= parts["decoder layers (all)"]
+    (table,) = [t for t in TABLES if t.name == "decode-profile-cpu"]
+    rendered = dataclasses.replace(table, sources=("decode_profile_auto_b1.json",)).render(tmp_path)
+    assert rendered.splitlines()[2].startswith("| auto (gguf) | 1 | ")
+
+
+def test_the_part_labels_are_taken_off_again():
+    # Left on, they would slow every later step of the same engine (the next batch size's timing).
+    config = offline.OfflineConfig(shape="tiny-llama", device="cpu", max_num_seqs=2)
+    engine = offline.build_engine(config, 64)
+    layer, call = engine.runner.model.layers[0], Sampler.__call__
+    ops = layer.self_attn.ops
+    with step_profile.labelled_parts(engine):
+        assert "forward" in vars(layer) and Sampler.__call__ is not call and layer.self_attn.ops is not ops
+    assert "forward" not in vars(layer) and Sampler.__call__ is call
+    assert "_prepare" not in vars(engine.runner) and "schedule" not in vars(engine.scheduler)
+    assert layer.self_attn.ops is ops
