@@ -139,6 +139,12 @@ def test_the_costs_of_a_built_model_come_from_its_shape_and_its_cache():
     )
 
 
+def test_an_fp8_kv_cache_moves_a_byte_per_value():
+    config = offline.OfflineConfig(shape="tiny-llama", device="cpu", kv_cache_dtype="fp8")
+    costs = roofline.model_costs(offline.build_engine(config, 32).runner)
+    assert costs.kv_bytes_per_token == 2 * 2 * 2 * 16
+
+
 def test_the_hardware_is_measured_on_the_cpu_too():
     hardware = roofline.measure(torch.device("cpu"), torch.float32)
     assert hardware.copy_bandwidth > 1e8 and hardware.matmul_peak > 1e8

@@ -17,19 +17,12 @@ import torch
 import triton.testing
 
 from pagoda_runtime.attention_metadata import AttentionMetadata
+from pagoda_runtime.bench.roofline import copy_bandwidth
 from pagoda_runtime.kernels.triton_paged_attention import default_num_splits, paged_attention
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 SCALE = HEAD_DIM**-0.5
 STREAM_BYTES = 256 * 2**20
-
-
-def copy_bandwidth() -> float:
-    """Bytes per second of a large device-to-device copy, counting bytes read plus written."""
-    src = torch.empty(2**30, dtype=torch.uint8, device="cuda").random_(0, 255)
-    dst = torch.empty_like(src)
-    seconds = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median") / 1e3
-    return 2 * src.numel() / seconds
 
 
 def make_batch(query_lens: list[int], context_lens: list[int]):
@@ -78,7 +71,7 @@ def prefill_seconds(chunk: int, prefix: int) -> tuple[float, int]:
 
 
 def main() -> None:
-    bandwidth = copy_bandwidth()
+    bandwidth = copy_bandwidth(torch.device("cuda"))
     print(f"device: {torch.cuda.get_device_name()}; copy bandwidth {bandwidth / 1e9:.0f} GB/s")
     print("batch context splits        us    GB/s of copy | 1 split us    GB/s")
     for batch in (1, 64):

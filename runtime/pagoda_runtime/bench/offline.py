@@ -41,6 +41,7 @@ class OfflineConfig:
     device: str = "auto"
     dtype: str = "auto"
     quantization: str = "none"
+    kv_cache_dtype: str = "auto"
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     kv_cache_memory: float = 0.9
@@ -61,11 +62,16 @@ class Report:
     shape: str
     device: str
     dtype: str
+    quantization: str
+    kv_cache_dtype: str
     workload: dict
     results: dict = field(default_factory=dict)
 
     def print(self) -> None:
-        print(f"shape {self.shape} on {self.device} ({self.dtype}); workload {self.workload}")
+        print(
+            f"shape {self.shape} on {self.device} ({self.dtype}, quantization {self.quantization}, "
+            f"KV cache {self.kv_cache_dtype}); workload {self.workload}"
+        )
         for key, value in self.results.items():
             if isinstance(value, dict):
                 print(f"{key:<36}" + "  ".join(f"{k} {_number(v)}" for k, v in value.items()))
@@ -98,6 +104,7 @@ def build_engine(config: OfflineConfig, max_model_len: int) -> LLMEngine:
         dtype=config.dtype,
         device=config.device,
         quantization=config.quantization,
+        kv_cache_dtype=config.kv_cache_dtype,
         max_model_len=max_model_len,
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens,
@@ -202,6 +209,8 @@ def throughput(
         config.shape,
         str(device),
         str(dtype),
+        config.quantization,
+        config.kv_cache_dtype,
         {
             "kind": "throughput",
             "num_prompts": num_prompts,
@@ -259,6 +268,8 @@ def latency(config: OfflineConfig, batch: int, input_len: int, output_len: int) 
         config.shape,
         str(device),
         str(dtype),
+        config.quantization,
+        config.kv_cache_dtype,
         {
             "kind": "latency",
             "batch": batch,

@@ -19,6 +19,7 @@ import math
 import torch
 import triton.testing
 
+from pagoda_runtime.bench.roofline import copy_bandwidth
 from pagoda_runtime.quantization.online import quantize_fp8, quantize_int4, quantize_int8
 from pagoda_runtime.quantization.reference import reference_matmul
 from pagoda_runtime.quantization.scaled_mm import fp8_scaled_mm, scaled_mm_supported
@@ -30,14 +31,6 @@ LLAMA3_8B_SHAPES = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4
 LAYERS = 32
 QUANTIZERS = {"int8": quantize_int8, "int4": lambda w: quantize_int4(w, 128), "fp8": quantize_fp8}
 STREAM_BYTES = 128 * 2**20  # cycle enough weight copies to stream this much per graph replay
-
-
-def copy_bandwidth() -> float:
-    """Bytes per second of a large device-to-device copy, counting bytes read plus written."""
-    src = torch.empty(2**30, dtype=torch.uint8, device="cuda").random_(0, 255)
-    dst = torch.empty_like(src)
-    seconds = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median") / 1e3
-    return 2 * src.numel() / seconds
 
 
 def time_per_call(fn_per_copy, copies: int) -> float:
@@ -151,7 +144,7 @@ def main() -> None:
     if args.check:
         failures = check(LLAMA3_8B_SHAPES[:2] + [("small", 40, 640)])
         print("CHECK", "FAILED: " + "; ".join(failures) if failures else "passed")
-    bench(args.sweep, copy_bandwidth(), args.rows)
+    bench(args.sweep, copy_bandwidth(torch.device("cuda")), args.rows)
 
 
 if __name__ == "__main__":
