@@ -8,8 +8,9 @@
 Builds one engine: random weights of a named shape (bench/offline.py), or with --model a model the
 engine loads (the bundled one, a folder, a .gguf file). For each batch size it brings that many
 sequences of --input-len random tokens into decode, runs a few warm-up steps, times --steps steps
-unprofiled (wall and process CPU time), then --steps more, each in its own torch.profiler session,
-so that every event a session records belongs to its step. For each profiled step it reports the
+unprofiled (wall and process CPU time), then --steps more in one torch.profiler session, each in
+a range of its own (an event belongs to the last step that began before it; each step ends by
+waiting for the device, so no kernel runs across two steps). For each profiled step it reports the
 wall time, the kernel time, the idle gap (wall - kernel), the host time the engine measured itself
 (scheduling, batch tensors, output handling: StepTiming.host_s), the launches, and whether the
 forward replayed a CUDA graph (the runner's choice); over the steps, the kernels that took the
@@ -31,6 +32,7 @@ Writes {out}/{name}_b{N}.json per batch size and prints a table.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import statistics
@@ -50,6 +52,7 @@ from pagoda_runtime.engine import LLMEngine
 from pagoda_runtime.sampling_params import SamplingParams
 
 WARM_UP_STEPS = 3
+STEP_LABEL = "profiled step"
 TOP_KERNELS = 10
 # The runtime calls that put work on a CUDA device: one per kernel, or one for a whole graph.
 LAUNCH_CALLS = ("LaunchKernel", "GraphLaunch")
@@ -108,8 +111,8 @@ def into_decode(engine: LLMEngine, batch: int, input_len: int, max_tokens: int) 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
     for i, prompt in enumerate(workload.prompts):
         engine.add_request(f"profile-{batch}-{i}", prompt, params)
-    running = engine.scheduler.running
-    while engine.scheduler.waiting or any(seq.num_computed_tokens < seq.num_prompt_tokens for seq in running):
+    scheduler = engine.scheduler
+    while scheduler.waiting or any(s.num_computed_tokens < s.num_prompt_tokens for s in scheduler.running):
         engine.step()
     for _ in range(WARM_UP_STEPS):
         engine.step()
@@ -143,9 +146,11 @@ def _called_from_python(event) -> bool:
 
 
 def kernels_of(events, device_type: str) -> list[tuple[str, float]]:
-    """(name, microseconds) of each kernel of one profiled step."""
+    """(name, microseconds) of each kernel among `events`."""
     if device_type == "cuda":
-        return [(e.name, e.time_range.elapsed_us()) for e in events if e.device_type == DeviceType.CUDA]
+        # A record_function range shows on the device's timeline too; it is no kernel.
+        device = [e for e in events if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
+        return [(e.name, e.time_range.elapsed_us()) for e in device]
     return [(e.name, e.self_cpu_time_total) for e in events if _is_aten(e)]
 
 
@@ -157,40 +162,68 @@ def launches_of(events, device_type: str) -> int:
     return sum(1 for e in events if _called_from_python(e))
 
 
-def profiled_step(engine: LLMEngine) -> tuple[dict, list[tuple[str, float]], dict[str, float]]:
-    """One step under its own profiler session: its figures, its kernels, and the microseconds of
-    each part labelled by labelled_parts (none without it)."""
+def by_step(events, steps: int) -> list[list]:
+    """The session's events, each with the profiled step it belongs to: the last one that began
+    before it (a kernel may end after its step's range, never start before it)."""
+    starts = sorted(
+        e.time_range.start for e in events if e.name == STEP_LABEL and e.device_type == DeviceType.CPU
+    )
+    if len(starts) != steps:
+        raise RuntimeError(f"the profiler recorded {len(starts)} of the {steps} profiled steps")
+    grouped: list[list] = [[] for _ in range(steps)]
+    for e in events:
+        i = bisect.bisect_right(starts, e.time_range.start) - 1
+        if i >= 0 and e.name != STEP_LABEL:
+            grouped[i].append(e)
+    return grouped
+
+
+def profiled_steps(engine: LLMEngine, steps: int) -> list[tuple[dict, list[tuple[str, float]], dict]]:
+    """`steps` steps in one profiler session, each in a range of its own: per step its figures, its
+    kernels, and the microseconds of each part labelled by labelled_parts (none without it)."""
     device = engine.runner.device
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
+    measured = []
     _sync(device)
-    # One session per step; acc_events only keeps torch from warning that cycles drop events.
+    # acc_events only keeps torch from warning that a session's cycles drop events: it has one.
     with profile(activities=activities, acc_events=True) as prof:
-        started = time.perf_counter()
-        engine.step()
-        _sync(device)
-        wall_ms = (time.perf_counter() - started) * 1e3
-    events = prof.events()
-    kernels = kernels_of(events, device.type)
-    kernel_ms = sum(us for _, us in kernels) / 1e3
-    timing = engine.last_step_timing
-    figures = {
-        "num_seqs": timing.num_seqs,
-        "wall_ms": wall_ms,
-        "kernel_ms": kernel_ms,
-        "idle_gap_ms": wall_ms - kernel_ms,
-        "host_ms": timing.host_s * 1e3,
-        "launches": launches_of(events, device.type),
-        "kernels": len(kernels),
-        "aten_calls_from_python": sum(1 for e in events if _called_from_python(e)),
-        "cuda_graph_batch": engine.runner.last_graph_batch,
-    }
-    part_us: dict[str, float] = defaultdict(float)
-    for e in events:
-        if e.name in PARTS:
-            part_us[e.name] += e.cpu_time_total
-    return figures, kernels, part_us
+        for _ in range(steps):
+            with record_function(STEP_LABEL):
+                started = time.perf_counter()
+                engine.step()
+                _sync(device)
+                wall_ms = (time.perf_counter() - started) * 1e3
+            measured.append((wall_ms, engine.last_step_timing, engine.runner.last_graph_batch))
+    results = []
+    for i, (events, (wall_ms, timing, graph_batch)) in enumerate(
+        zip(by_step(prof.events(), steps), measured, strict=True)
+    ):
+        kernels = kernels_of(events, device.type)
+        if not kernels:
+            raise RuntimeError(
+                f"the profiler recorded no kernel in profiled step {i}: it cannot see the device here "
+                "(on CUDA, check that torch.profiler shows kernels outside this tool)"
+            )
+        kernel_ms = sum(us for _, us in kernels) / 1e3
+        figures = {
+            "num_seqs": timing.num_seqs,
+            "wall_ms": wall_ms,
+            "kernel_ms": kernel_ms,
+            "idle_gap_ms": wall_ms - kernel_ms,
+            "host_ms": timing.host_s * 1e3,
+            "launches": launches_of(events, device.type),
+            "kernels": len(kernels),
+            "aten_calls_from_python": sum(1 for e in events if _called_from_python(e)),
+            "cuda_graph_batch": graph_batch,
+        }
+        part_us: dict[str, float] = defaultdict(float)
+        for e in events:
+            if e.name in PARTS and e.device_type == DeviceType.CPU:
+                part_us[e.name] += e.cpu_time_total
+        results.append((figures, kernels, part_us))
+    return results
 
 
 def top_kernels(kernels: list[tuple[str, float]], steps: int) -> list[dict]:
@@ -219,12 +252,12 @@ def profile_batch(engine: LLMEngine, batch: int, args: argparse.Namespace) -> di
     wall, cpu = timed_steps(engine, args.steps)
     steps, kernels, part_us = [], [], defaultdict(float)
     with labelled_parts(engine) if args.parts else nullcontext():
-        for _ in range(args.steps):
-            figures, step_kernels, step_parts = profiled_step(engine)
-            steps.append(figures)
-            kernels.extend(step_kernels)
-            for name, us in step_parts.items():
-                part_us[name] += us
+        profiled = profiled_steps(engine, args.steps)
+    for figures, step_kernels, step_parts in profiled:
+        steps.append(figures)
+        kernels.extend(step_kernels)
+        for name, us in step_parts.items():
+            part_us[name] += us
     for request_id in list(engine.requests):
         engine.abort(request_id)
     device = engine.runner.device
