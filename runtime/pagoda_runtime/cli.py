@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from pagoda_runtime.config import KV_CACHE_DTYPES, QUANTIZATION_CHOICES, EngineConfig
+from pagoda_runtime.config import KV_CACHE_DTYPES, LOAD_FORMATS, QUANTIZATION_CHOICES, EngineConfig
 from pagoda_runtime.server.metrics_compat import METRICS_COMPAT_CHOICES
 from pagoda_runtime.server.tool_parsers import TOOL_CALL_PARSERS
 from pagoda_runtime.world_layout import (
@@ -88,7 +88,18 @@ def _add_parallel(p) -> None:
 def _add_serve(sub) -> None:
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
     defaults = EngineConfig()
-    p.add_argument("--model", default=defaults.model, help="model folder, .gguf file, or 'smollm2-135m'")
+    p.add_argument(
+        "--model",
+        default=defaults.model,
+        help="model folder, .gguf file, or 'smollm2-135m'; with --load-format dummy a model shape",
+    )
+    p.add_argument(
+        "--load-format",
+        default=defaults.load_format,
+        choices=LOAD_FORMATS,
+        help="auto: read the checkpoint --model names; dummy: random weights of the model shape --model "
+        "names (llama-3-8b, tiny-llama, ...: model_catalogue.py) with a bare tokenizer, for benchmarks",
+    )
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
@@ -286,6 +297,7 @@ def _bench_offline(args: argparse.Namespace) -> int:
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=args.model,
+        load_format=args.load_format,
         dtype=args.dtype,
         device=args.device,
         quantization=args.quantization,
@@ -331,6 +343,7 @@ def server_settings(args: argparse.Namespace):
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from pagoda_runtime.model_catalogue import shape_config
     from pagoda_runtime.server.logs import configure_logging
     from pagoda_runtime.server.process import (
         default_termination_log,
@@ -343,12 +356,21 @@ def _serve(args: argparse.Namespace) -> int:
 
     configure_logging(args.log_format, args.log_level.upper())
     termination_log = args.termination_log or default_termination_log()
+
+    def refuse(message: str) -> int:
+        print(f"pagoda-runtime serve: {message}", file=sys.stderr, flush=True)
+        write_termination_message(termination_log, message)
+        return 1
+
     try:
         world = layout(args)
     except LayoutError as exc:
-        print(f"pagoda-runtime serve: {exc}", file=sys.stderr, flush=True)
-        write_termination_message(termination_log, str(exc))
-        return 1
+        return refuse(str(exc))
+    if args.load_format == "dummy":
+        try:
+            shape_config(args.model)
+        except ValueError as exc:
+            return refuse(f"--load-format dummy: {exc}")
     config = engine_config(args)
     settings = server_settings(args)
     if not world.is_group:

@@ -16,6 +16,9 @@ QUANTIZATION_METHODS = ("none", "int8", "int4", "fp8", "awq", "gptq", "gguf")
 QUANTIZATION_CHOICES = ("auto", *QUANTIZATION_METHODS)
 # auto: the model's dtype; fp8: e4m3, half the bytes of bf16.
 KV_CACHE_DTYPES = ("auto", "fp8")
+# auto: read the checkpoint --model names; dummy: random weights of the model shape --model names
+# (model_catalogue.SHAPES), vLLM's flag of the same name.
+LOAD_FORMATS = ("auto", "dummy")
 
 
 # Hugging Face rope_scaling types the rotary table (kernels/rope_cache.py) implements.
@@ -78,6 +81,7 @@ class ModelConfig:
 @dataclass(frozen=True)
 class EngineConfig:
     model: str = "smollm2-135m"
+    load_format: str = "auto"  # one of LOAD_FORMATS
     dtype: str = "auto"  # auto, float32, float16, bfloat16
     device: str = "auto"  # auto, cpu, cuda, cuda:N
     quantization: str = "auto"  # one of QUANTIZATION_CHOICES

@@ -1,8 +1,9 @@
 """Everything the engine loop needs, built once from an EngineConfig.
 
-The checkpoint is loaded (or a model already in memory is taken), the quantization it is served
-with is chosen (quantization_selection.py), the model runner sizes the KV cache from what is left,
-and the context length is capped to what that cache holds. The memory report compares the
+The checkpoint is loaded (or, with load_format dummy, random weights of the shape it names are
+drawn; or a model already in memory is taken), the quantization it is served with is chosen
+(quantization_selection.py), the model runner sizes the KV cache from what is left, and the
+context length is capped to what that cache holds. The memory report compares the
 weights as loaded with sizing.py's prediction.
 """
 
@@ -19,6 +20,7 @@ from pagoda_runtime.memory_report import MemoryReport
 from pagoda_runtime.model_runner import ModelRunner
 from pagoda_runtime.model_source import LoadedModel, expected_weight_shapes, load_model_source
 from pagoda_runtime.quantization_selection import cpu_vocab_dtype, select_quantization
+from pagoda_runtime.random_model import random_model
 from pagoda_runtime.scheduler import Scheduler
 from pagoda_runtime.sizing import check_tensor_parallel, weight_bytes
 from pagoda_runtime.tensor_parallel import SINGLE_PROCESS, TensorParallel
@@ -47,9 +49,9 @@ def build_engine(
     tp: TensorParallel = SINGLE_PROCESS,
     layout: str = "1x1",
 ) -> EngineParts:
-    """`loaded`: a model already in memory (the benchmarks' random weights) instead of
-    `engine_config.model`; `tp`: this process's rank of engine_config.tensor_parallel_size. Every
-    rank builds the same parts (its slice of the model, its KV heads' cache); only rank 0 samples."""
+    """`loaded`: a model already in memory instead of `engine_config.model`; `tp`: this process's
+    rank of engine_config.tensor_parallel_size. Every rank builds the same parts (its slice of the
+    model, its KV heads' cache); only rank 0 samples."""
     if engine_config.max_num_batched_tokens < 1 or engine_config.max_num_seqs < 1:
         raise ValueError("--max-num-batched-tokens and --max-num-seqs must both be at least 1")
     if tp.size != engine_config.tensor_parallel_size:
@@ -58,7 +60,10 @@ def build_engine(
             f"configured for {engine_config.tensor_parallel_size}; start one process per rank"
         )
     placement = resolve_placement(engine_config.device, engine_config.dtype)
-    if loaded is None:
+    if loaded is None and engine_config.load_format == "dummy":
+        LOAD_PROGRESS.phase(f"drawing random weights of the {engine_config.model} shape")
+        loaded = random_model(engine_config.model, placement.device, placement.dtype, engine_config.seed)
+    elif loaded is None:
         LOAD_PROGRESS.phase(f"reading the checkpoint {engine_config.model}")
         loaded = load_model_source(engine_config.model, placement.dtype, keep_quantized=True)
     quantization = select_quantization(
@@ -126,10 +131,12 @@ def build_engine(
     # One line with every effective setting, for whoever reads a pod's log first; `layout` is
     # world_layout.WorldLayout.describe(), nodes x ranks per node.
     logger.info(
-        "pagoda-runtime settings: model=%s device=%s dtype=%s quantization=%s kv_cache_dtype=%s "
-        "kv_blocks=%d (%d tokens) max_model_len=%d max_num_seqs=%d max_num_batched_tokens=%d "
-        "block_size=%d prefix_caching=%s tensor_parallel_size=%d layout=%s pipeline_parallel_size=1",
+        "pagoda-runtime settings: model=%s load_format=%s device=%s dtype=%s quantization=%s "
+        "kv_cache_dtype=%s kv_blocks=%d (%d tokens) max_model_len=%d max_num_seqs=%d "
+        "max_num_batched_tokens=%d block_size=%d prefix_caching=%s tensor_parallel_size=%d layout=%s "
+        "pipeline_parallel_size=1",
         engine_config.model,
+        engine_config.load_format,
         placement.device,
         placement.dtype_name,
         quantization,

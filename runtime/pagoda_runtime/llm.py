@@ -18,8 +18,9 @@ Conversation = Sequence[Mapping[str, Any]]
 
 
 class LLM:
-    """`model`: a Hugging Face folder, a .gguf file or the bundled model's name; the other keyword
-    arguments are EngineConfig fields (max_num_seqs, block_size, kv_cache_memory, ...)."""
+    """`model`: a Hugging Face folder, a .gguf file or the bundled model's name (with
+    load_format="dummy", a model shape's name); the other keyword arguments are EngineConfig fields
+    (max_num_seqs, block_size, kv_cache_memory, ...)."""
 
     def __init__(
         self,

@@ -2,8 +2,9 @@
 
 One catalogue for everything that needs a model's shape without its checkpoint: the operator
 sizes pods for an InferenceService's `family` from it (through `KNOWN_ARCHITECTURES`, the part
-sizing.py reads), and the benchmarks build random-weight models of these shapes (bench/shapes.py).
-Torch-free, so the operator can import it.
+sizing.py reads); the benchmarks and `pagoda-runtime serve --load-format dummy` build random-weight
+models of these shapes (random_model.py). Torch-free, so the operator can import it and serve can
+refuse an unknown shape before torch loads.
 """
 
 from __future__ import annotations
@@ -78,3 +79,16 @@ MODELS: dict[str, ModelConfig] = {
 }
 
 KNOWN_ARCHITECTURES: dict[str, ModelArchitecture] = {name: c.to_sizing() for name, c in MODELS.items()}
+
+# Every model above, and one small enough for quick runs and tests on the CPU: the shapes
+# random_model.py builds (`bench --shape`, `serve --load-format dummy --model`).
+SHAPES: dict[str, ModelConfig] = {
+    **MODELS,
+    "tiny-llama": model_config("llama", 2, 64, 128, 4, 2, 16, 512, False, 2048, 10000.0),
+}
+
+
+def shape_config(name: str) -> ModelConfig:
+    if name not in SHAPES:
+        raise ValueError(f"unknown model shape {name!r}; choose one of {', '.join(SHAPES)}")
+    return SHAPES[name]

@@ -178,7 +178,8 @@ class Tokenizer:
     ) -> str:
         if not self.chat_template:
             raise ChatTemplateMissing(
-                f"the model {self.source} has no chat template; use the completions API with a plain prompt"
+                f"the model {self.source} has no chat template; use the completions API with a plain "
+                "prompt, or serve it with --chat-template"
             )
         return self._compiled_template.render(
             messages=[dict(m) for m in messages],

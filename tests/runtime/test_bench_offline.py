@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 from pagoda_runtime.bench.offline import nano_vllm_workload
-from pagoda_runtime.bench.shapes import SHAPES, random_model, shape_config
+from pagoda_runtime.model_catalogue import SHAPES, shape_config
+from pagoda_runtime.random_model import random_model
 
 SWEEPS = ["-m", "pagoda_runtime.bench.sweeps"]
 

@@ -9,12 +9,12 @@ import pytest
 import torch
 from pagoda_runtime import sizing
 from pagoda_runtime.bench import offline, roofline
-from pagoda_runtime.bench.shapes import bare_tokenizer, random_weights, shape_config
 from pagoda_runtime.config import EngineConfig
 from pagoda_runtime.engine import LLMEngine
 from pagoda_runtime.engine_stats import StepShape
-from pagoda_runtime.model_catalogue import KNOWN_ARCHITECTURES
+from pagoda_runtime.model_catalogue import KNOWN_ARCHITECTURES, shape_config
 from pagoda_runtime.model_source import LoadedModel
+from pagoda_runtime.random_model import bare_tokenizer, random_weights
 from pagoda_runtime.sampling_params import SamplingParams
 from pagoda_runtime.scheduler import ScheduledBatch
 from pagoda_runtime.sequence import Sequence, SequenceGroup

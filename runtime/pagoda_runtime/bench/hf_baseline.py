@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pagoda_runtime.bench.shapes import shape_config
 from pagoda_runtime.config import ModelConfig
 from pagoda_runtime.devices import resolve_device, resolve_dtype
+from pagoda_runtime.model_catalogue import shape_config
 
 if TYPE_CHECKING:
     from pagoda_runtime.bench.offline import OfflineConfig, Workload

@@ -26,12 +26,13 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from pagoda_runtime.bench import hf_baseline, roofline
-from pagoda_runtime.bench.shapes import random_model, shape_config
 from pagoda_runtime.bench.stats import percentiles
 from pagoda_runtime.config import EngineConfig
 from pagoda_runtime.devices import resolve_device, resolve_dtype
 from pagoda_runtime.engine import LLMEngine
 from pagoda_runtime.engine_stats import StepShape
+from pagoda_runtime.model_catalogue import shape_config
+from pagoda_runtime.random_model import random_model
 from pagoda_runtime.sampling_params import SamplingParams
 
 

@@ -396,7 +396,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--shape", help="random weights of this named shape (bench/shapes.py)")
+    source.add_argument("--shape", help="random weights of this named shape (model_catalogue.SHAPES)")
     source.add_argument("--model", help="a model the engine loads: smollm2-135m, a folder or a .gguf file")
     parser.add_argument("--batch-sizes", type=_sizes, default=[1, 32, 256])
     parser.add_argument("--device", default="auto")

@@ -2,16 +2,18 @@
 a JSON table and a PNG plot each.
 
     .venv/bin/python -m pagoda_runtime.bench.sweeps batch --shape llama-3-8b --out benchmarks/results/h100
-    .venv/bin/python -m pagoda_runtime.bench.sweeps rate --base-url http://127.0.0.1:8000 \
-        --rates 1,2,4,8 --num-prompts 200 --out benchmarks/results/h100
+    .venv/bin/python -m pagoda_runtime.bench.sweeps rate --serve "--model llama-3-8b --load-format dummy" \
+        --rates 4,8,16,32,64,inf --num-prompts 400 --out benchmarks/results/h100
     .venv/bin/python -m pagoda_runtime.bench.sweeps quant --shape llama-3-8b \
         --quantizations none,int8,fp8,int4 --batch-size 1 --out benchmarks/results/h100
 
 `batch` runs `bench latency` once per batch size (fixed input and output lengths, ignore_eos) on
-a random-weight model of a named shape; `rate` runs `bench serve` once per Poisson rate against a
-server that is already up; `quant` runs `bench latency` once per weight quantization, one after
-the other in one process (each engine's memory freed before the next is built), and gives each
-variant's decode tok/s against the first's, with the report's roofline figures as it gives them.
+a random-weight model of a named shape; `rate` runs `bench serve` once per Poisson rate, lowest
+first, against a server that is already up (--base-url) or one it starts and stops itself
+(--serve, launched_server.py), and says from which rate output throughput stops growing; `quant`
+runs `bench latency` once per weight quantization, one after the other in one process (each
+engine's memory freed before the next is built), and gives each variant's decode tok/s against
+the first's, with the report's roofline figures as it gives them.
 A variant that cannot run on this device or shape gets a row saying why instead of a speed. Each
 writes its table as JSON beside the plot, so a figure in BENCHMARKS.md can be traced to the
 numbers under it.
@@ -21,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import shlex
 import sys
 from pathlib import Path
 
@@ -143,15 +147,26 @@ def quant_sweep(args: argparse.Namespace) -> dict:
     }
 
 
-def rate_sweep(args: argparse.Namespace) -> dict:
+# Throughput counts as saturated from the lowest rate that reaches this share of the highest
+# measured: past it, more offered load buys at most this much more output.
+SATURATED = 0.95
+
+
+def _rate_name(rate: float) -> float | str:
+    """JSON has no Infinity; an unlimited rate is written as it is given on the command line."""
+    return "inf" if math.isinf(rate) else rate
+
+
+def _run_rates(args: argparse.Namespace, base_url: str) -> tuple[str, list[dict]]:
+    """The served model's name, and one row per rate, lowest first."""
     from pagoda_runtime.bench.serve import BenchConfig, run
 
     rows = []
-    for rate in _floats(args.rates):
+    for rate in sorted(_floats(args.rates)):
         result_json = Path(args.out) / f"serve-rate-{rate:g}.json"
         code = run(
             BenchConfig(
-                base_url=args.base_url,
+                base_url=base_url,
                 num_prompts=args.num_prompts,
                 request_rate=rate,
                 input_len=args.input_len,
@@ -167,19 +182,62 @@ def rate_sweep(args: argparse.Namespace) -> dict:
             raise SystemExit(f"{summary['failed']} requests failed at {rate:g} req/s: {summary['errors']}")
         rows.append(
             {
-                "rate": rate,
+                "rate": _rate_name(rate),
+                "request_throughput": summary["request_throughput"],
                 "output_tok_per_s": summary["output_throughput"],
                 **{f"{m}_{p}_s": summary[f"{m}_s"][p] for m in ("ttft", "tpot") for p in ("p50", "p95")},
             }
         )
-    return {
+    return summary["model"], rows
+
+
+def saturation(rows: list[dict]) -> dict:
+    """Where output throughput stops growing: the lowest rate within SATURATED of the highest
+    measured (`rate`), or None when that is the highest rate swept, which only bounds it."""
+    best = max(r["output_tok_per_s"] for r in rows)
+    knee = next(i for i, r in enumerate(rows) if r["output_tok_per_s"] >= SATURATED * best)
+    rate = rows[knee]["rate"]
+    if knee < len(rows) - 1:
+        verdict = (
+            f"output throughput stops growing at {rate} req/s: {rows[knee]['output_tok_per_s']:.1f} tok/s, "
+            f"within {1 - SATURATED:.0%} of the highest measured ({best:.1f} tok/s)"
+        )
+        return {"rate": rate, "output_tok_per_s": best, "verdict": verdict}
+    if len(rows) == 1:
+        verdict = "one rate only: sweep several to see where output throughput stops growing"
+    elif rate == "inf":
+        verdict = (
+            f"output throughput still grew from {rows[-2]['rate']} req/s to an unlimited rate "
+            f"({best:.1f} tok/s): it saturates between them; add rates in that range"
+        )
+    else:
+        verdict = (
+            f"output throughput still grew up to {rate} req/s ({best:.1f} tok/s): add higher rates or inf"
+        )
+    return {"rate": None, "output_tok_per_s": best, "verdict": verdict}
+
+
+def rate_sweep(args: argparse.Namespace) -> dict:
+    from pagoda_runtime.bench.launched_server import launched_server
+
+    if args.serve is None:
+        model, rows = _run_rates(args, args.base_url)
+    else:
+        log_path = Path(args.out) / "server.log"
+        with launched_server(shlex.split(args.serve), log_path, args.ready_timeout) as base_url:
+            model, rows = _run_rates(args, base_url)
+    table = {
         "kind": "rate",
-        "model": summary["model"],
+        "model": model,
+        "serve": args.serve,
         "input_len": args.input_len,
         "output_len": args.output_len,
         "num_prompts": args.num_prompts,
         "rows": rows,
+        "saturation": saturation(rows),
     }
+    print(table["saturation"]["verdict"], flush=True)
+    return table
 
 
 def plot_batch(table: dict, path: Path) -> None:
@@ -216,18 +274,30 @@ def plot_batch(table: dict, path: Path) -> None:
 def plot_rate(table: dict, path: Path) -> None:
     plt = _pyplot()
     rows = table["rows"]
-    rates = [r["rate"] for r in rows]
-    fig, axes = plt.subplots(1, 2, figsize=(9, 4))
+    # Evenly spaced rates, labelled as given, so that an unlimited rate has its place at the end.
+    at = range(len(rows))
+    labels = [f"{r['rate']:g}" if isinstance(r["rate"], float | int) else str(r["rate"]) for r in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
     for ax, metric, name in (
         (axes[0], "ttft", "time to first token"),
         (axes[1], "tpot", "time per output token"),
     ):
         for p, style in (("p50", "o-"), ("p95", "s--")):
-            ax.plot(rates, [r[f"{metric}_{p}_s"] * 1000 for r in rows], style, label=p)
-        ax.set_xlabel("request rate (req/s, Poisson)")
+            ax.plot(at, [r[f"{metric}_{p}_s"] * 1000 for r in rows], style, label=p)
         ax.set_ylabel(f"{name} (ms)")
-        ax.grid(True, alpha=0.3)
         ax.legend()
+    axes[2].plot(at, [r["output_tok_per_s"] for r in rows], "o-", label="output tok/s")
+    saturated = [i for i, r in enumerate(rows) if r["rate"] == table["saturation"]["rate"]]
+    if saturated:
+        axes[2].axvline(
+            saturated[0], color="grey", linestyle=":", label=f"saturated ({SATURATED:.0%} of the highest)"
+        )
+    axes[2].set_ylabel("output throughput (tok/s)")
+    axes[2].legend()
+    for ax in axes:
+        ax.set_xticks(list(at), labels)
+        ax.set_xlabel("request rate (req/s, Poisson)")
+        ax.grid(True, alpha=0.3)
     fig.suptitle(
         f"{table['model']}: {table['num_prompts']} requests per rate, in {table['input_len']} / "
         f"out {table['output_len']} tokens",
@@ -288,8 +358,22 @@ def main(argv: list[str] | None = None) -> int:
     batch.add_argument("--output-len", type=int, default=128)
     batch.add_argument("--hf", action="store_true", help="transformers' generate at each batch size too")
     rate = sub.add_parser("rate", help="TTFT and TPOT percentiles against Poisson request rate")
-    rate.add_argument("--base-url", required=True)
-    rate.add_argument("--rates", default="1,2,4,8")
+    server = rate.add_mutually_exclusive_group(required=True)
+    server.add_argument("--base-url", help="a server that is already up")
+    server.add_argument(
+        "--serve",
+        metavar="FLAGS",
+        help="start `pagoda-runtime serve FLAGS` on a free loopback port for the sweep, stop it with "
+        "SIGTERM after, and fail unless it exits 0 (e.g. '--model llama-3-8b --load-format dummy')",
+    )
+    rate.add_argument(
+        "--ready-timeout", type=float, default=600.0, help="seconds --serve's server may take to get ready"
+    )
+    rate.add_argument(
+        "--rates",
+        default="1,2,4,8,inf",
+        help="Poisson request rates (req/s); inf sends every request at once, the saturation point",
+    )
     rate.add_argument("--num-prompts", type=int, default=200)
     rate.add_argument("--input-len", type=int, default=128)
     rate.add_argument("--output-len", type=int, default=128)

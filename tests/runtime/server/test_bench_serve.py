@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 from pagoda_runtime.bench.stats import percentiles
+from pagoda_runtime.bench.sweeps import saturation
 
 from .conftest import ServerProcess
 
@@ -21,6 +22,18 @@ def test_percentiles_match_numpy():
     for q in (50, 95, 99):
         assert result[f"p{q}"] == pytest.approx(np.percentile(values, q))
     assert result["mean"] == pytest.approx(np.mean(values))
+
+
+def test_saturation_is_the_lowest_rate_near_the_highest_throughput_or_says_what_to_sweep():
+    def rows(*pairs):
+        return [{"rate": rate, "output_tok_per_s": tok_per_s} for rate, tok_per_s in pairs]
+
+    flat = saturation(rows((2, 100.0), (4, 190.0), (8, 290.0), (16, 300.0), ("inf", 305.0)))
+    assert flat["rate"] == 8 and flat["output_tok_per_s"] == 305.0
+    assert flat["verdict"].startswith("output throughput stops growing at 8 req/s: 290.0 tok/s")
+    growing = saturation(rows((2, 100.0), (4, 190.0), ("inf", 400.0)))
+    assert growing["rate"] is None and "between them" in growing["verdict"]
+    assert saturation(rows((2, 100.0), (4, 190.0)))["verdict"].endswith("add higher rates or inf")
 
 
 def test_bench_serve_reports_latencies_and_throughput(tmp_path):
@@ -80,3 +93,26 @@ def test_rate_sweep_writes_a_table_and_a_plot_per_rate(tmp_path):
         assert (out / "latency_vs_rate.png").read_bytes().startswith(b"\x89PNG")
     finally:
         server.stop()
+
+
+def test_rate_sweep_serves_random_weights_itself_up_to_an_unlimited_rate(tmp_path):
+    out = tmp_path / "sweep"
+    serve = "--model tiny-llama --load-format dummy --device cpu --max-model-len 256 --canary-interval 1"
+    command = [sys.executable, *SWEEPS, "rate", "--serve", serve, "--rates", "inf,2,4", "--num-prompts", "4"]
+    command += ["--input-len", "8", "--output-len", "4", "--random-vocab-size", "512", "--out", str(out)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "the server drained and exited 0" in run.stdout
+    table = json.loads((out / "latency_vs_rate.json").read_text())
+    assert table["model"] == "tiny-llama" and table["serve"] == serve
+    assert [row["rate"] for row in table["rows"]] == [2, 4, "inf"]
+    for row, name in zip(table["rows"], ("2", "4", "inf"), strict=True):
+        per_rate = json.loads((out / f"serve-rate-{name}.json").read_text())
+        assert per_rate["completed"] == 4 and per_rate["total_output_tokens"] == 4 * 4
+        assert row["output_tok_per_s"] == per_rate["output_throughput"] > 0
+    saturation = table["saturation"]
+    best = max(row["output_tok_per_s"] for row in table["rows"])
+    assert saturation["output_tok_per_s"] == best and saturation["rate"] in (2, 4, None)
+    assert saturation["verdict"] in run.stdout
+    assert (out / "latency_vs_rate.png").read_bytes().startswith(b"\x89PNG")
+    assert "load_format=dummy" in (out / "server.log").read_text()

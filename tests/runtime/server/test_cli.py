@@ -54,6 +54,15 @@ def test_quantization_defaults_to_the_checkpoints_own_and_unknown_choices_are_re
         assert "invalid choice" in capsys.readouterr().err
 
 
+def test_load_format_defaults_to_the_checkpoint_and_takes_dummy(capsys):
+    assert engine_config(parser().parse_args(["serve"])).load_format == "auto"
+    config = engine_config(parser().parse_args(["serve", "--model", "llama-3-8b", "--load-format", "dummy"]))
+    assert (config.model, config.load_format) == ("llama-3-8b", "dummy")
+    with pytest.raises(SystemExit):
+        parser().parse_args(["serve", "--load-format", "safetensors"])
+    assert "invalid choice" in capsys.readouterr().err
+
+
 def test_server_settings_default_the_name_and_read_the_key_from_the_environment(monkeypatch):
     monkeypatch.setenv(API_KEY_ENV, "from-env")
     settings = server_settings(parser().parse_args(["serve", "--max-queue", "4", "--drain-timeout", "90"]))

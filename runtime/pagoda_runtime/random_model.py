@@ -1,8 +1,12 @@
-"""Named model shapes with random weights, built in memory: benchmarks need no checkpoint.
+"""A model of a named shape (model_catalogue.SHAPES) with random weights, built in memory: the
+benchmarks and `pagoda-runtime serve --load-format dummy` need no checkpoint.
 
 The weights are drawn on the target device one tensor at a time, so an 8B model never sits in
-host memory. Token ids carry no meaning, so the tokenizer is a bare vocabulary of the right size
-and requests run with detokenize=False.
+host memory; the same seed gives every tensor-parallel rank the same whole tensors to slice. Token
+ids carry no meaning, so the tokenizer is a bare vocabulary of the right size whose token i is the
+text `<i>`: token ids decode to such words and those words, split on whitespace, encode back to
+the same ids; any other word is token 0. There is no chat template and no end-of-sequence token,
+so a generation runs to max_tokens.
 """
 
 from __future__ import annotations
@@ -12,24 +16,13 @@ from collections.abc import Iterator
 import torch
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import WhitespaceSplit
 
 from pagoda_runtime.config import ModelConfig
-from pagoda_runtime.model_catalogue import MODELS, model_config
+from pagoda_runtime.model_catalogue import shape_config
 from pagoda_runtime.model_source import LoadedModel
 from pagoda_runtime.tokenizer import Tokenizer
 from pagoda_runtime.weight_layout import expected_weight_shapes
-
-# Every model of the catalogue, and one small enough for the benchmark's own tests on the CPU.
-SHAPES: dict[str, ModelConfig] = {
-    **MODELS,
-    "tiny-llama": model_config("llama", 2, 64, 128, 4, 2, 16, 512, False, 2048, 10000.0),
-}
-
-
-def shape_config(name: str) -> ModelConfig:
-    if name not in SHAPES:
-        raise ValueError(f"unknown model shape {name!r}; choose one of {', '.join(SHAPES)}")
-    return SHAPES[name]
 
 
 def random_weights(
@@ -44,14 +37,20 @@ def random_weights(
             yield name, (torch.randn(shape, device=device, generator=generator) * 0.02).to(dtype)
 
 
-def bare_tokenizer(vocab_size: int) -> Tokenizer:
+def bare_tokenizer(vocab_size: int, source: str = "random") -> Tokenizer:
     vocab = {f"<{i}>": i for i in range(vocab_size)}
     backend = BackendTokenizer(WordLevel(vocab, unk_token="<0>"))
+    backend.pre_tokenizer = WhitespaceSplit()
     return Tokenizer(
-        backend, source="random", bos_token=None, eos_token=None, eos_token_ids=(), chat_template=None
+        backend, source=source, bos_token=None, eos_token=None, eos_token_ids=(), chat_template=None
     )
 
 
 def random_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LoadedModel:
+    """Raises ValueError naming the shapes there are when `name` is not one."""
     config = shape_config(name)
-    return LoadedModel(config, random_weights(config, device, dtype, seed), bare_tokenizer(config.vocab_size))
+    return LoadedModel(
+        config,
+        random_weights(config, device, dtype, seed),
+        bare_tokenizer(config.vocab_size, f"{name} (random weights)"),
+    )
