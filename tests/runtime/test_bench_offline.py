@@ -190,3 +190,21 @@ def test_quant_sweep_refuses_an_unknown_variant_before_running_any(tmp_path, cap
     assert exit_info.value.code == 2
     assert "unknown quantization int3" in capsys.readouterr().err
     assert not (tmp_path / "quantization_speed.json").exists()
+
+
+@pytest.mark.gpu
+def test_quant_sweep_runs_every_weight_quantization_on_cuda(tmp_path):
+    import gc
+
+    from pagoda_runtime.bench import sweeps
+
+    command = ["quant", "--shape", "tiny-llama", "--device", "cuda", "--quantizations", "none,int8,fp8,int4"]
+    command += ["--kv-cache-memory", str(2**28), "--input-len", "8", "--output-len", "6"]
+    command += ["--out", str(tmp_path)]
+    assert sweeps.main(command) == 0
+    gc.collect()
+    torch.cuda.empty_cache()
+    table = json.loads((tmp_path / "quantization_speed.json").read_text())
+    assert [r["quantization"] for r in table["rows"]] == ["none", "int8", "fp8", "int4"]
+    assert all("skipped" not in r and r["decode_tok_per_s"] > 0 for r in table["rows"]), table["rows"]
+    assert table["dtype"] == "torch.bfloat16"

@@ -65,3 +65,22 @@ def test_the_part_labels_are_taken_off_again():
     assert "forward" not in vars(layer) and Sampler.__call__ is call
     assert "_prepare" not in vars(engine.runner) and "schedule" not in vars(engine.scheduler)
     assert layer.self_attn.ops is ops
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("eager", [False, True])
+def test_on_cuda_kernels_are_device_time_and_graph_replays_are_seen(tmp_path, eager):
+    args = ["--shape", "tiny-llama", "--device", "cuda", "--batch-sizes", "1,3", "--steps", "3"]
+    args += ["--input-len", "8", "--kv-cache-memory", str(2**28), "--out", str(tmp_path)]
+    assert step_profile.main(args + (["--enforce-eager"] if eager else [])) == 0
+    for batch in (1, 3):
+        summary = json.loads(next(tmp_path.glob(f"step_profile_tiny-llama_*_b{batch}.json")).read_text())
+        assert summary["kernel_time_is"].startswith("CUDA")
+        assert summary["cuda_graph_steps"] == (0 if eager else 3)
+        for step in summary["steps_profiled"]:
+            assert step["cuda_graph_batch"] == (None if eager else batch)  # buckets 1, 2, 3
+            assert 0 < step["kernel_ms"] <= step["wall_ms"]  # one stream: kernels do not overlap
+            assert step["launches"] > 0
+            if not eager:  # one graph launch runs every kernel of the forward
+                assert step["launches"] < step["kernels"]
+        assert not any(k["name"].startswith("aten::") for k in summary["top_kernels"])
