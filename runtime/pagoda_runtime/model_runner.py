@@ -161,6 +161,10 @@ class ModelRunner:
         return self.kv_bytes_per_block // self.block_size
 
     def _num_blocks(self, kv_cache_memory: float, gpu_memory_utilization: float | None) -> int:
+        if self.device.type == "cuda":
+            # Loading leaves its transients (random draws, float copies of quantized weights) cached
+            # by torch's allocator, which mem_get_info counts as used: give them back first.
+            torch.cuda.empty_cache()
         flag = "--kv-cache-memory"
         if gpu_memory_utilization is not None:
             flag = "--gpu-memory-utilization"

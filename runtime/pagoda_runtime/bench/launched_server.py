@@ -52,6 +52,11 @@ def _wait_ready(process: subprocess.Popen, url: str, timeout: float, log_path: P
     raise ServerFailed(f"the server was not ready after {timeout:g}s (log: {log_path}):\n{_tail(log_path)}")
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    # A benchmark ended by SIGTERM (a time limit) still stops its server, which holds the GPU.
+    raise SystemExit(128 + signum)
+
+
 @contextlib.contextmanager
 def launched_server(flags: Sequence[str], log_path: Path, ready_timeout: float) -> Iterator[str]:
     """`pagoda-runtime serve FLAGS` on 127.0.0.1 and a free port; yields its base URL once ready.
@@ -63,6 +68,7 @@ def launched_server(flags: Sequence[str], log_path: Path, ready_timeout: float) 
     print(f"starting: pagoda-runtime serve {' '.join(flags)} (log: {log_path})", flush=True)
     with log_path.open("w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
         try:
             _wait_ready(process, url, ready_timeout, log_path)
             yield url
@@ -70,6 +76,8 @@ def launched_server(flags: Sequence[str], log_path: Path, ready_timeout: float) 
             process.kill()
             process.wait()
             raise
+        finally:
+            signal.signal(signal.SIGTERM, previous)
         process.send_signal(signal.SIGTERM)
         try:
             code = process.wait(_STOP_TIMEOUT_S)

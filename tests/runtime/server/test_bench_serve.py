@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -116,3 +120,26 @@ def test_rate_sweep_serves_random_weights_itself_up_to_an_unlimited_rate(tmp_pat
     assert saturation["verdict"] in run.stdout
     assert (out / "latency_vs_rate.png").read_bytes().startswith(b"\x89PNG")
     assert "load_format=dummy" in (out / "server.log").read_text()
+
+
+def test_a_sweep_ended_by_sigterm_stops_the_server_it_started(tmp_path):
+    out = tmp_path / "sweep"
+    serve = "--model tiny-llama --load-format dummy --device cpu --max-model-len 256"
+    command = [sys.executable, *SWEEPS, "rate", "--serve", serve, "--rates", "0.1", "--num-prompts", "50"]
+    sweep = subprocess.Popen(
+        [*command, "--random-vocab-size", "512", "--out", str(out)], stdout=subprocess.DEVNULL
+    )
+    try:
+        log = out / "server.log"
+        deadline = time.monotonic() + 120
+        while "model loaded" not in (log.read_text() if log.exists() else ""):
+            assert time.monotonic() < deadline and sweep.poll() is None, "the server never got ready"
+            time.sleep(0.2)
+        server_pid = int(re.search(r"Started server process \[(\d+)\]", log.read_text()).group(1))
+        sweep.send_signal(signal.SIGTERM)
+        assert sweep.wait(60) == 128 + signal.SIGTERM
+        with pytest.raises(ProcessLookupError):
+            os.kill(server_pid, 0)
+    finally:
+        sweep.kill()
+        sweep.wait()
