@@ -35,3 +35,20 @@ def test_an_unknown_shape_names_the_choices():
         ValueError, match=r"unknown model shape 'llama-9'; choose one of llama-3-8b, .*tiny-llama"
     ):
         LLM("llama-9", device="cpu", load_format="dummy")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quantization", ["none", "int8", "int4", "fp8"])
+def test_random_weights_are_drawn_on_the_gpu_and_quantized_there(quantization):
+    llm = LLM(
+        "tiny-llama",
+        device="cuda",
+        quantization=quantization,
+        load_format="dummy",
+        kv_cache_memory=KV,
+        max_num_seqs=4,
+    )
+    assert llm.engine.memory.weight_bytes == llm.engine.memory.predicted_weight_bytes
+    out = llm.generate([[5, 6, 7, 8]] * 3, SamplingParams(temperature=0.0, max_tokens=6))
+    # Greedy on the same prompt: three rows of one batch agree.
+    assert len({tuple(o.outputs[0].token_ids) for o in out}) == 1 and len(out[0].outputs[0].token_ids) == 6
