@@ -1,0 +1,146 @@
+"""The GPU performance targets, each checked against the JSON that scripts/gpu-bench.sh wrote.
+
+A target names the result file and the figure in it, so that a run on the card says at once which
+targets it met and which file to read for the rest. A file the run did not write is "not
+measured", never a pass. The numbers are the project's targets for the Llama-3-8B shape on one
+H100 (the 1B rows: the Llama-3.2-1B shape); a figure of another shape is shown but judged "not
+comparable", and on another card the verdicts only say how far the figures are from those numbers.
+
+    python -m pagoda_runtime.bench.targets DIR     # prints the table, writes DIR/targets.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+# TensorRT-LLM's published output tok/s for Llama-3.1-8B in fp8, 1k in / 1k out, on one H100.
+TENSORRT_LLM_FP8_1K = 15_220.0
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    pattern: str  # the result file, a glob in the results folder
+    figure: Callable[[dict], float]
+    bound: float
+    at_least: bool = True  # False: the figure must stay at or below the bound
+    stretch: bool = False  # reported against the bound, not a pass or a failure
+    shape: str = "llama-3-8b"  # the bound holds for this shape only
+
+
+def _results(key: str) -> Callable[[dict], float]:
+    return lambda data: data["results"][key]
+
+
+def _quant_speedup(quantization: str) -> Callable[[dict], float]:
+    def figure(data: dict) -> float:
+        (row,) = [r for r in data["rows"] if r["quantization"] == quantization]
+        if "speedup" not in row:
+            raise KeyError(f"{quantization} did not run: {row.get('error', 'no speedup recorded')}")
+        return row["speedup"]
+
+    return figure
+
+
+def _host_share(data: dict) -> float:
+    return data["host_ms_median"] / data["step_wall_ms_median"]
+
+
+TARGETS = (
+    Target("batch-1 bf16 decode tok/s", "latency_b1.json", _results("decode_tok_per_s"), 170.0),
+    Target(
+        "batch-1 decode, fraction of roofline",
+        "latency_b1.json",
+        _results("decode_fraction_of_roofline_batch1"),
+        0.85,
+    ),
+    Target(
+        "offline 8B, fraction of roofline",
+        "throughput_llama-3-8b.json",
+        _results("fraction_of_roofline"),
+        0.80,
+    ),
+    Target("offline 8B, x transformers", "throughput_llama-3-8b.json", _results("speedup_vs_hf"), 8.0),
+    Target(
+        "offline 1B, fraction of roofline",
+        "throughput_llama-3.2-1b.json",
+        _results("fraction_of_roofline"),
+        0.80,
+        shape="llama-3.2-1b",
+    ),
+    Target(
+        "offline 1B, x transformers",
+        "throughput_llama-3.2-1b.json",
+        _results("speedup_vs_hf"),
+        8.0,
+        shape="llama-3.2-1b",
+    ),
+    Target("int8 batch-1 decode, x bf16", "quantization_speed.json", _quant_speedup("int8"), 1.6),
+    Target("fp8 batch-1 decode, x bf16", "quantization_speed.json", _quant_speedup("fp8"), 1.6),
+    Target("int4 batch-1 decode, x bf16", "quantization_speed.json", _quant_speedup("int4"), 2.5),
+    Target(
+        "host share of a step at 256 sequences",
+        "step_profile_*_b256.json",
+        _host_share,
+        0.10,
+        at_least=False,
+    ),
+    Target(
+        "fp8 + fp8 KV 1k/1k output tok/s (TensorRT-LLM 15,220)",
+        "throughput_*_fp8_fp8kv.json",
+        _results("output_tok_per_s"),
+        TENSORRT_LLM_FP8_1K,
+        stretch=True,
+    ),
+)
+
+
+def check(target: Target, folder: Path) -> dict:
+    """One target's row: the figure measured, the bound and the verdict, or why it has none."""
+    row = {"target": target.name, "bound": target.bound, "at_least": target.at_least}
+    files = sorted(folder.glob(target.pattern))
+    if not files:
+        return {**row, "verdict": "not measured", "why": f"no {target.pattern} in {folder}"}
+    data = json.loads(files[0].read_text())
+    try:
+        value = target.figure(data)
+    except (KeyError, ValueError, ZeroDivisionError) as error:
+        return {
+            **row,
+            "file": files[0].name,
+            "verdict": "not measured",
+            "why": f"{type(error).__name__}: {error}",
+        }
+    row = {**row, "file": files[0].name, "measured": value}
+    # The step profile names its shape `model`; the other results `shape`.
+    shape = data.get("shape", data.get("model"))
+    if shape != target.shape:
+        return {**row, "verdict": f"not comparable ({shape}, not {target.shape})"}
+    met = value >= target.bound if target.at_least else value <= target.bound
+    verdict = f"{value / target.bound:.0%} of it" if target.stretch else "met" if met else "missed"
+    return {**row, "verdict": verdict}
+
+
+def check_all(folder: Path) -> list[dict]:
+    return [check(target, folder) for target in TARGETS]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path, help="the results folder of scripts/gpu-bench.sh")
+    args = parser.parse_args(argv)
+    rows = check_all(args.folder)
+    (args.folder / "targets.json").write_text(json.dumps(rows, indent=2))
+    for row in rows:
+        sign = ">=" if row["at_least"] else "<="
+        measured = f"{row['measured']:,.3g}" if "measured" in row else "-"
+        print(f"{row['target']:55s} {measured:>10s} {sign} {row['bound']:<8,.3g} {row['verdict']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
