@@ -343,7 +343,7 @@ def server_settings(args: argparse.Namespace):
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from pagoda_runtime.model_catalogue import shape_config
+    from pagoda_runtime.model_catalogue import SHAPES, shape_config
     from pagoda_runtime.server.logs import configure_logging
     from pagoda_runtime.server.process import (
         default_termination_log,
@@ -371,6 +371,11 @@ def _serve(args: argparse.Namespace) -> int:
             shape_config(args.model)
         except ValueError as exc:
             return refuse(f"--load-format dummy: {exc}")
+    elif args.model in SHAPES and not Path(args.model).exists():
+        return refuse(
+            f"{args.model!r} names a model shape, not a checkpoint: add --load-format dummy to serve "
+            "random weights of it, or give the checkpoint's folder or .gguf file"
+        )
     config = engine_config(args)
     settings = server_settings(args)
     if not world.is_group:

@@ -84,6 +84,17 @@ def test_dummy_with_an_unknown_shape_or_a_checkpoint_path_is_refused_before_load
     assert termination_log.read_text().startswith(expected)
 
 
+def test_a_shape_without_dummy_is_refused_with_the_flag_to_add(tmp_path):
+    termination_log = tmp_path / "termination-log"
+    command = [sys.executable, "-m", "pagoda_runtime.cli", "serve", "--model", "llama-3-8b"]
+    command += ["--port", str(free_port()), "--termination-log", str(termination_log)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    expected = "'llama-3-8b' names a model shape, not a checkpoint: add --load-format dummy to serve"
+    assert result.stderr.startswith(f"pagoda-runtime serve: {expected}")
+    assert termination_log.read_text().startswith(expected)
+
+
 def test_every_rank_draws_the_same_weights(dummy, tmp_path):
     prompt = [7, 300, 12, 511]
     flags = (
