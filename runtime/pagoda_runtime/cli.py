@@ -343,6 +343,7 @@ def server_settings(args: argparse.Namespace):
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from pagoda_runtime.bundled import BUNDLED_MODEL_NAME
     from pagoda_runtime.model_catalogue import SHAPES, shape_config
     from pagoda_runtime.server.logs import configure_logging
     from pagoda_runtime.server.process import (
@@ -371,7 +372,7 @@ def _serve(args: argparse.Namespace) -> int:
             shape_config(args.model)
         except ValueError as exc:
             return refuse(f"--load-format dummy: {exc}")
-    elif args.model in SHAPES and not Path(args.model).exists():
+    elif args.model in SHAPES and args.model != BUNDLED_MODEL_NAME and not Path(args.model).exists():
         return refuse(
             f"{args.model!r} names a model shape, not a checkpoint: add --load-format dummy to serve "
             "random weights of it, or give the checkpoint's folder or .gguf file"
