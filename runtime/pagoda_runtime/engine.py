@@ -166,11 +166,11 @@ class LLMEngine:
             request.metrics.last_token_time = now
         outputs = []
         for request_id, request_deltas in deltas.items():
-            request = self.requests[request_id]
-            if request.finished:
-                request.metrics.finished_time = now
+            output = self.requests[request_id].output(request_deltas)
+            if output.finished:
+                output.metrics.finished_time = now
                 del self.requests[request_id]
-            outputs.append(request.output(request_deltas))
+            outputs.append(output)
         self.last_step_timing = StepTiming(
             num_seqs=len(batch),
             shape=shape,

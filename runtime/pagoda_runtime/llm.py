@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from pagoda_runtime.config import EngineConfig
@@ -84,9 +85,10 @@ class LLM:
                 f"got {len(params)} sampling params for {len(prompts)} prompts; pass one or one each"
             )
         request_ids = [f"offline-{next(self._ids)}" for _ in prompts]
-        # All validated before any is queued, so that a bad prompt leaves nothing behind.
+        # All validated before any is queued, so that a bad prompt leaves nothing behind. Only the
+        # final outputs are returned, and those hold each sample whole whatever the output kind.
         requests = [
-            self.engine.make_request(request_id, prompt, p)
+            self.engine.make_request(request_id, prompt, replace(p, output_kind="delta"))
             for request_id, prompt, p in zip(request_ids, prompts, params, strict=True)
         ]
         for request in requests:

@@ -29,7 +29,9 @@ class RequestMetrics:
 
 @dataclass
 class RequestOutput:
-    """Cumulative state of a request. In streams, `delta` holds what is new since the last one."""
+    """One request's state after a step: `delta` holds what the step added to each sample;
+    `outputs` the whole of each sample, in a finished request's output and, while it runs, only
+    when its SamplingParams.output_kind is "cumulative" (otherwise empty)."""
 
     request_id: str
     prompt: str | None

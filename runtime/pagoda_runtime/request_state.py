@@ -115,24 +115,30 @@ class Request:
         )
 
     def output(self, deltas: list[CompletionOutput]) -> RequestOutput:
-        outputs = [
+        finished = self.finished
+        outputs = []
+        if finished or self.group.params.output_kind == "cumulative":
+            outputs = self._cumulative()
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=self.group.prompt_token_ids,
+            outputs=outputs,
+            finished=finished,
+            metrics=self.metrics,
+            num_cached_tokens=self.seqs[0].num_cached_tokens,
+            delta=deltas,
+        )
+
+    def _cumulative(self) -> list[CompletionOutput]:
+        return [
             CompletionOutput(
                 index=seq.index,
                 text=self.detokenizers[seq.index].output_text,
-                token_ids=list(seq.output_token_ids),
+                token_ids=seq.output_token_ids,  # a new list: the sequence's own goes on growing
                 logprobs=None if self.logprobs[seq.index] is None else list(self.logprobs[seq.index]),
                 finish_reason=seq.finish_reason,
                 stop_reason=seq.stop_reason,
             )
             for seq in self.seqs
         ]
-        return RequestOutput(
-            request_id=self.request_id,
-            prompt=self.prompt,
-            prompt_token_ids=self.group.prompt_token_ids,
-            outputs=outputs,
-            finished=self.finished,
-            metrics=self.metrics,
-            num_cached_tokens=self.seqs[0].num_cached_tokens,
-            delta=deltas,
-        )

@@ -6,6 +6,12 @@ from dataclasses import dataclass, field
 
 from pagoda_runtime.structured_outputs import StructuredOutputs
 
+# What a running request's RequestOutputs hold. cumulative: every sample's whole output so far, in
+# each one. delta: only the step's new tokens (`delta`); the final output still holds the whole of
+# each sample. Copying every sample's whole output at every step costs host time that grows with
+# the output's length, so callers that read deltas (the server) or only the final output ask for delta.
+OUTPUT_KINDS = ("cumulative", "delta")
+
 
 @dataclass
 class SamplingParams:
@@ -29,6 +35,7 @@ class SamplingParams:
     # False: token ids only, no text (benchmarks of random-weight models have no real vocabulary).
     detokenize: bool = True
     structured_outputs: StructuredOutputs | None = None
+    output_kind: str = "cumulative"  # one of OUTPUT_KINDS
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -69,6 +76,10 @@ class SamplingParams:
                 f"logprobs must be in [0, 20], got {self.logprobs}",
             ),
             (all(s for s in self.stop), "stop strings must not be empty"),
+            (
+                self.output_kind in OUTPUT_KINDS,
+                f"output_kind must be one of {', '.join(OUTPUT_KINDS)}, got {self.output_kind!r}",
+            ),
         ]
         for ok, message in checks:
             if not ok:

@@ -134,7 +134,11 @@ def submit(engine: LLMEngine, workload: Workload, temperature: float) -> list[st
     ids = []
     for i, (prompt, out_len) in enumerate(zip(workload.prompts, workload.output_lens, strict=True)):
         params = SamplingParams(
-            max_tokens=out_len, temperature=temperature, ignore_eos=True, detokenize=False
+            max_tokens=out_len,
+            temperature=temperature,
+            ignore_eos=True,
+            detokenize=False,
+            output_kind="delta",
         )
         engine.add_request(f"bench-{i}", prompt, params)
         ids.append(f"bench-{i}")

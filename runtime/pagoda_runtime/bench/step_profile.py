@@ -105,16 +105,19 @@ def build(args: argparse.Namespace, max_num_seqs: int, max_model_len: int) -> LL
     return offline.build_engine(config, max_model_len)
 
 
-def into_decode(engine: LLMEngine, batch: int, input_len: int, max_tokens: int) -> None:
-    """`batch` sequences, all past their prompt and decoding together."""
+def into_decode(engine: LLMEngine, batch: int, input_len: int, max_tokens: int, decoded: int = 0) -> None:
+    """`batch` sequences, all past their prompt and decoding together, each `decoded` tokens (at
+    least WARM_UP_STEPS) into its output."""
     workload = offline.fixed_workload(batch, input_len, max_tokens, engine.model_config.vocab_size, seed=0)
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False, output_kind="delta"
+    )
     for i, prompt in enumerate(workload.prompts):
         engine.add_request(f"profile-{batch}-{i}", prompt, params)
     scheduler = engine.scheduler
     while scheduler.waiting or any(s.num_computed_tokens < s.num_prompt_tokens for s in scheduler.running):
         engine.step()
-    for _ in range(WARM_UP_STEPS):
+    for _ in range(max(WARM_UP_STEPS, decoded)):
         engine.step()
 
 
@@ -248,7 +251,7 @@ def top_kernels(kernels: list[tuple[str, float]], steps: int) -> list[dict]:
 def profile_batch(engine: LLMEngine, batch: int, args: argparse.Namespace) -> dict:
     """Every figure of one batch size; the engine is left empty again."""
     load_before = os.getloadavg()
-    into_decode(engine, batch, args.input_len, max_tokens=_tokens_needed(args.steps))
+    into_decode(engine, batch, args.input_len, _tokens_needed(args.steps, args.decoded), args.decoded)
     wall, cpu = timed_steps(engine, args.steps)
     steps, kernels, part_us = [], [], defaultdict(float)
     with labelled_parts(engine) if args.parts else nullcontext():
@@ -276,6 +279,7 @@ def profile_batch(engine: LLMEngine, batch: int, args: argparse.Namespace) -> di
         "quantization": engine.memory.quantization,
         "batch": batch,
         "input_len": args.input_len,
+        "decoded": max(WARM_UP_STEPS, args.decoded),
         "steps": args.steps,
         "torch_threads": torch.get_num_threads(),
         "kernel_time_is": KERNEL_TIME_IS[device.type],
@@ -299,9 +303,9 @@ def profile_batch(engine: LLMEngine, batch: int, args: argparse.Namespace) -> di
     return summary
 
 
-def _tokens_needed(steps: int) -> int:
+def _tokens_needed(steps: int, decoded: int) -> int:
     # The prefill's token, the warm-up steps, the timed and the profiled ones, and a margin.
-    return 1 + WARM_UP_STEPS + 2 * steps + 4
+    return 1 + max(WARM_UP_STEPS, decoded) + 2 * steps + 4
 
 
 def _labelled(label: str, fn: Callable) -> Callable:
@@ -405,6 +409,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--kv-cache-memory", type=float, default=0.9)
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument(
+        "--decoded",
+        type=int,
+        default=0,
+        help="tokens each sequence decodes before the measured steps (host work per step grows with them)",
+    )
     parser.add_argument("--steps", type=int, default=20, help="steps timed, then as many profiled")
     parser.add_argument("--parts", action="store_true", help="each part of the step's host time")
     parser.add_argument("--name", help="file name before _b{N}.json (default: step_profile_MODEL_QUANT)")
@@ -414,7 +424,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    engine = build(args, max(args.batch_sizes), args.input_len + _tokens_needed(args.steps) + 16)
+    engine = build(
+        args, max(args.batch_sizes), args.input_len + _tokens_needed(args.steps, args.decoded) + 16
+    )
     model = Path(args.model).name.removesuffix(".gguf") if args.model else args.shape
     name = args.name or f"step_profile_{model}_{engine.memory.quantization}"
     out = Path(args.out)

@@ -63,6 +63,7 @@ def sampling_params(
             ignore_eos=body.ignore_eos,
             logprobs=logprobs,
             structured_outputs=constraint,
+            output_kind="delta",  # the endpoints read deltas, and the whole text from the final output
         )
     except ValueError as exc:
         raise APIError(400, f"{exc}.") from exc
@@ -83,10 +84,11 @@ async def generate(
     """
     finished = refused = False
     last_token_at = None
-    out = None
+    generated = 0
     try:
         async for out in engine.generate(prompt_ids, params, request_id):
             now = time.monotonic()
+            generated += sum(len(d.token_ids) for d in out.delta or ())
             new_tokens = max((len(d.token_ids) for d in out.delta or ()), default=0)
             if new_tokens:
                 state.health.saw_tokens()
@@ -104,7 +106,7 @@ async def generate(
     finally:
         if not finished and not refused:
             await engine.abort(request_id)
-            state.metrics.abandoned(out, len(prompt_ids))
+            state.metrics.abandoned(generated, len(prompt_ids))
 
 
 async def respond(

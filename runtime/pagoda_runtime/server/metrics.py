@@ -163,11 +163,10 @@ class ServerMetrics:
         for _ in range(num_tokens):
             child.observe(seconds / num_tokens)
 
-    def abandoned(self, last: RequestOutput | None, prompt_len: int) -> None:
-        """A request whose client went away before it finished; last is what it had produced."""
+    def abandoned(self, generated_tokens: int, prompt_len: int) -> None:
+        """A request whose client went away before it finished, after generated_tokens (all samples)."""
         self.prompt_tokens.labels(self.model_name).inc(prompt_len)
-        if last is not None:
-            self.generation_tokens.labels(self.model_name).inc(sum(len(o.token_ids) for o in last.outputs))
+        self.generation_tokens.labels(self.model_name).inc(generated_tokens)
         self.requests.labels(self.model_name, "abort").inc()
 
     def finished(self, out: RequestOutput) -> None:

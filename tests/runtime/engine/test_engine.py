@@ -99,6 +99,31 @@ def test_n_samples_share_the_prompt_blocks(llm):
     assert all_free(llm)
 
 
+def test_delta_outputs_carry_the_step_and_the_final_one_the_whole(llm):
+    finals = {}
+    for kind in ("cumulative", "delta"):
+        params = SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=5, ignore_eos=True, output_kind=kind)
+        llm.engine.add_request(kind, PROMPTS[2], params)
+        outputs = []
+        while llm.engine.has_unfinished():
+            outputs += llm.engine.step()
+        *running, finals[kind] = outputs
+        if kind == "delta":
+            assert running and all(o.outputs == [] for o in running)
+            streamed = {0: [], 1: []}
+            for o in outputs:
+                for d in o.delta:
+                    streamed[d.index] += d.token_ids
+            assert [streamed[o.index] for o in finals[kind].outputs] == [
+                o.token_ids for o in finals[kind].outputs
+            ]
+        else:
+            assert all(len(o.outputs) == 2 for o in running)
+    assert finals["delta"].outputs == finals["cumulative"].outputs
+    with pytest.raises(ValueError, match="output_kind must be one of cumulative, delta, got 'final'"):
+        SamplingParams(output_kind="final")
+
+
 def test_logprobs_match_transformers(llm, folder):
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
     out = llm.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=1, logprobs=3))[0]

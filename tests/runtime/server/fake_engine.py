@@ -183,7 +183,8 @@ class FakeEngine:
                 finished = all(o.finish_reason is not None for o in outputs)
                 if finished:
                     metrics.finished_time = now
-                yield RequestOutput(request_id, None, ids, outputs, finished, metrics, delta=deltas)
+                whole = outputs if finished or params.output_kind == "cumulative" else []
+                yield RequestOutput(request_id, None, ids, whole, finished, metrics, delta=deltas)
                 if finished:
                     return
                 step += 1

@@ -133,6 +133,8 @@ def test_client_disconnect_aborts_the_request(start, stream):
         assert time.monotonic() < deadline, "the abandoned request is still running"
         time.sleep(0.02)
     assert metric(server.url, 'pagoda_requests_total{finish_reason="abort",model_name="fake-model"}') == 1
+    # Counted from the deltas the server saw: a running request's outputs carry no whole text.
+    assert metric(server.url, 'pagoda_generation_tokens_total{model_name="fake-model"}') > 0
 
 
 def test_full_queue_answers_429(start):
