@@ -13,7 +13,7 @@ from pagoda_runtime.sampler import Sampler
 
 def test_each_step_reports_wall_kernel_gap_host_and_launches(tmp_path, capsys):
     args = ["--shape", "tiny-llama", "--device", "cpu", "--batch-sizes", "1,3", "--steps", "3"]
-    assert step_profile.main([*args, "--input-len", "8", "--out", str(tmp_path)]) == 0
+    assert step_profile.main([*args, "--input-len", "8", "--decoded", "6", "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     assert "wall ms  kernel ms  idle gap ms  host ms  launches" in printed
     for batch in (1, 3):
@@ -30,6 +30,10 @@ def test_each_step_reports_wall_kernel_gap_host_and_launches(tmp_path, capsys):
             assert 0 < step["launches"] < step["kernels"]
             assert step["cuda_graph_batch"] is None
         assert summary["cuda_graph_steps"] == 0
+        assert summary["decoded"] == 6
+        host = summary["host_parts_ms_median"]
+        assert list(host) == ["schedule", "prepare", "output"] and all(v > 0 for v in host.values())
+        assert sum(host.values()) < summary["step_wall_ms_median"]
         assert summary["kernel_ms_median"] <= summary["profiled_step_ms"]
         top = summary["top_kernels"]
         assert [k["ms_per_step"] for k in top] == sorted((k["ms_per_step"] for k in top), reverse=True)

@@ -49,6 +49,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from pagoda_runtime.bench import offline
 from pagoda_runtime.config import EngineConfig
 from pagoda_runtime.engine import LLMEngine
+from pagoda_runtime.engine_stats import StepTiming
 from pagoda_runtime.sampling_params import SamplingParams
 
 WARM_UP_STEPS = 3
@@ -126,10 +127,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed_steps(engine: LLMEngine, steps: int) -> tuple[list[float], list[float]]:
-    """Wall and process CPU seconds of each of `steps` unprofiled steps."""
+def timed_steps(engine: LLMEngine, steps: int) -> tuple[list[float], list[float], list[StepTiming]]:
+    """Wall and process CPU seconds of each of `steps` unprofiled steps, and the engine's own timing."""
     device = engine.runner.device
-    wall, cpu = [], []
+    wall, cpu, timings = [], [], []
     for _ in range(steps):
         _sync(device)
         w, c = time.perf_counter(), time.process_time()
@@ -137,7 +138,8 @@ def timed_steps(engine: LLMEngine, steps: int) -> tuple[list[float], list[float]
         _sync(device)
         wall.append(time.perf_counter() - w)
         cpu.append(time.process_time() - c)
-    return wall, cpu
+        timings.append(engine.last_step_timing)
+    return wall, cpu, timings
 
 
 def _is_aten(event) -> bool:
@@ -252,7 +254,7 @@ def profile_batch(engine: LLMEngine, batch: int, args: argparse.Namespace) -> di
     """Every figure of one batch size; the engine is left empty again."""
     load_before = os.getloadavg()
     into_decode(engine, batch, args.input_len, _tokens_needed(args.steps, args.decoded), args.decoded)
-    wall, cpu = timed_steps(engine, args.steps)
+    wall, cpu, timings = timed_steps(engine, args.steps)
     steps, kernels, part_us = [], [], defaultdict(float)
     with labelled_parts(engine) if args.parts else nullcontext():
         profiled = profiled_steps(engine, args.steps)
@@ -289,6 +291,11 @@ def profile_batch(engine: LLMEngine, batch: int, args: argparse.Namespace) -> di
         **{
             f"{key}_median": statistics.median(s[key] for s in steps)
             for key in ("kernel_ms", "idle_gap_ms", "host_ms")
+        },
+        # The host's parts of the unprofiled steps (StepTiming), the profiler's overhead left out.
+        "host_parts_ms_median": {
+            part: statistics.median(getattr(t, f"{part}_s") for t in timings) * 1e3
+            for part in ("schedule", "prepare", "output")
         },
         "launches_per_step": statistics.median(s["launches"] for s in steps),
         "kernels_per_step": statistics.median(s["kernels"] for s in steps),
