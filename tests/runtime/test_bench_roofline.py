@@ -156,7 +156,9 @@ def _tokens(engine: LLMEngine, temperature: float) -> dict[str, list[int]]:
     offline.submit(engine, workload, temperature)
     while engine.has_unfinished():
         for output in engine.step():
-            tokens[output.request_id] = output.outputs[0].token_ids
+            # The workload asks for deltas: only a finished request's output holds its whole sample.
+            if output.finished:
+                tokens[output.request_id] = output.outputs[0].token_ids
     return tokens
 
 
