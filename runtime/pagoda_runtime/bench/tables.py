@@ -328,6 +328,25 @@ TABLES = [
         ),
     ),
     Table(
+        "host-time-cpu",
+        ("cpu/host_time_before_b256.json", "cpu/host_time_after_b256.json"),
+        (
+            Column("engine", lambda r: r["engine"]),
+            Column("batch", lambda r: str(r["batch"])),
+            Column("tokens into the output", lambda r: str(r["decoded"])),
+            Column("schedule", lambda r: f"{r['host_parts_ms_median']['schedule']:.2f} ms"),
+            Column("batch tensors", lambda r: f"{r['host_parts_ms_median']['prepare']:.2f} ms"),
+            Column("outputs", lambda r: f"{r['host_parts_ms_median']['output']:.2f} ms"),
+            Column("host per step", lambda r: f"**{sum(r['host_parts_ms_median'].values()):.2f} ms**"),
+            Column("step (wall)", lambda r: f"{r['step_wall_ms_median']:.1f} ms"),
+            Column("load at start", lambda r: f"{r['load_average_before'][0]:.1f}"),
+        ),
+        rows=lambda loaded: [
+            {"engine": "whole outputs each step, torch.tensor", **loaded[0]},
+            {"engine": "delta outputs, numpy-built tensors", **loaded[1]},
+        ],
+    ),
+    Table(
         "step-broadcast-cpu",
         ("cpu/step_broadcast.json",),
         (
