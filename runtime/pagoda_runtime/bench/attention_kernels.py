@@ -4,7 +4,9 @@ Decode: batch 1 and 64, contexts 512..8192, with split-K chosen by default and w
 Each decode time comes from a CUDA graph that cycles several caches, so the 50 MB L2 cannot hold
 the keys and values; GB/s counts the keys and values read once, and the fraction is of the
 device's measured copy bandwidth. Prefill: one 2048-token chunk, alone and over a 2048-token
-cached prefix, in causal TFLOP/s.
+cached prefix, and eight 512-token prompts, in causal TFLOP/s; the prompts without a prefix also
+through torch's own FlashAttention (`varlen_attn` over the step's fresh keys and values, and
+`scaled_dot_product_attention` for the single chunk), the speed a prefill path must match.
 
     .venv/bin/python -m pagoda_runtime.bench.attention_kernels
 """
@@ -15,6 +17,8 @@ import math
 
 import torch
 import triton.testing
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.varlen import varlen_attn
 
 from pagoda_runtime.attention_metadata import AttentionMetadata
 from pagoda_runtime.bench.roofline import copy_bandwidth
@@ -63,11 +67,47 @@ def decode_seconds(batch: int, context: int, num_splits: int | None) -> float:
     return ms / 1e3 / copies
 
 
-def prefill_seconds(chunk: int, prefix: int) -> tuple[float, int]:
-    """Median seconds of one causal chunk over a cached prefix, and the matmul flops it must do."""
-    q, cache, meta = make_batch([chunk], [prefix + chunk])
+def causal_flops(chunks: list[int], prefix: int) -> int:
+    """The matmul flops of causal attention for each chunk over a cached prefix (QK and PV)."""
+    return sum(4 * HEADS * HEAD_DIM * sum(prefix + i + 1 for i in range(chunk)) for chunk in chunks)
+
+
+def prefill_seconds(chunks: list[int], prefix: int) -> float:
+    """Median seconds of causal chunks, each over a cached prefix, through the paged kernel."""
+    q, cache, meta = make_batch(chunks, [prefix + chunk for chunk in chunks])
     ms = triton.testing.do_bench(lambda: paged_attention(q, cache, meta, SCALE), return_mode="median")
-    return ms / 1e3, 4 * HEADS * HEAD_DIM * sum(prefix + i + 1 for i in range(chunk))
+    return ms / 1e3
+
+
+def torch_prefill_seconds(chunks: list[int]) -> dict[str, float | str]:
+    """Median seconds of the same fresh prompts through torch's FlashAttention entry points; a
+    variant this torch or GPU cannot run is reported with its error instead."""
+    tokens = sum(chunks)
+    q = torch.randn(tokens, HEADS, HEAD_DIM, dtype=torch.bfloat16, device="cuda")
+    k, v = (torch.randn(tokens, KV_HEADS, HEAD_DIM, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    starts = torch.tensor([0, *chunks], device="cuda").cumsum(0).to(torch.int32)
+    group = HEADS // KV_HEADS
+    # varlen_attn documents keys with the query's head count, so the kv heads are repeated for it.
+    k_all, v_all = (x.repeat_interleave(group, dim=1) for x in (k, v))
+    longest = max(chunks)
+    variants = {
+        "varlen_attn": lambda: varlen_attn(
+            q, k_all, v_all, starts, starts, longest, longest, scale=SCALE, window_size=(-1, 0)
+        ),
+    }
+    if len(chunks) == 1:
+        q4, k4, v4 = (x.transpose(0, 1)[None] for x in (q, k, v))
+        variants["sdpa (flash, GQA)"] = lambda: torch.nn.functional.scaled_dot_product_attention(
+            q4, k4, v4, is_causal=True, scale=SCALE, enable_gqa=True
+        )
+    seconds: dict[str, float | str] = {}
+    for name, fn in variants.items():
+        try:
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                seconds[name] = triton.testing.do_bench(fn, return_mode="median") / 1e3
+        except Exception as error:  # an entry point this build lacks is a finding, not a crash
+            seconds[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
+    return seconds
 
 
 def main() -> None:
@@ -84,12 +124,20 @@ def main() -> None:
                 f"{batch:>5} {context:>7} {splits:>6} {t * 1e6:>9.1f} {kv_bytes / t / 1e9:>7.0f} "
                 f"{kv_bytes / t / bandwidth:>7.0%} | {t1 * 1e6:>10.1f} {kv_bytes / t1 / 1e9:>7.0f}"
             )
-    for prefix in (0, 2048):
-        seconds, flops = prefill_seconds(2048, prefix)
-        print(
-            f"prefill chunk 2048 over prefix {prefix}: {seconds * 1e6:.0f} us, "
-            f"{flops / seconds / 1e12:.0f} TFLOP/s"
-        )
+    for chunks, prefix in (([2048], 0), ([2048], 2048), ([512] * 8, 0)):
+        flops = causal_flops(chunks, prefix)
+        seconds = prefill_seconds(chunks, prefix)
+        label = f"prefill {len(chunks)} x {chunks[0]} over prefix {prefix}"
+        print(f"{label}: paged kernel {seconds * 1e6:.0f} us, {flops / seconds / 1e12:.0f} TFLOP/s")
+        if prefix == 0:
+            for name, result in torch_prefill_seconds(chunks).items():
+                if isinstance(result, str):
+                    print(f"{label}: {name} could not run: {result}")
+                else:
+                    print(
+                        f"{label}: {name} {result * 1e6:.0f} us, {flops / result / 1e12:.0f} TFLOP/s "
+                        f"(the paged kernel takes {seconds / result:.2f}x its time)"
+                    )
 
 
 if __name__ == "__main__":
