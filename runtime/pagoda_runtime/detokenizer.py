@@ -37,6 +37,8 @@ class IncrementalDetokenizer:
         self._tokenizer = tokenizer
         self._skip_special = skip_special_tokens
         self._stops = tuple(stop)
+        # A held-back tail ends in a character of some stop before its last one; most text does not.
+        self._stop_prefix_chars = frozenset("".join(s[:-1] for s in self._stops))
         self._include_stop = include_stop_str_in_output
         context = list(prompt_token_ids)[-_PROMPT_CONTEXT:]
         self._ids = context
@@ -104,6 +106,8 @@ class IncrementalDetokenizer:
 
     def _partial_stop_length(self) -> int:
         """Length of the longest tail of the text that begins some stop string."""
+        if not self._text or self._text[-1] not in self._stop_prefix_chars:
+            return 0
         longest = 0
         for stop in self._stops:
             for size in range(min(len(stop) - 1, len(self._text)), longest, -1):

@@ -347,6 +347,23 @@ TABLES = [
         ],
     ),
     Table(
+        "detokenize-cpu",
+        ("cpu/detokenize_before.json", "cpu/detokenize_after.json"),
+        (
+            Column("detokenizer", lambda r: r["detokenizer"]),
+            Column("case", lambda r: r["case"]),
+            Column("µs per token", lambda r: f"{r['us_per_token']:.2f}"),
+            Column("ms per step at 256 sequences", lambda r: f"**{r['ms_per_step_at_256']:.2f}**"),
+        ),
+        rows=lambda loaded: [
+            {"detokenizer": name, **row}
+            for name, result in zip(
+                ("stop search at every token", "stop search after a stop's character"), loaded, strict=True
+            )
+            for row in result["rows"]
+        ],
+    ),
+    Table(
         "step-broadcast-cpu",
         ("cpu/step_broadcast.json",),
         (
