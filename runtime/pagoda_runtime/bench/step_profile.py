@@ -106,9 +106,14 @@ def build(args: argparse.Namespace, max_num_seqs: int, max_model_len: int) -> LL
     return offline.build_engine(config, max_model_len)
 
 
+def decode_steps_before(decoded: int) -> int:
+    """Steps each sequence decodes before the measured ones: `decoded`, at least WARM_UP_STEPS."""
+    return max(WARM_UP_STEPS, decoded)
+
+
 def into_decode(engine: LLMEngine, batch: int, input_len: int, max_tokens: int, decoded: int = 0) -> None:
-    """`batch` sequences, all past their prompt and decoding together, each `decoded` tokens (at
-    least WARM_UP_STEPS) into its output."""
+    """`batch` sequences, all past their prompt and decoding together, each
+    decode_steps_before(decoded) tokens into its output."""
     workload = offline.fixed_workload(batch, input_len, max_tokens, engine.model_config.vocab_size, seed=0)
     params = SamplingParams(
         temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False, output_kind="delta"
@@ -118,7 +123,7 @@ def into_decode(engine: LLMEngine, batch: int, input_len: int, max_tokens: int, 
     scheduler = engine.scheduler
     while scheduler.waiting or any(s.num_computed_tokens < s.num_prompt_tokens for s in scheduler.running):
         engine.step()
-    for _ in range(max(WARM_UP_STEPS, decoded)):
+    for _ in range(decode_steps_before(decoded)):
         engine.step()
 
 
@@ -281,7 +286,7 @@ def profile_batch(engine: LLMEngine, batch: int, args: argparse.Namespace) -> di
         "quantization": engine.memory.quantization,
         "batch": batch,
         "input_len": args.input_len,
-        "decoded": max(WARM_UP_STEPS, args.decoded),
+        "decoded": decode_steps_before(args.decoded),
         "steps": args.steps,
         "torch_threads": torch.get_num_threads(),
         "kernel_time_is": KERNEL_TIME_IS[device.type],
@@ -312,7 +317,7 @@ def profile_batch(engine: LLMEngine, batch: int, args: argparse.Namespace) -> di
 
 def _tokens_needed(steps: int, decoded: int) -> int:
     # The prefill's token, the warm-up steps, the timed and the profiled ones, and a margin.
-    return 1 + max(WARM_UP_STEPS, decoded) + 2 * steps + 4
+    return 1 + decode_steps_before(decoded) + 2 * steps + 4
 
 
 def _labelled(label: str, fn: Callable) -> Callable:
