@@ -88,8 +88,9 @@ async def generate(
     try:
         async for out in engine.generate(prompt_ids, params, request_id):
             now = time.monotonic()
-            generated += sum(len(d.token_ids) for d in out.delta or ())
-            new_tokens = max((len(d.token_ids) for d in out.delta or ()), default=0)
+            per_sample = [len(d.token_ids) for d in out.delta or ()]
+            generated += sum(per_sample)
+            new_tokens = max(per_sample, default=0)
             if new_tokens:
                 state.health.saw_tokens()
                 if last_token_at is not None:
