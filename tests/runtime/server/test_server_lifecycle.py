@@ -50,16 +50,20 @@ def test_not_ready_while_loading_then_sigterm_drains_eight_streams(tmp_path):
         banner = [line for line in log.splitlines() if "pagoda-runtime settings:" in line]
         assert len(banner) == 1 and "quantization=" in banner[0] and "kv_blocks=" in banner[0]
 
+        # Long enough (seconds at batch 8 on two cores) that the drain is still going when the
+        # test looks at readiness and admission: 12 tokens once finished before it looked.
+        max_tokens = 256
         records = [{} for _ in range(8)]
         started = [threading.Event() for _ in range(8)]
         threads = [
-            threading.Thread(target=stream_completion, args=(server.url, 12, records[i], started[i]))
+            threading.Thread(target=stream_completion, args=(server.url, max_tokens, records[i], started[i]))
             for i in range(8)
         ]
         for thread in threads:
             thread.start()
         for event in started:
             assert event.wait(120)
+        assert not any(r["done"] for r in records), "streams must still be in flight at SIGTERM"
         server.process.send_signal(signal.SIGTERM)
         time.sleep(0.3)
         ready = httpx.get(server.url + "/health/ready", timeout=5)
@@ -71,7 +75,7 @@ def test_not_ready_while_loading_then_sigterm_drains_eight_streams(tmp_path):
         assert server.process.wait(60) == 0
         for record in records:
             assert record["status"] == 200 and record["done"] and record["finish_reasons"] == ["length"]
-            assert record["usage"]["completion_tokens"] == 12
+            assert record["usage"]["completion_tokens"] == max_tokens
         summary = [line for line in server.log().splitlines() if "drained in" in line]
         assert len(summary) == 1 and "8 in-flight requests completed" in summary[0], server.log()[-2000:]
         # What Kubernetes shows as the terminated container's message.
