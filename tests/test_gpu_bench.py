@@ -55,6 +55,10 @@ def test_every_part_runs_on_tiny_shapes_and_the_targets_read_its_results(tmp_pat
     assert latency["decode_tok_per_s"] > 0 and latency["speedup_vs_hf"] > 0
     speed = json.loads((out / "quantization_speed.json").read_text())
     assert [row["quantization"] for row in speed["rows"]] == ["none", "int8"]
+    # The profile part's second run: the same step with its text made before the next launch.
+    sync = json.loads((out / "sync_output_profile_tiny-llama_b2.json").read_text())
+    assert sync["async_output_proc"] is False and sync["detokenize"] is True
+    assert sync["host_parts_ms_median"]["overlapped"] == 0
     rate = json.loads((out / "serve-rate-inf.json").read_text())
     assert rate["completed"] == 4 and rate["failed"] == 0
     rows = {row["target"]: row for row in json.loads((out / "targets.json").read_text())}

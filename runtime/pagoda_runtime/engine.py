@@ -1,9 +1,10 @@
-"""The synchronous engine loop: requests in, one step at a time, token and text deltas out.
+"""The engine loop: requests in, one step at a time, token and text deltas out.
 
 `make_request` checks and tokenizes a prompt (request_validation.py) and `add` queues one sequence
 per sample; `step` lets the scheduler pick a batch, runs it on the model runner, hands each
-sampled token to its request's stop rules (request_state.py) and returns a RequestOutput
-(cumulative, with `delta`) for every request that changed. What the loop runs on is built once by
+sampled token to its request's stop rules (request_state.py) and returns a RequestOutput (with
+`delta`) for every request that changed. With async output processing the text of one step is
+made while the device runs the next (`step`). What the loop runs on is built once by
 engine_build.py; scoring a text is scoring.py.
 """
 
@@ -13,13 +14,16 @@ import time
 
 from pagoda_runtime.config import EngineConfig
 from pagoda_runtime.engine_build import build_engine
-from pagoda_runtime.engine_stats import EngineStats, StepTiming
+from pagoda_runtime.engine_stats import EngineStats, StepShape, StepTiming
 from pagoda_runtime.grammar_mask import GrammarCompiler
+from pagoda_runtime.model_runner import LaunchedStep
 from pagoda_runtime.model_source import LoadedModel
 from pagoda_runtime.outputs import CompletionOutput, RequestOutput
-from pagoda_runtime.request_state import Request
+from pagoda_runtime.request_state import Request, SampledToken
 from pagoda_runtime.request_validation import RequestRejected, check_request
+from pagoda_runtime.sampler import SamplerOutput
 from pagoda_runtime.sampling_params import SamplingParams
+from pagoda_runtime.scheduler import ScheduledBatch
 from pagoda_runtime.sequence import Sequence
 from pagoda_runtime.structured_outputs import StructuredOutputError
 from pagoda_runtime.tensor_parallel import SINGLE_PROCESS, TensorParallel
@@ -51,6 +55,14 @@ class LLMEngine:
             self.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids
         )
         self.last_step_timing: StepTiming | None = None
+        # Overlap each step's text with the next step's device work where the device runs apart
+        # from the host; a CPU computes the forward in the call itself, so there is nothing to hide.
+        self.async_output = (
+            self.runner.device.type == "cuda"
+            if engine_config.async_output_proc is None
+            else engine_config.async_output_proc
+        )
+        self._in_flight: LaunchedStep | None = None  # launched, its tokens not yet read
 
     # ---- requests ----------------------------------------------------------------------------
 
@@ -139,31 +151,98 @@ class LLMEngine:
     # ---- one step ----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        started = time.perf_counter()
+        """One step: schedule a batch, run it, and return an output for every request it changed.
+
+        With async output processing (on CUDA by default) the step returns while its batch still
+        runs on the device; the next call reads that batch's tokens first, and makes their text
+        while the device runs the batch after it. A sequence a stop string ends then computes one
+        token more, which is dropped."""
+        if self.async_output:
+            return self._step_overlapped()
+        t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return []
         shape = batch.shape()
-        scheduled = time.perf_counter()
+        t1 = time.perf_counter()
+        launched = self._launch(batch)
+        samples = launched.wait()
+        t2 = time.perf_counter()
+        outputs = self._emit(self._append_tokens(launched, samples))
+        t3 = time.perf_counter()
+        self._record(batch, shape, schedule_s=t1 - t0, execute_s=t2 - t1, output_s=t3 - t2, overlapped_s=0.0)
+        return outputs
+
+    def _step_overlapped(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
+        in_flight, self._in_flight = self._in_flight, None
+        samples = None if in_flight is None else in_flight.wait()
+        t1 = time.perf_counter()
+        sampled = [] if in_flight is None else self._append_tokens(in_flight, samples)
+        t2 = time.perf_counter()
+        batch = self.scheduler.schedule()
+        shape = batch.shape()
+        t3 = time.perf_counter()
+        if batch.seqs:
+            self._in_flight = self._launch(batch)
+        t4 = time.perf_counter()
+        outputs = self._emit(sampled)
+        t5 = time.perf_counter()
+        if batch.seqs:
+            self._record(
+                batch,
+                shape,
+                schedule_s=t3 - t2,
+                execute_s=(t1 - t0) + (t4 - t3),
+                output_s=t2 - t1,
+                overlapped_s=t5 - t4,
+            )
+        return outputs
+
+    def _launch(self, batch: ScheduledBatch) -> LaunchedStep:
         now = time.monotonic()
         for seq in batch.seqs:
             metrics = self.requests[seq.group.request_id].metrics
             if metrics.first_scheduled_time is None:
                 metrics.first_scheduled_time = now
-        rows, sampled = self.runner.execute(batch)
-        executed = time.perf_counter()
+        return self.runner.launch(batch)
+
+    def _append_tokens(self, launched: LaunchedStep, samples: SamplerOutput) -> list[SampledToken]:
+        """Append a step's tokens: after this the scheduler knows which sequences go on. A
+        sequence that ended while the step ran (aborted, or a stop string in the text made
+        meanwhile) drops its token."""
+        batch = launched.batch
         self.scheduler.update(batch)
         now = time.monotonic()
-        deltas: dict[str, list[CompletionOutput]] = {}
-        for row, token, logprobs in zip(rows, sampled.token_ids, sampled.logprobs, strict=True):
+        sampled = []
+        for row, token, logprobs in zip(launched.rows, samples.token_ids, samples.logprobs, strict=True):
             seq: Sequence = batch.seqs[row]
+            if seq.is_finished:
+                continue
             request = self.requests[seq.group.request_id]
-            delta = request.append(seq, token, logprobs, self.model_config.eos_token_ids, self.max_model_len)
-            if delta.finish_reason is not None:
-                self.scheduler.finish(seq, delta.finish_reason)
-            deltas.setdefault(request.request_id, []).append(delta)
+            appended = request.append_token(
+                seq, token, logprobs, self.model_config.eos_token_ids, self.max_model_len
+            )
+            if appended.finish_reason is not None:
+                self.scheduler.finish(seq, appended.finish_reason)
             request.metrics.first_token_time = request.metrics.first_token_time or now
             request.metrics.last_token_time = now
+            sampled.append(appended)
+        return sampled
+
+    def _emit(self, sampled: list[SampledToken]) -> list[RequestOutput]:
+        """The tokens' text and stop strings, and one output per request they changed."""
+        deltas: dict[str, list[CompletionOutput]] = {}
+        for appended in sampled:
+            seq = appended.seq
+            delta = appended.request.append_text(appended)
+            if delta.finish_reason is not None:
+                if seq.is_finished:
+                    seq.finish_reason = delta.finish_reason  # a stop string outranks the length limit
+                else:
+                    self.scheduler.finish(seq, delta.finish_reason)
+            deltas.setdefault(appended.request.request_id, []).append(delta)
+        now = time.monotonic()
         outputs = []
         for request_id, request_deltas in deltas.items():
             output = self.requests[request_id].output(request_deltas)
@@ -171,12 +250,9 @@ class LLMEngine:
                 output.metrics.finished_time = now
                 del self.requests[request_id]
             outputs.append(output)
-        self.last_step_timing = StepTiming(
-            num_seqs=len(batch),
-            shape=shape,
-            schedule_s=scheduled - started,
-            prepare_s=self.runner.last_prepare_s,
-            execute_s=executed - scheduled,
-            output_s=time.perf_counter() - executed,
-        )
         return outputs
+
+    def _record(self, batch: ScheduledBatch, shape: StepShape, **parts: float) -> None:
+        self.last_step_timing = StepTiming(
+            num_seqs=len(batch), shape=shape, prepare_s=self.runner.last_prepare_s, **parts
+        )

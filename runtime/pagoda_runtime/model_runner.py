@@ -26,7 +26,7 @@ from pagoda_runtime.model import LlamaForCausalLM
 from pagoda_runtime.quantization import QuantizedLinear
 from pagoda_runtime.quantization.memory import decode_weight_bytes, model_weight_bytes
 from pagoda_runtime.quantization_selection import cpu_packed_kernels, cpu_vocab_dtype
-from pagoda_runtime.sampler import Sampler, SamplerOutput
+from pagoda_runtime.sampler import DeviceSamples, Sampler, SamplerOutput
 from pagoda_runtime.scheduler import ScheduledBatch
 from pagoda_runtime.sequence import Sequence
 from pagoda_runtime.sizing import kv_bytes_per_block, kv_heads_per_rank
@@ -65,6 +65,17 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     if sizes[-1] != max_num_seqs:
         sizes.append(max_num_seqs)
     return sizes
+
+
+@dataclass
+class LaunchedStep:
+    batch: ScheduledBatch
+    rows: list[int]  # indices into batch.seqs of the sequences that sample this step
+    samples: DeviceSamples | None  # None when no row samples, and on every rank but 0
+
+    def wait(self) -> SamplerOutput:
+        """The samples, once the device has computed them."""
+        return SamplerOutput([], []) if self.samples is None else self.samples.to_host()
 
 
 @dataclass
@@ -197,21 +208,22 @@ class ModelRunner:
     # ---- one step ----------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> tuple[list[int], SamplerOutput]:
-        """Run one step; returns the indices (into batch.seqs) that sampled, and their samples.
+    def launch(self, batch: ScheduledBatch) -> LaunchedStep:
+        """Queue one step: its forward and its sampling. On CUDA this returns while the device
+        still computes; LaunchedStep.wait reads the samples.
 
         With tensor parallelism every rank runs every step on the same batch (the forward and the
-        logits are collectives); only rank 0 samples, the others return no samples."""
+        logits are collectives); only rank 0 samples, the others get no samples."""
         started = time.perf_counter()
         sampling_rows = [i for i in range(len(batch)) if batch.samples(i)]
         step = self._prepare(batch, sampling_rows, replayable=True)
         self.last_prepare_s = time.perf_counter() - started
         logits = self.run(step)
-        if logits is None:
-            return [], SamplerOutput([], [])
-        if not self.tp.is_driver:
-            return [], SamplerOutput([], [])
-        return sampling_rows, self.sampler(logits, [batch.seqs[i] for i in sampling_rows])
+        if logits is None or not self.tp.is_driver:
+            return LaunchedStep(batch, [], None)
+        return LaunchedStep(
+            batch, sampling_rows, self.sampler(logits, [batch.seqs[i] for i in sampling_rows])
+        )
 
     @torch.inference_mode()
     def score(self, seq: Sequence) -> torch.Tensor:

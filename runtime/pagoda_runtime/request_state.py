@@ -1,15 +1,17 @@
 """One request's state in the engine, and what each sampled token does to it.
 
 `Request` holds the request's sequences (one per sample), their detokenizers and logprobs, and
-its timings. `append` applies one sampled token: the stop rules (stop token ids, EOS, stop
-strings, a completed grammar, max_tokens, the context length) and the text delta; it decides
-that a sequence stops and leaves freeing its blocks to the engine. `output` assembles the
-cumulative RequestOutput.
+its timings. A sampled token is applied in two halves, so that the engine can make text while
+the device runs the next step: `append_token` adds it and applies the stop rules that need no
+text (stop token ids, EOS, a completed grammar, max_tokens, the context length), `append_text`
+makes its text delta and matches stop strings. They decide that a sequence stops and leave
+freeing its blocks to the engine. `output` assembles the RequestOutput.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass
 
 from pagoda_runtime.detokenizer import IncrementalDetokenizer
 from pagoda_runtime.grammar_mask import advance
@@ -17,6 +19,18 @@ from pagoda_runtime.outputs import CompletionOutput, RequestMetrics, RequestOutp
 from pagoda_runtime.sampling_params import SamplingParams
 from pagoda_runtime.sequence import Sequence, SequenceGroup
 from pagoda_runtime.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    """One token appended to a sequence, its text not yet made."""
+
+    request: Request
+    seq: Sequence
+    token: int
+    logprobs: TokenLogprobs | None
+    finish_reason: str | None  # what the rules without text decided
+    is_stop_token: bool = False  # a stop token id or EOS: it ends the sample and is not text
 
 
 class Request:
@@ -67,51 +81,54 @@ class Request:
     def finished(self) -> bool:
         return all(seq.is_finished for seq in self.seqs)
 
-    def append(
+    def append_token(
         self,
         seq: Sequence,
         token: int,
         logprobs: TokenLogprobs | None,
         eos_token_ids: Seq[int],
         max_model_len: int,
-    ) -> CompletionOutput:
-        """Add one sampled token to `seq`; the delta's finish_reason says whether it stops now."""
+    ) -> SampledToken:
+        """Add one sampled token to `seq` and apply the stop rules that need no text: what the
+        scheduler must know before it plans the next step."""
         params = seq.params
         seq.token_ids.append(token)
         if logprobs is not None:
             self.logprobs[seq.index].append(logprobs)
+        grammar_done = advance(seq, token)
+        if token in params.stop_token_ids:
+            seq.stop_reason = token
+            return SampledToken(self, seq, token, logprobs, "stop", is_stop_token=True)
+        if not params.ignore_eos and token in eos_token_ids:
+            return SampledToken(self, seq, token, logprobs, "stop", is_stop_token=True)
+        reason = None
+        if grammar_done:
+            reason = "stop"
+        elif seq.num_output_tokens == params.max_tokens or seq.num_tokens >= max_model_len:
+            reason = "length"
+        return SampledToken(self, seq, token, logprobs, reason)
+
+    def append_text(self, sampled: SampledToken) -> CompletionOutput:
+        """The token's text delta, and its stop string if it completed one: a stop string
+        outranks a grammar's end and the length limit in the returned finish_reason."""
+        seq, params = sampled.seq, sampled.seq.params
         detokenizer = self.detokenizers[seq.index]
         text = ""
-        grammar_done = advance(seq, token)
-        reason: str | None = None
-        stop_reason: int | str | None = None
-        if token in params.stop_token_ids:
-            reason, stop_reason = "stop", token
-        elif not params.ignore_eos and token in eos_token_ids:
-            reason = "stop"
-        else:
-            if params.detokenize:
-                delta = detokenizer.add_tokens([token])
-                text = delta.text
-                if delta.stop is not None:
-                    reason, stop_reason = "stop", delta.stop
-            if reason is None and grammar_done:
-                reason = "stop"
-            if reason is None and (
-                seq.num_output_tokens == params.max_tokens or seq.num_tokens >= max_model_len
-            ):
-                reason = "length"
-        if reason is not None:
-            seq.stop_reason = stop_reason
-            if params.detokenize:
-                text += detokenizer.finish()
+        reason = sampled.finish_reason
+        if not sampled.is_stop_token and params.detokenize:
+            delta = detokenizer.add_tokens([sampled.token])
+            text = delta.text
+            if delta.stop is not None:
+                reason, seq.stop_reason = "stop", delta.stop
+        if reason is not None and params.detokenize:
+            text += detokenizer.finish()
         return CompletionOutput(
             index=seq.index,
             text=text,
-            token_ids=[token],
-            logprobs=None if logprobs is None else [logprobs],
+            token_ids=[sampled.token],
+            logprobs=None if sampled.logprobs is None else [sampled.logprobs],
             finish_reason=reason,
-            stop_reason=stop_reason,
+            stop_reason=seq.stop_reason if reason is not None else None,
         )
 
     def output(self, deltas: list[CompletionOutput]) -> RequestOutput:

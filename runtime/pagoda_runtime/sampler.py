@@ -10,6 +10,7 @@ model distribution, before any of this, as in vLLM.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ import torch
 
 from pagoda_runtime.grammar_mask import GrammarMasker
 from pagoda_runtime.outputs import TokenLogprobs
+from pagoda_runtime.sampling_params import SamplingParams
 from pagoda_runtime.sequence import Sequence
 
 # Odd 64-bit constant (the golden ratio's) that spreads one seed over the samples of a request.
@@ -27,6 +29,34 @@ _SEED_STRIDE = 0x9E3779B97F4A7C15
 class SamplerOutput:
     token_ids: list[int]
     logprobs: list[TokenLogprobs | None]
+
+
+@dataclass
+class DeviceSamples:
+    """A step's samples while they may still be computing: to_host waits for the device, so
+    the engine can do host work between sampling and reading them (engine.py)."""
+
+    tokens: torch.Tensor  # [rows]
+    params: list[SamplingParams]
+    # With logprobs asked for: the chosen token's logprob, and the top values and their ids.
+    chosen: torch.Tensor | None = None
+    top_values: torch.Tensor | None = None
+    top_ids: torch.Tensor | None = None
+
+    def to_host(self) -> SamplerOutput:
+        token_ids = self.tokens.tolist()
+        logprobs: list[TokenLogprobs | None] = [None] * len(token_ids)
+        if self.chosen is None:
+            return SamplerOutput(token_ids, logprobs)
+        chosen, top_values, top_ids = self.chosen.tolist(), self.top_values.tolist(), self.top_ids.tolist()
+        for i, p in enumerate(self.params):
+            if p.logprobs is None:
+                continue
+            entry = {token_ids[i]: chosen[i]}
+            for token, value in zip(top_ids[i][: p.logprobs], top_values[i][: p.logprobs], strict=True):
+                entry.setdefault(token, value)
+            logprobs[i] = entry
+        return SamplerOutput(token_ids, logprobs)
 
 
 class Sampler:
@@ -40,7 +70,9 @@ class Sampler:
         self._seeded: weakref.WeakKeyDictionary[Sequence, torch.Generator] = weakref.WeakKeyDictionary()
         self._grammar = GrammarMasker(device)
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> DeviceSamples:
+        """Queue the sampling of one token per row; nothing here waits for the device (every
+        host value goes over in a non-blocking copy), so the forward may still be running."""
         params = [seq.params for seq in seqs]
         raw_logprobs = None
         if any(p.logprobs is not None for p in params):
@@ -52,13 +84,22 @@ class Sampler:
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if random_rows:
-            rows = torch.tensor(random_rows, device=logits.device)
+            rows = self._on_device(random_rows, torch.int64)
             tokens[rows] = self._sample(logits[rows], [seqs[i] for i in random_rows])
-        token_ids = tokens.tolist()
-        logprobs: list[TokenLogprobs | None] = [None] * len(seqs)
+        samples = DeviceSamples(tokens, params)
         if raw_logprobs is not None:
-            logprobs = self._logprobs(raw_logprobs, tokens, params)
-        return SamplerOutput(token_ids, logprobs)
+            top_n = max(p.logprobs or 0 for p in params)
+            samples.chosen = raw_logprobs.gather(1, tokens[:, None])[:, 0]
+            samples.top_values, samples.top_ids = raw_logprobs.topk(top_n, dim=-1)
+        return samples
+
+    def _on_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+        """A small host list on the sampler's device without waiting for the device: a plain
+        copy from pageable memory would wait for the forward queued before it."""
+        host = torch.tensor(values, dtype=dtype)
+        if self.device.type != "cuda":
+            return host
+        return host.pin_memory().to(self.device, non_blocking=True)
 
     def _penalize(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         params = [seq.params for seq in seqs]
@@ -70,24 +111,22 @@ class Sampler:
         device = logits.device
 
         def counts(token_lists: list[list[int]]) -> torch.Tensor:
-            rows = torch.tensor([i for i, ids in enumerate(token_lists) for _ in ids], dtype=torch.long)
-            ids = torch.tensor([t for ids in token_lists for t in ids], dtype=torch.long)
+            rows = self._on_device([i for i, ids in enumerate(token_lists) for _ in ids], torch.long)
+            ids = self._on_device([t for ids in token_lists for t in ids], torch.long)
             counted = torch.zeros(batch, vocab, device=device)
-            counted.index_put_(
-                (rows.to(device), ids.to(device)), torch.ones(len(ids), device=device), accumulate=True
-            )
+            counted.index_put_((rows, ids), torch.ones(len(ids), device=device), accumulate=True)
             return counted
 
         output_counts = counts([seq.output_token_ids for seq in seqs])
         prompt_seen = counts([list(seq.group.prompt_token_ids) for seq in seqs]) > 0
         logits = logits.clone()
-        repetition = torch.tensor([p.repetition_penalty for p in params], device=device)[:, None]
+        repetition = self._on_device([p.repetition_penalty for p in params], torch.float32)[:, None]
         seen = prompt_seen | (output_counts > 0)
         # vLLM's (and CTRL's) rule: shrink positive logits, push negative ones further down.
         penalized = torch.where(logits > 0, logits / repetition, logits * repetition)
         logits = torch.where(seen, penalized, logits)
-        frequency = torch.tensor([p.frequency_penalty for p in params], device=device)[:, None]
-        presence = torch.tensor([p.presence_penalty for p in params], device=device)[:, None]
+        frequency = self._on_device([p.frequency_penalty for p in params], torch.float32)[:, None]
+        presence = self._on_device([p.presence_penalty for p in params], torch.float32)[:, None]
         return logits - frequency * output_counts - presence * (output_counts > 0).float()
 
     def _mask_min_tokens(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
@@ -101,29 +140,27 @@ class Sampler:
         if not rows:
             return logits
         logits = logits.clone()
-        logits[torch.tensor(rows, device=logits.device), torch.tensor(ids, device=logits.device)] = float(
-            "-inf"
-        )
+        logits[self._on_device(rows, torch.long), self._on_device(ids, torch.long)] = float("-inf")
         return logits
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         params = [seq.params for seq in seqs]
         device = logits.device
-        temperature = torch.tensor([p.temperature for p in params], device=device)[:, None]
+        temperature = self._on_device([p.temperature for p in params], torch.float32)[:, None]
         logits = logits / temperature
         if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
-            logits = _top_k_top_p(logits, params)
+            logits = _top_k_top_p(logits, params, self._on_device)
         if any(p.min_p > 0.0 for p in params):
             probs = torch.softmax(logits, dim=-1)
-            min_p = torch.tensor([p.min_p for p in params], device=device)[:, None]
+            min_p = self._on_device([p.min_p for p in params], torch.float32)[:, None]
             logits = logits.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
         probs = torch.softmax(logits, dim=-1)
         noise = torch.empty_like(probs)
         unseeded = [i for i, p in enumerate(params) if p.seed is None]
         if unseeded:
-            noise[unseeded] = torch.empty(len(unseeded), probs.shape[1], device=device).exponential_(
-                generator=self.generator
-            )
+            noise[self._on_device(unseeded, torch.long)] = torch.empty(
+                len(unseeded), probs.shape[1], device=device
+            ).exponential_(generator=self.generator)
         for i, seq in enumerate(seqs):
             if seq.params.seed is not None:
                 noise[i].exponential_(generator=self._generator_of(seq))
@@ -137,34 +174,19 @@ class Sampler:
             self._seeded[seq] = generator
         return generator
 
-    def _logprobs(self, raw: torch.Tensor, tokens: torch.Tensor, params) -> list[TokenLogprobs | None]:
-        top_n = max(p.logprobs or 0 for p in params)
-        chosen = raw.gather(1, tokens[:, None])[:, 0].tolist()
-        top_values, top_ids = raw.topk(top_n, dim=-1) if top_n else (raw[:, :0], raw[:, :0].long())
-        top_values, top_ids = top_values.tolist(), top_ids.tolist()
-        token_ids = tokens.tolist()
-        result: list[TokenLogprobs | None] = []
-        for i, p in enumerate(params):
-            if p.logprobs is None:
-                result.append(None)
-                continue
-            entry = {token_ids[i]: chosen[i]}
-            for token, value in zip(top_ids[i][: p.logprobs], top_values[i][: p.logprobs], strict=True):
-                entry.setdefault(token, value)
-            result.append(entry)
-        return result
 
-
-def _top_k_top_p(logits: torch.Tensor, params) -> torch.Tensor:
+def _top_k_top_p(
+    logits: torch.Tensor, params, on_device: Callable[[list, torch.dtype], torch.Tensor]
+) -> torch.Tensor:
     """Mask all but the top-k tokens, then all but the smallest set whose probability reaches top-p."""
     device = logits.device
     vocab = logits.shape[1]
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     rank = torch.arange(vocab, device=device)[None, :]
-    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)[:, None]
+    top_k = on_device([p.top_k if p.top_k > 0 else vocab for p in params], torch.int64)[:, None]
     sorted_logits = sorted_logits.masked_fill(rank >= top_k, float("-inf"))
     probs = torch.softmax(sorted_logits, dim=-1)
-    top_p = torch.tensor([p.top_p for p in params], device=device)[:, None]
+    top_p = on_device([p.top_p for p in params], torch.float32)[:, None]
     # A token stays while the tokens ranked above it hold less than top_p; the best always stays.
     outside = (probs.cumsum(dim=-1) - probs) >= top_p
     outside[:, 0] = False

@@ -139,6 +139,8 @@ class Scheduler:
     def update(self, batch: ScheduledBatch) -> None:
         """Record that the batch ran: its tokens are now in the cache."""
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens, strict=True):
+            if seq.is_finished:
+                continue  # ended while the batch ran: its blocks are free already
             seq.num_computed_tokens += num_new
             self.block_manager.cache_computed_blocks(seq)
 

@@ -92,6 +92,7 @@ def build(args: argparse.Namespace, max_num_seqs: int, max_model_len: int) -> LL
             kv_cache_memory=args.kv_cache_memory,
             enable_prefix_caching=False,  # random prompts share nothing
             enforce_eager=args.enforce_eager,
+            async_output_proc=args.async_output_proc,
         )
         return LLMEngine(config)
     config = offline.OfflineConfig(
@@ -102,6 +103,7 @@ def build(args: argparse.Namespace, max_num_seqs: int, max_model_len: int) -> LL
         max_num_seqs=max_num_seqs,
         kv_cache_memory=args.kv_cache_memory,
         enforce_eager=args.enforce_eager,
+        async_output_proc=args.async_output_proc,
     )
     return offline.build_engine(config, max_model_len)
 
@@ -111,12 +113,14 @@ def decode_steps_before(decoded: int) -> int:
     return max(WARM_UP_STEPS, decoded)
 
 
-def into_decode(engine: LLMEngine, batch: int, input_len: int, max_tokens: int, decoded: int = 0) -> None:
+def into_decode(
+    engine: LLMEngine, batch: int, input_len: int, max_tokens: int, decoded: int = 0, detokenize: bool = False
+) -> None:
     """`batch` sequences, all past their prompt and decoding together, each
     decode_steps_before(decoded) tokens into its output."""
     workload = offline.fixed_workload(batch, input_len, max_tokens, engine.model_config.vocab_size, seed=0)
     params = SamplingParams(
-        temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False, output_kind="delta"
+        temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=detokenize, output_kind="delta"
     )
     for i, prompt in enumerate(workload.prompts):
         engine.add_request(f"profile-{batch}-{i}", prompt, params)
@@ -258,7 +262,9 @@ def top_kernels(kernels: list[tuple[str, float]], steps: int) -> list[dict]:
 def profile_batch(engine: LLMEngine, batch: int, args: argparse.Namespace) -> dict:
     """Every figure of one batch size; the engine is left empty again."""
     load_before = os.getloadavg()
-    into_decode(engine, batch, args.input_len, _tokens_needed(args.steps, args.decoded), args.decoded)
+    into_decode(
+        engine, batch, args.input_len, _tokens_needed(args.steps, args.decoded), args.decoded, args.detokenize
+    )
     wall, cpu, timings = timed_steps(engine, args.steps)
     steps, kernels, part_us = [], [], defaultdict(float)
     with labelled_parts(engine) if args.parts else nullcontext():
@@ -300,8 +306,10 @@ def profile_batch(engine: LLMEngine, batch: int, args: argparse.Namespace) -> di
         # The host's parts of the unprofiled steps (StepTiming), the profiler's overhead left out.
         "host_parts_ms_median": {
             part: statistics.median(getattr(t, f"{part}_s") for t in timings) * 1e3
-            for part in ("schedule", "prepare", "output")
+            for part in ("schedule", "prepare", "output", "overlapped")
         },
+        "async_output_proc": engine.async_output,
+        "detokenize": args.detokenize,
         "launches_per_step": statistics.median(s["launches"] for s in steps),
         "kernels_per_step": statistics.median(s["kernels"] for s in steps),
         "aten_ops_per_step": aten_calls,
@@ -420,6 +428,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quantization", default="auto")
     parser.add_argument("--kv-cache-memory", type=float, default=0.9)
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    parser.add_argument(
+        "--async-output-proc",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="make each step's text while the next step runs (default: the device's; a CPU overlaps "
+        "nothing, but the step's host parts split the same way)",
+    )
+    parser.add_argument(
+        "--detokenize", action="store_true", help="stream text as a served request does (default: ids only)"
+    )
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument(
         "--decoded",

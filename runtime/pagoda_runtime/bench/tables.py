@@ -44,6 +44,11 @@ def micros(value: float) -> str:
     return f"{value:.2g} µs" if value < 10 else f"{value:.0f} µs" if value < 1000 else f"{value / 1e3:.2g} ms"
 
 
+def _waited_on_ms(row: dict) -> float:
+    parts = row["host_parts_ms_median"]
+    return parts["schedule"] + parts["prepare"] + parts["output"]
+
+
 def _mask_rows(loaded: list[dict]) -> list[dict]:
     (result,) = loaded
     return sorted(result["steps"], key=lambda r: (r["constrained"] > 0, r["constrained"], r["batch"]))
@@ -344,6 +349,26 @@ TABLES = [
         rows=lambda loaded: [
             {"engine": "whole outputs each step, torch.tensor", **loaded[0]},
             {"engine": "delta outputs, numpy-built tensors", **loaded[1]},
+        ],
+    ),
+    Table(
+        "async-output-cpu",
+        ("cpu/async_output_off_b256.json", "cpu/async_output_on_b256.json"),
+        (
+            Column("text made", lambda r: r["order"]),
+            Column("batch", lambda r: str(r["batch"])),
+            Column("schedule", lambda r: f"{r['host_parts_ms_median']['schedule']:.2f} ms"),
+            Column("batch tensors", lambda r: f"{r['host_parts_ms_median']['prepare']:.2f} ms"),
+            Column("outputs the device waits on", lambda r: f"{r['host_parts_ms_median']['output']:.2f} ms"),
+            Column(
+                "outputs while the device runs", lambda r: f"{r['host_parts_ms_median']['overlapped']:.2f} ms"
+            ),
+            Column("host the device waits on", lambda r: f"**{_waited_on_ms(r):.2f} ms**"),
+            Column("load at start", lambda r: f"{r['load_average_before'][0]:.1f}"),
+        ),
+        rows=lambda loaded: [
+            {"order": "before the next launch", **loaded[0]},
+            {"order": "while the next step runs (async output processing)", **loaded[1]},
         ],
     ),
     Table(

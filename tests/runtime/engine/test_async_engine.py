@@ -11,10 +11,12 @@ from pagoda_runtime.sampling_params import SamplingParams
 from tests.runtime.tiny_models import build_tiny_model
 
 
-@pytest.fixture(scope="module")
-def engine_config(tmp_path_factory):
+@pytest.fixture(scope="module", params=[False, True], ids=["sync-output", "async-output"])
+def engine_config(tmp_path_factory, request):
     folder = build_tiny_model(tmp_path_factory.mktemp("tiny") / "llama3", "llama3")
-    return EngineConfig(model=str(folder), dtype="float32", device="cpu", block_size=4)
+    return EngineConfig(
+        model=str(folder), dtype="float32", device="cpu", block_size=4, async_output_proc=request.param
+    )
 
 
 def run(coro):

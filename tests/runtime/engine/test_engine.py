@@ -15,9 +15,18 @@ def folder(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "smollm", "smollm")
 
 
-@pytest.fixture(scope="module")
-def llm(folder):
-    return LLM(str(folder), dtype="float32", device="cpu", block_size=4, max_num_batched_tokens=32)
+# Every behaviour holds in both step orders: text made before the next step (the CPU's default)
+# and while the next step runs (async output processing, CUDA's default).
+@pytest.fixture(scope="module", params=[False, True], ids=["sync-output", "async-output"])
+def llm(folder, request):
+    return LLM(
+        str(folder),
+        dtype="float32",
+        device="cpu",
+        block_size=4,
+        max_num_batched_tokens=32,
+        async_output_proc=request.param,
+    )
 
 
 def all_free(llm):

@@ -1,7 +1,8 @@
 """On a CUDA GPU: CUDA-graph decode gives exactly the eager tokens in every batch bucket, float32
 greedy tokens equal transformers' on the same device for every tiny architecture, bfloat16 logits
 stay within 2e-2 (relative) of transformers' float32 ones, an 8k context decodes through split-K
-exactly as transformers does, and a KV cache sized close to the card leaves room to serve."""
+exactly as transformers does, a decode step's launch never waits for the device, and a KV cache
+sized close to the card leaves room to serve."""
 
 from __future__ import annotations
 
@@ -130,6 +131,43 @@ def test_every_graph_bucket_replays_the_eager_tokens(tmp_path, monkeypatch):
     for batch in range(1, 9):  # the buckets and every size between them, padded up to a bucket
         assert _token_ids(graphs, prompts[:batch]) == _token_ids(eager, prompts[:batch]), f"batch {batch}"
     assert set(replayed) == set(range(1, 9))
+
+
+def test_async_output_launches_decode_steps_without_waiting_and_changes_no_output(tmp_path, monkeypatch):
+    folder = build_tiny_model(tmp_path / "gqa", "gqa")
+    kwargs = dict(dtype="float32", device="cuda", max_num_seqs=8, kv_cache_memory=2**26)
+    overlapped, in_order = LLM(str(folder), **kwargs), LLM(str(folder), async_output_proc=False, **kwargs)
+    assert overlapped.engine.async_output, "CUDA's default is async output processing"
+    runner = overlapped.engine.runner
+    launch = runner.launch
+    decode_launches = []
+
+    def must_not_wait(batch):
+        if any(n != 1 for n in batch.num_new_tokens):
+            return launch(batch)
+        # Any wait for the device in a decode step's launch (a .item(), a pageable copy) raises here.
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            decode_launches.append(len(batch))
+            return launch(batch)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    monkeypatch.setattr(runner, "launch", must_not_wait)
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop=["e"]),
+        SamplingParams(
+            n=2, temperature=0.9, top_k=20, top_p=0.9, min_p=0.01, seed=3, max_tokens=12, logprobs=2
+        ),
+        SamplingParams(temperature=0.7, seed=4, max_tokens=12, repetition_penalty=1.2, min_tokens=6),
+        SamplingParams(temperature=1.0, seed=5, max_tokens=12, presence_penalty=0.5, frequency_penalty=0.5),
+    ]
+    got, expected = overlapped.generate(PROMPTS[:4], params), in_order.generate(PROMPTS[:4], params)
+    assert decode_launches
+    for mine, theirs in zip(got, expected, strict=True):
+        assert [(o.text, o.token_ids, o.finish_reason) for o in mine.outputs] == [
+            (o.text, o.token_ids, o.finish_reason) for o in theirs.outputs
+        ]
 
 
 @pytest.mark.parametrize("variant", ["llama3", "qwen2", "smollm"])

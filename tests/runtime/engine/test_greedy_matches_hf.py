@@ -38,15 +38,15 @@ def check_writes_go_to_private_blocks(llm):
         llm.engine.block_manager.blocks,
         llm.engine.block_manager.block_size,
     )
-    execute = runner.execute
+    launch = runner.launch
 
     def checked(batch):
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens, strict=True):
             for pos in range(seq.num_computed_tokens, seq.num_computed_tokens + num_new):
                 assert blocks[seq.block_table[pos // bs]].ref_count == 1
-        return execute(batch)
+        return launch(batch)
 
-    runner.execute = checked
+    runner.launch = checked
 
 
 def assert_all_blocks_free(llm):

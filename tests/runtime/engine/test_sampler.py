@@ -24,7 +24,7 @@ def logits_row(values: dict[int, float], vocab: int = 10) -> torch.Tensor:
 
 def sample(params: SamplingParams, row: torch.Tensor, prompt=(5,), output=()) -> int:
     sampler = Sampler(torch.device("cpu"), [EOS])
-    return sampler(row[None, :], [seq_with(params, list(prompt), list(output))]).token_ids[0]
+    return sampler(row[None, :], [seq_with(params, list(prompt), list(output))]).to_host().token_ids[0]
 
 
 def test_repetition_penalty_covers_prompt_and_output_and_pushes_negatives_down():
@@ -70,18 +70,18 @@ def test_top_k_and_top_p_never_pick_outside_their_set():
     row = torch.tensor([4.0, 3.9, 3.8, 0.0, -1.0, 0.5, 0.1, 0.2])
     sampler = Sampler(torch.device("cpu"), [EOS])
     seqs = [seq_with(SamplingParams(top_k=3, temperature=5.0), [5]) for _ in range(200)]
-    assert set(sampler(row.repeat(200, 1), seqs).token_ids) == {0, 1, 2}
+    assert set(sampler(row.repeat(200, 1), seqs).to_host().token_ids) == {0, 1, 2}
     probs = torch.softmax(row, -1)
     nucleus = float(probs[:2].sum()) - 1e-3  # tokens 0 and 1 reach it, token 2 is not needed
     seqs = [seq_with(SamplingParams(top_p=nucleus), [5]) for _ in range(200)]
-    assert set(sampler(row.repeat(200, 1), seqs).token_ids) == {0, 1}
+    assert set(sampler(row.repeat(200, 1), seqs).to_host().token_ids) == {0, 1}
 
 
 def test_logprobs_are_of_the_raw_distribution_with_the_chosen_token_included():
     row = logits_row({0: 2.0, 1: 1.5, 2: 1.0})
     sampler = Sampler(torch.device("cpu"), [EOS])
     params = SamplingParams(temperature=0.0, logprobs=2, repetition_penalty=3.0)
-    out = sampler(row[None, :], [seq_with(params, [0])])
+    out = sampler(row[None, :], [seq_with(params, [0])]).to_host()
     raw = torch.log_softmax(row, -1)
     assert out.token_ids == [1]  # the penalty moved the choice ...
     assert out.logprobs[0] == {1: float(raw[1]), 0: float(raw[0])}  # ... but not the reported logprobs

@@ -23,10 +23,17 @@ SCHEMA = {
 }
 
 
-@pytest.fixture(scope="module")
-def llm(tmp_path_factory):
+@pytest.fixture(scope="module", params=[False, True], ids=["sync-output", "async-output"])
+def llm(tmp_path_factory, request):
     folder = build_tiny_model(tmp_path_factory.mktemp("tiny") / "smollm", "smollm")
-    return LLM(str(folder), dtype="float32", device="cpu", block_size=4, enable_prefix_caching=True)
+    return LLM(
+        str(folder),
+        dtype="float32",
+        device="cpu",
+        block_size=4,
+        enable_prefix_caching=True,
+        async_output_proc=request.param,
+    )
 
 
 def test_json_schema_holds_for_every_sample_while_free_neighbours_are_unchanged(llm):

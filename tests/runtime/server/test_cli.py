@@ -31,6 +31,7 @@ def test_serve_flags_reach_the_engine_config():
             "gguf",
             "--kv-cache-dtype",
             "fp8",
+            "--disable-async-output-proc",
         ]
     )
     config = engine_config(args)
@@ -43,6 +44,9 @@ def test_serve_flags_reach_the_engine_config():
     assert (config.block_size, config.kv_cache_memory, config.enable_prefix_caching) == (32, 1e9, False)
     assert (config.device, config.dtype) == ("cpu", "float32")
     assert (config.quantization, config.kv_cache_dtype) == ("gguf", "fp8")
+    assert config.async_output_proc is False
+    # Without the flag the device decides (on where it runs apart from the host).
+    assert engine_config(parser().parse_args(["serve"])).async_output_proc is None
 
 
 def test_quantization_defaults_to_the_checkpoints_own_and_unknown_choices_are_refused(capsys):
