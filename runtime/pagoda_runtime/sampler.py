@@ -113,9 +113,10 @@ class Sampler:
         def counts(token_lists: list[list[int]]) -> torch.Tensor:
             rows = self._on_device([i for i, ids in enumerate(token_lists) for _ in ids], torch.long)
             ids = self._on_device([t for ids in token_lists for t in ids], torch.long)
-            counted = torch.zeros(batch, vocab, device=device)
-            counted.index_put_((rows, ids), torch.ones(len(ids), device=device), accumulate=True)
-            return counted
+            # scatter_add_: atomic adds in one kernel, where index_put_(accumulate=True) sorts first.
+            counted = torch.zeros(batch * vocab, device=device)
+            counted.scatter_add_(0, rows * vocab + ids, torch.ones(len(ids), device=device))
+            return counted.view(batch, vocab)
 
         output_counts = counts([seq.output_token_ids for seq in seqs])
         prompt_seen = counts([list(seq.group.prompt_token_ids) for seq in seqs]) > 0
