@@ -88,8 +88,9 @@ class Attention(nn.Module):
         q = q.reshape(-1, self.num_heads, self.head_dim)
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.ops.rotary(positions, q, k, cos_sin_cache, meta.derived)
-        self.ops.write_kv(k, v, kv_cache, meta.slot_mapping, meta.derived)
+        q = self.ops.rotary_write_kv(
+            positions, q, k, v, cos_sin_cache, kv_cache, meta.slot_mapping, meta.derived
+        )
         out = self.ops.attention(q, kv_cache, meta, self.scale)
         return self.tp.all_reduce(self.o_proj(out.reshape(-1, self.q_size)))
 

@@ -69,15 +69,14 @@ PARTS = (
     "decoder layers (all)",
     "rms_norm",
     "linear (projections)",
-    "rotary",
-    "write_kv",
+    "rotary_write_kv",
     "attention",
     "silu_and_mul",
     "final norm",
     "logits (lm_head)",
     "sampler",
 )
-INSIDE_LAYERS = PARTS[4:10]
+INSIDE_LAYERS = PARTS[4:9]
 
 
 def build(args: argparse.Namespace, max_num_seqs: int, max_model_len: int) -> LLMEngine:

@@ -1,6 +1,6 @@
 """The model's device kernels, chosen by device: Triton on CUDA, the PyTorch reference elsewhere.
 
-`get_attention_ops(device)` gives the attention-side trio the model calls in every layer;
+`get_attention_ops(device)` gives the attention-side pair the model calls in every layer;
 `rms_norm` and `silu_and_mul` dispatch on their input's device.
 """
 
@@ -19,26 +19,24 @@ from .rope_cache import build_cos_sin_cache
 
 @dataclass(frozen=True)
 class AttentionOps:
-    """rotary(positions, q, k, cos_sin_cache, derived) -> (q, k), rotated in place;
-    write_kv(k, v, kv_cache, slot_mapping, derived), in place, negative slots skipped;
+    """rotary_write_kv(positions, q, k, v, cos_sin_cache, kv_cache, slot_mapping, derived) -> q:
+    q rotated in place, the rotated k and v stored at their slots (negative slots skipped);
     attention(q, kv_cache, meta, scale) -> out [T, H, D], reading keys and values from the cache only.
     derived is the step's memo (AttentionMetadata.derived), for an implementation that builds
     tensors from the step once for all layers (the reference path; the Triton kernels need none).
     """
 
-    rotary: Callable
-    write_kv: Callable
+    rotary_write_kv: Callable
     attention: Callable
 
 
 def get_attention_ops(device: torch.device | str) -> AttentionOps:
     if torch.device(device).type == "cuda":
-        from .triton_kv_write import write_kv
         from .triton_paged_attention import paged_attention
-        from .triton_rotary import rotary
+        from .triton_rotary_kv_write import rotary_write_kv
 
-        return AttentionOps(rotary=rotary, write_kv=write_kv, attention=paged_attention)
-    return AttentionOps(rotary=reference.rotary, write_kv=reference.write_kv, attention=reference.attention)
+        return AttentionOps(rotary_write_kv=rotary_write_kv, attention=paged_attention)
+    return AttentionOps(rotary_write_kv=reference.rotary_write_kv, attention=reference.attention)
 
 
 def rms_norm(

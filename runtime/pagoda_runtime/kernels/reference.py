@@ -85,6 +85,22 @@ def write_kv(
     kv_cache[1].flatten(0, 1).index_put_((slots,), to_cache_dtype(v, kv_cache.dtype))
 
 
+def rotary_write_kv(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    derived: dict | None = None,
+) -> torch.Tensor:
+    """rotary, then write_kv: q rotated in place, the rotated k and v in the cache; returns q."""
+    q, k = rotary(positions, q, k, cos_sin_cache, derived)
+    write_kv(k, v, kv_cache, slot_mapping, derived)
+    return q
+
+
 def _kept_slots(slot_mapping: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
     """(the mask of real tokens, or None when all are, and their slots)."""
     keep = slot_mapping >= 0

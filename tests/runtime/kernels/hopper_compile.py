@@ -24,10 +24,9 @@ torch.cuda.is_available = lambda: True
 import triton  # noqa: E402
 from pagoda_runtime.kernels import (  # noqa: E402  # noqa: E402
     reference,
-    triton_kv_write,
     triton_paged_attention,
     triton_rmsnorm,
-    triton_rotary,
+    triton_rotary_kv_write,
     triton_silu_mul,
 )
 from pagoda_runtime.quantization import triton_gemm, triton_gemv  # noqa: E402
@@ -51,8 +50,7 @@ TRITON_TYPES = {
 KERNELS = [
     (triton_paged_attention, "_paged_attention_kernel"),
     (triton_paged_attention, "_merge_splits_kernel"),
-    (triton_kv_write, "_kv_write_kernel"),
-    (triton_rotary, "_rotary_kernel"),
+    (triton_rotary_kv_write, "_rotary_kv_write_kernel"),
     (triton_rmsnorm, "_rms_norm_kernel"),
     (triton_silu_mul, "_silu_and_mul_kernel"),
     (triton_gemm, "_int4_gemm_kernel"),
@@ -117,16 +115,16 @@ def _launches() -> list:
                     b.q, b.kv_cache, b.meta, 0.1, num_splits=s
                 ),
             )
+        cos_sin = torch.randn(64, head_dim)
         record(
-            f"kv_write {dtype} into {kv_dtype}",
-            lambda b=batch: triton_kv_write.write_kv(b.k_new, b.v_new, b.kv_cache, b.meta.slot_mapping),
+            f"rotary_write_kv {dtype} into {kv_dtype}",
+            lambda b=batch, c=cos_sin: triton_rotary_kv_write.rotary_write_kv(
+                torch.arange(b.q.shape[0]) % 64, b.q, b.k_new, b.v_new, c, b.kv_cache, b.meta.slot_mapping
+            ),
         )
     x = torch.randn(5, 576, dtype=torch.bfloat16)
     record("rms_norm", lambda: triton_rmsnorm.rms_norm(x, x[0], 1e-5, x))
     record("silu_and_mul", lambda: triton_silu_mul.silu_and_mul(x))
-    qk = torch.randn(5, 12, 64, dtype=torch.bfloat16)
-    cache = torch.randn(64, 64)
-    record("rotary", lambda: triton_rotary.rotary(torch.arange(5), qk[:, :9], qk[:, 9:], cache))
     w = torch.randn(96, 64)
     for name, weight in [
         ("int4", quantize_int4(w, 32)),

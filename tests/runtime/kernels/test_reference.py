@@ -85,15 +85,27 @@ def test_rotary_equals_transformers() -> None:
     q, k = torch.randn(7, 4, 64), torch.randn(7, 2, 64)
     cos, sin = LlamaRotaryEmbedding(theirs)(q, positions[None, :])
     q_ref, k_ref = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
-    q_out, k_out = get_attention_ops("cpu").rotary(positions, q.clone(), k.clone(), cache)
+    q_out, k_out = reference.rotary(positions, q.clone(), k.clone(), cache)
     assert torch.equal(q_out, q_ref[0].transpose(0, 1))
     assert torch.equal(k_out, k_ref[0].transpose(0, 1))
+    # What the model calls: the query rotated in place, the rotated key stored with the value.
+    kv_cache, v, slots = (
+        torch.zeros(2, 1, 8, 2, 64),
+        torch.randn(7, 2, 64),
+        torch.tensor([3, 0, 1, 2, 4, 5, 6]),
+    )
+    q_in = q.clone()
+    q_out = get_attention_ops("cpu").rotary_write_kv(positions, q_in, k.clone(), v, cache, kv_cache, slots)
+    assert q_out is q_in and torch.equal(q_out, q_ref[0].transpose(0, 1))
+    assert torch.equal(kv_cache[0, 0][slots], k_ref[0].transpose(0, 1)) and torch.equal(
+        kv_cache[1, 0][slots], v
+    )
 
 
 def test_write_kv_fills_the_named_slots_and_skips_padding() -> None:
     kv_cache = torch.zeros(2, 4, 8, 2, 16)
     k, v = torch.randn(3, 2, 16), torch.randn(3, 2, 16)
-    get_attention_ops("cpu").write_kv(k, v, kv_cache, torch.tensor([17, -1, 3]))
+    reference.write_kv(k, v, kv_cache, torch.tensor([17, -1, 3]))
     assert torch.equal(kv_cache[0, 2, 1], k[0]) and torch.equal(kv_cache[1, 0, 3], v[2])
     assert int((kv_cache != 0).any(dim=(-1, -2)).sum()) == 4  # two slots, keys and values
 
@@ -104,9 +116,8 @@ def test_attention_matches_dense_causal_attention(block_size: int, heads: int, k
     # Decode steps, a prompt's first chunk, chunks over cached prefixes, a one-token sequence.
     seqs = [(37, 1), (20, 20), (50, 13), (1, 1), (16, 1), (33, 2)]
     batch = make_paged_batch(seqs, heads, kv_heads, 64, block_size, seed=block_size + heads)
-    ops = get_attention_ops("cpu")
-    ops.write_kv(batch.k_new, batch.v_new, batch.kv_cache, batch.meta.slot_mapping)
-    out = ops.attention(batch.q, batch.kv_cache, batch.meta, 0.125)
+    reference.write_kv(batch.k_new, batch.v_new, batch.kv_cache, batch.meta.slot_mapping)
+    out = get_attention_ops("cpu").attention(batch.q, batch.kv_cache, batch.meta, 0.125)
     assert relative_error(out, dense_attention(batch, 0.125)) < 1e-5
 
 

@@ -20,7 +20,7 @@ def _batch(seqs, heads, kv_heads, head_dim, block_size, dtype, seed=0):
     batch = make_paged_batch(
         seqs, heads, kv_heads, head_dim, block_size, dtype=dtype, device="cuda", seed=seed
     )
-    get_attention_ops("cuda").write_kv(batch.k_new, batch.v_new, batch.kv_cache, batch.meta.slot_mapping)
+    reference.write_kv(batch.k_new, batch.v_new, batch.kv_cache, batch.meta.slot_mapping)
     return batch
 
 
@@ -82,7 +82,7 @@ def test_decode_replayed_from_a_cuda_graph_as_contexts_grow() -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rotary_and_kv_write(dtype) -> None:
+def test_rotary_and_kv_write_in_one_kernel(dtype) -> None:
     config = ModelConfig(
         architecture="llama",
         vocab_size=8,
@@ -101,17 +101,14 @@ def test_rotary_and_kv_write(dtype) -> None:
     positions = torch.randint(0, 8192, (300,), device="cuda")
     qkv = torch.randn(300, 48 * 128, device="cuda", dtype=dtype)
     q, k = qkv[:, : 32 * 128].view(300, 32, 128), qkv[:, 32 * 128 : 40 * 128].view(300, 8, 128)
-    q_ref, k_ref = reference.rotary(positions, q.float(), k.float(), cache)
-    ops = get_attention_ops("cuda")
-    ops.rotary(positions, q, k, cache)
-    assert relative_error(q, q_ref) < 1e-2 and relative_error(k, k_ref) < 1e-2
     v = qkv[:, 40 * 128 :].view(300, 8, 128)
+    q_ref, k_ref = reference.rotary(positions, q.float(), k.float(), cache)
     kv_cache = torch.zeros(2, 40, 16, 8, 128, device="cuda", dtype=dtype)
     slots = torch.randperm(40 * 16, device="cuda")[:300]
-    ops.write_kv(k, v, kv_cache, slots)
-    assert torch.equal(kv_cache[0].flatten(0, 1)[slots], k) and torch.equal(
-        kv_cache[1].flatten(0, 1)[slots], v
-    )
+    get_attention_ops("cuda").rotary_write_kv(positions, q, k, v, cache, kv_cache, slots)
+    assert relative_error(q, q_ref) < 1e-2
+    assert relative_error(kv_cache[0].flatten(0, 1)[slots], k_ref) < 1e-2
+    assert torch.equal(kv_cache[1].flatten(0, 1)[slots], v)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -134,7 +131,10 @@ def test_fp8_kv_write_rounds_like_torch() -> None:
     kv = torch.randn(300, 16, 128, device="cuda") * torch.logspace(-5, 3, 128, device="cuda")
     kv = kv.to(torch.bfloat16)
     slots = torch.randperm(40 * 16, device="cuda")[:300]
-    get_attention_ops("cuda").write_kv(kv[:, :8], kv[:, 8:], cache, slots)
+    # Position 0 rotates by nothing: the write alone is checked.
+    positions, q = torch.zeros(300, dtype=torch.long, device="cuda"), torch.zeros_like(kv[:, :8])
+    cos_sin = torch.cat((torch.ones(1, 64), torch.zeros(1, 64)), dim=1).cuda()
+    get_attention_ops("cuda").rotary_write_kv(positions, q, kv[:, :8], kv[:, 8:], cos_sin, cache, slots)
     reference.write_kv(kv[:, :8], kv[:, 8:], expected, slots)
     assert torch.equal(cache.view(torch.uint8), expected.view(torch.uint8))
 
@@ -144,7 +144,7 @@ def test_mixed_batch_over_an_fp8_cache(dtype) -> None:
     seqs = [(700, 1), (129, 1), (512, 512), (1500, 300), (3, 1)]
     fp8 = reference.FP8_KV_DTYPE
     batch = make_paged_batch(seqs, 32, 8, 128, 16, dtype=dtype, device="cuda", seed=5, kv_cache_dtype=fp8)
-    get_attention_ops("cuda").write_kv(batch.k_new, batch.v_new, batch.kv_cache, batch.meta.slot_mapping)
+    reference.write_kv(batch.k_new, batch.v_new, batch.kv_cache, batch.meta.slot_mapping)
     out = paged_attention(batch.q, batch.kv_cache, batch.meta, 128**-0.5)
     expected = reference.attention(batch.q.float(), batch.kv_cache, batch.meta, 128**-0.5)
     assert out.dtype == dtype and relative_error(out, expected) < 1e-2

@@ -7,10 +7,9 @@ import pytest
 import torch
 from pagoda_runtime.config import ModelConfig
 from pagoda_runtime.kernels import build_cos_sin_cache, reference
-from pagoda_runtime.kernels.triton_kv_write import write_kv
 from pagoda_runtime.kernels.triton_paged_attention import paged_attention
 from pagoda_runtime.kernels.triton_rmsnorm import rms_norm
-from pagoda_runtime.kernels.triton_rotary import rotary
+from pagoda_runtime.kernels.triton_rotary_kv_write import rotary_write_kv
 from pagoda_runtime.kernels.triton_silu_mul import silu_and_mul
 
 from .paged_batch import dense_attention, make_paged_batch, relative_error
@@ -64,16 +63,47 @@ def test_paged_attention_reads_queries_from_a_fused_qkv_view() -> None:
     assert relative_error(out, dense_attention(batch, 0.125)) < 1e-5
 
 
-@pytest.mark.parametrize("kv_heads,head_dim,block_size", [(3, 64, 8), (8, 128, 32)])
-def test_kv_write_matches_reference_and_skips_padding(kv_heads: int, head_dim: int, block_size: int) -> None:
+def _cos_sin_cache(head_dim: int) -> torch.Tensor:
+    config = ModelConfig(
+        architecture="llama",
+        vocab_size=8,
+        hidden_size=9 * head_dim,
+        intermediate_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=head_dim,
+        rms_norm_eps=1e-5,
+        rope_theta=100000.0,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+    )
+    return build_cos_sin_cache(config, 2048, DEVICE, torch.float32)
+
+
+@pytest.mark.parametrize("kv_heads,head_dim,block_size", [(3, 64, 8), (8, 128, 32), (2, 80, 16)])
+def test_rotary_kv_write_matches_reference_and_skips_padding(
+    kv_heads: int, head_dim: int, block_size: int
+) -> None:
+    cos_sin = _cos_sin_cache(head_dim)
+    positions = torch.tensor([0, 1, 2, 1000, 2047], device=DEVICE)
+    # q, k and v as views of one projection output, as the model passes them.
+    qkv = torch.randn(5, (9 + 2 * kv_heads) * head_dim, device=DEVICE)
+    q = qkv[:, : 9 * head_dim].view(5, 9, head_dim)
+    k = qkv[:, 9 * head_dim : (9 + kv_heads) * head_dim].view(5, kv_heads, head_dim)
+    v = qkv[:, (9 + kv_heads) * head_dim :].view(5, kv_heads, head_dim)
+    k_before = k.clone()
     cache = torch.randn(2, 6, block_size, kv_heads, head_dim, device=DEVICE)
-    expected = cache.clone()
-    kv = torch.randn(5, 2 * kv_heads, head_dim, device=DEVICE)  # k and v as views of one tensor
-    k, v = kv[:, :kv_heads], kv[:, kv_heads:]
+    expected_cache, expected_q = cache.clone(), q.clone()
     slots = torch.tensor([3, -1, 6 * block_size - 1, block_size, 0], device=DEVICE)
-    write_kv(k, v, cache, slots)
-    reference.write_kv(k, v, expected, slots)
-    assert torch.equal(cache, expected)
+    reference.rotary_write_kv(positions, expected_q, k.clone(), v, cos_sin, expected_cache, slots)
+    out = rotary_write_kv(positions, q, k, v, cos_sin, cache, slots)
+    assert out.data_ptr() == qkv.data_ptr()  # rotated in place
+    assert torch.allclose(q, expected_q, atol=1e-5) and torch.allclose(cache, expected_cache, atol=1e-5)
+    untouched = torch.ones(2, 6 * block_size, dtype=torch.bool, device=DEVICE)
+    untouched[:, slots[slots >= 0]] = False
+    assert torch.equal(cache.flatten(1, 2)[untouched], expected_cache.flatten(1, 2)[untouched])
+    assert torch.equal(k, k_before)  # the rotated key goes to the cache only
 
 
 def test_fp8_kv_write_matches_reference_bit_for_bit_and_saturates() -> None:
@@ -82,8 +112,12 @@ def test_fp8_kv_write_matches_reference_bit_for_bit_and_saturates() -> None:
     # Magnitudes from e4m3's subnormals (below 2^-6) to past its largest value, 448.
     kv = torch.randn(5, 6, 64, device=DEVICE) * torch.logspace(-5, 3, 64, device=DEVICE)
     k, v = kv[:, :3], kv[:, 3:]
+    q = torch.zeros(5, 3, 64, device=DEVICE)
     slots = torch.tensor([3, -1, 47, 8, 0], device=DEVICE)
-    write_kv(k, v, cache, slots)
+    # Position 0 rotates by nothing (cos 1, sin 0), exactly: what is checked is the write alone.
+    rotary_write_kv(
+        torch.zeros(5, dtype=torch.long, device=DEVICE), q, k, v, _cos_sin_cache(64), cache, slots
+    )
     reference.write_kv(k, v, expected, slots)
     assert torch.equal(cache.view(torch.uint8), expected.view(torch.uint8))
     stored_k = cache[0].flatten(0, 1)[slots[slots >= 0]].float()
@@ -101,31 +135,6 @@ def test_paged_attention_over_an_fp8_cache_matches_reference() -> None:
     assert relative_error(out, expected) < 1e-5
     # e4m3 keeps 3 mantissa bits: a relative step of at most 1/16 per key and value.
     assert relative_error(out, dense_attention(batch, 0.125)) < 0.05
-
-
-def test_rotary_matches_reference_in_place() -> None:
-    config = ModelConfig(
-        architecture="llama",
-        vocab_size=8,
-        hidden_size=576,
-        intermediate_size=8,
-        num_hidden_layers=1,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        head_dim=64,
-        rms_norm_eps=1e-5,
-        rope_theta=100000.0,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-    )
-    cache = build_cos_sin_cache(config, 2048, DEVICE, torch.float32)
-    positions = torch.tensor([0, 1, 2, 1000, 2047, 7], device=DEVICE)
-    qkv = torch.randn(6, 15 * 64, device=DEVICE)
-    q, k = qkv[:, : 9 * 64].view(6, 9, 64), qkv[:, 9 * 64 : 12 * 64].view(6, 3, 64)
-    q_ref, k_ref = reference.rotary(positions, q.clone(), k.clone(), cache)
-    q_out, k_out = rotary(positions, q, k, cache)
-    assert q_out.data_ptr() == qkv.data_ptr()
-    assert torch.allclose(q_out, q_ref, atol=1e-5) and torch.allclose(k_out, k_ref, atol=1e-5)
 
 
 @pytest.mark.parametrize("with_residual", [False, True])
