@@ -234,7 +234,7 @@ def throughput(
     if config.hf:
         hf_run = hf_baseline.throughput(config, workload, hf_prompts, hf_batch, temperature)
     engine = build_engine(config, 2 * max_len)
-    report.workload["async_output_proc"] = engine.async_output
+    report.results["async_output_proc"] = engine.async_output
     _warm_up(engine, model_config.vocab_size, temperature)
     seconds, trace = _run(engine, workload, config.max_num_seqs, temperature)
     out_tokens = trace.num_tokens
@@ -288,7 +288,7 @@ def latency(config: OfflineConfig, batch: int, input_len: int, output_len: int) 
     hardware = roofline.measure(device, dtype)
     hf_rate = hf_baseline.latency(config, workload) if config.hf else None
     engine = build_engine(config, input_len + output_len + 16)
-    report.workload["async_output_proc"] = engine.async_output
+    report.results["async_output_proc"] = engine.async_output
     _warm_up(engine, model_config.vocab_size)
     seconds, trace = _run(engine, workload, batch)
     ttft = [times[0] - trace.arrival for times in trace.token_times.values()]
