@@ -27,7 +27,9 @@ pytestmark = pytest.mark.slow
 # A busy pod: eight streams generating and two queued behind them when termination begins.
 MAX_NUM_SEQS = 8
 STREAMS = 10
-MAX_TOKENS = 96
+# Several seconds of work at batch 8 on two cores, so that every stream is still generating after the
+# preStop sleep (2 s): 96 tokens took about 3.5 s here, too close to it for a faster machine.
+MAX_TOKENS = 256
 SPEC = {
     "model": {"source": "bundled://smollm2-135m", "family": "smollm2-135m", "maxModelLen": 1024},
     "runtime": {"maxNumSeqs": MAX_NUM_SEQS, "maxNumBatchedTokens": 1024, "kvCacheMemory": 200 * 2**20},
