@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_NUMPY = {torch.int32: np.int32, torch.int64: np.int64, torch.float32: np.float32}
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,19 @@ class Placement:
     @property
     def dtype_name(self) -> str:
         return dtype_name(self.dtype)
+
+
+def host_list_on(device: torch.device, values: list, dtype: torch.dtype) -> torch.Tensor:
+    """A list of host numbers as a tensor on `device`, without waiting for the device's queued work.
+
+    numpy reads a list about three times faster than torch.tensor does (a 256-sequence step builds
+    thousands of block-table entries); on CUDA the copy goes from pinned memory, non-blocking,
+    since a plain copy from pageable memory waits for everything queued on the stream first.
+    """
+    array = torch.from_numpy(np.array(values, dtype=_NUMPY[dtype]))
+    if device.type != "cuda":
+        return array
+    return array.pin_memory().to(device, non_blocking=True)
 
 
 def resolve_device(name: str) -> torch.device:

@@ -13,13 +13,12 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from pagoda_runtime.attention_metadata import AttentionMetadata
 from pagoda_runtime.config import KV_CACHE_DTYPES, EngineConfig, ModelConfig
 from pagoda_runtime.cpu_threads import configure_torch_threads
-from pagoda_runtime.devices import Placement, dtype_name, resolve_dtype
+from pagoda_runtime.devices import Placement, dtype_name, host_list_on, resolve_dtype
 from pagoda_runtime.kernels import get_attention_ops
 from pagoda_runtime.kernels.reference import FP8_KV_DTYPE
 from pagoda_runtime.model import LlamaForCausalLM
@@ -39,8 +38,6 @@ logger = logging.getLogger(__name__)
 # A fractional --kv-cache-memory means a share of the GPU's free memory; a CPU has no such
 # figure worth trusting (other processes, swap), so there the cache gets this fixed budget.
 CPU_KV_CACHE_BYTES = 512 * 2**20
-
-_NUMPY_INTS = {torch.int32: np.int32, torch.int64: np.int64}
 
 
 def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
@@ -296,12 +293,7 @@ class ModelRunner:
         )
 
     def _tensor(self, data: list[int], dtype: torch.dtype) -> torch.Tensor:
-        # numpy reads a list of ints about three times faster than torch.tensor does, and a decode
-        # step of 256 sequences builds thousands of them (the block tables) on the host.
-        array = torch.from_numpy(np.array(data, dtype=_NUMPY_INTS[dtype]))
-        if self.device.type == "cpu":
-            return array
-        return array.pin_memory().to(self.device, non_blocking=True)
+        return host_list_on(self.device, data, dtype)
 
     # ---- CUDA graphs -------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pagoda_runtime.devices import host_list_on
 from pagoda_runtime.grammar_mask import GrammarMasker
 from pagoda_runtime.outputs import TokenLogprobs
 from pagoda_runtime.sampling_params import SamplingParams
@@ -94,12 +95,7 @@ class Sampler:
         return samples
 
     def _on_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
-        """A small host list on the sampler's device without waiting for the device: a plain
-        copy from pageable memory would wait for the forward queued before it."""
-        host = torch.tensor(values, dtype=dtype)
-        if self.device.type != "cuda":
-            return host
-        return host.pin_memory().to(self.device, non_blocking=True)
+        return host_list_on(self.device, values, dtype)
 
     def _penalize(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         params = [seq.params for seq in seqs]
