@@ -44,7 +44,13 @@ def micros(value: float) -> str:
     return f"{value:.2g} µs" if value < 10 else f"{value:.0f} µs" if value < 1000 else f"{value / 1e3:.2g} ms"
 
 
+def _host_part(part: str):
+    """One part of a step profile's host time (host_parts_ms_median), in ms."""
+    return lambda row: f"{row['host_parts_ms_median'][part]:.2f} ms"
+
+
 def _waited_on_ms(row: dict) -> float:
+    """The host time a step's device waits on: all of it but what ran while a step was in flight."""
     parts = row["host_parts_ms_median"]
     return parts["schedule"] + parts["prepare"] + parts["output"]
 
@@ -344,10 +350,10 @@ TABLES = [
             Column("engine", lambda r: r["engine"]),
             Column("batch", lambda r: str(r["batch"])),
             Column("tokens into the output", lambda r: str(r["decoded"])),
-            Column("schedule", lambda r: f"{r['host_parts_ms_median']['schedule']:.2f} ms"),
-            Column("batch tensors", lambda r: f"{r['host_parts_ms_median']['prepare']:.2f} ms"),
-            Column("outputs", lambda r: f"{r['host_parts_ms_median']['output']:.2f} ms"),
-            Column("host per step", lambda r: f"**{sum(r['host_parts_ms_median'].values()):.2f} ms**"),
+            Column("schedule", _host_part("schedule")),
+            Column("batch tensors", _host_part("prepare")),
+            Column("outputs", _host_part("output")),
+            Column("host per step", lambda r: f"**{_waited_on_ms(r):.2f} ms**"),
             Column("step (wall)", lambda r: f"{r['step_wall_ms_median']:.1f} ms"),
             Column("load at start", lambda r: f"{r['load_average_before'][0]:.1f}"),
         ),
@@ -362,12 +368,10 @@ TABLES = [
         (
             Column("text made", lambda r: r["order"]),
             Column("batch", lambda r: str(r["batch"])),
-            Column("schedule", lambda r: f"{r['host_parts_ms_median']['schedule']:.2f} ms"),
-            Column("batch tensors", lambda r: f"{r['host_parts_ms_median']['prepare']:.2f} ms"),
-            Column("outputs the device waits on", lambda r: f"{r['host_parts_ms_median']['output']:.2f} ms"),
-            Column(
-                "outputs while the device runs", lambda r: f"{r['host_parts_ms_median']['overlapped']:.2f} ms"
-            ),
+            Column("schedule", _host_part("schedule")),
+            Column("batch tensors", _host_part("prepare")),
+            Column("outputs the device waits on", _host_part("output")),
+            Column("outputs while the device runs", _host_part("overlapped")),
             Column("host the device waits on", lambda r: f"**{_waited_on_ms(r):.2f} ms**"),
             Column("load at start", lambda r: f"{r['load_average_before'][0]:.1f}"),
         ),
