@@ -53,9 +53,9 @@ def load_child(model: str) -> None:
             peak[0] = max(peak[0], _rss_anon_kib())
 
     threading.Thread(target=sample, daemon=True).start()
-    from pagoda_runtime.config import EngineConfig
-    from pagoda_runtime.engine import LLMEngine
-    from pagoda_runtime.load_progress import LOAD_PROGRESS
+    from pagoda_runtime.contract.config import EngineConfig
+    from pagoda_runtime.engine.llm_engine import LLMEngine
+    from pagoda_runtime.loading.load_progress import LOAD_PROGRESS
 
     imported = time.monotonic()
     baseline = _rss_anon_kib()
@@ -200,7 +200,7 @@ def write_checkpoint(folder: Path, size_gb: float, shape: CheckpointShape = Chec
 
 
 def _fetch_timed(source, cache: Path) -> dict:
-    from pagoda_runtime.model_cache.fetch import fetch
+    from pagoda_runtime.loading.model_cache.fetch import fetch
 
     started = time.monotonic()
     manifest = fetch(source, cache, emit=lambda _: None)
@@ -213,7 +213,7 @@ def _fetch_timed(source, cache: Path) -> dict:
 
 
 def download(folder: Path, work: Path) -> dict:
-    from pagoda_runtime.model_cache.sources import HubSource, S3Source
+    from pagoda_runtime.contract.sources import HubSource, S3Source
 
     from tests.model_cache.hub_mirror import HubMirror
     from tests.model_cache.minio_server import ACCESS_KEY, SECRET_KEY, MinioServer

@@ -56,9 +56,11 @@ secret=()
 [[ -f $ca ]] && secret=(--secret "id=ca,src=$ca")
 
 build() {  # build NAME: the image from images/NAME.Dockerfile, unless its content key is cached
-    local name=$1 dockerfile=images/$1.Dockerfile key ref archive t
+    local name=$1 dockerfile=images/$1.Dockerfile key ref archive t sources=(runtime operator)
+    # The operator image holds the runtime's contract alone: other runtime changes keep its cache.
+    [[ $name == operator ]] && sources=(runtime/pagoda_runtime/__init__.py runtime/pagoda_runtime/contract operator)
     key=$( { echo "$base_id"; cat "$dockerfile" constraints.txt pyproject.toml;
-             git ls-files -co --exclude-standard runtime operator | sort \
+             git ls-files -co --exclude-standard "${sources[@]}" | sort \
                  | xargs sha256sum; } | digest)
     ref="localhost/pagoda-$name:$key"
     archive="$cache/pagoda-$name-$key.oci.tar"

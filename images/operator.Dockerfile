@@ -18,7 +18,10 @@ RUN --mount=type=cache,target=/root/.cache/pip --mount=type=secret,id=ca \
     if [ -f /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
  && mkdir -p runtime operator && touch README.md \
  && pip install -c constraints.txt ".[operator]"
-COPY runtime ./runtime
+# Of the runtime, only its contract (no machine-learning stack): the one part the operator imports
+# (tests/test_layers.py holds it to that).
+COPY runtime/pagoda_runtime/__init__.py ./runtime/pagoda_runtime/__init__.py
+COPY runtime/pagoda_runtime/contract ./runtime/pagoda_runtime/contract
 COPY operator ./operator
 RUN --mount=type=cache,target=/root/.cache/pip --mount=type=secret,id=ca \
     if [ -f /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \

@@ -76,6 +76,6 @@ else
     echo "gpu-env: nothing to install from ${wheels[*]}" >&2
 fi
 export PYTHONPATH="$site:$PWD/runtime${PYTHONPATH:+:$PYTHONPATH}"
-# The Triton kernels must compile here; pagoda_runtime.triton_mode would overrule it anyway.
+# The Triton kernels must compile here; pagoda_runtime.executor.triton_mode would overrule it anyway.
 unset TRITON_INTERPRET
 exec "$@"

@@ -35,7 +35,7 @@ def _environment() -> dict:
     import torch
     import transformers
     import triton
-    from pagoda_runtime import triton_mode
+    from pagoda_runtime.executor import triton_mode
 
     env = {
         "python": sys.version.split()[0],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 # Before anything imports triton (transformers does): the Triton kernels compile where CUDA is
 # visible and run in Triton's interpreter elsewhere.
-import pagoda_runtime.triton_mode  # noqa: F401
+import pagoda_runtime.executor.triton_mode  # noqa: F401
 import pytest
 
 

@@ -37,8 +37,8 @@ def test_dockerfiles_install_the_matching_extras():
 
 def test_runtime_package_imports_without_torch_for_its_light_modules():
     code = (
-        "import sys, pagoda_runtime, pagoda_runtime.bundled, pagoda_runtime.sizing,"
-        " pagoda_runtime.quantization_selection, pagoda_runtime.engine_protocol;"
+        "import sys, pagoda_runtime, pagoda_runtime.contract.bundled, pagoda_runtime.contract.sizing,"
+        " pagoda_runtime.contract.quantization_selection, pagoda_runtime.engine.protocol;"
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -21,10 +21,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from pagoda_runtime.model_cache.layout import MANIFEST, MODEL_DIR
-from pagoda_runtime.model_cache.progress import parse_progress
-from pagoda_runtime.model_cache.sources import cache_key, parse_pvc
-from pagoda_runtime.sizing import ModelArchitecture
+from pagoda_runtime.contract.cache_layout import MANIFEST, MODEL_DIR
+from pagoda_runtime.contract.download_progress import parse_progress
+from pagoda_runtime.contract.sizing import ModelArchitecture
+from pagoda_runtime.contract.sources import cache_key, parse_pvc
 
 from pagoda_operator.models import InferenceServiceSpec, ModelCacheSpec, ModelSpec
 from pagoda_operator.names import LABEL_MODEL_CACHE

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pagoda_runtime.config import KV_CACHE_DTYPES, QUANTIZATION_CHOICES
-from pagoda_runtime.model_cache.sources import COMMIT_PATTERN
-from pagoda_runtime.model_catalogue import KNOWN_ARCHITECTURES
-from pagoda_runtime.sizing import ModelArchitecture
+from pagoda_runtime.contract.config import KV_CACHE_DTYPES, QUANTIZATION_CHOICES
+from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES
+from pagoda_runtime.contract.sizing import ModelArchitecture
+from pagoda_runtime.contract.sources import COMMIT_PATTERN
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from functools import cache
 
-from pagoda_runtime.model_catalogue import KNOWN_ARCHITECTURES
-from pagoda_runtime.sizing import ModelArchitecture, check_tensor_parallel
+from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES
+from pagoda_runtime.contract.sizing import ModelArchitecture, check_tensor_parallel
 
 from pagoda_operator.rules import Rule
 

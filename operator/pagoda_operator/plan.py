@@ -1,7 +1,7 @@
 """Each variant's plan, decided once from the spec and handed to render and status: the method its
 runtime will build the projections with, whether its model splits over its tensor-parallel ranks and
-fits their GPUs, and so whether it gets pods. pagoda_runtime.quantization_selection and
-pagoda_runtime.sizing own the rules; this applies them.
+fits their GPUs, and so whether it gets pods. pagoda_runtime.contract.quantization_selection and
+pagoda_runtime.contract.sizing own the rules; this applies them.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kubernetes.utils import parse_quantity
-from pagoda_runtime.quantization_selection import select_quantization
-from pagoda_runtime.sizing import FitResult, ModelArchitecture, fits, gguf_block_type
+from pagoda_runtime.contract.quantization_selection import select_quantization
+from pagoda_runtime.contract.sizing import FitResult, ModelArchitecture, fits, gguf_block_type
 
 from pagoda_operator.models import InferenceServiceSpec, VariantSpec
 from pagoda_operator.parallelism import split_error

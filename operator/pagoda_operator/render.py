@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pagoda_runtime.model_cache.sources import parse_pvc
+from pagoda_runtime.contract.sources import parse_pvc
 
 from pagoda_operator import model_cache
 from pagoda_operator.leader_worker_set import LEADER_SELECTOR, LWS_API_VERSION, LWS_KIND, leader_worker_set

@@ -10,16 +10,16 @@ import os
 import sys
 from pathlib import Path
 
-from pagoda_runtime.config import KV_CACHE_DTYPES, LOAD_FORMATS, QUANTIZATION_CHOICES, EngineConfig
-from pagoda_runtime.server.metrics_compat import METRICS_COMPAT_CHOICES
-from pagoda_runtime.server.tool_parsers import TOOL_CALL_PARSERS
-from pagoda_runtime.world_layout import (
+from pagoda_runtime.contract.config import KV_CACHE_DTYPES, LOAD_FORMATS, QUANTIZATION_CHOICES, EngineConfig
+from pagoda_runtime.parallel.world_layout import (
     DEFAULT_DISTRIBUTED_PORT,
     DEFAULT_DISTRIBUTED_TIMEOUT_S,
     LWS_VARIABLES,
     WorldLayout,
     world_layout,
 )
+from pagoda_runtime.server.metrics_compat import METRICS_COMPAT_CHOICES
+from pagoda_runtime.server.tool_parsers import TOOL_CALL_PARSERS
 
 API_KEY_ENV = "PAGODA_API_KEY"
 
@@ -361,17 +361,12 @@ def server_settings(args: argparse.Namespace):
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from pagoda_runtime.bundled import BUNDLED_MODEL_NAME
-    from pagoda_runtime.model_catalogue import SHAPES, shape_config
-    from pagoda_runtime.server.logs import configure_logging
-    from pagoda_runtime.server.process import (
-        default_termination_log,
-        engine_loader,
-        group_engine_loader,
-        serve,
-        write_termination_message,
-    )
-    from pagoda_runtime.world_layout import LayoutError
+    from pagoda_runtime.contract.bundled import BUNDLED_MODEL_NAME
+    from pagoda_runtime.contract.model_catalogue import SHAPES, shape_config
+    from pagoda_runtime.logs import configure_logging
+    from pagoda_runtime.parallel.world_layout import LayoutError
+    from pagoda_runtime.server.process import engine_loader, group_engine_loader, serve
+    from pagoda_runtime.termination import default_termination_log, write_termination_message
 
     configure_logging(args.log_format, args.log_level.upper())
     termination_log = args.termination_log or default_termination_log()
@@ -399,8 +394,8 @@ def _serve(args: argparse.Namespace) -> int:
     settings = server_settings(args)
     if not world.is_group:
         return serve(engine_loader(config), settings, args.host, args.port, termination_log)
-    from pagoda_runtime.rank_group import LogSettings, RankGroup
-    from pagoda_runtime.rank_worker import serve_worker_node
+    from pagoda_runtime.parallel.rank_group import LogSettings, RankGroup
+    from pagoda_runtime.parallel.rank_worker import serve_worker_node
 
     group = RankGroup(world, config, LogSettings(args.log_format, args.log_level.upper()), termination_log)
     if not world.is_leader:
@@ -421,9 +416,9 @@ def _fetch(args: argparse.Namespace) -> int:
     import logging
     from pathlib import Path
 
-    from pagoda_runtime.model_cache.fetch import fetch, termination_summary
-    from pagoda_runtime.model_cache.sources import parse_remote
-    from pagoda_runtime.server.process import default_termination_log, write_termination_message
+    from pagoda_runtime.contract.sources import parse_remote
+    from pagoda_runtime.loading.model_cache.fetch import fetch, termination_summary
+    from pagoda_runtime.termination import default_termination_log, write_termination_message
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     termination_log = args.termination_log or default_termination_log()
@@ -453,9 +448,9 @@ def _add_inspect(sub) -> None:
 
 def _inspect(args: argparse.Namespace) -> int:
     """The sizing Job of a pvc:// model: the facts the download Job reports, without a download."""
-    from pagoda_runtime.bundled import resolve_model
-    from pagoda_runtime.model_cache.architecture import facts_line
-    from pagoda_runtime.server.process import default_termination_log, write_termination_message
+    from pagoda_runtime.contract.bundled import resolve_model
+    from pagoda_runtime.loading.model_cache.architecture import facts_line
+    from pagoda_runtime.termination import default_termination_log, write_termination_message
 
     termination_log = args.termination_log or default_termination_log()
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from pagoda_runtime.cli import main
-from pagoda_runtime.model_source import load_model_source
+from pagoda_runtime.loading.model_source import load_model_source
 
 from tests.runtime.tiny_models import build_tiny_gguf, build_tiny_model
 

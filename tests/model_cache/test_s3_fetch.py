@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pagoda_runtime.bundled import resolve_model
-from pagoda_runtime.model_cache import layout
-from pagoda_runtime.model_cache.fetch import fetch
-from pagoda_runtime.model_cache.sources import parse_remote
-from pagoda_runtime.model_cache.verify import VerificationError
-from pagoda_runtime.model_source import load_model_source
+from pagoda_runtime.contract import cache_layout as layout
+from pagoda_runtime.contract.bundled import resolve_model
+from pagoda_runtime.contract.sources import parse_remote
+from pagoda_runtime.loading.model_cache.fetch import fetch
+from pagoda_runtime.loading.model_cache.verify import VerificationError
+from pagoda_runtime.loading.model_source import load_model_source
 
 from tests.model_cache.minio_server import ACCESS_KEY, SECRET_KEY, MinioServer
 from tests.runtime.tiny_models import build_tiny_gguf, build_tiny_model

@@ -18,8 +18,8 @@ from pagoda_operator.model_cache import (
 from pagoda_operator.plan import plan_service
 from pagoda_operator.render import POD_SECURITY, RenderOptions, pod_tolerations, render
 from pagoda_operator.status import compute_status
-from pagoda_runtime.model_cache.progress import Progress
-from pagoda_runtime.model_catalogue import KNOWN_ARCHITECTURES
+from pagoda_runtime.contract.download_progress import Progress
+from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES
 
 COMMIT = "0e9e39f249a16976918f6564b8830bc894c89659"
 HF = {"source": "hf://meta-llama/Llama-3.1-8B-Instruct", "revision": COMMIT}

@@ -13,7 +13,7 @@ from pagoda_operator.names import GROUP_SET_MAX_LENGTH, group_set_name, selector
 from pagoda_operator.plan import Checkpoint, plan_service
 from pagoda_operator.render import RenderOptions, render, runtime_args
 from pagoda_operator.status import compute_status
-from pagoda_runtime.model_catalogue import KNOWN_ARCHITECTURES
+from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES
 from pydantic import ValidationError
 
 NS, NAME, UID = "ml", "llama", "0b7e1d2a-0000-4000-8000-000000000001"

@@ -17,7 +17,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 from loopback_client import free_port
-from pagoda_runtime.tensor_parallel import TensorParallel
+from pagoda_runtime.parallel.tensor_parallel import TensorParallel
 
 COLLECTIVE_TIMEOUT = timedelta(seconds=60)
 

@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 from pagoda_runtime.bench.offline import nano_vllm_workload
-from pagoda_runtime.model_catalogue import SHAPES, shape_config
-from pagoda_runtime.random_model import random_model
+from pagoda_runtime.contract.model_catalogue import SHAPES, shape_config
+from pagoda_runtime.loading.random_model import random_model
 
 SWEEPS = ["-m", "pagoda_runtime.bench.sweeps"]
 
@@ -124,7 +124,7 @@ def test_every_named_shape_yields_the_weights_its_config_implies():
 def test_transformers_baseline_rotates_positions_like_the_engine(shape):
     # A baseline without Llama 3.2's rope scaling would be a different model, not an anchor.
     from pagoda_runtime.bench.hf_baseline import hf_config
-    from pagoda_runtime.kernels.rope_cache import _inverse_frequencies
+    from pagoda_runtime.executor.kernels.rope_cache import _inverse_frequencies
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     config = shape_config(shape)

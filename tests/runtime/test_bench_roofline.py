@@ -7,17 +7,17 @@ import dataclasses
 
 import pytest
 import torch
-from pagoda_runtime import sizing
 from pagoda_runtime.bench import offline, roofline
-from pagoda_runtime.config import EngineConfig
-from pagoda_runtime.engine import LLMEngine
-from pagoda_runtime.engine_stats import StepShape
-from pagoda_runtime.model_catalogue import KNOWN_ARCHITECTURES, shape_config
-from pagoda_runtime.model_source import LoadedModel
-from pagoda_runtime.random_model import bare_tokenizer, random_weights
-from pagoda_runtime.sampling_params import SamplingParams
-from pagoda_runtime.scheduler import ScheduledBatch
-from pagoda_runtime.sequence import Sequence, SequenceGroup
+from pagoda_runtime.contract import sizing
+from pagoda_runtime.contract.config import EngineConfig
+from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES, shape_config
+from pagoda_runtime.engine.llm_engine import LLMEngine
+from pagoda_runtime.engine.sampling_params import SamplingParams
+from pagoda_runtime.engine.scheduler import ScheduledBatch
+from pagoda_runtime.engine.sequence import Sequence, SequenceGroup
+from pagoda_runtime.engine.stats import StepShape
+from pagoda_runtime.loading.model_source import LoadedModel
+from pagoda_runtime.loading.random_model import bare_tokenizer, random_weights
 
 # tiny-llama: 2 layers, hidden 64, MLP 128, 4 query heads and 2 KV heads of 16, vocabulary 512.
 # Per layer: qkv 128x64 + o 64x64 + gate_up 256x64 + down 64x128 = 36,864 linear parameters.

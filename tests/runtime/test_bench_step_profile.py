@@ -8,7 +8,7 @@ import json
 import pytest
 from pagoda_runtime.bench import offline, step_profile
 from pagoda_runtime.bench.tables import TABLES
-from pagoda_runtime.sampler import Sampler
+from pagoda_runtime.executor.sampler import Sampler
 
 
 def test_each_step_reports_wall_kernel_gap_host_and_launches(tmp_path, capsys):

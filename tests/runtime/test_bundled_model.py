@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from pagoda_runtime.bundled import BUNDLED_MODEL_NAME, BundledModelMissing, resolve_model
+from pagoda_runtime.contract.bundled import BUNDLED_MODEL_NAME, BundledModelMissing, resolve_model
 
 
 def test_bundled_name_resolves_to_the_gguf_file():

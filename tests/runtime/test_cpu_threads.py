@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from pagoda_runtime.cpu_threads import cgroup_cpu_limit, cpu_thread_count
+from pagoda_runtime.executor.cpu_threads import cgroup_cpu_limit, cpu_thread_count
 
 
 def write(path: Path, text: str) -> None:

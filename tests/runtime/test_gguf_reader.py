@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from gguf.quants import dequantize as reference_dequantize
 from gguf.quants import quantize
-from pagoda_runtime.bundled import bundled_model_path
-from pagoda_runtime.gguf_reader import BLOCK_LAYOUT, GGMLType, GGUFError, GGUFFile, dequantize
+from pagoda_runtime.contract.bundled import bundled_model_path
+from pagoda_runtime.loading.gguf_reader import BLOCK_LAYOUT, GGMLType, GGUFError, GGUFFile, dequantize
 
 METADATA = {
     "test.u8": (255, gguf.GGUFValueType.UINT8),

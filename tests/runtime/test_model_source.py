@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 import torch
-from pagoda_runtime.bundled import bundled_model_path
-from pagoda_runtime.gguf_reader import GGUFError
-from pagoda_runtime.model_source import ModelLoadError, load_model_source
+from pagoda_runtime.contract.bundled import bundled_model_path
+from pagoda_runtime.loading.gguf_reader import GGUFError
+from pagoda_runtime.loading.model_source import ModelLoadError, load_model_source
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 

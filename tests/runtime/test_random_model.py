@@ -4,8 +4,8 @@ builds it, quantized at load like a float checkpoint and sized as the operator p
 from __future__ import annotations
 
 import pytest
-from pagoda_runtime.llm import LLM
-from pagoda_runtime.sampling_params import SamplingParams
+from pagoda_runtime.engine.llm import LLM
+from pagoda_runtime.engine.sampling_params import SamplingParams
 
 KV = 4 * 2**20
 

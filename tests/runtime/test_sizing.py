@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from pagoda_runtime.model_catalogue import KNOWN_ARCHITECTURES
-from pagoda_runtime.sizing import (
+from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES
+from pagoda_runtime.contract.sizing import (
     GIB,
     check_tensor_parallel,
     fits,
@@ -38,7 +38,7 @@ def test_known_families_have_the_published_parameter_count(family):
 
 def test_smollm2_family_matches_the_bundled_gguf_metadata():
     gguf = pytest.importorskip("gguf")
-    from pagoda_runtime.bundled import resolve_model
+    from pagoda_runtime.contract.bundled import resolve_model
 
     reader = gguf.GGUFReader(resolve_model("smollm2-135m"))
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from pagoda_runtime.bundled import bundled_model_path
-from pagoda_runtime.detokenizer import IncrementalDetokenizer
-from pagoda_runtime.gguf_reader import GGUFFile
-from pagoda_runtime.tokenizer import ChatTemplateMissing, Tokenizer
+from pagoda_runtime.contract.bundled import bundled_model_path
+from pagoda_runtime.engine.detokenizer import IncrementalDetokenizer
+from pagoda_runtime.engine.tokenizer import ChatTemplateMissing, Tokenizer
+from pagoda_runtime.loading.gguf_reader import GGUFFile
 from transformers import AutoTokenizer
 
 from tests.runtime.tiny_models import build_tiny_model

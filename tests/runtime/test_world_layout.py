@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from pagoda_runtime.world_layout import LayoutError, world_layout
+from pagoda_runtime.parallel.world_layout import LayoutError, world_layout
 
 LWS = {"LWS_LEADER_ADDRESS": "llama-0.llama.default", "LWS_GROUP_SIZE": "2"}
 
@@ -40,7 +40,7 @@ def test_a_layout_that_cannot_run_is_refused_with_what_to_change(size, env, mess
 
 
 def test_each_rank_takes_its_own_device_and_one_pinned_gpu_is_refused():
-    from pagoda_runtime.rank_group import rank_device
+    from pagoda_runtime.parallel.rank_group import rank_device
 
     assert [rank_device("cpu", r, 2) for r in range(2)] == ["cpu", "cpu"]
     with pytest.raises(LayoutError, match="--device cuda:1 pins one GPU, but each of the 2 ranks"):

@@ -12,7 +12,7 @@ ids), "llama_linear_rope" (linear rope scaling), "mistral" (GQA, sliding window)
 "qwen2" (bias on q/k/v, ChatML, no BOS), "smollm" (tied embeddings, ChatML, no BOS) and "gqa"
 (8 query heads sharing 2 key/value heads). The weights use a wide init and random norm weights
 and biases, so greedy decoding is far from ties and a mis-loaded norm or bias changes the output.
-Use the folder with `pagoda_runtime.model_source.load_model_source(folder)` and, as the
+Use the folder with `pagoda_runtime.loading.model_source.load_model_source(folder)` and, as the
 reference, `transformers.AutoModelForCausalLM.from_pretrained(folder)`.
 
 `build_tiny_gguf(hf_folder, path, ggml_type)` converts such a folder (byte-level tokenizer

@@ -20,9 +20,9 @@ import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.varlen import varlen_attn
 
-from pagoda_runtime.attention_metadata import AttentionMetadata
 from pagoda_runtime.bench.roofline import copy_bandwidth
-from pagoda_runtime.kernels.triton_paged_attention import default_num_splits, paged_attention
+from pagoda_runtime.executor.attention_metadata import AttentionMetadata
+from pagoda_runtime.executor.kernels.triton_paged_attention import default_num_splits, paged_attention
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 SCALE = HEAD_DIM**-0.5

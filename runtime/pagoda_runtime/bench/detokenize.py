@@ -18,10 +18,10 @@ from datetime import UTC, datetime
 
 from pagoda_runtime.bench.quant_quality import EVAL_TEXT
 from pagoda_runtime.bench.results import emit
-from pagoda_runtime.bundled import bundled_model_path
-from pagoda_runtime.detokenizer import IncrementalDetokenizer
-from pagoda_runtime.gguf_reader import GGUFFile
-from pagoda_runtime.tokenizer import Tokenizer
+from pagoda_runtime.contract.bundled import bundled_model_path
+from pagoda_runtime.engine.detokenizer import IncrementalDetokenizer
+from pagoda_runtime.engine.tokenizer import Tokenizer
+from pagoda_runtime.loading.gguf_reader import GGUFFile
 
 SEQUENCES = 256
 PROMPT = 5

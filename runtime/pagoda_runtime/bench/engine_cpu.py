@@ -13,9 +13,9 @@ import time
 
 from pagoda_runtime import LLM, SamplingParams
 from pagoda_runtime.bench.results import emit
-from pagoda_runtime.block_manager import BlockManager
-from pagoda_runtime.scheduler import Scheduler
-from pagoda_runtime.sequence import Sequence, SequenceGroup
+from pagoda_runtime.engine.block_manager import BlockManager
+from pagoda_runtime.engine.scheduler import Scheduler
+from pagoda_runtime.engine.sequence import Sequence, SequenceGroup
 
 NEW_TOKENS = 64
 

@@ -11,16 +11,13 @@ from __future__ import annotations
 import gc
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-from pagoda_runtime.config import ModelConfig
-from pagoda_runtime.devices import resolve_device, resolve_dtype
-from pagoda_runtime.model_catalogue import shape_config
-
-if TYPE_CHECKING:
-    from pagoda_runtime.bench.offline import OfflineConfig, Workload
+from pagoda_runtime.bench.workload import OfflineConfig, Workload
+from pagoda_runtime.contract.config import ModelConfig
+from pagoda_runtime.contract.model_catalogue import shape_config
+from pagoda_runtime.executor.devices import resolve_device, resolve_dtype
 
 
 def hf_config(config: ModelConfig, **overrides):

@@ -27,36 +27,14 @@ import torch
 
 from pagoda_runtime.bench import hf_baseline, roofline
 from pagoda_runtime.bench.stats import percentiles
-from pagoda_runtime.config import EngineConfig
-from pagoda_runtime.devices import resolve_device, resolve_dtype
-from pagoda_runtime.engine import LLMEngine
-from pagoda_runtime.engine_stats import StepShape
-from pagoda_runtime.model_catalogue import shape_config
-from pagoda_runtime.random_model import random_model
-from pagoda_runtime.sampling_params import SamplingParams
-
-
-@dataclass(frozen=True)
-class OfflineConfig:
-    shape: str
-    device: str = "auto"
-    dtype: str = "auto"
-    quantization: str = "none"
-    kv_cache_dtype: str = "auto"
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    kv_cache_memory: float = 0.9
-    enforce_eager: bool = False
-    async_output_proc: bool | None = None  # None: the device's default (config.EngineConfig)
-    seed: int = 0
-    hf: bool = False
-    result_json: str | None = None
-
-
-@dataclass(frozen=True)
-class Workload:
-    prompts: list[list[int]]
-    output_lens: list[int]
+from pagoda_runtime.bench.workload import OfflineConfig, Workload
+from pagoda_runtime.contract.config import EngineConfig
+from pagoda_runtime.contract.model_catalogue import shape_config
+from pagoda_runtime.engine.llm_engine import LLMEngine
+from pagoda_runtime.engine.sampling_params import SamplingParams
+from pagoda_runtime.engine.stats import StepShape
+from pagoda_runtime.executor.devices import resolve_device, resolve_dtype
+from pagoda_runtime.loading.random_model import random_model
 
 
 @dataclass

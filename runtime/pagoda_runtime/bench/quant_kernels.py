@@ -20,11 +20,11 @@ import torch
 import triton.testing
 
 from pagoda_runtime.bench.roofline import copy_bandwidth
-from pagoda_runtime.quantization.online import quantize_fp8, quantize_int4, quantize_int8
-from pagoda_runtime.quantization.reference import reference_matmul
-from pagoda_runtime.quantization.scaled_mm import fp8_scaled_mm, scaled_mm_supported
-from pagoda_runtime.quantization.triton_gemm import gemm
-from pagoda_runtime.quantization.triton_gemv import GemvConfig, default_gemv_config, gemv
+from pagoda_runtime.executor.quantization.online import quantize_fp8, quantize_int4, quantize_int8
+from pagoda_runtime.executor.quantization.reference import reference_matmul
+from pagoda_runtime.executor.quantization.scaled_mm import fp8_scaled_mm, scaled_mm_supported
+from pagoda_runtime.executor.quantization.triton_gemm import gemm
+from pagoda_runtime.executor.quantization.triton_gemv import GemvConfig, default_gemv_config, gemv
 
 # (name, out_features, in_features) of one Llama-3-8B decoder layer with fused qkv and gate_up.
 LLAMA3_8B_SHAPES = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]

@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 
 from pagoda_runtime.bench.results import emit
-from pagoda_runtime.config import EngineConfig
-from pagoda_runtime.engine import LLMEngine
-from pagoda_runtime.memory_report import MemoryReport
-from pagoda_runtime.quantization.quality import compare, perplexity
-from pagoda_runtime.scoring import score
+from pagoda_runtime.contract.config import EngineConfig
+from pagoda_runtime.engine.llm_engine import LLMEngine
+from pagoda_runtime.engine.memory_report import MemoryReport
+from pagoda_runtime.engine.scoring import score
+from pagoda_runtime.executor.quantization.quality import compare, perplexity
 
 EVAL_TEXT = Path(__file__).parents[1] / "data" / "eval_text.txt"
 # Enough KV blocks for the evaluation text, a small fraction of the CPU default.

@@ -12,45 +12,17 @@ its rows come out of them, and its columns. In BENCHMARKS.md a table stands betw
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
+
+from pagoda_runtime.bench.table_spec import RESULTS, Table
+from pagoda_runtime.bench.tables import TABLES
 
 ROOT = Path(__file__).resolve().parents[3]
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
-RESULTS = ROOT / "benchmarks" / "results"
 _BLOCK = re.compile(r"(<!-- table: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.DOTALL)
-
-
-@dataclass(frozen=True)
-class Column:
-    header: str
-    cell: Callable[[dict], str]  # the row's text in this column
-
-
-def one_row_per_file(results: list[dict]) -> list[dict]:
-    return results
-
-
-@dataclass(frozen=True)
-class Table:
-    name: str  # the marker in BENCHMARKS.md
-    sources: tuple[str, ...]  # JSON files, relative to benchmarks/results/
-    columns: tuple[Column, ...]
-    rows: Callable[[list[dict]], list[dict]] = one_row_per_file  # the loaded sources -> rows
-
-    def render(self, results_dir: Path = RESULTS) -> str:
-        loaded = [json.loads((results_dir / source).read_text()) for source in self.sources]
-        lines = [
-            "| " + " | ".join(c.header for c in self.columns) + " |",
-            "|" + "---|" * len(self.columns),
-        ]
-        for row in self.rows(loaded):
-            lines.append("| " + " | ".join(c.cell(row) for c in self.columns) + " |")
-        return "\n".join(lines) + "\n"
 
 
 def update(markdown: str, tables: Sequence[Table], results_dir: Path = RESULTS) -> str:
@@ -80,7 +52,6 @@ def stale_tables(markdown: str, tables: Sequence[Table], results_dir: Path = RES
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pagoda_runtime.bench.tables import TABLES
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="only report stale tables; exit 1 if any")

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pagoda_runtime.engine_stats import StepShape
+from pagoda_runtime.engine.stats import StepShape
 
 if TYPE_CHECKING:
-    from pagoda_runtime.model_runner import ModelRunner
+    from pagoda_runtime.executor.model_runner import ModelRunner
 
 # Large enough to leave the caches behind: 1 GiB on a GPU (50 MB of L2), 64 MiB on a CPU.
 CUDA_COPY_BYTES = 2**30

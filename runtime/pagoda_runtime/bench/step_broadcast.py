@@ -23,10 +23,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from pagoda_runtime.attention_metadata import AttentionMetadata
 from pagoda_runtime.bench.results import emit
-from pagoda_runtime.step_broadcast import StepInputs, StepReceiver, StepSender
-from pagoda_runtime.tensor_parallel import TensorParallel
+from pagoda_runtime.executor.attention_metadata import AttentionMetadata
+from pagoda_runtime.parallel.step_broadcast import StepInputs, StepReceiver, StepSender
+from pagoda_runtime.parallel.tensor_parallel import TensorParallel
 
 # (what, sequences, new tokens per sequence, block-table width)
 SHAPES = (

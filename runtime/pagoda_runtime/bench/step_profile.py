@@ -47,10 +47,10 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from pagoda_runtime.bench import offline
-from pagoda_runtime.config import EngineConfig
-from pagoda_runtime.engine import LLMEngine
-from pagoda_runtime.engine_stats import StepTiming
-from pagoda_runtime.sampling_params import SamplingParams
+from pagoda_runtime.contract.config import EngineConfig
+from pagoda_runtime.engine.llm_engine import LLMEngine
+from pagoda_runtime.engine.sampling_params import SamplingParams
+from pagoda_runtime.engine.stats import StepTiming
 
 WARM_UP_STEPS = 3
 STEP_LABEL = "profiled step"
@@ -338,7 +338,7 @@ def _labelled(label: str, fn: Callable) -> Callable:
 @contextmanager
 def labelled_parts(engine: LLMEngine) -> Iterator[None]:
     """Wrap every part of a step in a profiler label (PARTS); the originals come back on exit."""
-    import pagoda_runtime.model as model_module
+    import pagoda_runtime.executor.model as model_module
 
     undo: list[Callable[[], None]] = []
 

@@ -27,11 +27,11 @@ from types import SimpleNamespace
 import llguidance
 import torch
 
-from pagoda_runtime.bundled import bundled_model_path
-from pagoda_runtime.gguf_reader import GGUFFile
-from pagoda_runtime.grammar_mask import GrammarCompiler, GrammarMasker, advance
-from pagoda_runtime.structured_outputs import StructuredOutputError, StructuredOutputs
-from pagoda_runtime.tokenizer import Tokenizer
+from pagoda_runtime.contract.bundled import bundled_model_path
+from pagoda_runtime.engine.grammar_mask import GrammarCompiler, GrammarMasker, advance
+from pagoda_runtime.engine.structured_outputs import StructuredOutputError, StructuredOutputs
+from pagoda_runtime.engine.tokenizer import Tokenizer
+from pagoda_runtime.loading.gguf_reader import GGUFFile
 
 SCHEMA = {
     "type": "object",

@@ -76,7 +76,7 @@ def batch_sweep(args: argparse.Namespace) -> dict:
 
 
 def _quantizations(text: str) -> list[str]:
-    from pagoda_runtime.config import QUANTIZATION_CHOICES
+    from pagoda_runtime.contract.config import QUANTIZATION_CHOICES
 
     names = text.split(",")
     unknown = [n for n in names if n not in QUANTIZATION_CHOICES]
@@ -97,7 +97,7 @@ def quant_sweep(args: argparse.Namespace) -> dict:
     import torch
 
     from pagoda_runtime.bench import offline
-    from pagoda_runtime.devices import resolve_device, resolve_dtype
+    from pagoda_runtime.executor.devices import resolve_device, resolve_dtype
 
     device = resolve_device(args.device)
     rows = []

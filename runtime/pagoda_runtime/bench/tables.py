@@ -7,7 +7,7 @@ To add a table: commit the benchmark's JSON under benchmarks/results/, add a `Ta
 
 from __future__ import annotations
 
-from pagoda_runtime.bench.report import Column, Table
+from pagoda_runtime.bench.table_spec import Column, Table
 
 MIB = 2**20
 

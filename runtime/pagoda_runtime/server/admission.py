@@ -8,7 +8,7 @@ the waiting queue is full. Whether the request itself fits the model is the engi
 
 from __future__ import annotations
 
-from pagoda_runtime.engine_protocol import ServingEngine
+from pagoda_runtime.engine.protocol import ServingEngine
 from pagoda_runtime.server.drain import RETRY_AFTER_S
 from pagoda_runtime.server.errors import APIError
 from pagoda_runtime.server.state import ServerSettings, ServerState

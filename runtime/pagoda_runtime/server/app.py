@@ -18,8 +18,8 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from pagoda_runtime.engine_protocol import ServingEngine
-from pagoda_runtime.load_progress import LOAD_PROGRESS
+from pagoda_runtime.engine.protocol import ServingEngine
+from pagoda_runtime.loading.load_progress import LOAD_PROGRESS
 from pagoda_runtime.server.admission import LOADING_RETRY_AFTER_S
 from pagoda_runtime.server.chat import create_chat_completion
 from pagoda_runtime.server.completions import create_completion

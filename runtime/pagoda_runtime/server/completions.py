@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 
 from fastapi import Request
 
-from pagoda_runtime.engine_protocol import ChatTokenizer
-from pagoda_runtime.outputs import RequestOutput
+from pagoda_runtime.engine.outputs import RequestOutput
+from pagoda_runtime.engine.protocol import ChatTokenizer
 from pagoda_runtime.server import sse
 from pagoda_runtime.server.admission import admit, check_model
 from pagoda_runtime.server.constraints import structured_outputs

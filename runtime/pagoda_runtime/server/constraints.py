@@ -4,9 +4,13 @@ naming the field before the request is accepted."""
 
 from __future__ import annotations
 
+from pagoda_runtime.engine.structured_outputs import (
+    StructuredOutputError,
+    StructuredOutputs,
+    json_schema_text,
+)
 from pagoda_runtime.server.errors import APIError
 from pagoda_runtime.server.protocol import SamplingFields
-from pagoda_runtime.structured_outputs import StructuredOutputError, StructuredOutputs, json_schema_text
 
 
 def _named(body: SamplingFields) -> list[tuple[str, dict]]:

@@ -15,14 +15,14 @@ from typing import TypeVar
 from fastapi import Request, Response
 from pydantic import BaseModel
 
-from pagoda_runtime.engine_protocol import RequestRejected, ServingEngine
-from pagoda_runtime.outputs import RequestOutput
-from pagoda_runtime.sampling_params import SamplingParams
+from pagoda_runtime.engine.outputs import RequestOutput
+from pagoda_runtime.engine.protocol import RequestRejected, ServingEngine
+from pagoda_runtime.engine.sampling_params import SamplingParams
+from pagoda_runtime.engine.structured_outputs import StructuredOutputs
 from pagoda_runtime.server import sse
 from pagoda_runtime.server.errors import APIError
 from pagoda_runtime.server.protocol import SamplingFields, UsageInfo
 from pagoda_runtime.server.state import ServerState
-from pagoda_runtime.structured_outputs import StructuredOutputs
 
 T = TypeVar("T")
 # What nginx logs for a client that closed the connection; nobody receives it.

@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pagoda_runtime.engine_protocol import ServingEngine
-from pagoda_runtime.load_progress import LOAD_PROGRESS
-from pagoda_runtime.sampling_params import SamplingParams
+from pagoda_runtime.engine.protocol import ServingEngine
+from pagoda_runtime.engine.sampling_params import SamplingParams
+from pagoda_runtime.loading.load_progress import LOAD_PROGRESS
 
 log = logging.getLogger("pagoda.health")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pagoda_runtime.outputs import TokenLogprobs
+from pagoda_runtime.engine.outputs import TokenLogprobs
 from pagoda_runtime.server.protocol import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
 
 # JSON has no -Infinity; OpenAI-compatible servers report masked-out tokens with this floor instead.

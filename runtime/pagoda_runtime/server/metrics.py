@@ -19,7 +19,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from pagoda_runtime.outputs import RequestOutput
+from pagoda_runtime.engine.outputs import RequestOutput
 
 _TTFT_BUCKETS = (
     0.01,

@@ -13,8 +13,8 @@ import re
 import time
 import uuid
 
+from pagoda_runtime.logs import request_id_var
 from pagoda_runtime.server.errors import error_body
-from pagoda_runtime.server.logs import request_id_var
 
 log = logging.getLogger("pagoda.access")
 

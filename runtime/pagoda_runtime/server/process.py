@@ -11,37 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 from collections.abc import Callable
-from pathlib import Path
 
 import uvicorn
 
-from pagoda_runtime.config import EngineConfig
+from pagoda_runtime.contract.config import EngineConfig
 from pagoda_runtime.server.app import EngineLoader, build_app
 from pagoda_runtime.server.state import ServerSettings, ServerState
+from pagoda_runtime.termination import write_termination_message
 
 log = logging.getLogger("pagoda.server")
-
-DEFAULT_TERMINATION_LOG = "/dev/termination-log"
-# Kubernetes keeps at most this much of the termination message.
-_TERMINATION_MESSAGE_LIMIT = 4096
-
-
-def default_termination_log() -> str | None:
-    path = Path(DEFAULT_TERMINATION_LOG)
-    writable = os.access(path, os.W_OK) if path.exists() else os.access(path.parent, os.W_OK)
-    return str(path) if writable else None
-
-
-def write_termination_message(path: str | None, message: str) -> None:
-    if path is None:
-        return
-    try:
-        Path(path).write_text(message[:_TERMINATION_MESSAGE_LIMIT] + "\n")
-    except OSError as exc:
-        log.error("could not write the termination message to %s: %s", path, exc)
 
 
 async def _in_daemon_thread(fn: Callable[[], object]) -> object:
@@ -69,7 +49,7 @@ def engine_loader(engine_config: EngineConfig) -> EngineLoader:
     async def load():
         def construct():
             # Imported here so that torch loads in the background while the probes already get answers.
-            from pagoda_runtime.async_engine import AsyncLLMEngine
+            from pagoda_runtime.engine.async_engine import AsyncLLMEngine
 
             return AsyncLLMEngine.from_engine_config(engine_config)
 
@@ -87,10 +67,11 @@ def group_engine_loader(group) -> EngineLoader:
 
     async def load():
         def construct():
-            from pagoda_runtime.async_engine import AsyncLLMEngine
-            from pagoda_runtime.engine import LLMEngine
+            from pagoda_runtime.engine.async_engine import AsyncLLMEngine
+            from pagoda_runtime.engine.llm_engine import LLMEngine
+            from pagoda_runtime.parallel.rank_worker import spawned_rank
 
-            group.start()
+            group.start(spawned_rank)
             member = group.join(0)
             engine = LLMEngine(member.engine_config, tp=member.tp, layout=group.world.describe())
             group.lead(member, engine.runner)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pagoda_runtime.engine_protocol import EngineStats, ServingEngine
+from pagoda_runtime.engine.protocol import EngineStats, ServingEngine
 from pagoda_runtime.server.drain import Drain
 from pagoda_runtime.server.health import Health
 from pagoda_runtime.server.metrics import ServerMetrics

@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pagoda_runtime.engine.structured_outputs import StructuredOutputError, StructuredOutputs
 from pagoda_runtime.server.errors import APIError
-from pagoda_runtime.structured_outputs import StructuredOutputError, StructuredOutputs
 
 
 class FunctionDefinition(BaseModel):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from pagoda_runtime.bench.hf_baseline import hf_config
-from pagoda_runtime.model_source import load_model_source
+from pagoda_runtime.loading.model_source import load_model_source
 from transformers import LlamaForCausalLM
 
 

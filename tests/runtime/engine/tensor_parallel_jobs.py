@@ -9,16 +9,16 @@ LLMEngine whose steps go to the others through step_broadcast.py, the others onl
 from __future__ import annotations
 
 import torch
-from pagoda_runtime.attention_metadata import AttentionMetadata
-from pagoda_runtime.config import EngineConfig
-from pagoda_runtime.engine import LLMEngine
-from pagoda_runtime.engine_build import build_engine
-from pagoda_runtime.kernels import get_attention_ops
-from pagoda_runtime.model import LlamaForCausalLM
-from pagoda_runtime.model_source import load_model_source
-from pagoda_runtime.sampling_params import SamplingParams
-from pagoda_runtime.sizing import kv_bytes_per_block, kv_heads_per_rank
-from pagoda_runtime.step_broadcast import StepReceiver, StepSender
+from pagoda_runtime.contract.config import EngineConfig
+from pagoda_runtime.contract.sizing import kv_bytes_per_block, kv_heads_per_rank
+from pagoda_runtime.engine.build import build_engine
+from pagoda_runtime.engine.llm_engine import LLMEngine
+from pagoda_runtime.engine.sampling_params import SamplingParams
+from pagoda_runtime.executor.attention_metadata import AttentionMetadata
+from pagoda_runtime.executor.kernels import get_attention_ops
+from pagoda_runtime.executor.model import LlamaForCausalLM
+from pagoda_runtime.loading.model_source import load_model_source
+from pagoda_runtime.parallel.step_broadcast import StepReceiver, StepSender
 
 NEW_TOKENS = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)

@@ -3,10 +3,10 @@
 import asyncio
 
 import pytest
-from pagoda_runtime.async_engine import AsyncLLMEngine
-from pagoda_runtime.config import EngineConfig
-from pagoda_runtime.engine_protocol import RequestRejected, ServingEngine
-from pagoda_runtime.sampling_params import SamplingParams
+from pagoda_runtime.contract.config import EngineConfig
+from pagoda_runtime.engine.async_engine import AsyncLLMEngine
+from pagoda_runtime.engine.protocol import RequestRejected, ServingEngine
+from pagoda_runtime.engine.sampling_params import SamplingParams
 
 from tests.runtime.tiny_models import build_tiny_model
 

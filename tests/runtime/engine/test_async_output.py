@@ -3,8 +3,8 @@ sees changes but when it arrives."""
 
 import pytest
 from pagoda_runtime import LLM, SamplingParams
-from pagoda_runtime.model_runner import LaunchedStep
-from pagoda_runtime.request_state import Request
+from pagoda_runtime.engine.request_state import Request
+from pagoda_runtime.executor.model_runner import LaunchedStep
 
 from tests.runtime.tiny_models import build_tiny_model
 

@@ -1,8 +1,8 @@
 """The block pool on its own: prefix hits, reference counts, least-recently-freed eviction."""
 
-from pagoda_runtime.block_manager import BlockManager
-from pagoda_runtime.sampling_params import SamplingParams
-from pagoda_runtime.sequence import Sequence, SequenceGroup
+from pagoda_runtime.engine.block_manager import BlockManager
+from pagoda_runtime.engine.sampling_params import SamplingParams
+from pagoda_runtime.engine.sequence import Sequence, SequenceGroup
 
 
 def make_seq(tokens: list[int], n: int = 1) -> Sequence:

@@ -10,8 +10,8 @@ fp8-cache engine picks are the float-cache engine's own top choice for the same 
 import pytest
 import torch
 from pagoda_runtime import LLM, SamplingParams
-from pagoda_runtime.model_runner import resolve_kv_cache_dtype
-from pagoda_runtime.scoring import score
+from pagoda_runtime.engine.scoring import score
+from pagoda_runtime.executor.model_runner import resolve_kv_cache_dtype
 
 from tests.runtime.tiny_models import build_tiny_model
 

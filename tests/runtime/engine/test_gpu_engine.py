@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 from pagoda_runtime import LLM, SamplingParams
-from pagoda_runtime.kernels.triton_paged_attention import default_num_splits
-from pagoda_runtime.model_runner import graph_batch_sizes
-from pagoda_runtime.scoring import score
+from pagoda_runtime.engine.scoring import score
+from pagoda_runtime.executor.kernels.triton_paged_attention import default_num_splits
+from pagoda_runtime.executor.model_runner import graph_batch_sizes
 from transformers import AutoModelForCausalLM
 
 from tests.runtime.engine.hf_reference import hf_greedy, hf_model_from_source
@@ -83,7 +83,7 @@ def test_fp8_kv_cache_graphs_equal_eager(tmp_path):
 
 @pytest.mark.parametrize("method", ["awq", "gptq"])
 def test_awq_and_gptq_folders_serve_on_the_gpu_close_to_their_dequantized_weights(tmp_path, method):
-    from pagoda_runtime.model_source import load_model_source
+    from pagoda_runtime.loading.model_source import load_model_source
 
     from tests.runtime.quantization.quantized_folders import build_quantized_folder
 

@@ -1,9 +1,9 @@
 """The sampler on hand-made logits: penalties with vLLM's semantics, masks, and truncation."""
 
 import torch
-from pagoda_runtime.sampler import Sampler
-from pagoda_runtime.sampling_params import SamplingParams
-from pagoda_runtime.sequence import Sequence, SequenceGroup
+from pagoda_runtime.engine.sampling_params import SamplingParams
+from pagoda_runtime.engine.sequence import Sequence, SequenceGroup
+from pagoda_runtime.executor.sampler import Sampler
 
 EOS = 9
 

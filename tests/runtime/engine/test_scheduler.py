@@ -6,15 +6,15 @@ import subprocess
 import sys
 
 import pytest
-from pagoda_runtime.block_manager import BlockManager
-from pagoda_runtime.sampling_params import SamplingParams
-from pagoda_runtime.scheduler import Scheduler
-from pagoda_runtime.sequence import Sequence, SequenceGroup, SequenceStatus
+from pagoda_runtime.engine.block_manager import BlockManager
+from pagoda_runtime.engine.sampling_params import SamplingParams
+from pagoda_runtime.engine.scheduler import Scheduler
+from pagoda_runtime.engine.sequence import Sequence, SequenceGroup, SequenceStatus
 
 
 def test_scheduler_and_block_manager_import_without_torch():
     code = (
-        "import sys, pagoda_runtime.scheduler, pagoda_runtime.block_manager; "
+        "import sys, pagoda_runtime.engine.scheduler, pagoda_runtime.engine.block_manager; "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 from pagoda_runtime import LLM, SamplingParams
-from pagoda_runtime.scoring import score
+from pagoda_runtime.engine.scoring import score
 from transformers import AutoModelForCausalLM
 
 from tests.runtime.tiny_models import build_tiny_model

@@ -7,7 +7,7 @@ import re
 import jsonschema
 import pytest
 from pagoda_runtime import LLM, SamplingParams
-from pagoda_runtime.structured_outputs import StructuredOutputError, StructuredOutputs
+from pagoda_runtime.engine.structured_outputs import StructuredOutputError, StructuredOutputs
 
 from tests.runtime.tiny_models import build_tiny_model
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pagoda_runtime.config import EngineConfig
-from pagoda_runtime.engine import LLMEngine
-from pagoda_runtime.quantization import dequantize, quantize_int4, quantize_int8
-from pagoda_runtime.sizing import kv_heads_per_rank
-from pagoda_runtime.tensor_parallel import SINGLE_PROCESS, TensorParallel
+from pagoda_runtime.contract.config import EngineConfig
+from pagoda_runtime.contract.sizing import kv_heads_per_rank
+from pagoda_runtime.engine.llm_engine import LLMEngine
+from pagoda_runtime.executor.quantization import dequantize, quantize_int4, quantize_int8
+from pagoda_runtime.parallel.tensor_parallel import SINGLE_PROCESS, TensorParallel
 
 from tests.runtime.engine.tensor_parallel_jobs import (
     PROMPTS,

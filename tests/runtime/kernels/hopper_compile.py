@@ -3,7 +3,7 @@ without one: what Triton's interpreter never checks (tl.dot's minimum sizes, typ
 compiler sees) fails here as it would on the GPU.
 
 Run as its own process (test_triton_compiles_for_hopper.py does): torch.cuda.is_available is made
-to answer True before pagoda_runtime is imported, so pagoda_runtime.triton_mode leaves the kernels
+to answer True before pagoda_runtime is imported, so pagoda_runtime.executor.triton_mode leaves the kernels
 compiled; the public wrappers are then called on CPU tensors with each kernel replaced by a recorder,
 so nothing is launched, and each recorded launch is compiled through ptxas to a cubin. Prints one
 JSON object: {"kernels": [every kernel], "compiled": [launches], "failed": {launch: error}}.
@@ -22,15 +22,15 @@ os.environ["TRITON_INTERPRET"] = "0"
 torch.cuda.is_available = lambda: True
 
 import triton  # noqa: E402
-from pagoda_runtime.kernels import (  # noqa: E402  # noqa: E402
+from pagoda_runtime.executor.kernels import (  # noqa: E402
     reference,
     triton_paged_attention,
     triton_rmsnorm,
     triton_rotary_kv_write,
     triton_silu_mul,
 )
-from pagoda_runtime.quantization import triton_gemm, triton_gemv  # noqa: E402
-from pagoda_runtime.quantization.online import quantize_fp8, quantize_int4, quantize_int8  # noqa: E402
+from pagoda_runtime.executor.quantization import triton_gemm, triton_gemv  # noqa: E402
+from pagoda_runtime.executor.quantization.online import quantize_fp8, quantize_int4, quantize_int8  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 

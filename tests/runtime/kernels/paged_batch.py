@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from pagoda_runtime.attention_metadata import AttentionMetadata
-from pagoda_runtime.kernels.reference import to_cache_dtype
+from pagoda_runtime.executor.attention_metadata import AttentionMetadata
+from pagoda_runtime.executor.kernels.reference import to_cache_dtype
 
 
 @dataclass

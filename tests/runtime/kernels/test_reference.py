@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pagoda_runtime.config import ModelConfig, RopeScaling
-from pagoda_runtime.kernels import build_cos_sin_cache, get_attention_ops, reference, rms_norm, silu_and_mul
+from pagoda_runtime.contract.config import ModelConfig, RopeScaling
+from pagoda_runtime.executor.kernels import (
+    build_cos_sin_cache,
+    get_attention_ops,
+    reference,
+    rms_norm,
+    silu_and_mul,
+)
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import (
     LlamaMLP,

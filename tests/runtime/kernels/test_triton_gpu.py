@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pagoda_runtime.config import ModelConfig
-from pagoda_runtime.kernels import build_cos_sin_cache, get_attention_ops, reference
-from pagoda_runtime.kernels.triton_paged_attention import default_num_splits, paged_attention
-from pagoda_runtime.kernels.triton_rmsnorm import rms_norm
-from pagoda_runtime.kernels.triton_silu_mul import silu_and_mul
+from pagoda_runtime.contract.config import ModelConfig
+from pagoda_runtime.executor.kernels import build_cos_sin_cache, get_attention_ops, reference
+from pagoda_runtime.executor.kernels.triton_paged_attention import default_num_splits, paged_attention
+from pagoda_runtime.executor.kernels.triton_rmsnorm import rms_norm
+from pagoda_runtime.executor.kernels.triton_silu_mul import silu_and_mul
 
 from .paged_batch import dense_attention, make_paged_batch, relative_error
 
@@ -50,7 +50,7 @@ def test_long_context_decode_with_default_splits(dtype, num_seqs) -> None:
 
 def test_the_kernels_are_compiled_not_interpreted() -> None:
     import triton.language as tl
-    from pagoda_runtime.kernels import triton_paged_attention
+    from pagoda_runtime.executor.kernels import triton_paged_attention
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 

@@ -1,16 +1,16 @@
 """The Triton kernels compute what the PyTorch reference computes: compiled on a GPU, in Triton's
-interpreter on a CPU-only machine (pagoda_runtime/triton_mode.py decides)."""
+interpreter on a CPU-only machine (pagoda_runtime/executor/triton_mode.py decides)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from pagoda_runtime.config import ModelConfig
-from pagoda_runtime.kernels import build_cos_sin_cache, reference
-from pagoda_runtime.kernels.triton_paged_attention import paged_attention
-from pagoda_runtime.kernels.triton_rmsnorm import rms_norm
-from pagoda_runtime.kernels.triton_rotary_kv_write import rotary_write_kv
-from pagoda_runtime.kernels.triton_silu_mul import silu_and_mul
+from pagoda_runtime.contract.config import ModelConfig
+from pagoda_runtime.executor.kernels import build_cos_sin_cache, reference
+from pagoda_runtime.executor.kernels.triton_paged_attention import paged_attention
+from pagoda_runtime.executor.kernels.triton_rmsnorm import rms_norm
+from pagoda_runtime.executor.kernels.triton_rotary_kv_write import rotary_write_kv
+from pagoda_runtime.executor.kernels.triton_silu_mul import silu_and_mul
 
 from .paged_batch import dense_attention, make_paged_batch, relative_error
 

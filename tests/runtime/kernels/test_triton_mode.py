@@ -16,7 +16,7 @@ PROBE = """
 import os
 import torch
 {before}
-from pagoda_runtime.kernels import triton_paged_attention
+from pagoda_runtime.executor.kernels import triton_paged_attention
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 kernel = triton_paged_attention._paged_attention_kernel

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from pagoda_runtime.quantization.gguf_blocks import Q4_1, Q8_0, gguf_to_packed
-from pagoda_runtime.quantization.linear import make_linear
-from pagoda_runtime.quantization.memory import linear_weight_bytes
-from pagoda_runtime.quantization.packed import PackedWeight, dequantize
+from pagoda_runtime.executor.quantization.gguf_blocks import Q4_1, Q8_0, gguf_to_packed
+from pagoda_runtime.executor.quantization.linear import make_linear
+from pagoda_runtime.executor.quantization.memory import linear_weight_bytes
+from pagoda_runtime.executor.quantization.packed import PackedWeight, dequantize
 
 
 def _gguf(ggml_type: int, rows: int, cols: int, block_bytes: int) -> PackedWeight:

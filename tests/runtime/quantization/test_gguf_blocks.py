@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from pagoda_runtime.quantization.gguf_blocks import Q4_0, Q4_1, Q8_0, gguf_to_packed
-from pagoda_runtime.quantization.packed import dequantize
-from pagoda_runtime.quantization.reference import reference_matmul
+from pagoda_runtime.executor.quantization.gguf_blocks import Q4_0, Q4_1, Q8_0, gguf_to_packed
+from pagoda_runtime.executor.quantization.packed import dequantize
+from pagoda_runtime.executor.quantization.reference import reference_matmul
 
 ROWS, COLS = 6, 96
 
@@ -57,8 +57,8 @@ def test_conversion_agrees_with_the_gguf_package(ggml_type: int) -> None:
 
 
 def test_quantized_matmul_of_the_bundled_model_weight_matches_dequantized_reader() -> None:
-    from pagoda_runtime.bundled import resolve_model
-    from pagoda_runtime.gguf_reader import GGUFFile
+    from pagoda_runtime.contract.bundled import resolve_model
+    from pagoda_runtime.loading.gguf_reader import GGUFFile
 
     gguf_file = GGUFFile(resolve_model("smollm2-135m"))
     info = gguf_file.tensors["blk.0.ffn_down.weight"]

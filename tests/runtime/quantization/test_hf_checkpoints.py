@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pagoda_runtime.quantization.hf_checkpoints import (
+from pagoda_runtime.executor.quantization.hf_checkpoints import (
     awq_to_packed,
     gptq_to_packed,
     parse_quantization_config,
 )
-from pagoda_runtime.quantization.packed import dequantize
+from pagoda_runtime.executor.quantization.packed import dequantize
 
 from .quantized_folders import AWQ_ORDER, NATURAL_ORDER, pack_columns
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from pagoda_runtime.quantization.gguf_blocks import Q4_1, Q8_0, gguf_to_packed
-from pagoda_runtime.quantization.linear import make_linear
-from pagoda_runtime.quantization.memory import linear_weight_bytes
-from pagoda_runtime.quantization.online import ONLINE_QUANTIZERS
-from pagoda_runtime.quantization.packed import dequantize
-from pagoda_runtime.sizing import WEIGHT_FORMATS
+from pagoda_runtime.contract.sizing import WEIGHT_FORMATS
+from pagoda_runtime.executor.quantization.gguf_blocks import Q4_1, Q8_0, gguf_to_packed
+from pagoda_runtime.executor.quantization.linear import make_linear
+from pagoda_runtime.executor.quantization.memory import linear_weight_bytes
+from pagoda_runtime.executor.quantization.online import ONLINE_QUANTIZERS
+from pagoda_runtime.executor.quantization.packed import dequantize
 
 
 @pytest.mark.parametrize("method", ["int8", "int4", "fp8"])

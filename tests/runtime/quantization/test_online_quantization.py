@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pagoda_runtime.quantization.online import int4_group_size, quantize_fp8, quantize_int4, quantize_int8
-from pagoda_runtime.quantization.packed import dequantize
+from pagoda_runtime.executor.quantization.online import (
+    int4_group_size,
+    quantize_fp8,
+    quantize_int4,
+    quantize_int8,
+)
+from pagoda_runtime.executor.quantization.packed import dequantize
 
 
 def _relative_error(weight: torch.Tensor, approx: torch.Tensor) -> float:

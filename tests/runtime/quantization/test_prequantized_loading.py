@@ -12,15 +12,15 @@ import json
 
 import pytest
 import torch
-from pagoda_runtime.config import EngineConfig
-from pagoda_runtime.engine import LLMEngine
-from pagoda_runtime.gguf_reader import GGUFFile
-from pagoda_runtime.model_source import ModelLoadError, load_model_source
-from pagoda_runtime.quantization.linear import QuantizedLinear
-from pagoda_runtime.quantization.memory import linear_weight_bytes
-from pagoda_runtime.quantization_selection import select_quantization
-from pagoda_runtime.sampling_params import SamplingParams
-from pagoda_runtime.scoring import score
+from pagoda_runtime.contract.config import EngineConfig
+from pagoda_runtime.contract.quantization_selection import select_quantization
+from pagoda_runtime.engine.llm_engine import LLMEngine
+from pagoda_runtime.engine.sampling_params import SamplingParams
+from pagoda_runtime.engine.scoring import score
+from pagoda_runtime.executor.quantization.linear import QuantizedLinear
+from pagoda_runtime.executor.quantization.memory import linear_weight_bytes
+from pagoda_runtime.loading.gguf_reader import GGUFFile
+from pagoda_runtime.loading.model_source import ModelLoadError, load_model_source
 from safetensors.torch import load_file, save_file
 
 from tests.runtime.tiny_models import build_tiny_gguf, build_tiny_model

@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 import torch
 from pagoda_runtime.bench.quant_quality import REFERENCE, VARIANTS, score_eval_text
-from pagoda_runtime.quantization.quality import compare, perplexity
+from pagoda_runtime.executor.quantization.quality import compare, perplexity
 
 # variant name -> (largest perplexity ratio to the reference, smallest top-1 agreement, largest mean KL)
 BOUNDS = {

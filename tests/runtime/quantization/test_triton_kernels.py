@@ -1,15 +1,15 @@
 """The Triton GEMV and GEMM compute what dequantize-then-matmul computes: compiled on a GPU, in
-Triton's interpreter on a CPU-only machine (pagoda_runtime/triton_mode.py decides)."""
+Triton's interpreter on a CPU-only machine (pagoda_runtime/executor/triton_mode.py decides)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from pagoda_runtime.quantization.online import quantize_fp8, quantize_int4, quantize_int8
-from pagoda_runtime.quantization.packed import PackedWeight
-from pagoda_runtime.quantization.reference import reference_matmul
-from pagoda_runtime.quantization.triton_gemm import GemmConfig, gemm
-from pagoda_runtime.quantization.triton_gemv import GemvConfig, gemv
+from pagoda_runtime.executor.quantization.online import quantize_fp8, quantize_int4, quantize_int8
+from pagoda_runtime.executor.quantization.packed import PackedWeight
+from pagoda_runtime.executor.quantization.reference import reference_matmul
+from pagoda_runtime.executor.quantization.triton_gemm import GemmConfig, gemm
+from pagoda_runtime.executor.quantization.triton_gemv import GemvConfig, gemv
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -79,7 +79,7 @@ def test_int8_gemv_handles_widths_that_are_not_a_tile_multiple() -> None:
 @pytest.mark.parametrize("method", ["int8", "int4", "fp8"])
 @pytest.mark.parametrize("rows", [1, 64])
 def test_quantized_linear_on_cuda_matches_reference(method: str, rows: int) -> None:
-    from pagoda_runtime.quantization.linear import make_linear
+    from pagoda_runtime.executor.quantization.linear import make_linear
 
     layer = make_linear(4096, 6144, False, method, device="cuda")
     layer.load(torch.randn(6144, 4096, device="cuda", dtype=torch.bfloat16) * 0.02)
@@ -92,8 +92,8 @@ def test_quantized_linear_on_cuda_matches_reference(method: str, rows: int) -> N
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [16, 37, 256])
 def test_fp8_prefill_goes_through_scaled_mm_on_hopper(rows: int) -> None:
-    from pagoda_runtime.quantization.linear import quantized_matmul
-    from pagoda_runtime.quantization.scaled_mm import fp8_scaled_mm, scaled_mm_supported
+    from pagoda_runtime.executor.quantization.linear import quantized_matmul
+    from pagoda_runtime.executor.quantization.scaled_mm import fp8_scaled_mm, scaled_mm_supported
 
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 tensor cores need compute capability 8.9 or newer")

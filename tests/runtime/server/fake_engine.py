@@ -12,11 +12,11 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from pagoda_runtime.engine_stats import EngineStats
-from pagoda_runtime.memory_report import MemoryReport
-from pagoda_runtime.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from pagoda_runtime.request_validation import check_request
-from pagoda_runtime.sampling_params import SamplingParams
+from pagoda_runtime.engine.memory_report import MemoryReport
+from pagoda_runtime.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from pagoda_runtime.engine.request_validation import check_request
+from pagoda_runtime.engine.sampling_params import SamplingParams
+from pagoda_runtime.engine.stats import EngineStats
 
 SCRIPT = "the quick brown fox jumps over the lazy dog. " * 20
 EOS = 0

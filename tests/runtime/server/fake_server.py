@@ -14,7 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from fake_engine import FakeEngine  # noqa: E402
-from pagoda_runtime.server.logs import configure_logging  # noqa: E402
+from pagoda_runtime.logs import configure_logging  # noqa: E402
 from pagoda_runtime.server.process import serve  # noqa: E402
 from pagoda_runtime.server.state import ServerSettings  # noqa: E402
 

@@ -7,8 +7,8 @@ import logging
 import threading
 
 from fastapi.testclient import TestClient
-from pagoda_runtime.engine_protocol import ServingEngine
-from pagoda_runtime.server.logs import JsonFormatter, RequestIdFilter, request_id_var
+from pagoda_runtime.engine.protocol import ServingEngine
+from pagoda_runtime.logs import JsonFormatter, RequestIdFilter, request_id_var
 
 from .conftest import MODEL, fake_app, wait_ready
 from .fake_engine import SCRIPT, FakeEngine

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from pagoda_runtime.structured_outputs import StructuredOutputs
+from pagoda_runtime.engine.structured_outputs import StructuredOutputs
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 

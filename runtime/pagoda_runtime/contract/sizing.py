@@ -1,0 +1,349 @@
+"""How many bytes a model needs: weights per quantization (and what one decode step reads of them),
+KV cache per token, and whether it fits.
+
+One function for both halves of Pagoda: the runtime reports these numbers at start-up and the
+operator refuses to create pods for a variant that cannot fit. Torch-free on purpose, so that the
+operator can import it. With tensor parallelism every figure is per GPU: `ModelArchitecture.per_rank`
+is the slice of the model one rank holds, and `check_tensor_parallel` is the rule for which
+tensor-parallel sizes a model (and its quantization) can be split into.
+
+Only the linear layers of the decoder blocks are quantized (as in vLLM, AWQ and GPTQ); the
+embeddings, the LM head and the norms stay in the model's float dtype (bf16 unless told otherwise).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+from pagoda_runtime.contract.bundled import BUNDLED_FILE, BUNDLED_MODEL_NAME
+
+GIB = 1024**3
+# CUDA context, activations of one max-size batch, sampler buffers and CUDA graphs; measured
+# footprints of an 8B model beyond weights and KV stay under this.
+DEFAULT_OVERHEAD_BYTES = 2 * GIB
+# NCCL's buffers for one communicator (NCCL_BUFFSIZE of 4 MiB per channel and peer, for each of its
+# protocols) on a node of up to 8 GPUs: an upper estimate, not a measurement (no multi-GPU machine
+# was at hand), counted on every GPU of a tensor-parallel group.
+NCCL_COMMUNICATOR_BYTES = 512 * 2**20
+# The largest tensor-parallel size an error message lists.
+LISTED_PARALLEL_SIZES = 64
+
+
+def dividing_sizes(n: int, up_to: int = LISTED_PARALLEL_SIZES) -> list[int]:
+    return [size for size in range(1, min(n, up_to) + 1) if n % size == 0]
+
+
+def split_evenly(n: int, size: int, what: str) -> int:
+    """n // size, or an error naming the tensor-parallel sizes that do divide n."""
+    if n % size:
+        sizes = ", ".join(map(str, dividing_sizes(n)))
+        raise ValueError(
+            f"the model's {n} {what} do not split evenly over {size} tensor-parallel ranks; "
+            f"use a tensor-parallel size that divides {n}: {sizes}"
+        )
+    return n // size
+
+
+def kv_heads_per_rank(num_kv_heads: int, size: int) -> int:
+    """KV heads split by rank; with fewer KV heads than ranks each rank holds a copy of the one
+    its query heads read (as vLLM does), which needs the size to be a multiple of the head count."""
+    if num_kv_heads >= size or size % num_kv_heads:
+        return split_evenly(num_kv_heads, size, "key/value heads")
+    return 1
+
+
+def padded_vocab_size(vocab_size: int, size: int) -> int:
+    """The vocabulary rounded up to a multiple of the tensor-parallel size (rows past the real
+    vocabulary are zeros, and their logits are cut off before sampling)."""
+    return -(-vocab_size // size) * size
+
+
+@dataclass(frozen=True)
+class ModelArchitecture:
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    attention_bias: bool = False
+
+    def linear_shapes(self) -> list[tuple[int, int]]:
+        """(out_features, in_features) of the quantizable linear layers of one decoder block."""
+        q = self.num_attention_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        h, i = self.hidden_size, self.intermediate_size
+        return [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]
+
+    def vocab_parameters(self) -> int:
+        """The embedding and, unless tied to it, the LM head."""
+        return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+
+    def unquantized_parameters(self) -> int:
+        """Embeddings, LM head, norms and attention biases: kept in 16 bits by every variant."""
+        embeddings = self.vocab_parameters()
+        norms = (2 * self.num_layers + 1) * self.hidden_size
+        biases = (
+            (self.num_attention_heads + 2 * self.num_kv_heads) * self.head_dim if self.attention_bias else 0
+        )
+        return embeddings + norms + biases * self.num_layers
+
+    def num_parameters(self) -> int:
+        linear = sum(out * inp for out, inp in self.linear_shapes()) * self.num_layers
+        return linear + self.unquantized_parameters()
+
+    def per_rank(self, size: int) -> ModelArchitecture:
+        """The slice one of `size` tensor-parallel ranks holds: its query and key/value heads, its
+        part of the MLP and of the padded vocabulary; hidden size and norms are whole on every rank.
+        Raises when the model does not split into `size` ranks."""
+        if size == 1:
+            return self
+        return replace(
+            self,
+            num_attention_heads=split_evenly(self.num_attention_heads, size, "attention heads"),
+            num_kv_heads=kv_heads_per_rank(self.num_kv_heads, size),
+            intermediate_size=split_evenly(self.intermediate_size, size, "MLP channels"),
+            vocab_size=padded_vocab_size(self.vocab_size, size) // size,
+        )
+
+
+def fitted_group_size(in_features: int, preferred: int) -> int:
+    """The largest power of two up to `preferred` that divides in_features: the group a layer of that
+    width really gets (SmolLM2-135M's 576 inputs take int4 groups of 64, not 128)."""
+    size = preferred
+    while in_features % size:
+        size //= 2
+    return size
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """Storage of a quantized linear layer: packed weights plus per-group and per-row metadata."""
+
+    bits: int
+    group_size: int = 0  # 0: no groups
+    group_bytes: float = 0.0  # scale (+ zero point) stored per group of group_size inputs
+    row_bytes: float = 0.0  # per output channel (per-channel scales)
+
+    def linear_bytes(self, out_features: int, in_features: int) -> float:
+        groups = 0
+        if self.group_size:
+            groups = out_features * (in_features // fitted_group_size(in_features, self.group_size))
+        return (
+            out_features * in_features * self.bits / 8
+            + groups * self.group_bytes
+            + out_features * self.row_bytes
+        )
+
+
+WEIGHT_FORMATS: dict[str, WeightFormat] = {
+    "none": WeightFormat(bits=16),
+    "bf16": WeightFormat(bits=16),
+    "fp16": WeightFormat(bits=16),
+    "float32": WeightFormat(bits=32),
+    "int8": WeightFormat(bits=8, row_bytes=2),  # symmetric, one fp16 scale per output channel
+    "fp8": WeightFormat(bits=8, row_bytes=4),  # e4m3, one float32 scale per output channel
+    # Asymmetric groups of 128: an fp16 scale and an fp16 zero point per group.
+    "int4": WeightFormat(bits=4, group_size=128, group_bytes=4),
+    # AWQ and GPTQ checkpoints are converted at load to that int4 layout: their 4-bit zero points
+    # become fp16 offsets and GPTQ's g_idx (refused unless trivial) is dropped.
+    "awq": WeightFormat(bits=4, group_size=128, group_bytes=4),
+    "gptq": WeightFormat(bits=4, group_size=128, group_bytes=4),
+    # A GGUF file of 4-bit blocks; weight_bytes' gguf_block names the file's real block type.
+    "gguf": WeightFormat(bits=4, group_size=32, group_bytes=4),
+}
+# GGUF blocks kept packed (quantization/gguf_blocks.py): Q4_0 and Q4_1 as int4 groups of 32 with an
+# fp16 scale and an fp16 offset each, Q8_0 as int8 groups of 32 with an fp16 scale: 8.5 bits, not 5.
+GGUF_BLOCK_FORMATS: dict[str, WeightFormat] = {
+    "Q4_0": WEIGHT_FORMATS["gguf"],
+    "Q4_1": WEIGHT_FORMATS["gguf"],
+    "Q8_0": WeightFormat(bits=8, group_size=32, group_bytes=2),
+}
+# A GGUF source whose name does not say its block type is sized as the largest, never too small.
+LARGEST_GGUF_BLOCK = "Q8_0"
+
+# Bytes of one element of the tensors a model keeps unquantized, by the runtime's --dtype names.
+FLOAT_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+KV_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1}
+
+
+def gguf_block_type(source: str) -> str:
+    """The block type a GGUF source holds, as far as its file name tells (`model.Q8_0.gguf`,
+    `model-Q4_0.gguf`; the bundled model is Q4_1); LARGEST_GGUF_BLOCK when it does not tell."""
+    name = BUNDLED_FILE if source.split("://", 1)[-1] == BUNDLED_MODEL_NAME else source
+    file_name = name.rsplit("/", 1)[-1].upper()
+    named = (b for b in GGUF_BLOCK_FORMATS if re.search(rf"(?<![A-Z0-9]){b}(?![A-Z0-9_])", file_name))
+    return next(named, LARGEST_GGUF_BLOCK)
+
+
+def weight_bytes(
+    arch: ModelArchitecture,
+    quantization: str,
+    float_dtype: str = "bfloat16",
+    gguf_block: str | None = None,
+    vocab_dtype: str | None = None,
+) -> int:
+    """float_dtype: what the unquantized tensors are held in (every tensor, for "none");
+    gguf_block: for "gguf", the file's block type (Q4_0, Q4_1, Q8_0) when it is known;
+    vocab_dtype: what the embedding and LM head are held in where not float_dtype
+    (quantization_selection.cpu_vocab_dtype)."""
+    if quantization not in WEIGHT_FORMATS:
+        raise ValueError(
+            f"unknown quantization {quantization!r}; use one of {', '.join(sorted(WEIGHT_FORMATS))}"
+        )
+    if float_dtype not in FLOAT_DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {float_dtype!r}; use one of {', '.join(FLOAT_DTYPE_BYTES)}")
+    float_bytes = _float_bytes(quantization, float_dtype)
+    fmt = WeightFormat(bits=8 * float_bytes) if quantization == "none" else WEIGHT_FORMATS[quantization]
+    if quantization == "gguf" and gguf_block is not None:
+        fmt = GGUF_BLOCK_FORMATS[gguf_block]
+    linear = sum(fmt.linear_bytes(out, inp) for out, inp in arch.linear_shapes()) * arch.num_layers
+    unquantized = arch.unquantized_parameters() * float_bytes
+    if vocab_dtype is not None:
+        unquantized += arch.vocab_parameters() * (FLOAT_DTYPE_BYTES[vocab_dtype] - float_bytes)
+    return int(linear + unquantized)
+
+
+def _float_bytes(quantization: str, float_dtype: str) -> int:
+    return 4 if quantization == "float32" else FLOAT_DTYPE_BYTES[float_dtype]
+
+
+def decode_read_bytes(stored_bytes: int, embedding_bytes: int, tied: bool) -> int:
+    """Bytes of weights one decode step reads, from the bytes stored: every tensor once except the
+    input embedding, of which a step reads only its batch's rows. A tied embedding is the LM head
+    too, read whole for the logits, so then nothing is left out."""
+    return stored_bytes if tied else stored_bytes - embedding_bytes
+
+
+def decode_weight_bytes(
+    arch: ModelArchitecture,
+    quantization: str,
+    float_dtype: str = "bfloat16",
+    gguf_block: str | None = None,
+    vocab_dtype: str | None = None,
+) -> int:
+    """decode_read_bytes of weight_bytes' estimate (same arguments): the weight traffic that bounds
+    batch-1 decode at memory bandwidth / these bytes tokens per second."""
+    stored = weight_bytes(arch, quantization, float_dtype, gguf_block, vocab_dtype)
+    vocab_bytes = FLOAT_DTYPE_BYTES[vocab_dtype] if vocab_dtype else _float_bytes(quantization, float_dtype)
+    embedding = arch.vocab_size * arch.hidden_size * vocab_bytes
+    return decode_read_bytes(stored, embedding, arch.tie_word_embeddings)
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype: str = "auto") -> int:
+    if kv_dtype not in KV_DTYPE_BYTES:
+        raise ValueError(f"unknown KV cache dtype {kv_dtype!r}; use one of {', '.join(KV_DTYPE_BYTES)}")
+    return 2 * num_layers * num_kv_heads * head_dim * KV_DTYPE_BYTES[kv_dtype]
+
+
+def kv_bytes_per_block(
+    num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, kv_dtype: str = "auto"
+) -> int:
+    return block_size * kv_bytes_per_token(num_layers, num_kv_heads, head_dim, kv_dtype)
+
+
+def check_tensor_parallel(
+    arch: ModelArchitecture, size: int, quantization: str = "none", group_size: int | None = None
+) -> ModelArchitecture:
+    """The slice of `arch` each of `size` ranks holds, or an error saying which sizes would work.
+
+    Besides the heads and the MLP (ModelArchitecture.per_rank), a grouped quantization must split
+    the inputs of the row-parallel projections (o_proj, down_proj) at group boundaries.
+    group_size: a pre-quantized checkpoint's own group (-1: one per row); None: the format's.
+    """
+    if size < 1:
+        raise ValueError(f"the tensor-parallel size must be at least 1, not {size}")
+    sliced = arch.per_rank(size)
+    fmt = WEIGHT_FORMATS.get(quantization)
+    if fmt is None or not fmt.group_size or size == 1:
+        return sliced
+    row_parallel = {
+        "attention output": arch.num_attention_heads * arch.head_dim,
+        "MLP down": arch.intermediate_size,
+    }
+    for what, inputs in row_parallel.items():
+        group = inputs if group_size == -1 else group_size or fitted_group_size(inputs, fmt.group_size)
+        # A group that spans the whole row is a per-row scale, which every slice of the row shares.
+        if group != inputs and (inputs // size) % group:
+            sizes = ", ".join(map(str, dividing_sizes(inputs // group)))
+            other = (
+                "a checkpoint quantized in smaller groups"
+                if quantization in ("awq", "gptq")
+                else "int8 or fp8 quantization, which have no groups"
+            )
+            raise ValueError(
+                f"{quantization} weights come in groups of {group} inputs, and the {what} projection's "
+                f"{inputs} inputs do not split into whole groups over {size} tensor-parallel ranks; "
+                f"use a tensor-parallel size of {sizes}, or {other}"
+            )
+    return sliced
+
+
+def all_reduce_bytes(tensor_parallel_size: int) -> int:
+    """Memory each GPU of a tensor-parallel group spends on the collectives beyond one GPU's."""
+    return 0 if tensor_parallel_size == 1 else NCCL_COMMUNICATOR_BYTES
+
+
+@dataclass(frozen=True)
+class FitResult:
+    fits: bool
+    weight_bytes: int  # per GPU
+    kv_bytes: int  # one sequence of max_model_len tokens, per GPU
+    overhead_bytes: int
+    capacity_bytes: int  # of one GPU
+    all_reduce_bytes: int = 0
+    tensor_parallel_size: int = 1
+
+    @property
+    def required_bytes(self) -> int:
+        return self.weight_bytes + self.kv_bytes + self.overhead_bytes + self.all_reduce_bytes
+
+    def describe(self) -> str:
+        verdict = "fits in" if self.fits else "does not fit in"
+        per_gpu = ""
+        collectives = ""
+        if self.tensor_parallel_size > 1:
+            per_gpu = f" per GPU of {self.tensor_parallel_size}"
+            collectives = f", all-reduce buffers {self.all_reduce_bytes / GIB:.1f} GiB"
+        return (
+            f"needs {self.required_bytes / GIB:.1f} GiB{per_gpu} (weights {self.weight_bytes / GIB:.1f} GiB, "
+            f"KV for one full-length sequence {self.kv_bytes / GIB:.2f} GiB, overhead "
+            f"{self.overhead_bytes / GIB:.1f} GiB{collectives}), which {verdict} "
+            f"{self.capacity_bytes / GIB:.1f} GiB"
+        )
+
+
+def fits(
+    arch: ModelArchitecture,
+    quantization: str,
+    max_model_len: int,
+    capacity_bytes: int,
+    *,
+    kv_dtype: str = "auto",
+    gguf_block: str | None = None,
+    overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
+    tensor_parallel_size: int = 1,
+) -> FitResult:
+    """Whether the weights plus the KV cache of one max_model_len sequence fit the device memory.
+
+    With tensor_parallel_size > 1 every figure is one GPU's (capacity_bytes too): its slice of the
+    weights and of the KV heads, plus the all-reduce buffers. Raises ValueError (check_tensor_parallel)
+    when the model cannot be split that way.
+    """
+    sliced = check_tensor_parallel(arch, tensor_parallel_size, quantization)
+    weights = weight_bytes(sliced, quantization, gguf_block=gguf_block)
+    kv = max_model_len * kv_bytes_per_token(sliced.num_layers, sliced.num_kv_heads, sliced.head_dim, kv_dtype)
+    collectives = all_reduce_bytes(tensor_parallel_size)
+    return FitResult(
+        fits=weights + kv + overhead_bytes + collectives <= capacity_bytes,
+        weight_bytes=weights,
+        kv_bytes=kv,
+        overhead_bytes=overhead_bytes,
+        capacity_bytes=capacity_bytes,
+        all_reduce_bytes=collectives,
+        tensor_parallel_size=tensor_parallel_size,
+    )

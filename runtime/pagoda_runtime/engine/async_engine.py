@@ -1,0 +1,158 @@
+"""The asyncio front the server uses: one request = one async stream of RequestOutputs.
+
+A background task runs the engine's steps in a worker thread (torch releases the GIL while it
+computes), so the event loop keeps serving while the model runs. New requests and aborts are
+queued and applied between steps, on the loop, so the engine is only ever touched by one step
+at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+
+from pagoda_runtime.contract.config import EngineConfig
+from pagoda_runtime.engine.llm_engine import LLMEngine
+from pagoda_runtime.engine.memory_report import MemoryReport
+from pagoda_runtime.engine.outputs import RequestOutput
+from pagoda_runtime.engine.request_state import Request
+from pagoda_runtime.engine.request_validation import RequestRejected
+from pagoda_runtime.engine.sampling_params import SamplingParams
+from pagoda_runtime.engine.stats import EngineStats
+from pagoda_runtime.engine.tokenizer import Tokenizer
+
+# An idle loop still wakes this often, so that last_heartbeat shows it is alive.
+IDLE_TICK_S = 0.5
+
+
+class AsyncLLMEngine:
+    """Satisfies engine_protocol.ServingEngine, the contract the server is typed against."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.last_heartbeat = time.monotonic()
+        self.errored: BaseException | None = None
+        self._streams: dict[str, asyncio.Queue] = {}
+        self._new: list[Request] = []
+        self._aborts: list[str] = []
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagoda-engine")
+
+    @classmethod
+    def from_engine_config(cls, config: EngineConfig) -> AsyncLLMEngine:
+        return cls(LLMEngine(config))
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.model_config.vocab_size
+
+    @property
+    def memory(self) -> MemoryReport:
+        return self.engine.memory
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    async def start(self) -> None:
+        self._wake = asyncio.Event()
+        self._task = asyncio.create_task(self._run(), name="pagoda-engine-loop")
+
+    async def shutdown(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        # A step still running in the worker thread finishes before the engine is touched here.
+        await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown)
+        self.abort_all()
+        self._apply_pending()
+
+    async def generate(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str, internal: bool = False
+    ) -> AsyncIterator[RequestOutput]:
+        if self.errored is not None:
+            raise RuntimeError(f"the engine stopped after an error: {self.errored}") from self.errored
+        if self._task is None:
+            raise RuntimeError("the engine is not started; await engine.start() first")
+        if request_id in self._streams:
+            raise RequestRejected(f"A request with id {request_id!r} is already running; use a unique id.")
+        request = self.engine.make_request(request_id, prompt, params, internal=internal)
+        queue: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = queue
+        self._new.append(request)
+        self._wake.set()
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise RuntimeError(f"the engine stopped after an error: {item}") from item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                # The consumer went away (cancelled, disconnected): stop spending work on it.
+                self._aborts.append(request_id)
+                self._wake.set()
+            self._streams.pop(request_id, None)
+
+    async def abort(self, request_id: str) -> None:
+        self._aborts.append(request_id)
+        self._wake.set()
+
+    def abort_all(self) -> None:
+        self._aborts.extend(self._streams)
+        self._aborts.extend(r.request_id for r in self._new)
+        if self._wake is not None:
+            self._wake.set()
+
+    # ---- the loop ----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                self.last_heartbeat = time.monotonic()
+                self._apply_pending()
+                if not self.engine.has_unfinished():
+                    self._wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), IDLE_TICK_S)
+                    continue
+                outputs = await loop.run_in_executor(self._executor, self.engine.step)
+                for output in outputs:
+                    queue = self._streams.get(output.request_id)
+                    if queue is not None:
+                        queue.put_nowait(output)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:
+            self.errored = error
+            for queue in self._streams.values():
+                queue.put_nowait(error)
+            raise
+
+    def _apply_pending(self) -> None:
+        new, self._new = self._new, []
+        for request in new:
+            self.engine.add(request)
+        aborts, self._aborts = self._aborts, []
+        for request_id in dict.fromkeys(aborts):
+            output = self.engine.abort(request_id)
+            queue = self._streams.get(request_id)
+            if output is not None and queue is not None:
+                queue.put_nowait(output)

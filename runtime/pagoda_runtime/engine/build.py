@@ -1,0 +1,168 @@
+"""Everything the engine loop needs, built once from an EngineConfig.
+
+The checkpoint is loaded (or, with load_format dummy, random weights of the shape it names are
+drawn; or a model already in memory is taken), the quantization it is served with is chosen
+(quantization_selection.py), the model runner sizes the KV cache from what is left, and the
+context length is capped to what that cache holds. The memory report compares the
+weights as loaded with sizing.py's prediction.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from pagoda_runtime.contract.config import EngineConfig, ModelConfig
+from pagoda_runtime.contract.quantization_selection import cpu_vocab_dtype, select_quantization
+from pagoda_runtime.contract.sizing import check_tensor_parallel, weight_bytes
+from pagoda_runtime.engine.block_manager import BlockManager
+from pagoda_runtime.engine.memory_report import MemoryReport
+from pagoda_runtime.engine.scheduler import Scheduler
+from pagoda_runtime.engine.tokenizer import Tokenizer
+from pagoda_runtime.executor.devices import Placement, resolve_placement
+from pagoda_runtime.executor.model_runner import ModelRunner
+from pagoda_runtime.loading.load_progress import LOAD_PROGRESS
+from pagoda_runtime.loading.model_source import LoadedModel, expected_weight_shapes, load_model_source
+from pagoda_runtime.loading.random_model import random_model
+from pagoda_runtime.parallel.tensor_parallel import SINGLE_PROCESS, TensorParallel
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineParts:
+    engine_config: EngineConfig
+    placement: Placement
+    quantization: str  # the method the projections are held in (never "auto")
+    model_config: ModelConfig
+    tokenizer: Tokenizer
+    runner: ModelRunner
+    block_manager: BlockManager
+    scheduler: Scheduler
+    max_model_len: int  # the model's limit or --max-model-len, capped to what the KV cache holds
+    memory: MemoryReport
+
+
+def build_engine(
+    engine_config: EngineConfig,
+    loaded: LoadedModel | None = None,
+    tp: TensorParallel = SINGLE_PROCESS,
+    layout: str = "1x1",
+) -> EngineParts:
+    """`loaded`: a model already in memory instead of `engine_config.model`; `tp`: this process's
+    rank of engine_config.tensor_parallel_size. Every rank builds the same parts (its slice of the
+    model, its KV heads' cache); only rank 0 samples."""
+    if engine_config.max_num_batched_tokens < 1 or engine_config.max_num_seqs < 1:
+        raise ValueError("--max-num-batched-tokens and --max-num-seqs must both be at least 1")
+    if tp.size != engine_config.tensor_parallel_size:
+        raise ValueError(
+            f"this process is a rank of a tensor-parallel group of {tp.size}, but the engine is "
+            f"configured for {engine_config.tensor_parallel_size}; start one process per rank"
+        )
+    placement = resolve_placement(engine_config.device, engine_config.dtype)
+    if loaded is None and engine_config.load_format == "dummy":
+        LOAD_PROGRESS.phase(f"drawing random weights of the {engine_config.model} shape")
+        loaded = random_model(engine_config.model, placement.device, placement.dtype, engine_config.seed)
+    elif loaded is None:
+        LOAD_PROGRESS.phase(f"reading the checkpoint {engine_config.model}")
+        loaded = load_model_source(engine_config.model, placement.dtype, keep_quantized=True)
+    quantization = select_quantization(
+        engine_config.quantization,
+        loaded.quantization,
+        placement.device.type,
+        engine_config.model,
+        engine_config.dtype,
+    )
+    if loaded.quantization is not None and quantization != loaded.quantization:
+        if engine_config.quantization == "auto":
+            logger.info(
+                "%s stores %s blocks; on the %s with --dtype %s they are dequantized at load "
+                "(--quantization %s keeps them packed)",
+                engine_config.model,
+                loaded.quantization,
+                placement.device.type,
+                engine_config.dtype,
+                loaded.quantization,
+            )
+        loaded = loaded.dequantized(placement.dtype)
+    # Before any weight is read: a model that does not split over the ranks fails in one sentence.
+    sliced = check_tensor_parallel(loaded.config.to_sizing(), tp.size, quantization, loaded.group_size)
+    limit = engine_config.max_model_len or loaded.config.max_position_embeddings
+    weights = LOAD_PROGRESS.track(
+        loaded.weights, len(expected_weight_shapes(loaded.config)), loaded.config.num_hidden_layers
+    )
+    runner = ModelRunner(loaded.config, weights, engine_config, placement, limit, quantization, tp)
+    block_manager = BlockManager(
+        runner.num_blocks, engine_config.block_size, engine_config.enable_prefix_caching
+    )
+    memory = MemoryReport(
+        model=engine_config.model,
+        quantization=quantization,
+        dtype=placement.dtype_name,
+        kv_cache_dtype=runner.kv_cache_dtype_name,
+        weight_bytes=runner.weight_bytes,
+        predicted_weight_bytes=weight_bytes(
+            sliced,
+            quantization,
+            placement.dtype_name,
+            loaded.gguf_block,
+            cpu_vocab_dtype(placement.device.type, engine_config.dtype),
+        ),
+        kv_bytes_per_block=runner.kv_bytes_per_block,
+        block_size=engine_config.block_size,
+        num_kv_blocks=runner.num_blocks,
+    )
+    logger.info("memory: %s", memory.describe())
+    capacity = runner.num_blocks * engine_config.block_size
+    parts = EngineParts(
+        engine_config=engine_config,
+        placement=placement,
+        quantization=quantization,
+        model_config=loaded.config,
+        tokenizer=loaded.tokenizer,
+        runner=runner,
+        block_manager=block_manager,
+        scheduler=Scheduler(block_manager, engine_config.max_num_seqs, engine_config.max_num_batched_tokens),
+        max_model_len=_cap_context(limit, capacity, engine_config),
+        memory=memory,
+    )
+    if not tp.is_driver:
+        return parts
+    # One line with every effective setting, for whoever reads a pod's log first; `layout` is
+    # world_layout.WorldLayout.describe(), nodes x ranks per node.
+    logger.info(
+        "pagoda-runtime settings: model=%s load_format=%s device=%s dtype=%s quantization=%s "
+        "kv_cache_dtype=%s kv_blocks=%d (%d tokens) max_model_len=%d max_num_seqs=%d "
+        "max_num_batched_tokens=%d block_size=%d prefix_caching=%s tensor_parallel_size=%d layout=%s "
+        "pipeline_parallel_size=1",
+        engine_config.model,
+        engine_config.load_format,
+        placement.device,
+        placement.dtype_name,
+        quantization,
+        runner.kv_cache_dtype_name,
+        runner.num_blocks,
+        capacity,
+        parts.max_model_len,
+        engine_config.max_num_seqs,
+        engine_config.max_num_batched_tokens,
+        engine_config.block_size,
+        engine_config.enable_prefix_caching,
+        tp.size,
+        layout,
+    )
+    return parts
+
+
+def _cap_context(limit: int, capacity: int, engine_config: EngineConfig) -> int:
+    """The context length the KV cache can hold: an explicit --max-model-len must fit, the model's
+    own limit is lowered to fit."""
+    if limit <= capacity:
+        return limit
+    if engine_config.max_model_len is not None:
+        raise ValueError(
+            f"--max-model-len {limit} does not fit in the KV cache, which holds {capacity} tokens; "
+            "lower --max-model-len or raise --kv-cache-memory"
+        )
+    logger.warning("the KV cache holds %d tokens; max_model_len lowered from %d to that", capacity, limit)
+    return capacity

@@ -1,0 +1,102 @@
+"""Constrained sampling on the device: one llguidance matcher per constrained sample, and each
+step one bitmask for the whole batch, copied in one transfer and applied with one masked_fill.
+
+The matchers compute their masks on the host while the device still runs the forward pass (the
+sampler is reached before anything waits on the device); there is no per-sequence host/device
+synchronisation, only the constrained rows are unpacked and written, and a batch with no
+constrained sequence skips all of this.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import llguidance
+import llguidance.torch
+import torch
+
+from pagoda_runtime.engine.sequence import Sequence
+from pagoda_runtime.engine.structured_outputs import StructuredOutputError, StructuredOutputs
+from pagoda_runtime.engine.tokenizer import Tokenizer
+
+
+class GrammarCompiler:
+    """Builds the matchers of a request's samples against the model's vocabulary."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...]) -> None:
+        self.tokenizer = tokenizer
+        # The masks are as wide as the logits; ids past the tokenizer's (padded embeddings) are never
+        # allowed.
+        self.vocab_size = vocab_size
+        self.eos_token_ids = list(eos_token_ids)
+
+    @cached_property
+    def _lltokenizer(self) -> llguidance.LLTokenizer:
+        # Built on first use (about half a second): servers that never constrain never pay it.
+        if self.tokenizer.vocab_size > self.vocab_size:
+            raise StructuredOutputError(
+                f"this model's tokenizer has {self.tokenizer.vocab_size} tokens but its output layer "
+                f"{self.vocab_size}, so its output cannot be constrained; serve it without structured output"
+            )
+        try:
+            return llguidance.LLTokenizer(
+                self.tokenizer.backend.to_str(), n_vocab=self.vocab_size, eos_token=self.eos_token_ids
+            )
+        except ValueError as exc:
+            raise StructuredOutputError(f"llguidance cannot read this model's tokenizer: {exc}") from exc
+
+    def matchers(self, spec: StructuredOutputs, n: int) -> list[llguidance.LLMatcher]:
+        matcher = llguidance.LLMatcher(self._lltokenizer, spec.to_llguidance(), log_level=0)
+        if matcher.is_error():
+            raise StructuredOutputError(matcher.get_error())
+        return [matcher] + [matcher.deep_copy() for _ in range(n - 1)]
+
+
+def advance(seq: Sequence, token: int) -> bool:
+    """Feed the sampled token to the sequence's matcher; True when the grammar is complete."""
+    matcher = seq.grammar
+    if matcher is None:
+        return False
+    matcher.consume_token(token)
+    return matcher.is_stopped()
+
+
+class GrammarMasker:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._shifts = torch.arange(32, dtype=torch.int32, device=device)
+        self._pinned = device.type == "cuda"
+        self._bitmask: torch.Tensor | None = None
+        self._rows: torch.Tensor | None = None
+
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """The logits with every token a constrained row's grammar forbids at -inf (in place)."""
+        rows = [row for row, seq in enumerate(seqs) if seq.grammar is not None]
+        if not rows:
+            return logits
+        vocab = logits.shape[1]
+        words = (vocab + 31) // 32
+        bitmask = self._buffers(len(seqs), words)[: len(rows)]
+        # One matcher after the other: llguidance's thread-pool fill was 100x slower on a busy
+        # 2-core host (BENCHMARKS.md), and a mask takes tens of microseconds.
+        for k, row in enumerate(rows):
+            llguidance.torch.fill_next_token_bitmask(seqs[row].grammar, bitmask, k)
+        on_device = bitmask.to(self.device, non_blocking=True)
+        bits = (on_device.unsqueeze(-1) >> self._shifts) & 1
+        forbidden = bits.view(len(rows), words * 32)[:, :vocab] == 0
+        if len(rows) == len(seqs):
+            return logits.masked_fill_(forbidden, float("-inf"))
+        # Only the constrained rows are unpacked and written: the others in the batch pay nothing.
+        self._rows[: len(rows)] = torch.tensor(rows)
+        index = self._rows[: len(rows)].to(self.device, non_blocking=True)
+        logits[index] = logits[index].masked_fill(forbidden, float("-inf"))
+        return logits
+
+    def _buffers(self, batch: int, words: int) -> torch.Tensor:
+        # Host buffers reused across steps (pinned on a GPU, so the copies do not block): the
+        # previous step's copies are done, its sampled tokens having reached the host since.
+        if self._bitmask is None or self._bitmask.shape[0] < batch or self._bitmask.shape[1] != words:
+            size = max(batch, 8)
+            self._bitmask = torch.empty(size, words, dtype=torch.int32, pin_memory=self._pinned)
+            self._rows = torch.empty(size, dtype=torch.int64, pin_memory=self._pinned)
+        return self._bitmask

@@ -1,0 +1,258 @@
+"""The engine loop: requests in, one step at a time, token and text deltas out.
+
+`make_request` checks and tokenizes a prompt (request_validation.py) and `add` queues one sequence
+per sample; `step` lets the scheduler pick a batch, runs it on the model runner, hands each
+sampled token to its request's stop rules (request_state.py) and returns a RequestOutput (with
+`delta`) for every request that changed. With async output processing the text of one step is
+made while the device runs the next (`step`). What the loop runs on is built once by
+engine_build.py; scoring a text is scoring.py.
+"""
+
+from __future__ import annotations
+
+import time
+
+from pagoda_runtime.contract.config import EngineConfig
+from pagoda_runtime.engine.build import build_engine
+from pagoda_runtime.engine.grammar_mask import GrammarCompiler
+from pagoda_runtime.engine.outputs import CompletionOutput, RequestOutput
+from pagoda_runtime.engine.request_state import Request, SampledToken
+from pagoda_runtime.engine.request_validation import RequestRejected, check_request
+from pagoda_runtime.engine.sampling_params import SamplingParams
+from pagoda_runtime.engine.scheduler import ScheduledBatch
+from pagoda_runtime.engine.sequence import Sequence
+from pagoda_runtime.engine.stats import EngineStats, StepShape, StepTiming
+from pagoda_runtime.engine.structured_outputs import StructuredOutputError
+from pagoda_runtime.executor.model_runner import LaunchedStep
+from pagoda_runtime.executor.sampler import SamplerOutput
+from pagoda_runtime.loading.model_source import LoadedModel
+from pagoda_runtime.parallel.tensor_parallel import SINGLE_PROCESS, TensorParallel
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        engine_config: EngineConfig,
+        loaded: LoadedModel | None = None,
+        tp: TensorParallel = SINGLE_PROCESS,
+        layout: str = "1x1",
+    ) -> None:
+        """`loaded`: a model already in memory (the benchmarks' random weights) instead of
+        `engine_config.model`; `tp`: this process's rank (rank 0 runs this loop, see build_engine);
+        `layout`: nodes x ranks per node, for the start-up banner."""
+        parts = build_engine(engine_config, loaded, tp, layout)
+        self.engine_config = engine_config
+        self.quantization = parts.quantization
+        self.model_config = parts.model_config
+        self.tokenizer = parts.tokenizer
+        self.runner = parts.runner
+        self.block_manager = parts.block_manager
+        self.scheduler = parts.scheduler
+        self.max_model_len = parts.max_model_len
+        self.memory = parts.memory
+        self.requests: dict[str, Request] = {}
+        self.grammars = GrammarCompiler(
+            self.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids
+        )
+        self.last_step_timing: StepTiming | None = None
+        # Overlap each step's text with the next step's device work where the device runs apart
+        # from the host; a CPU computes the forward in the call itself, so there is nothing to hide.
+        self.async_output = (
+            self.runner.device.type == "cuda"
+            if engine_config.async_output_proc is None
+            else engine_config.async_output_proc
+        )
+        self._in_flight: LaunchedStep | None = None  # launched, its tokens not yet read
+
+    # ---- requests ----------------------------------------------------------------------------
+
+    def make_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+        internal: bool = False,
+    ) -> Request:
+        """Check and tokenize without touching the engine's state (safe while a step runs); raises
+        RequestRejected for a request that cannot run here."""
+        self._check_unique(request_id)
+        if isinstance(prompt, str):
+            text, token_ids = prompt, self.tokenizer.encode(prompt)
+        else:
+            text, token_ids = None, list(prompt)
+        check_request(
+            token_ids,
+            params.max_tokens,
+            params.min_tokens,
+            self.model_config.vocab_size,
+            self.max_model_len,
+        )
+        grammars = None
+        if params.structured_outputs is not None:
+            try:
+                grammars = self.grammars.matchers(params.structured_outputs, params.n)
+            except StructuredOutputError as exc:
+                message = f"Invalid structured output: {exc}."
+                raise RequestRejected(message, param="structured_outputs") from exc
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        return Request(request_id, text, token_ids, params, self.tokenizer, arrival, internal, grammars)
+
+    def add(self, request: Request) -> None:
+        self._check_unique(request.request_id)
+        self.requests[request.request_id] = request
+        for seq in request.seqs:
+            self.scheduler.add(seq)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> None:
+        self.add(self.make_request(request_id, prompt, params, arrival_time))
+
+    def _check_unique(self, request_id: str) -> None:
+        if request_id in self.requests:
+            raise RequestRejected(f"A request with id {request_id!r} is already running; use a unique id.")
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """End a request now, freeing its blocks; returns its final output, or None if unknown."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return None
+        deltas = []
+        for seq in request.seqs:
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "abort")
+                deltas.append(CompletionOutput(index=seq.index, finish_reason="abort"))
+        request.metrics.finished_time = time.monotonic()
+        return request.output(deltas)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    def stats(self) -> EngineStats:
+        # Called from the server's event loop while a step may run in the engine's thread: read
+        # snapshots (list() of a dict or list is atomic under the GIL), never live iterators.
+        requests = [r for r in list(self.requests.values()) if not r.internal]
+        running_ids = {seq.group.request_id for seq in list(self.scheduler.running)}
+        num_running = sum(1 for r in requests if r.request_id in running_ids)
+        return EngineStats(
+            num_waiting=len(requests) - num_running,
+            num_running=num_running,
+            kv_cache_usage=self.block_manager.usage,
+            prefix_cache_queries=self.block_manager.prefix_queries,
+            prefix_cache_hits=self.block_manager.prefix_hits,
+            num_preemptions=self.scheduler.num_preemptions,
+        )
+
+    # ---- one step ----------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """One step: schedule a batch, run it, and return an output for every request it changed.
+
+        With async output processing (on CUDA by default) the step returns while its batch still
+        runs on the device; the next call reads that batch's tokens first, and makes their text
+        while the device runs the batch after it. A sequence a stop string ends then computes one
+        token more, which is dropped."""
+        if self.async_output:
+            return self._step_overlapped()
+        t0 = time.perf_counter()
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            return []
+        shape = batch.shape()
+        t1 = time.perf_counter()
+        launched = self._launch(batch)
+        samples = launched.wait()
+        t2 = time.perf_counter()
+        outputs = self._emit(self._append_tokens(launched, samples))
+        t3 = time.perf_counter()
+        self._record(batch, shape, schedule_s=t1 - t0, execute_s=t2 - t1, output_s=t3 - t2, overlapped_s=0.0)
+        return outputs
+
+    def _step_overlapped(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
+        in_flight, self._in_flight = self._in_flight, None
+        samples = None if in_flight is None else in_flight.wait()
+        t1 = time.perf_counter()
+        sampled = [] if in_flight is None else self._append_tokens(in_flight, samples)
+        t2 = time.perf_counter()
+        batch = self.scheduler.schedule()
+        shape = batch.shape()
+        t3 = time.perf_counter()
+        if batch.seqs:
+            self._in_flight = self._launch(batch)
+        t4 = time.perf_counter()
+        outputs = self._emit(sampled)
+        t5 = time.perf_counter()
+        if batch.seqs:
+            self._record(
+                batch,
+                shape,
+                schedule_s=t3 - t2,
+                execute_s=(t1 - t0) + (t4 - t3),
+                output_s=t2 - t1,
+                overlapped_s=t5 - t4,
+            )
+        return outputs
+
+    def _launch(self, batch: ScheduledBatch) -> LaunchedStep:
+        now = time.monotonic()
+        for seq in batch.seqs:
+            metrics = self.requests[seq.group.request_id].metrics
+            if metrics.first_scheduled_time is None:
+                metrics.first_scheduled_time = now
+        return self.runner.launch(batch)
+
+    def _append_tokens(self, launched: LaunchedStep, samples: SamplerOutput) -> list[SampledToken]:
+        """Append a step's tokens: after this the scheduler knows which sequences go on. A
+        sequence that ended while the step ran (aborted, or a stop string in the text made
+        meanwhile) drops its token."""
+        batch = launched.batch
+        self.scheduler.update(batch)
+        now = time.monotonic()
+        sampled = []
+        for row, token, logprobs in zip(launched.rows, samples.token_ids, samples.logprobs, strict=True):
+            seq: Sequence = batch.seqs[row]
+            if seq.is_finished:
+                continue
+            request = self.requests[seq.group.request_id]
+            appended = request.append_token(
+                seq, token, logprobs, self.model_config.eos_token_ids, self.max_model_len
+            )
+            if appended.finish_reason is not None:
+                self.scheduler.finish(seq, appended.finish_reason)
+            request.metrics.first_token_time = request.metrics.first_token_time or now
+            request.metrics.last_token_time = now
+            sampled.append(appended)
+        return sampled
+
+    def _emit(self, sampled: list[SampledToken]) -> list[RequestOutput]:
+        """The tokens' text and stop strings, and one output per request they changed."""
+        deltas: dict[str, list[CompletionOutput]] = {}
+        for appended in sampled:
+            seq = appended.seq
+            delta = appended.request.append_text(appended)
+            if delta.finish_reason is not None:
+                if seq.is_finished:
+                    seq.finish_reason = delta.finish_reason  # a stop string outranks the length limit
+                else:
+                    self.scheduler.finish(seq, delta.finish_reason)
+            deltas.setdefault(appended.request.request_id, []).append(delta)
+        now = time.monotonic()
+        outputs = []
+        for request_id, request_deltas in deltas.items():
+            output = self.requests[request_id].output(request_deltas)
+            if output.finished:
+                output.metrics.finished_time = now
+                del self.requests[request_id]
+            outputs.append(output)
+        return outputs
+
+    def _record(self, batch: ScheduledBatch, shape: StepShape, **parts: float) -> None:
+        self.last_step_timing = StepTiming(
+            num_seqs=len(batch), shape=shape, prepare_s=self.runner.last_prepare_s, **parts
+        )

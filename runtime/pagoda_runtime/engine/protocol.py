@@ -1,0 +1,79 @@
+"""The contract between the HTTP server and the engine it serves from, typed once.
+
+`AsyncLLMEngine` satisfies it, and so does the server tests' fake engine; the server is typed
+against this Protocol only. Torch-free, so the server's types never pull in the model. A request
+the engine will not run surfaces as `RequestRejected` from `generate`, before its first output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from pagoda_runtime.engine.memory_report import MemoryReport
+from pagoda_runtime.engine.outputs import RequestOutput
+from pagoda_runtime.engine.request_validation import RequestRejected
+from pagoda_runtime.engine.sampling_params import SamplingParams
+from pagoda_runtime.engine.stats import EngineStats
+
+__all__ = ["ChatTokenizer", "EngineStats", "RequestRejected", "ServingEngine"]
+
+
+class ChatTokenizer(Protocol):
+    chat_template: str | None  # the server's --chat-template replaces the model's own
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        *,
+        tools: list[dict] | None = None,
+    ) -> str: ...
+
+
+@runtime_checkable
+class ServingEngine(Protocol):
+    @property
+    def tokenizer(self) -> ChatTokenizer: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids the model accepts: [0, vocab_size)."""
+        ...
+
+    @property
+    def memory(self) -> MemoryReport: ...
+
+    @property
+    def errored(self) -> BaseException | None:
+        """Why the engine loop stopped; None while it runs."""
+        ...
+
+    @property
+    def last_heartbeat(self) -> float:
+        """time.monotonic() of the loop's last turn."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def shutdown(self) -> None: ...
+
+    def generate(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str, internal: bool = False
+    ) -> AsyncIterator[RequestOutput]:
+        """Cumulative outputs of one request until it finishes; `internal` ones (the readiness
+        canary) are left out of stats()."""
+        ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def abort_all(self) -> None: ...
+
+    def stats(self) -> EngineStats: ...

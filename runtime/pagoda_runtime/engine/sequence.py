@@ -1,0 +1,84 @@
+"""One sample of one request as the scheduler sees it: its tokens, its blocks, how far it has run.
+
+A request with n samples is n sequences sharing a `group`; the first one (index 0) prefills the
+prompt and the others fork its prompt blocks once that prefill is done. Plain Python: the
+scheduler and the block manager read this without torch.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from pagoda_runtime.engine.sampling_params import SamplingParams
+
+_next_seq_id = itertools.count()
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class SequenceGroup:
+    """What the samples of one request share."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    seqs: list[Sequence] = field(default_factory=list)
+
+
+class Sequence:
+    def __init__(self, group: SequenceGroup, index: int) -> None:
+        self.seq_id = next(_next_seq_id)
+        self.group = group
+        self.index = index
+        self.token_ids = list(group.prompt_token_ids)
+        self.num_prompt_tokens = len(self.token_ids)
+        self.status = SequenceStatus.WAITING
+        self.block_table: list[int] = []
+        # Chained prefix hashes of this sequence's full blocks, extended as blocks fill up.
+        self.block_hashes: list[int] = []
+        self.num_computed_tokens = 0  # tokens whose keys and values are in the cache
+        self.num_cached_tokens = 0  # of the prompt, found in the prefix cache at first admission
+        self.num_preemptions = 0
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        # The llguidance matcher of a constrained sample (grammar_mask), fed each sampled token.
+        self.grammar: Any = None
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.group.params
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    @property
+    def leader(self) -> Sequence:
+        return self.group.seqs[0]
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence({self.group.request_id}#{self.index}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, {self.status.value})"
+        )

@@ -1,0 +1,72 @@
+"""`pagoda-runtime fetch`: fill a cache folder with one model revision, once.
+
+Runs in the download Job. Idempotent: a complete cache is left as it is; a partial one resumes.
+The files land in `<root>/.partial`, are checked against the sizes and hashes the server announced,
+opened as the runtime would open them, and only then renamed to `<root>/model`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from pagoda_runtime.contract import cache_layout as layout
+from pagoda_runtime.contract.download_progress import ProgressReporter
+from pagoda_runtime.contract.sources import HubSource, RemoteSource, S3Source
+from pagoda_runtime.loading.model_cache import hub, s3
+from pagoda_runtime.loading.model_cache.architecture import checkpoint_facts
+from pagoda_runtime.loading.model_cache.verify import Expected, verify_file
+
+log = logging.getLogger("pagoda.fetch")
+
+
+def _model_path(source: RemoteSource, folder: Path, files: list[Expected]) -> Path:
+    """What the runtime's --model points at inside the model folder: the folder, or its one .gguf."""
+    if isinstance(source, S3Source) and source.is_file:
+        return folder / files[0].path
+    ggufs = [f.path for f in files if f.path.endswith(".gguf")]
+    if not (folder / "config.json").is_file() and len(ggufs) == 1:
+        return folder / ggufs[0]
+    return folder
+
+
+def fetch(source: RemoteSource, root: Path, emit=print, progress_interval: float = 5.0) -> dict:
+    """Downloads `source` into `root` unless it is there; returns the manifest."""
+    done = layout.read_manifest(root)
+    if done is not None:
+        log.info("%s is already cached in %s", source.uri, layout.model_dir(root))
+        return done
+    partial = layout.partial_dir(root)
+    partial.mkdir(parents=True, exist_ok=True)
+    if isinstance(source, HubSource):
+        files = hub.list_files(source)
+        total = sum(f.size for f in files)
+        with ProgressReporter(partial, total, emit, progress_interval):
+            hub.download(source, partial)
+    else:
+        client = s3.client()
+        listed = s3.list_files(source, client)
+        files = [expected for _, expected, _ in listed]
+        total = sum(f.size for f in files)
+        with ProgressReporter(partial, total, emit, progress_interval):
+            s3.download(source, partial, client)
+    for expected in files:
+        verify_file(partial, expected)
+    model_path = _model_path(source, partial, files)
+    manifest = {
+        "source": source.uri,
+        "revision": getattr(source, "revision", None),
+        "bytes": total,
+        "files": {f.path: f.size for f in files},
+        "modelPath": str(model_path.relative_to(partial)),
+        **checkpoint_facts(model_path),
+    }
+    layout.commit(root, manifest)
+    return manifest
+
+
+def termination_summary(manifest: dict) -> str:
+    """The line the Job leaves in its termination message, which the operator reads (< 4 KiB)."""
+    keep = ("revision", "bytes", "modelPath", "architecture", "storedQuantization")
+    return json.dumps({k: manifest[k] for k in keep}, separators=(",", ":"))

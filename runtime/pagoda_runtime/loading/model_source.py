@@ -1,0 +1,420 @@
+"""Open a model source (a Hugging Face folder or a GGUF file): its ModelConfig, its tokenizer and a
+lazy stream of its weights under Hugging Face names.
+
+Projections a checkpoint stores quantized (AWQ and GPTQ folders; Q4_0, Q4_1 and Q8_0 tensors of a
+GGUF file) arrive as PackedWeights converted straight from the stored blocks, or, when the caller
+does not keep them quantized, dequantized one tensor at a time.
+
+Everything that can be checked without reading the weights (the architecture, every tensor's
+presence and shape, truncated files) is checked before `load_model_source` returns, so a bad model
+fails at start-up with one sentence; the weights themselves are read one tensor at a time while the
+model consumes them, so a large model never sits in memory twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from pagoda_runtime.contract.bundled import resolve_model
+from pagoda_runtime.contract.config import ROPE_TYPES, ModelConfig, RopeScaling
+from pagoda_runtime.contract.weight_layout import expected_weight_shapes, is_projection
+from pagoda_runtime.engine.tokenizer import Tokenizer
+from pagoda_runtime.executor.quantization.gguf_blocks import BLOCK_NAMES, gguf_to_packed, is_packable
+from pagoda_runtime.executor.quantization.hf_checkpoints import (
+    CheckpointQuantization,
+    parse_quantization_config,
+    stored_shapes,
+    to_packed,
+)
+from pagoda_runtime.executor.quantization.packed import PackedWeight, dequantize
+from pagoda_runtime.loading.gguf_reader import GGUFFile
+
+HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
+GGUF_ARCHITECTURES = ("llama", "qwen2")
+
+_GGUF_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GGUF_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+class ModelLoadError(ValueError):
+    pass
+
+
+Weight = torch.Tensor | PackedWeight
+
+
+@dataclass
+class LoadedModel:
+    config: ModelConfig
+    weights: Iterator[tuple[str, Weight]]  # Hugging Face names, each tensor read on demand
+    tokenizer: Tokenizer
+    # How the projections that arrive as PackedWeights were stored: "awq", "gptq" or "gguf";
+    # None when every weight arrives as a float tensor.
+    quantization: str | None = None
+    # For "gguf": the block type of those projections (Q4_0, Q4_1, Q8_0; the largest if they mix).
+    gguf_block: str | None = None
+    # For "awq" and "gptq": the checkpoint's group of inputs (-1: one per row), which a
+    # tensor-parallel split must not cut.
+    group_size: int | None = None
+
+    def dequantized(self, dtype: torch.dtype) -> LoadedModel:
+        """The same model with each PackedWeight turned into a float tensor as it streams past."""
+        weights = (
+            (name, dequantize(weight, dtype) if isinstance(weight, PackedWeight) else weight)
+            for name, weight in self.weights
+        )
+        return LoadedModel(self.config, weights, self.tokenizer)
+
+
+def load_model_source(
+    path: str | Path, dtype: torch.dtype = torch.float32, keep_quantized: bool = False
+) -> LoadedModel:
+    """`path`: a Hugging Face model folder, a .gguf file, or the bundled model's name.
+
+    keep_quantized: projections stored quantized arrive as PackedWeights instead of float tensors.
+    """
+    path = resolve_model(str(path))
+    if path.is_dir():
+        loaded = _load_hf_folder(path, dtype)
+    elif path.suffix == ".gguf":
+        loaded = _load_gguf(path, dtype)
+    else:
+        raise ModelLoadError(f"{path} is neither a Hugging Face model folder nor a .gguf file")
+    return loaded if keep_quantized else loaded.dequantized(dtype)
+
+
+def _check_shapes(
+    found: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], where, implied_by: str
+):
+    """`where(name)` names the file holding a tensor, for the error message."""
+    for name, shape in expected.items():
+        if name not in found:
+            raise ModelLoadError(f"{where(name)} has no tensor {name!r}, which {implied_by} requires")
+        if tuple(found[name]) != shape:
+            raise ModelLoadError(
+                f"tensor {name!r} in {where(name)} has shape {list(found[name])}, "
+                f"but {implied_by} implies {list(shape)}"
+            )
+
+
+# ---- Hugging Face folders -------------------------------------------------------------------------
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{path} is not valid JSON ({e}); fix or download the file again") from e
+
+
+def config_from_hf(
+    raw: dict[str, Any], source: Path, generation: dict[str, Any] | None = None
+) -> ModelConfig:
+    architectures = raw.get("architectures") or [raw.get("model_type", "unknown")]
+    architecture = next((HF_ARCHITECTURES[a] for a in architectures if a in HF_ARCHITECTURES), None)
+    if architecture is None:
+        raise ModelLoadError(
+            f"{source} is a {', '.join(architectures)} model; Pagoda supports {', '.join(HF_ARCHITECTURES)}"
+        )
+    if raw.get("hidden_act", "silu") != "silu" or raw.get("mlp_bias", False):
+        raise ModelLoadError(
+            f"{source} asks for hidden_act={raw.get('hidden_act')!r}, mlp_bias={raw.get('mlp_bias', False)}; "
+            "Pagoda supports only the standard SiLU MLP without bias"
+        )
+    heads = raw["num_attention_heads"]
+    # transformers 5 writes rope_parameters; older configs have rope_theta and rope_scaling.
+    rope = raw.get("rope_parameters") or {}
+    scaling = raw.get("rope_scaling") or rope
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise ModelLoadError(
+            f"{source} uses rope scaling {rope_type!r}; Pagoda supports {', '.join(ROPE_TYPES)}"
+        )
+    rope_scaling = None
+    if rope_type != "default":
+        fields = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+        rope_scaling = RopeScaling(rope_type, **{k: scaling[k] for k in fields if k in scaling})
+    max_positions = raw.get("max_position_embeddings", 4096)
+    sliding = raw.get("sliding_window")
+    if sliding and (architecture == "mistral" or raw.get("use_sliding_window", False)):
+        # Attention is only full-context up to the window; capping the context keeps it exact.
+        max_positions = min(max_positions, sliding)
+    eos = (generation or {}).get("eos_token_id", raw.get("eos_token_id"))
+    return ModelConfig(
+        architecture=architecture,
+        vocab_size=raw["vocab_size"],
+        hidden_size=raw["hidden_size"],
+        intermediate_size=raw["intermediate_size"],
+        num_hidden_layers=raw["num_hidden_layers"],
+        num_attention_heads=heads,
+        num_key_value_heads=raw.get("num_key_value_heads") or heads,
+        head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+        rope_theta=raw.get("rope_theta", rope.get("rope_theta", 10000.0)),
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=raw.get("tie_word_embeddings", False),
+        attention_bias=architecture == "qwen2" or raw.get("attention_bias", False),
+        rope_scaling=rope_scaling,
+        bos_token_id=raw.get("bos_token_id"),
+        eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
+    )
+
+
+def _safetensors_shapes(file: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor shapes from a safetensors header, checking that the file holds all the bytes it promises."""
+    if not file.is_file():
+        raise ModelLoadError(f"weight file {file} is missing; download the model again")
+    size = file.stat().st_size
+    with open(file, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise ModelLoadError(f"{file} is truncated: expected at least 8 bytes but the file has {size}")
+        header_size = struct.unpack("<Q", prefix)[0]
+        if 8 + header_size > size:
+            raise ModelLoadError(
+                f"{file} is truncated: expected a {header_size}-byte safetensors header "
+                f"but the file has {size} bytes"
+            )
+        try:
+            header = json.loads(f.read(header_size))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ModelLoadError(f"{file} is not a safetensors file: its header is not JSON ({e})") from e
+    header.pop("__metadata__", None)
+    data_end = 8 + header_size + max((t["data_offsets"][1] for t in header.values()), default=0)
+    if data_end > size:
+        raise ModelLoadError(
+            f"{file} is truncated: its header describes {data_end} bytes but the file has {size}; "
+            "download it again"
+        )
+    return {name: tuple(t["shape"]) for name, t in header.items()}
+
+
+def _weight_files(folder: Path) -> dict[str, Path]:
+    """Which safetensors file holds each tensor."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = _read_json(index).get("weight_map", {})
+        return {name: folder / file for name, file in weight_map.items()}
+    single = folder / "model.safetensors"
+    if not single.is_file():
+        raise ModelLoadError(
+            f"{folder} has neither model.safetensors nor model.safetensors.index.json; "
+            "Pagoda loads weights from safetensors files"
+        )
+    return dict.fromkeys(_safetensors_shapes(single), single)
+
+
+def _checkpoint_quantization(raw: dict[str, Any], config_file: Path) -> CheckpointQuantization | None:
+    try:
+        return parse_quantization_config(raw)
+    except ValueError as e:
+        raise ModelLoadError(f"{config_file}: {e}") from e
+
+
+def _stored_projections(
+    expected: dict[str, tuple[int, ...]],
+    found: dict[str, tuple[int, ...]],
+    spec: CheckpointQuantization | None,
+    file_of: dict[str, Path],
+) -> dict[str, dict[str, tuple[int, ...]]]:
+    """For each projection stored quantized: its stored tensors' names and the shapes they must have."""
+    quantized = {name.removesuffix(".qweight") + ".weight" for name in found if name.endswith(".qweight")}
+    if quantized and spec is None:
+        name = min(quantized).removesuffix(".weight") + ".qweight"
+        raise ModelLoadError(
+            f"{file_of[name]} holds the packed tensor {name!r} but config.json has no quantization_config; "
+            "restore the config.json the checkpoint was exported with"
+        )
+    stray = sorted(name for name in quantized if name not in expected or not is_projection(name))
+    if stray:
+        raise ModelLoadError(
+            f"{file_of[stray[0].removesuffix('.weight') + '.qweight']} stores {stray[0]!r} quantized; "
+            "Pagoda loads AWQ and GPTQ quantization of the decoder projections only"
+        )
+    stored = {}
+    for name in sorted(quantized):
+        prefix = name.removesuffix("weight")
+        shapes = {prefix + part: shape for part, shape in stored_shapes(spec, *expected[name]).items()}
+        if spec.method == "gptq" and prefix + "g_idx" not in found:
+            del shapes[prefix + "g_idx"]  # optional: without it the groups are in input order
+        stored[name] = shapes
+    return stored
+
+
+def _load_hf_folder(folder: Path, dtype: torch.dtype) -> LoadedModel:
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise ModelLoadError(f"{folder} has no config.json; expected a Hugging Face model folder")
+    generation_file = folder / "generation_config.json"
+    generation = _read_json(generation_file) if generation_file.is_file() else None
+    raw = _read_json(config_file)
+    config = config_from_hf(raw, config_file, generation)
+    spec = _checkpoint_quantization(raw, config_file)
+    tokenizer = Tokenizer.from_folder(folder, config.eos_token_ids)
+    config = replace(config, eos_token_ids=tokenizer.eos_token_ids)
+
+    file_of = _weight_files(folder)
+    found: dict[str, tuple[int, ...]] = {}
+    for file in dict.fromkeys(file_of.values()):
+        found.update(_safetensors_shapes(file))
+    expected = expected_weight_shapes(config)
+    stored = _stored_projections(expected, found, spec, file_of)
+    required = {name: shape for name, shape in expected.items() if name not in stored}
+    for shapes in stored.values():
+        required.update(shapes)
+    _check_shapes(found, required, lambda name: file_of.get(name, folder), f"{config_file}")
+
+    def weights() -> Iterator[tuple[str, Weight]]:
+        with contextlib.ExitStack() as files:
+            opened = {}
+
+            def read(name: str) -> torch.Tensor:
+                file = file_of[name]
+                if file not in opened:
+                    opened[file] = files.enter_context(safe_open(file, framework="pt"))
+                return opened[file].get_tensor(name)
+
+            for name in expected:
+                if name in stored:
+                    # A projection's parts may sit in different shards.
+                    yield name, to_packed(spec, {part.rsplit(".", 1)[1]: read(part) for part in stored[name]})
+                else:
+                    yield name, read(name).to(dtype)
+
+    if not stored:
+        return LoadedModel(config, weights(), tokenizer)
+    return LoadedModel(config, weights(), tokenizer, spec.method, group_size=spec.group_size)
+
+
+# ---- GGUF files -----------------------------------------------------------------------------------
+
+
+def config_from_gguf(gguf: GGUFFile, tokenizer: Tokenizer) -> ModelConfig:
+    meta = gguf.metadata
+    arch = meta.get("general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise ModelLoadError(
+            f"{gguf.path} holds a {arch!r} model; Pagoda reads GGUF files of {', '.join(GGUF_ARCHITECTURES)}"
+        )
+    if "rope_freqs.weight" in gguf.tensors:
+        raise ModelLoadError(
+            f"{gguf.path} carries per-frequency rope factors (Llama 3.1 scaling), "
+            "which Pagoda reads only from "
+            "Hugging Face folders; load the original folder instead"
+        )
+    scaling_type = meta.get(f"{arch}.rope.scaling.type", "none")
+    if scaling_type not in ("none", "linear"):
+        raise ModelLoadError(
+            f"{gguf.path} uses rope scaling {scaling_type!r}; Pagoda reads none or linear from GGUF"
+        )
+    rope_scaling = None
+    if scaling_type == "linear":
+        rope_scaling = RopeScaling("linear", factor=float(meta[f"{arch}.rope.scaling.factor"]))
+    try:
+        hidden = meta[f"{arch}.embedding_length"]
+        heads = meta[f"{arch}.attention.head_count"]
+        return ModelConfig(
+            architecture=arch,
+            vocab_size=meta.get(f"{arch}.vocab_size", len(meta["tokenizer.ggml.tokens"])),
+            hidden_size=hidden,
+            intermediate_size=meta[f"{arch}.feed_forward_length"],
+            num_hidden_layers=meta[f"{arch}.block_count"],
+            num_attention_heads=heads,
+            num_key_value_heads=meta.get(f"{arch}.attention.head_count_kv", heads),
+            head_dim=meta.get(f"{arch}.attention.key_length", hidden // heads),
+            rms_norm_eps=meta[f"{arch}.attention.layer_norm_rms_epsilon"],
+            rope_theta=meta.get(f"{arch}.rope.freq_base", 10000.0),
+            max_position_embeddings=meta[f"{arch}.context_length"],
+            tie_word_embeddings="output.weight" not in gguf.tensors,
+            attention_bias="blk.0.attn_q.bias" in gguf.tensors,
+            rope_scaling=rope_scaling,
+            bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+            eos_token_ids=tokenizer.eos_token_ids,
+        )
+    except KeyError as e:
+        raise ModelLoadError(
+            f"{gguf.path} lacks the metadata key {e.args[0]!r} that a {arch} model needs"
+        ) from e
+
+
+def hf_name_of_gguf(name: str) -> str | None:
+    if name in _GGUF_GLOBAL_NAMES:
+        return _GGUF_GLOBAL_NAMES[name]
+    parts = name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _GGUF_LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_GGUF_LAYER_NAMES[parts[2]]}"
+    return None
+
+
+def unpermute_rotary(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's converter, which reorders each head's q/k rows from HF's rotate-half layout
+    to the interleaved pairs its RoPE expects; works for weights [rows, cols] and biases [rows]."""
+    rows = weight.shape[0]
+    return (
+        weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
+        .transpose(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def _load_gguf(path: Path, dtype: torch.dtype) -> LoadedModel:
+    gguf = GGUFFile(path)
+    tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata, str(path))
+    config = config_from_gguf(gguf, tokenizer)
+    gguf_name = {hf: name for name in gguf.tensors if (hf := hf_name_of_gguf(name))}
+    found = {hf: gguf.tensors[name].shape for hf, name in gguf_name.items()}
+    expected = expected_weight_shapes(config)
+    _check_shapes(found, expected, lambda name: path, f"the {config.architecture} metadata of {path}")
+    packed = {
+        hf for hf in expected if is_projection(hf) and is_packable(gguf.tensors[gguf_name[hf]].ggml_type)
+    }
+    # Only llama.cpp's LLaMA converter permutes q/k; Qwen2 files keep the Hugging Face layout.
+    permuted_heads = {}
+    if config.architecture == "llama":
+        permuted_heads = {".self_attn.q_proj.": config.num_attention_heads}
+        permuted_heads[".self_attn.k_proj."] = config.num_key_value_heads
+
+    def weights() -> Iterator[tuple[str, Weight]]:
+        for hf in expected:
+            info = gguf.tensors[gguf_name[hf]]
+            heads = next((n for part, n in permuted_heads.items() if part in hf), None)
+            if hf in packed:
+                weight = gguf_to_packed(gguf.raw_bytes(info.name), info.ggml_type, info.shape)
+                # Whole rows move, so the blocks are un-permuted without touching their values.
+                order = unpermute_rotary(torch.arange(weight.out_features), heads) if heads else None
+                yield hf, weight if order is None else weight.rows(order)
+            else:
+                tensor = gguf.dequantize(info.name)
+                yield hf, (unpermute_rotary(tensor, heads) if heads else tensor).to(dtype)
+
+    if not packed:
+        return LoadedModel(config, weights(), tokenizer)
+    # The ggml type ids grow with the block's size: Q4_0 < Q4_1 < Q8_0.
+    largest = max(gguf.tensors[gguf_name[hf]].ggml_type for hf in packed)
+    return LoadedModel(config, weights(), tokenizer, "gguf", BLOCK_NAMES[largest])

@@ -1,0 +1,179 @@
+"""One step's inputs, from rank 0 (which schedules) to every other rank of the tensor-parallel group.
+
+Rank 0 flattens a scheduled batch into the tensors the forward reads (model_runner.py) and sends
+them as two broadcasts over the group's own backend: a fixed header of eight integers (what kind
+of message, and the sizes), then one int64 tensor holding every field end to end. Nothing is
+pickled, the same path works between processes of one machine and between pods (gloo on the
+CPU, NCCL on GPUs, where the tensors never leave the device), and the other ranks rebuild exactly
+the tensors rank 0 runs on, so every rank takes the same path (eager or CUDA graph) and calls the
+same collectives in the same order.
+
+Rank 0 holds a lock over each step, from the send to the last collective of its forward, and
+sends a keepalive whenever no step went out for a while: a waiting rank then only ever waits
+for a live rank 0 for a short time, and the group's timeout (--distributed-timeout) tells a dead
+or stuck peer from an idle server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from pagoda_runtime.executor.attention_metadata import AttentionMetadata
+from pagoda_runtime.parallel.tensor_parallel import TensorParallel
+
+KEEPALIVE, STEP, STOP = 0, 1, 2
+_HEADER_LEN = 8
+# Rank 0 sends a keepalive after this long without a step, and at least four within a timeout.
+MAX_KEEPALIVE_INTERVAL_S = 10.0
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """What every rank needs for one forward: the flat batch and which rows' logits to compute."""
+
+    input_ids: torch.Tensor  # int64 [num_tokens]
+    positions: torch.Tensor  # int64 [num_tokens]
+    meta: AttentionMetadata
+    logits_rows: torch.Tensor  # int64 [rows]: token rows whose logits are computed (and sampled)
+    replayable: bool  # a decode step may replay a CUDA graph; scoring never does
+
+
+def keepalive_interval(timeout_s: float) -> float:
+    return min(MAX_KEEPALIVE_INTERVAL_S, timeout_s / 4)
+
+
+def _header(kind: int, step: StepInputs | None = None) -> list[int]:
+    if step is None:
+        return [kind] + [0] * (_HEADER_LEN - 1)
+    meta = step.meta
+    return [
+        kind,
+        step.input_ids.shape[0],
+        meta.num_seqs,
+        meta.block_tables.shape[1],
+        meta.max_query_len,
+        meta.max_seq_len,
+        step.logits_rows.shape[0],
+        int(step.replayable),
+    ]
+
+
+def _payload(step: StepInputs) -> torch.Tensor:
+    meta = step.meta
+    parts = (
+        step.input_ids,
+        step.positions,
+        meta.slot_mapping,
+        meta.query_start_loc,
+        meta.seq_lens,
+        meta.block_tables.reshape(-1),
+        step.logits_rows,
+    )
+    return torch.cat([part.to(torch.int64) for part in parts])
+
+
+def _unpack(header: list[int], payload: torch.Tensor) -> StepInputs:
+    _, num_tokens, num_seqs, width, max_query_len, max_seq_len, num_rows, replayable = header
+    sizes = [num_tokens, num_tokens, num_tokens, num_seqs + 1, num_seqs, num_seqs * width, num_rows]
+    input_ids, positions, slots, query_start, seq_lens, tables, rows = payload.split(sizes)
+    meta = AttentionMetadata(
+        slot_mapping=slots,
+        query_start_loc=query_start.to(torch.int32),
+        seq_lens=seq_lens.to(torch.int32),
+        block_tables=tables.to(torch.int32).reshape(num_seqs, width),
+        max_query_len=max_query_len,
+        max_seq_len=max_seq_len,
+    )
+    return StepInputs(input_ids, positions, meta, rows, bool(replayable))
+
+
+class StepSender:
+    """Rank 0's side. `on_failure` hears why a send or a step's collectives failed; in a server it
+    ends the process (the group cannot go on), so it does not return."""
+
+    def __init__(
+        self,
+        tp: TensorParallel,
+        device: torch.device,
+        keepalive_s: float,
+        on_failure: Callable[[str], None],
+    ) -> None:
+        self._tp = tp
+        self._device = device
+        self._keepalive_s = keepalive_s
+        self._on_failure = on_failure
+        self._lock = threading.Lock()
+        self._last_sent = time.monotonic()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._keep_alive, name="pagoda-step-keepalive", daemon=True)
+        self._thread.start()
+
+    @contextlib.contextmanager
+    def sending(self, step: StepInputs) -> Iterator[None]:
+        """Send `step`, then hold the group for the body (the forward's collectives)."""
+        with self._lock:
+            try:
+                self._send(_header(STEP, step))
+                dist.broadcast(_payload(step), group_src=0, group=self._tp.group)
+                yield
+            except Exception as exc:
+                self._on_failure(f"rank 0: a step of the tensor-parallel group failed: {_describe(exc)}")
+                raise
+            self._last_sent = time.monotonic()
+
+    def stop(self) -> None:
+        """Tell every rank to exit (after a drain); no step may follow."""
+        self._stopped.set()
+        with self._lock:
+            self._send(_header(STOP))
+        self._thread.join()
+
+    def _send(self, header: list[int]) -> None:
+        dist.broadcast(
+            torch.tensor(header, dtype=torch.int64, device=self._device), group_src=0, group=self._tp.group
+        )
+
+    def _keep_alive(self) -> None:
+        while not self._stopped.wait(self._keepalive_s / 2):
+            with self._lock:
+                if self._stopped.is_set() or time.monotonic() - self._last_sent < self._keepalive_s:
+                    continue
+                try:
+                    self._send(_header(KEEPALIVE))
+                except Exception as exc:
+                    self._on_failure(f"rank 0: the tensor-parallel group stopped answering: {_describe(exc)}")
+                    return
+                self._last_sent = time.monotonic()
+
+
+class StepReceiver:
+    """The other ranks' side: the next step, skipping keepalives; None once rank 0 says stop."""
+
+    def __init__(self, tp: TensorParallel, device: torch.device) -> None:
+        self._tp = tp
+        self._device = device
+
+    def receive(self) -> StepInputs | None:
+        while True:
+            header = torch.empty(_HEADER_LEN, dtype=torch.int64, device=self._device)
+            dist.broadcast(header, group_src=0, group=self._tp.group)
+            fields = header.tolist()
+            if fields[0] == STOP:
+                return None
+            if fields[0] == STEP:
+                break
+        size = 3 * fields[1] + 2 * fields[2] + 1 + fields[2] * fields[3] + fields[6]
+        payload = torch.empty(size, dtype=torch.int64, device=self._device)
+        dist.broadcast(payload, group_src=0, group=self._tp.group)
+        return _unpack(fields, payload)
+
+
+def _describe(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
