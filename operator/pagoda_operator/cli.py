@@ -9,6 +9,8 @@ import sys
 import kopf
 from prometheus_client import start_http_server
 
+from pagoda_operator import settings
+
 PEERING_NAME = "pagoda-operator"
 
 
@@ -20,6 +22,15 @@ def positive_seconds(text: str) -> float:
     if not seconds > 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
     return seconds
+
+
+def label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a label KEY=VALUE, such as release=kube-prometheus-stack"
+        )
+    return key, value
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -50,6 +61,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=30.0,
         help="reconcile every InferenceService again this often, undoing changes made to its children",
     )
+    p.add_argument(
+        "--runtime-image",
+        default=settings.DEFAULT_RUNTIME_IMAGE,
+        help="the pagoda-runtime image of every InferenceService that names none (spec.runtime.image); "
+        "a new value rolls those services one workload at a time",
+    )
+    p.add_argument(
+        "--service-monitor-label",
+        type=label,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a label of every ServiceMonitor, for a Prometheus that selects them by label (repeatable; "
+        "kube-prometheus-stack selects release=<its release name>)",
+    )
     p.add_argument("--verbose", "-v", action="store_true")
     return p.parse_args(argv)
 
@@ -58,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # kopf's formatter prefixes each line with the [namespace/name] of the object it is about.
     kopf.configure(verbose=args.verbose, log_prefix=True)
+    settings.configure(
+        settings.OperatorSettings(
+            runtime_image=args.runtime_image, service_monitor_labels=dict(args.service_monitor_label)
+        )
+    )
     from pagoda_operator import handlers  # importing registers the handlers with kopf
 
     handlers.schedule_resync(args.resync_seconds)

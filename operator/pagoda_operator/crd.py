@@ -101,7 +101,8 @@ def build_crd() -> dict:
                 "plural": PLURAL,
                 "singular": "inferenceservice",
                 "shortNames": ["infsvc"],
-                "categories": ["all", "pagoda"],
+                # Not "all": `kubectl get all` would list InferenceServices beside KServe's of the same kind.
+                "categories": ["pagoda"],
             },
             "versions": [
                 {

@@ -141,11 +141,12 @@ class PodSecurity:
 
 @dataclass(frozen=True)
 class JobPlacement:
-    """Where the download runs: the replicas' security and tolerations, so that it may run on the
-    nodes they run on (which a ReadWriteOnce volume needs)."""
+    """Where and how the download runs: the replicas' image, security and tolerations, so that it may
+    run on the nodes they run on (which a ReadWriteOnce volume needs)."""
 
     security: PodSecurity
     tolerations: list[dict]
+    image: str
 
 
 def job_manifest(spec: InferenceServiceSpec, namespace: str, ref: CacheRef, placement: JobPlacement) -> dict:
@@ -205,7 +206,7 @@ def _job(
     tolerations; it never calls the Kubernetes API."""
     container = {
         **container,
-        "image": spec.runtime.image,
+        "image": placement.image,
         "imagePullPolicy": spec.runtime.image_pull_policy,
         "volumeMounts": [*container["volumeMounts"], {"name": "tmp", "mountPath": "/tmp"}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -265,12 +266,12 @@ def replica_volume(ref: CacheRef) -> dict:
     return {"name": VOLUME, "persistentVolumeClaim": {"claimName": ref.name, "readOnly": True}}
 
 
-def wait_container(spec: InferenceServiceSpec, mount: str, security: PodSecurity) -> dict:
+def wait_container(spec: InferenceServiceSpec, image: str, mount: str, security: PodSecurity) -> dict:
     """Holds a replica until the cache is complete: the manifest appears with the final folder."""
     marker = f"{mount}/{MODEL_DIR}/{MANIFEST}"
     return {
         "name": WAIT_CONTAINER,
-        "image": spec.runtime.image,
+        "image": image,
         "imagePullPolicy": spec.runtime.image_pull_policy,
         "command": [
             "sh",

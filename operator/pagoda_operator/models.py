@@ -24,7 +24,6 @@ VERSION = "v1alpha1"
 KIND = "InferenceService"
 PLURAL = "inferenceservices"
 
-DEFAULT_RUNTIME_IMAGE = "pagoda-runtime:0.1.0"
 SOURCE_PATTERN = (
     r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?|file:///.+|hf://[^/\s]+/[^/\s]+|bundled://[a-z0-9.-]+"
     r"|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?)$"
@@ -220,7 +219,13 @@ class EnvVar(Spec):
 
 
 class RuntimeSpec(Spec):
-    image: str = Field(default=DEFAULT_RUNTIME_IMAGE, description="The pagoda-runtime container image.")
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The pagoda-runtime container image. Unset, the operator's default (its "
+        "--runtime-image flag, the Helm chart's runtime.image), which an operator upgrade moves, one "
+        "InferenceService at a time; set it to pin this service to an image of its own.",
+    )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         default="IfNotPresent", description="When the kubelet pulls the image."
     )
@@ -297,7 +302,14 @@ class ResourcesSpec(Spec):
         "runtime runs one tensor-parallel rank per GPU (see parallelism); scale out with replicas.",
     )
     gpu_product: str | None = Field(
-        default=None, description="Value of the nvidia.com/gpu.product node label the pods must run on."
+        default=None,
+        description="Value of the nvidia.com/gpu.product node label (set by NVIDIA's GPU feature "
+        "discovery) the pods prefer; required only with gpuProductRequired.",
+    )
+    gpu_product_required: bool = Field(
+        default=False,
+        description="Schedule only on nodes labelled nvidia.com/gpu.product=gpuProduct. Leave false where "
+        "GPU feature discovery does not label the nodes, or the pods never schedule.",
     )
     gpu_memory: str | int | None = Field(
         default=None,

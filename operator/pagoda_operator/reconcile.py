@@ -11,13 +11,14 @@ and reported on the status, a transient API error is retried.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import kopf
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
-from pagoda_operator import metrics
+from pagoda_operator import metrics, settings, upgrade
 from pagoda_operator.inference_service import error_text, ids, parse, plan_with_cache
 from pagoda_operator.kube import (
     CHILD_KINDS,
@@ -28,18 +29,27 @@ from pagoda_operator.kube import (
     api_message,
     being_deleted,
     owned,
+    workload_kinds,
 )
 from pagoda_operator.leader_worker_set import LWS_GROUP
 from pagoda_operator.model_cache_cluster import ensure_model_cache
-from pagoda_operator.names import LABEL_VARIANT, WORKLOAD_KINDS, child_selector
+from pagoda_operator.names import LABEL_ISVC, LABEL_VARIANT, WORKLOAD_KINDS, child_selector
 from pagoda_operator.plan import ServicePlan
-from pagoda_operator.render import RenderOptions, render
+from pagoda_operator.render import RenderOptions, render, runtime_image
 from pagoda_operator.replicas import replicas_manifest, replicas_to_apply
 from pagoda_operator.retire import plan_retirement, replacements_ready, serving_variants
 from pagoda_operator.status_refresh import Observed, observe, refresh_status, report_invalid
 
 
-def _apply_workload(k: Kube, manifest: dict, variant, live: dict | None) -> None:
+def _every_workload(k: Kube) -> list[dict]:
+    return [w for kind in workload_kinds(k) for w in k.list_all(kind, LABEL_ISVC)]
+
+
+def _apply_workload(k: Kube, body, manifest: dict, variant, live: dict | None) -> str | None:
+    """Applies a variant's workload; an operator-driven change of its pods waits its turn (upgrade.py):
+    returns what it waits for, else None."""
+    generation = ids(body)[3]
+    manifest = upgrade.stamped(manifest, generation)
     count = replicas_to_apply(variant, live)
     if live is None:
         # Created with its count, then co-owned by the replicas manager, so that the main manager
@@ -47,24 +57,47 @@ def _apply_workload(k: Kube, manifest: dict, variant, live: dict | None) -> None
         k.apply({**manifest, "spec": {**manifest["spec"], "replicas": count}}, force=False)
     if count is not None:
         k.apply(replicas_manifest(manifest, count), force=True, manager=REPLICAS_FIELD_MANAGER)
-    if live is not None:
+    if live is None:
+        return None
+    if not upgrade.operator_change(manifest, live, generation):
         k.apply(manifest, force=True)
+        return None
+    meta = manifest["metadata"]
+    blocker = upgrade.GATE.run_if_idle(
+        _every_workload(k),
+        (manifest["kind"], meta["namespace"], meta["name"]),
+        lambda: k.apply(manifest, force=True),
+    )
+    if blocker is None:
+        k.post_event(
+            body,
+            "Normal",
+            "OperatorUpgrade",
+            f"rolling {manifest['kind']} {meta['name']} to the pods this operator renders (one workload "
+            "of the cluster at a time, within rollout.maxSurge and rollout.maxUnavailable)",
+        )
+        return None
+    return f"{manifest['kind']} {meta['name']} waits for {blocker} to finish rolling out"
 
 
-def _apply_children(k: Kube, plan: ServicePlan, manifests: list[dict], uid: str) -> list[str]:
-    """Applies what is ours or new; returns the objects in the way that belong to someone else."""
+def _apply_children(
+    k: Kube, body, plan: ServicePlan, manifests: list[dict], uid: str
+) -> tuple[list[str], list[str]]:
+    """Applies what is ours or new; returns the objects in the way that belong to someone else, and
+    the workloads whose operator upgrade waits its turn."""
     variants = {v.name: v for v in plan.variants}
-    clashes = []
+    clashes, queued = [], []
     for manifest in manifests:
         meta = manifest["metadata"]
         live = k.get(manifest["kind"], meta["namespace"], meta["name"])
         if live is not None and not owned(live, uid):
             clashes.append(f"{manifest['kind']} {meta['namespace']}/{meta['name']}")
         elif manifest["kind"] in WORKLOAD_KINDS:
-            _apply_workload(k, manifest, variants[meta["labels"][LABEL_VARIANT]], live)
+            if waiting := _apply_workload(k, body, manifest, variants[meta["labels"][LABEL_VARIANT]], live):
+                queued.append(waiting)
         else:
             k.apply(manifest, force=live is not None)
-    return clashes
+    return clashes, queued
 
 
 def _retire(k: Kube, body, plan: ServicePlan, manifests: list[dict], kinds: list[str]) -> dict | None:
@@ -139,8 +172,13 @@ def reconcile(k: Kube, body, *, announce: bool) -> None:
         spec = parse(body)
     except (ValidationError, ValueError) as exc:
         _invalid(k, body, exc, announce=announce)
+    operator_settings = settings.current()
+    options = RenderOptions(
+        runtime_image=operator_settings.runtime_image,
+        service_monitor_labels=tuple(sorted(operator_settings.service_monitor_labels.items())),
+    )
     try:
-        cache = ensure_model_cache(k, spec, namespace)
+        cache = ensure_model_cache(k, spec, namespace, runtime_image(spec, options))
     except ApiException as exc:
         _refused(k, body, exc, announce=announce)
         return
@@ -152,7 +190,7 @@ def reconcile(k: Kube, body, *, announce: bool) -> None:
             namespace=namespace,
             name=name,
             uid=uid,
-            options=RenderOptions(service_monitor=service_monitor),
+            options=replace(options, service_monitor=service_monitor),
         )
     except (ValidationError, ValueError) as exc:
         _invalid(k, body, exc, announce=announce)
@@ -165,14 +203,14 @@ def reconcile(k: Kube, body, *, announce: bool) -> None:
         report_invalid(k, body, "LeaderWorkerSetMissing", message, announce=announce)
         raise kopf.PermanentError(message)
     try:
-        clashes = _apply_children(k, plan, manifests, uid)
+        clashes, queued = _apply_children(k, body, plan, manifests, uid)
         kinds = [
             kind
             for kind in CHILD_KINDS
             if (kind != "ServiceMonitor" or service_monitor) and (kind != "LeaderWorkerSet" or lws_installed)
         ]
         retiring = _retire(k, body, plan, manifests, kinds)
-        observe(namespace, name, Observed(tuple(clashes), retiring))
+        observe(namespace, name, Observed(tuple(clashes), retiring, tuple(queued)))
         refresh_status(k, namespace, name)
     except ApiException as exc:
         _refused(k, body, exc, announce=announce)

@@ -26,6 +26,7 @@ from pagoda_operator.names import (
     workload_name,
 )
 from pagoda_operator.plan import ServicePlan, VariantPlan
+from pagoda_operator.settings import DEFAULT_RUNTIME_IMAGE
 
 QUEUE_METRIC = "pagoda_num_requests_waiting"
 RUNTIME_CONTAINER = "runtime"
@@ -40,11 +41,19 @@ PROBE_PERIOD_SECONDS = 10
 STARTUP_PROBE_PERIOD_SECONDS = 1
 # Where rank 0 (the leader pod's first rank) listens for the others to join the process group.
 DISTRIBUTED_PORT = 29500
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
 
 @dataclass(frozen=True)
 class RenderOptions:
     service_monitor: bool = False  # whether the monitoring.coreos.com CRD exists
+    runtime_image: str = DEFAULT_RUNTIME_IMAGE  # for a spec that names none (settings.py)
+    service_monitor_labels: tuple[tuple[str, str], ...] = ()
+
+
+def runtime_image(spec: InferenceServiceSpec, options: RenderOptions) -> str:
+    """The spec's own image, else the operator's default."""
+    return spec.runtime.image or options.runtime_image
 
 
 def _metadata(object_name: str, namespace: str, name: str, uid: str, variant: str | None) -> dict:
@@ -174,7 +183,7 @@ def _http_probe(path: str, period: int, failures: int, timeout: int) -> dict:
 
 
 def _runtime_container(
-    spec: InferenceServiceSpec, variant: VariantSpec, served_name: str, *, serves: bool
+    spec: InferenceServiceSpec, variant: VariantSpec, served_name: str, image: str, *, serves: bool
 ) -> dict:
     """serves: the pod that serves HTTP (every pod of a Deployment, a group's leader); a worker pod
     only computes its ranks, has no HTTP port for a Service to route to, and no HTTP probes."""
@@ -199,7 +208,7 @@ def _runtime_container(
         mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
     container = {
         "name": RUNTIME_CONTAINER,
-        "image": rt.image,
+        "image": image,
         "imagePullPolicy": rt.image_pull_policy,
         "command": ["pagoda-runtime"],
         "args": runtime_args(spec, variant, served_name),
@@ -259,12 +268,29 @@ def pod_tolerations(spec: InferenceServiceSpec) -> list[dict]:
     return tolerations
 
 
-def _pod_spec(spec: InferenceServiceSpec, variant: VariantSpec, served_name: str, *, serves: bool) -> dict:
+def _gpu_product_affinity(spec: InferenceServiceSpec) -> dict:
+    """gpuProduct as a node affinity: preferred, since only NVIDIA's GPU feature discovery sets the
+    label and a cluster without it would never schedule a required one; required when asked."""
+    res = spec.resources
+    if not (res.gpus and res.gpu_product) or res.gpu_product_required:
+        return {}
+    term = {"matchExpressions": [{"key": GPU_PRODUCT_LABEL, "operator": "In", "values": [res.gpu_product]}]}
+    return {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": term}]
+        }
+    }
+
+
+def _pod_spec(
+    spec: InferenceServiceSpec, variant: VariantSpec, served_name: str, image: str, *, serves: bool
+) -> dict:
     sched = spec.scheduling
     node_selector = dict(sched.node_selector)
     tolerations = pod_tolerations(spec)
-    if spec.resources.gpus and spec.resources.gpu_product:
-        node_selector["nvidia.com/gpu.product"] = spec.resources.gpu_product
+    if spec.resources.gpus and spec.resources.gpu_product and spec.resources.gpu_product_required:
+        node_selector[GPU_PRODUCT_LABEL] = spec.resources.gpu_product
+    affinity = _gpu_product_affinity(spec)
     pod = {
         "securityContext": POD_SECURITY.pod,
         "enableServiceLinks": False,
@@ -273,13 +299,15 @@ def _pod_spec(spec: InferenceServiceSpec, variant: VariantSpec, served_name: str
         "terminationGracePeriodSeconds": (
             spec.drain.endpoint_removal_seconds + spec.drain.timeout_seconds + SHUTDOWN_MARGIN_SECONDS
         ),
-        "containers": [_runtime_container(spec, variant, served_name, serves=serves)],
+        "containers": [_runtime_container(spec, variant, served_name, image, serves=serves)],
         "volumes": _volumes(spec),
     }
     if (ref := model_cache.cache_ref(spec)) is not None:
-        pod["initContainers"] = [model_cache.wait_container(spec, MODEL_MOUNT, POD_SECURITY)]
+        pod["initContainers"] = [model_cache.wait_container(spec, image, MODEL_MOUNT, POD_SECURITY)]
         if model_cache.shares_one_node(spec):
-            pod["affinity"] = model_cache.same_node_affinity(ref)
+            affinity.update(model_cache.same_node_affinity(ref))
+    if affinity:
+        pod["affinity"] = affinity
     if node_selector:
         pod["nodeSelector"] = node_selector
     if tolerations:
@@ -309,7 +337,7 @@ def _with_overrides(pod: dict, spec: InferenceServiceSpec) -> dict:
 
 
 def _pod_template(
-    spec: InferenceServiceSpec, variant: VariantSpec, served_name: str, name: str, *, serves: bool
+    spec: InferenceServiceSpec, variant: VariantSpec, served_name: str, name: str, image: str, *, serves: bool
 ):
     return {
         "metadata": {
@@ -332,11 +360,11 @@ def _pod_template(
                 ),
             },
         },
-        "spec": _with_overrides(_pod_spec(spec, variant, served_name, serves=serves), spec),
+        "spec": _with_overrides(_pod_spec(spec, variant, served_name, image, serves=serves), spec),
     }
 
 
-def _deployment(spec, plan: VariantPlan, *, namespace, name, uid, served_name) -> dict:
+def _deployment(spec, plan: VariantPlan, *, namespace, name, uid, served_name, image) -> dict:
     variant = plan.variant
     object_name = variant_object_name(name, variant.name)
     deployment_spec = {
@@ -344,7 +372,7 @@ def _deployment(spec, plan: VariantPlan, *, namespace, name, uid, served_name) -
         "strategy": {"type": "RollingUpdate", "rollingUpdate": spec.rollout.strategy(spec.resources.gpus)},
         # Loading a model may take the whole startup timeout; only then is a rollout stuck.
         "progressDeadlineSeconds": spec.runtime.startup_timeout_seconds + 300,
-        "template": _pod_template(spec, variant, served_name, name, serves=True),
+        "template": _pod_template(spec, variant, served_name, name, image, serves=True),
     }
     # spec.replicas is left out: a field manager of its own owns it (replicas.py).
     return {
@@ -355,13 +383,13 @@ def _deployment(spec, plan: VariantPlan, *, namespace, name, uid, served_name) -
     }
 
 
-def _leader_worker_set(spec, plan: VariantPlan, *, namespace, name, uid, served_name) -> dict:
+def _leader_worker_set(spec, plan: VariantPlan, *, namespace, name, uid, served_name, image) -> dict:
     variant = plan.variant
     return leader_worker_set(
         _metadata(workload_name(name, variant.name, spans_nodes=True), namespace, name, uid, variant.name),
         size=spec.parallelism.nodes,
-        leader_template=_pod_template(spec, variant, served_name, name, serves=True),
-        worker_template=_pod_template(spec, variant, served_name, name, serves=False),
+        leader_template=_pod_template(spec, variant, served_name, name, image, serves=True),
+        worker_template=_pod_template(spec, variant, served_name, name, image, serves=False),
         rolling_update=spec.rollout.strategy(spec.resources.gpus),
     )
 
@@ -446,11 +474,14 @@ def _pdb(variant, *, namespace, name, uid) -> dict:
     }
 
 
-def _service_monitor(spec, *, namespace, name, uid) -> dict:
+def _service_monitor(spec, extra_labels: dict[str, str], *, namespace, name, uid) -> dict:
+    metadata = _metadata(name, namespace, name, uid, None)
+    # The operator's own labels win: they select the children it prunes.
+    metadata["labels"] = {**extra_labels, **metadata["labels"]}
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
-        "metadata": _metadata(name, namespace, name, uid, None),
+        "metadata": metadata,
         "spec": {
             # The variant Services only: the all-variant Service would scrape every pod twice.
             "selector": {
@@ -500,7 +531,9 @@ def render(plan: ServicePlan, *, namespace: str, name: str, uid: str, options: R
         variant = variant_plan.variant
         object_name = variant_object_name(name, variant.name)
         workload = _leader_worker_set if spec.spans_nodes else _deployment
-        objects.append(workload(spec, variant_plan, served_name=served_name, **ids))
+        objects.append(
+            workload(spec, variant_plan, served_name=served_name, image=runtime_image(spec, options), **ids)
+        )
         # Workers expose no HTTP port, so no Service routes to them; this one says it outright.
         leaders = LEADER_SELECTOR if spec.spans_nodes else {}
         objects.append(
@@ -514,5 +547,5 @@ def render(plan: ServicePlan, *, namespace: str, name: str, uid: str, options: R
     if spec.network_policy.enabled:
         objects.append(_network_policy(spec, **ids))
     if options.service_monitor and spec.monitoring.service_monitor:
-        objects.append(_service_monitor(spec, **ids))
+        objects.append(_service_monitor(spec, dict(options.service_monitor_labels), **ids))
     return objects

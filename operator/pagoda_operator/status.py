@@ -158,12 +158,14 @@ def compute_status(
     clashes: list[str] = (),
     retiring: dict | None = None,
     cache: CacheStatus | None = None,
+    upgrade_queued: list[str] = (),
 ) -> dict:
     """`deployments` (its Deployments and LeaderWorkerSets, whose replicas count groups), `pods` and
     `hpas`: the InferenceService's own; `clashes`: objects in the way that
     belong to someone else; `retiring`: old children kept serving (RetiringStatus's fields); `cache`:
     the shared model cache of an hf:// or s3:// source, or the sizing Job of a pvc:// one (the plan
-    was made with its checkpoint)."""
+    was made with its checkpoint); `upgrade_queued`: workloads whose operator upgrade waits its turn
+    (upgrade.py)."""
     by_name = {d["metadata"]["name"]: d for d in deployments}
 
     def workload_of(variant: str) -> str:
@@ -182,6 +184,14 @@ def compute_status(
             "ReplacingVariants",
             f"{', '.join(retiring['deployments'])} keep serving until the variants that "
             f"replace them have ready pods (waiting since {retiring['since']})",
+        )
+    elif upgrade_queued:
+        progressing = _condition(
+            "Progressing",
+            True,
+            "UpgradeQueued",
+            "a new operator renders new pods; they roll one workload of the cluster at a time: "
+            + "; ".join(upgrade_queued),
         )
     elif missing or rolling:
         progressing = _condition(

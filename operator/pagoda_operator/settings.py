@@ -1,0 +1,30 @@
+"""What the platform team sets once for every InferenceService: the operator's flags (the chart's
+values), read by the reconcile and passed into the pure render as RenderOptions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# The runtime image of an InferenceService that names none. Held by the operator, not stored in
+# each object, so that upgrading the operator (its --runtime-image) moves every such runtime.
+DEFAULT_RUNTIME_IMAGE = "pagoda-runtime:0.1.0"
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    runtime_image: str = DEFAULT_RUNTIME_IMAGE
+    # Labels of every ServiceMonitor, for a Prometheus that selects them (kube-prometheus-stack:
+    # release=<its release name>).
+    service_monitor_labels: dict[str, str] = field(default_factory=dict)
+
+
+_current = OperatorSettings()
+
+
+def configure(settings: OperatorSettings) -> None:
+    global _current
+    _current = settings
+
+
+def current() -> OperatorSettings:
+    return _current
