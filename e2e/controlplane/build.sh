@@ -4,7 +4,7 @@
 #
 # Usage: e2e/controlplane/build.sh [--print-dir] [NAME...]
 #   NAME is one of: kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy
-#   etcd kwok prometheus-adapter minio lws-controller, or the groups `core` (everything the loopback control plane
+#   etcd kwok prometheus-adapter minio lws-controller helm, or the groups `core` (everything the loopback control plane
 #   needs), `node` (a real worker node, e2e/node: kubelet, kube-proxy) and `all` (default). Only
 #   missing binaries are built; a flock serialises concurrent callers.
 #   --print-dir prints the cache directory and exits.
@@ -19,8 +19,8 @@ KUBE_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet
 CORE=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok)
 NODE=(kubelet kube-proxy)
 # minio: the S3-compatible server the model-cache tests download from; lws-controller: the
-# LeaderWorkerSet controller that runs InferenceServices spanning nodes.
-ALL=("${CORE[@]}" "${NODE[@]}" prometheus-adapter minio lws-controller)
+# LeaderWorkerSet controller that runs InferenceServices spanning nodes; helm: the chart's tests.
+ALL=("${CORE[@]}" "${NODE[@]}" prometheus-adapter minio lws-controller helm)
 
 version_of() {
   case "$1" in
@@ -30,6 +30,7 @@ version_of() {
     prometheus-adapter) echo "$PROMETHEUS_ADAPTER_VERSION" ;;
     minio) echo "$MINIO_VERSION" ;;
     lws-controller) echo "$LWS_VERSION" ;;
+    helm) echo "$HELM_VERSION" ;;
     *) echo "unknown binary: $1" >&2; return 1 ;;
   esac
 }
@@ -150,6 +151,14 @@ if has minio; then
   GOBIN="$tmp/minio" go install "${BUILDFLAGS[@]}" "github.com/minio/minio@$MINIO_VERSION"
   install_bin minio "$tmp/minio/minio"
   echo "  minio $MINIO_VERSION: $((SECONDS - t))s"
+fi
+
+if has helm; then
+  t=$SECONDS
+  mkdir -p "$tmp/helm"
+  GOBIN="$tmp/helm" go install "${BUILDFLAGS[@]}" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  install_bin helm "$tmp/helm/helm"
+  echo "  helm $HELM_VERSION: $((SECONDS - t))s"
 fi
 
 if [ -n "$lws_pid" ]; then wait "$lws_pid"; fi

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 
 import kopf
@@ -63,9 +64,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--runtime-image",
-        default=settings.DEFAULT_RUNTIME_IMAGE,
+        default=os.environ.get("PAGODA_RUNTIME_IMAGE") or settings.DEFAULT_RUNTIME_IMAGE,
         help="the pagoda-runtime image of every InferenceService that names none (spec.runtime.image); "
-        "a new value rolls those services one workload at a time",
+        "a new value rolls those services one workload at a time (default: $PAGODA_RUNTIME_IMAGE, "
+        f"else {settings.DEFAULT_RUNTIME_IMAGE})",
     )
     p.add_argument(
         "--service-monitor-label",

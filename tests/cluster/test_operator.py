@@ -229,7 +229,8 @@ def test_children_have_the_expected_fields(control_plane, pagoda_operator, isvc_
         assert args[args.index("--quantization") + 1] == quantization
         assert args[args.index("--max-num-seqs") + 1] == "32"
         assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
-        assert pod["nodeSelector"]["nvidia.com/gpu.product"] == GPU_PRODUCT
+        (preferred,) = pod["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        assert preferred["preference"]["matchExpressions"][0]["values"] == [GPU_PRODUCT]
         assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
         assert found[("Service", name)]["spec"]["selector"] == own
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from huggingface_hub import HfApi, snapshot_download
 from huggingface_hub.hf_api import RepoFile
+from huggingface_hub.utils import filter_repo_objects
 
 from pagoda_runtime.contract.sources import HubSource
 from pagoda_runtime.loading.model_cache.verify import Expected
@@ -28,12 +29,30 @@ def _token() -> str | None:
 
 
 def list_files(source: HubSource) -> list[Expected]:
-    """Every file of the commit with its size and the hash the hub announces for it."""
+    """Every file of the commit that the source's patterns keep, with its size and the hash the hub
+    announces for it."""
     api = HfApi(endpoint=_endpoint(), token=_token())
+    entries = [
+        e
+        for e in api.list_repo_tree(source.repo, revision=source.revision, recursive=True)
+        if isinstance(e, RepoFile)
+    ]
+    kept = list(
+        filter_repo_objects(
+            entries,
+            allow_patterns=list(source.allowed) if source.allowed else None,
+            ignore_patterns=list(source.ignore_patterns) or None,
+            key=lambda e: e.path,
+        )
+    )
+    if not kept:
+        raise FileNotFoundError(
+            f"no file of {source.uri} at {source.revision} matches "
+            f"allowPatterns {list(source.allowed or ())} / ignorePatterns {list(source.ignore_patterns)}; "
+            f"the repository holds {', '.join(sorted(e.path for e in entries)[:20])}"
+        )
     files = []
-    for entry in api.list_repo_tree(source.repo, revision=source.revision, recursive=True):
-        if not isinstance(entry, RepoFile):
-            continue
+    for entry in kept:
         if entry.lfs is not None:
             files.append(Expected(entry.path, entry.lfs.size, "sha256", entry.lfs.sha256))
         else:
@@ -48,6 +67,8 @@ def download(source: HubSource, folder: Path) -> None:
         local_dir=folder,
         endpoint=_endpoint(),
         token=_token(),
+        allow_patterns=list(source.allowed) if source.allowed else None,
+        ignore_patterns=list(source.ignore_patterns) or None,
         max_workers=4,
     )
     # huggingface_hub's bookkeeping for resuming; the finished model does not need it.
