@@ -7,6 +7,7 @@ defaults the apiserver fills in.
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar, Literal
 
 from pagoda_runtime.contract.config import KV_CACHE_DTYPES, QUANTIZATION_CHOICES
@@ -25,10 +26,12 @@ KIND = "InferenceService"
 PLURAL = "inferenceservices"
 
 SOURCE_PATTERN = (
-    r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?|file:///.+|hf://[^/\s]+/[^/\s]+|bundled://[a-z0-9.-]+"
+    r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?|file:///.+|hf://[^/\s]+/[^/\s]+(/\S+\.gguf)?"
+    r"|bundled://[a-z0-9.-]+"
     r"|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?)$"
 )
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_LABEL_OR_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 
 # The runtime's own flag values, so that a variant the apiserver admits is one the pods can start.
 Quantization = Literal[QUANTIZATION_CHOICES]
@@ -101,6 +104,14 @@ class ModelCacheSpec(Spec):
 
 
 class S3Spec(Spec):
+    RULES = (
+        Rule(
+            "!has(self.credentialsSecretName) || !has(self.serviceAccountName)",
+            lambda s: not (s.credentials_secret_name and s.service_account_name),
+            "give either s3.credentialsSecretName or s3.serviceAccountName, not both",
+        ),
+    )
+
     endpoint: str = Field(
         default="https://s3.amazonaws.com",
         pattern=r"^https?://\S+$",
@@ -109,7 +120,30 @@ class S3Spec(Spec):
     region: str | None = Field(default=None, description="Region, where the endpoint needs one.")
     credentials_secret_name: str | None = Field(
         default=None,
-        description="Secret with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; anonymous when unset.",
+        description="Secret with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; anonymous when "
+        "neither this nor serviceAccountName is set.",
+    )
+    service_account_name: str | None = Field(
+        default=None,
+        pattern=DNS_LABEL_OR_SUBDOMAIN,
+        description="A ServiceAccount of the namespace whose token the download Job exchanges for "
+        "credentials (STS AssumeRoleWithWebIdentity): IRSA on EKS (the ServiceAccount's "
+        "eks.amazonaws.com/role-arn annotation), or any S3 store whose STS trusts the cluster's tokens. "
+        "The token is mounted in the download Job only; the replicas never get one.",
+    )
+    role_arn: str | None = Field(
+        default=None,
+        description="The role to assume with the ServiceAccount's token (AWS_ROLE_ARN); on EKS the "
+        "ServiceAccount's annotation sets it.",
+    )
+    token_audience: str = Field(
+        default="sts.amazonaws.com", min_length=1, description="Audience of the ServiceAccount token."
+    )
+    sts_endpoint: str | None = Field(
+        default=None,
+        pattern=r"^https?://\S+$",
+        description="The STS endpoint to exchange the token at (AWS_ENDPOINT_URL_STS); AWS's by default. "
+        "MinIO serves STS at its S3 endpoint.",
     )
 
 
@@ -127,6 +161,19 @@ class ModelSpec(Spec):
             "!self.source.startsWith('hf://') || has(self.revision)",
             lambda m: not m.source.startswith("hf://") or m.revision is not None,
             "an hf:// source needs revision: the 40-character commit id the cache is filled from",
+        ),
+        Rule(
+            "self.source.startsWith('hf://') || "
+            "((!has(self.allowPatterns) || self.allowPatterns.size() == 0) "
+            "&& (!has(self.ignorePatterns) || self.ignorePatterns.size() == 0))",
+            lambda m: m.source.startswith("hf://") or not (m.allow_patterns or m.ignore_patterns),
+            "allowPatterns and ignorePatterns apply only to hf:// sources",
+        ),
+        Rule(
+            "!self.source.matches('^hf://[^/]+/[^/]+/') || !has(self.allowPatterns) || "
+            "self.allowPatterns.size() == 0",
+            lambda m: not (re.match(r"^hf://[^/]+/[^/]+/", m.source) and m.allow_patterns),
+            "an hf://org/name/file.gguf source names its one file already: drop allowPatterns",
         ),
         Rule(
             "self.source.startsWith('s3://') || !has(self.s3)",
@@ -148,9 +195,10 @@ class ModelSpec(Spec):
     source: str = Field(
         pattern=SOURCE_PATTERN,
         max_length=1024,
-        description="Where the model comes from: hf://org/name or s3://bucket/prefix (downloaded once "
-        "into a shared cache claim), pvc://claim/path (mounted read-only), file:///path (baked into "
-        "the image) or bundled://smollm2-135m (the small model shipped in the runtime image).",
+        description="Where the model comes from: hf://org/name, hf://org/name/file.gguf (that file "
+        "alone) or s3://bucket/prefix (downloaded once into a shared cache claim), pvc://claim/path "
+        "(mounted read-only), file:///path (baked into the image) or bundled://smollm2-135m (the small "
+        "model shipped in the runtime image).",
     )
     served_name: str | None = Field(
         default=None,
@@ -183,6 +231,17 @@ class ModelSpec(Spec):
         default=None,
         pattern=r"^https?://\S+$",
         description="A Hugging Face hub mirror to download hf:// models from (HF_ENDPOINT).",
+    )
+    allow_patterns: list[str] = Field(
+        default=[],
+        description="Of an hf:// repository, only the files matching one of these patterns (fnmatch, as "
+        "huggingface_hub's allow_patterns), e.g. ['*Q4_K_M.gguf'] for one GGUF of many, or "
+        "['*.json', '*.safetensors', 'tokenizer*']. Empty: every file.",
+    )
+    ignore_patterns: list[str] = Field(
+        default=[],
+        description="Of an hf:// repository, leave out the files matching these patterns (e.g. "
+        "['original/*', '*.pth']).",
     )
     s3: S3Spec | None = Field(default=None, description="Endpoint and credentials of an s3:// source.")
     cache: ModelCacheSpec | None = Field(

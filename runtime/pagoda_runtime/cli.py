@@ -407,6 +407,18 @@ def _add_fetch(sub) -> None:
     p = sub.add_parser("fetch", help="download a model revision into a cache folder, once")
     p.add_argument("source", help="hf://org/name or s3://bucket/prefix")
     p.add_argument("--revision", default=None, help="commit id of an hf:// model")
+    p.add_argument(
+        "--allow-pattern",
+        action="append",
+        default=[],
+        help="of an hf:// repository, only files matching this fnmatch pattern (repeatable)",
+    )
+    p.add_argument(
+        "--ignore-pattern",
+        action="append",
+        default=[],
+        help="of an hf:// repository, leave out files matching this fnmatch pattern (repeatable)",
+    )
     p.add_argument("--cache-dir", required=True, help="the cache folder (the model lands in CACHE_DIR/model)")
     p.add_argument("--termination-log", default=None, help="file for the outcome line (default: as serve)")
     p.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress lines")
@@ -423,7 +435,9 @@ def _fetch(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     termination_log = args.termination_log or default_termination_log()
     try:
-        source = parse_remote(args.source, args.revision)
+        source = parse_remote(
+            args.source, args.revision, tuple(args.allow_pattern), tuple(args.ignore_pattern)
+        )
         manifest = fetch(
             source,
             Path(args.cache_dir),

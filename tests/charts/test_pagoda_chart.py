@@ -61,6 +61,26 @@ def operator_container(objects: list[dict]) -> dict:
     return deployment["spec"]["template"]["spec"]["containers"][0]
 
 
+# The chart's copies of the files it shares with manifests/ (a packaged chart cannot reach outside
+# itself, and symbolic links make Helm warn on every command).
+COPIES = {
+    "inferenceservices.pagoda.dev.yaml": ROOT / "crds" / "inferenceservices.pagoda.dev.yaml",
+    "kopf-peering-crd.yaml": ROOT / "manifests" / "kopf-peering-crd.yaml",
+    "rbac.yaml": ROOT / "manifests" / "rbac.yaml",
+    "prometheus-adapter-rules.yaml": ROOT / "manifests" / "monitoring" / "prometheus-adapter-rules.yaml",
+    "grafana-dashboard.json": ROOT / "manifests" / "monitoring" / "grafana-dashboard.json",
+}
+
+
+@pytest.mark.parametrize("name", sorted(COPIES))
+def test_the_charts_files_are_copies_of_the_manifests(name):
+    source = COPIES[name]
+    assert (CHART / "files" / name).read_bytes() == source.read_bytes(), (
+        f"copy it: cp {source.relative_to(ROOT)} {(CHART / 'files' / name).relative_to(ROOT)}"
+    )
+    assert set(COPIES) == {p.name for p in (CHART / "files").iterdir()}
+
+
 def test_the_chart_renders_the_objects_of_the_kustomization():
     chart = by_identity(helm_template())
     kustomized = by_identity(kustomize(ROOT / "manifests"))

@@ -15,7 +15,7 @@ from pagoda_runtime.loading.model_cache.verify import VerificationError
 from pagoda_runtime.loading.model_source import load_model_source
 
 from tests.model_cache.hub_mirror import HubMirror
-from tests.runtime.tiny_models import build_tiny_model
+from tests.runtime.tiny_models import build_tiny_gguf, build_tiny_model
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 TOKEN = "hf_test_token"
@@ -126,3 +126,67 @@ def test_cli_writes_the_architecture_for_the_operator(mirror, tmp_path):
 def test_branch_revision_is_refused():
     with pytest.raises(ValueError, match="40-character commit"):
         parse_remote("hf://acme/tiny-llama", "main")
+
+
+@pytest.fixture(scope="module")
+def gguf_repo(tiny_folder, tmp_path_factory):
+    """A repository as GGUF publishers lay them out: one file per quantization, a README, no config."""
+    folder = tmp_path_factory.mktemp("gguf-repo")
+    for ggml_type in ("Q8_0", "F16"):
+        build_tiny_gguf(tiny_folder, folder / f"tiny-llama.{ggml_type}.gguf", ggml_type)
+    (folder / "README.md").write_text("# tiny-llama GGUF\n")
+    return folder
+
+
+@pytest.fixture
+def gguf_mirror(mirror, gguf_repo):
+    mirror.add("acme/tiny-llama-GGUF", gguf_repo, COMMIT)
+    return mirror
+
+
+def _downloaded(mirror) -> set[str]:
+    return {p.rsplit("/", 1)[-1] for m, p, _ in mirror.requests if m == "GET" and "/resolve/" in p}
+
+
+def test_a_repository_of_several_ggufs_is_refused_before_any_download(gguf_mirror, tmp_path):
+    with pytest.raises(
+        ValueError, match=r"holds 2 GGUF files .*hf://acme/tiny-llama-GGUF/tiny-llama\.F16\.gguf"
+    ):
+        fetch(parse_remote("hf://acme/tiny-llama-GGUF", COMMIT), tmp_path, emit=lambda _: None)
+    assert _downloaded(gguf_mirror) == set()
+
+
+def test_allow_patterns_download_one_quantization_only(gguf_mirror, tmp_path):
+    source = parse_remote("hf://acme/tiny-llama-GGUF", COMMIT, allow_patterns=("*Q8_0.gguf",))
+    manifest = fetch(source, tmp_path, emit=lambda _: None)
+    assert _downloaded(gguf_mirror) == {"tiny-llama.Q8_0.gguf"}
+    assert manifest["storedQuantization"] == "gguf" and list(manifest["files"]) == ["tiny-llama.Q8_0.gguf"]
+    model = layout.model_dir(tmp_path)
+    assert resolve_model(str(model)) == model / "tiny-llama.Q8_0.gguf"
+
+
+def test_one_file_named_in_the_source(gguf_mirror, tmp_path):
+    manifest = fetch(
+        parse_remote("hf://acme/tiny-llama-GGUF/tiny-llama.F16.gguf", COMMIT), tmp_path, emit=print
+    )
+    assert _downloaded(gguf_mirror) == {"tiny-llama.F16.gguf"}
+    assert manifest["modelPath"] == "tiny-llama.F16.gguf"
+
+
+def test_ignore_patterns_leave_files_out(mirror, tmp_path):
+    source = parse_remote("hf://acme/tiny-llama", COMMIT, ignore_patterns=("*.md", "generation_config.json"))
+    manifest = fetch(source, tmp_path, emit=lambda _: None)
+    assert "generation_config.json" not in manifest["files"] and "config.json" in manifest["files"]
+
+
+def test_patterns_that_match_nothing_say_what_the_repository_holds(gguf_mirror, tmp_path):
+    source = parse_remote("hf://acme/tiny-llama-GGUF", COMMIT, allow_patterns=("*Q4_K_M.gguf",))
+    with pytest.raises(FileNotFoundError, match=r"matches .*tiny-llama\.Q8_0\.gguf"):
+        fetch(source, tmp_path, emit=lambda _: None)
+
+
+def test_cli_passes_the_patterns(gguf_mirror, tmp_path):
+    args = ["fetch", "hf://acme/tiny-llama-GGUF", "--revision", COMMIT, "--cache-dir", str(tmp_path / "c")]
+    args += ["--allow-pattern", "*.F16.gguf", "--termination-log", str(tmp_path / "log")]
+    assert main(args) == 0
+    assert json.loads((tmp_path / "log").read_text())["modelPath"] == "tiny-llama.F16.gguf"
