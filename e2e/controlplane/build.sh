@@ -4,7 +4,7 @@
 #
 # Usage: e2e/controlplane/build.sh [--print-dir] [NAME...]
 #   NAME is one of: kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy
-#   etcd kwok prometheus-adapter minio lws-controller helm, or the groups `core` (everything the loopback control plane
+#   etcd kwok prometheus-adapter minio lws-controller helm kstatus-check, or the groups `core` (everything the loopback control plane
 #   needs), `node` (a real worker node, e2e/node: kubelet, kube-proxy) and `all` (default). Only
 #   missing binaries are built; a flock serialises concurrent callers.
 #   --print-dir prints the cache directory and exits.
@@ -19,8 +19,9 @@ KUBE_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet
 CORE=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok)
 NODE=(kubelet kube-proxy)
 # minio: the S3-compatible server the model-cache tests download from; lws-controller: the
-# LeaderWorkerSet controller that runs InferenceServices spanning nodes; helm: the chart's tests.
-ALL=("${CORE[@]}" "${NODE[@]}" prometheus-adapter minio lws-controller helm)
+# LeaderWorkerSet controller that runs InferenceServices spanning nodes; helm: the chart's tests;
+# kstatus-check: what Flux's health checks make of an InferenceService's status.
+ALL=("${CORE[@]}" "${NODE[@]}" prometheus-adapter minio lws-controller helm kstatus-check)
 
 version_of() {
   case "$1" in
@@ -31,6 +32,7 @@ version_of() {
     minio) echo "$MINIO_VERSION" ;;
     lws-controller) echo "$LWS_VERSION" ;;
     helm) echo "$HELM_VERSION" ;;
+    kstatus-check) echo "$KSTATUS_VERSION" ;;
     *) echo "unknown binary: $1" >&2; return 1 ;;
   esac
 }
@@ -159,6 +161,13 @@ if has helm; then
   GOBIN="$tmp/helm" go install "${BUILDFLAGS[@]}" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
   install_bin helm "$tmp/helm/helm"
   echo "  helm $HELM_VERSION: $((SECONDS - t))s"
+fi
+
+if has kstatus-check; then
+  t=$SECONDS
+  (cd "$here/kstatus" && go build "${BUILDFLAGS[@]}" -o "$tmp/kstatus-check" .)
+  install_bin kstatus-check "$tmp/kstatus-check"
+  echo "  kstatus-check $KSTATUS_VERSION: $((SECONDS - t))s"
 fi
 
 if [ -n "$lws_pid" ]; then wait "$lws_pid"; fi

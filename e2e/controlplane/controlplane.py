@@ -87,6 +87,7 @@ def binary_path(name: str) -> Path:
         "minio": v["MINIO_VERSION"],
         "lws-controller": v["LWS_VERSION"],
         "helm": v["HELM_VERSION"],
+        "kstatus-check": v["KSTATUS_VERSION"],
     }.get(name, v["KUBERNETES_VERSION"])
     return tools_cache() / f"{name}-{version}" / name
 

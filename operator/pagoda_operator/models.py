@@ -686,7 +686,10 @@ class InferenceServiceSpec(Spec):
 
 
 class Condition(Spec):
-    type: str = Field(description="Ready, Progressing, Degraded or ModelFits.")
+    type: str = Field(
+        description="Ready, Progressing, Degraded, ModelFits, and Reconciling and Stalled (kstatus's, "
+        "for Flux and kpt)."
+    )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="One CamelCase word saying why.")
     message: str = Field(default="", description="What happened, for humans.")
@@ -721,7 +724,9 @@ class ModelCacheStatus(Spec):
 
 
 class InferenceServiceStatus(Spec):
-    conditions: list[Condition] = Field(default=[], description="Ready, Progressing, Degraded and ModelFits.")
+    conditions: list[Condition] = Field(
+        default=[], description="Ready, Progressing, Degraded, ModelFits, Reconciling and Stalled."
+    )
     variants: list[VariantStatus] = Field(default=[], description="Replicas per variant.")
     url: str | None = Field(default=None, description="In-cluster base URL of the OpenAI-compatible API.")
     observed_generation: int | None = Field(default=None, description="The spec generation last reconciled.")

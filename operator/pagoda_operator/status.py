@@ -21,6 +21,18 @@ _STUCK_REASONS = (
 )
 
 
+# Ready=False reasons that no waiting cures: the spec, a child in the way, the cluster must change.
+BLOCKED_REASONS = (
+    "InvalidSpec",
+    "ChildRejected",
+    "NameClash",
+    "NoVariantFits",
+    "InvalidParallelism",
+    "LeaderWorkerSetMissing",
+    "ModelCacheFailed",
+)
+
+
 def _condition(type_: str, status: bool | None, reason: str, message: str) -> dict:
     return {
         "type": type_,
@@ -136,12 +148,40 @@ def _stamped(conditions: list[dict], previous: dict, generation: int, now: str) 
     return conditions
 
 
+def kstatus_conditions(ready: dict, progressing: dict, degraded: dict | None) -> list[dict]:
+    """Reconciling and Stalled, the conditions kstatus (Flux's health checks, kpt) reads on any
+    custom resource: abnormal-true, derived from Ready, Progressing and Degraded."""
+    serving = ready["status"] == "True"
+    stalled = not serving and (
+        ready["reason"] in BLOCKED_REASONS or (degraded is not None and degraded["status"] == "True")
+    )
+    if stalled:
+        cause = degraded if ready["reason"] not in BLOCKED_REASONS and degraded else ready
+        return [
+            _condition("Reconciling", False, "Stalled", "waiting cannot help: see Stalled"),
+            _condition("Stalled", True, cause["reason"], cause["message"]),
+        ]
+    if not serving:
+        reconciling = _condition("Reconciling", True, ready["reason"], ready["message"])
+    elif progressing["status"] == "True":
+        reconciling = _condition("Reconciling", True, progressing["reason"], progressing["message"])
+    else:
+        reconciling = _condition("Reconciling", False, "Serving", ready["message"])
+    return [reconciling, _condition("Stalled", False, "Healthy", "nothing blocks the service")]
+
+
 def invalid_status(previous: dict | None, *, reason: str, message: str, generation: int, now: str) -> dict:
     """Ready=False with why the spec or a child was refused; the other conditions stay as they were."""
     previous = previous or {}
-    (ready,) = _stamped([_condition("Ready", False, reason, message)], previous, generation, now)
-    others = [c for c in previous.get("conditions", []) if c.get("type") != "Ready"]
-    return {"conditions": [ready, *others], "observedGeneration": generation}
+    ready = _condition("Ready", False, reason, message)
+    kept = [
+        c for c in previous.get("conditions", []) if c.get("type") not in ("Ready", "Reconciling", "Stalled")
+    ]
+    progressing = next(
+        (c for c in kept if c["type"] == "Progressing"), _condition("Progressing", None, "", "")
+    )
+    stamped = _stamped([ready, *kstatus_conditions(ready, progressing, None)], previous, generation, now)
+    return {"conditions": [stamped[0], *kept, *stamped[1:]], "observedGeneration": generation}
 
 
 def compute_status(
@@ -251,7 +291,12 @@ def compute_status(
     else:
         ready = _condition("Ready", True, "Serving", f"serving at {service_url(name, namespace)}")
 
-    conditions = _stamped([ready, progressing, degraded, fits], previous or {}, generation, now)
+    conditions = _stamped(
+        [ready, progressing, degraded, fits, *kstatus_conditions(ready, progressing, degraded)],
+        previous or {},
+        generation,
+        now,
+    )
 
     desired = sum(
         by_name[workload_of(v.name)].get("spec", {}).get("replicas", 0)
