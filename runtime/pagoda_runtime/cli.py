@@ -91,7 +91,14 @@ def _add_serve(sub) -> None:
     p.add_argument(
         "--model",
         default=defaults.model,
-        help="model folder, .gguf file, or 'smollm2-135m'; with --load-format dummy a model shape",
+        help="model folder, .gguf file, 'smollm2-135m', or a Hugging Face hub id org/name[@revision] "
+        "(downloaded into the Hugging Face cache first, as vLLM does); with --load-format dummy a model "
+        "shape",
+    )
+    p.add_argument(
+        "--revision",
+        default=None,
+        help="the commit, branch or tag of a hub id --model (default: main)",
     )
     p.add_argument(
         "--load-format",
@@ -363,6 +370,7 @@ def server_settings(args: argparse.Namespace):
 def _serve(args: argparse.Namespace) -> int:
     from pagoda_runtime.contract.bundled import BUNDLED_MODEL_NAME
     from pagoda_runtime.contract.model_catalogue import SHAPES, shape_config
+    from pagoda_runtime.loading.model_cache.hub import hub_model, is_hub_id
     from pagoda_runtime.logs import configure_logging
     from pagoda_runtime.parallel.world_layout import LayoutError
     from pagoda_runtime.server.process import engine_loader, group_engine_loader, serve
@@ -390,6 +398,16 @@ def _serve(args: argparse.Namespace) -> int:
             f"{args.model!r} names a model shape, not a checkpoint: add --load-format dummy to serve "
             "random weights of it, or give the checkpoint's folder or .gguf file"
         )
+    elif is_hub_id(args.model):
+        try:
+            local = hub_model(args.model, args.revision)
+        except Exception as exc:  # the hub's own reason: unknown repo, gated, offline without a copy
+            return refuse(
+                f"downloading {args.model} from the Hugging Face hub failed: {type(exc).__name__}: {exc}"
+            )
+        # Served under the hub id, as vLLM does, from the snapshot in the cache.
+        args.served_model_name = args.served_model_name or [args.model.split("@", 1)[0]]
+        args.model = str(local)
     config = engine_config(args)
     settings = server_settings(args)
     if not world.is_group:

@@ -2,11 +2,13 @@
 
 `snapshot_download` into a local folder resumes the files a previous attempt left half-written
 (their `.incomplete` parts under `.cache/huggingface`) and skips the ones already complete.
+`serve --model org/name[@revision]` goes through `hub_model`, into the Hugging Face cache as vLLM does.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -73,3 +75,31 @@ def download(source: HubSource, folder: Path) -> None:
     )
     # huggingface_hub's bookkeeping for resuming; the finished model does not need it.
     shutil.rmtree(folder / ".cache", ignore_errors=True)
+
+
+# A hub id as `vllm serve` takes it, with an optional @revision (a commit, branch or tag).
+_HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(@(?P<revision>[\w./-]+))?$")
+
+
+def is_hub_id(model: str) -> bool:
+    """`org/name[@revision]` naming no local file or folder."""
+    return _HUB_ID.match(model) is not None and not Path(model).expanduser().exists()
+
+
+def hub_model(model: str, revision: str | None = None) -> Path:
+    """The snapshot of a hub id in the Hugging Face cache (HF_HOME, HF_HUB_CACHE), downloaded first
+    unless it is there (with HF_HUB_OFFLINE=1 only what is there): the folder, or its one GGUF file."""
+    match = _HUB_ID.match(model)
+    if match is None:
+        raise ValueError(f"{model!r} is not a hub id such as org/name or org/name@revision")
+    if match["revision"] and revision and match["revision"] != revision:
+        raise ValueError(f"{model} names revision {match['revision']} but --revision says {revision}")
+    folder = Path(
+        snapshot_download(
+            match["repo"], revision=match["revision"] or revision, endpoint=_endpoint(), token=_token()
+        )
+    )
+    ggufs = sorted(folder.rglob("*.gguf"))
+    if not (folder / "config.json").is_file() and len(ggufs) == 1:
+        return ggufs[0]
+    return folder
