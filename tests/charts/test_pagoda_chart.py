@@ -147,6 +147,10 @@ def test_crds_can_be_left_out_or_deleted_with_the_release():
     assert KEEP not in plain[("CustomResourceDefinition", "inferenceservices.pagoda.dev")]["metadata"].get(
         "annotations", {}
     )
+    argo = by_identity(helm_template("crds.annotations.argocd\\.argoproj\\.io/sync-options=Prune=false"))
+    for name in ("inferenceservices.pagoda.dev", "clusterkopfpeerings.kopf.dev"):
+        annotations = argo[("CustomResourceDefinition", name)]["metadata"]["annotations"]
+        assert annotations == {KEEP: "keep", "argocd.argoproj.io/sync-options": "Prune=false"}
     # Another kopf operator installed kopf's peering CRD already: Helm must not try to own it.
     shared = by_identity(helm_template("kopfPeering.installCRD=false"))
     assert ("CustomResourceDefinition", "clusterkopfpeerings.kopf.dev") not in shared

@@ -11,11 +11,15 @@ app.kubernetes.io/name: pagoda-operator
 app.kubernetes.io/part-of: pagoda
 {{- end -}}
 
-{{/* A file of files/ as an object, kept on uninstall when crds.keep is set. */}}
+{{/* A CRD of files/, kept on uninstall when crds.keep is set, with crds.annotations. */}}
 {{- define "pagoda.keptFile" -}}
 {{- $object := .root.Files.Get .file | fromYaml -}}
+{{- $annotations := merge (deepCopy .root.Values.crds.annotations) ($object.metadata.annotations | default dict) -}}
 {{- if .root.Values.crds.keep -}}
-{{- $_ := set $object.metadata "annotations" (merge (dict "helm.sh/resource-policy" "keep") ($object.metadata.annotations | default dict)) -}}
+{{- $_ := set $annotations "helm.sh/resource-policy" "keep" -}}
+{{- end -}}
+{{- if $annotations -}}
+{{- $_ := set $object.metadata "annotations" $annotations -}}
 {{- end -}}
 {{ toYaml $object }}
 {{- end -}}
