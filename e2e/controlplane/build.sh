@@ -102,6 +102,27 @@ if has lws-controller; then
   lws_pid=$!
 fi
 
+# Helm and kstatus-check (the chart's and the GitOps tests' tools) likewise, one after the other.
+tools_pid=""
+if has helm || has kstatus-check; then
+  (
+    if has helm; then
+      t=$SECONDS
+      mkdir -p "$tmp/helm"
+      GOBIN="$tmp/helm" go install "${BUILDFLAGS[@]}" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+      install_bin helm "$tmp/helm/helm"
+      echo "  helm $HELM_VERSION: $((SECONDS - t))s"
+    fi
+    if has kstatus-check; then
+      t=$SECONDS
+      (cd "$here/kstatus" && go build "${BUILDFLAGS[@]}" -o "$tmp/kstatus-check" .)
+      install_bin kstatus-check "$tmp/kstatus-check"
+      echo "  kstatus-check $KSTATUS_VERSION: $((SECONDS - t))s"
+    fi
+  ) &
+  tools_pid=$!
+fi
+
 # kube-*: one `go build` for all of them shares compilation of the common packages.
 pkgs=()
 for b in "${KUBE_BINS[@]}"; do has "$b" && pkgs+=("k8s.io/kubernetes/cmd/$b"); done
@@ -155,20 +176,6 @@ if has minio; then
   echo "  minio $MINIO_VERSION: $((SECONDS - t))s"
 fi
 
-if has helm; then
-  t=$SECONDS
-  mkdir -p "$tmp/helm"
-  GOBIN="$tmp/helm" go install "${BUILDFLAGS[@]}" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
-  install_bin helm "$tmp/helm/helm"
-  echo "  helm $HELM_VERSION: $((SECONDS - t))s"
-fi
-
-if has kstatus-check; then
-  t=$SECONDS
-  (cd "$here/kstatus" && go build "${BUILDFLAGS[@]}" -o "$tmp/kstatus-check" .)
-  install_bin kstatus-check "$tmp/kstatus-check"
-  echo "  kstatus-check $KSTATUS_VERSION: $((SECONDS - t))s"
-fi
-
 if [ -n "$lws_pid" ]; then wait "$lws_pid"; fi
+if [ -n "$tools_pid" ]; then wait "$tools_pid"; fi
 echo "build.sh: done in $((SECONDS - start))s"
