@@ -158,7 +158,7 @@ def rendered(spec) -> tuple[dict, list[dict]]:
     manifests = render(plan, namespace=NAMESPACE, name=NAME, uid="none", options=RenderOptions())
     [deployment] = [m for m in manifests if m["kind"] == "Deployment"]
     deployment["metadata"].pop("ownerReferences", None)
-    placement = model_cache.JobPlacement(POD_SECURITY, pod_tolerations(spec), spec.runtime.image)
+    placement = model_cache.JobPlacement(POD_SECURITY, pod_tolerations(spec))
     return deployment, model_cache.cache_manifests(spec, NAMESPACE, placement)
 
 

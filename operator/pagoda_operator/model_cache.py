@@ -165,12 +165,11 @@ class PodSecurity:
 
 @dataclass(frozen=True)
 class JobPlacement:
-    """Where and how the download runs: the replicas' image, security and tolerations, so that it may
-    run on the nodes they run on (which a ReadWriteOnce volume needs)."""
+    """Where the download runs: the replicas' security and tolerations, so that it may run on the
+    nodes they run on (which a ReadWriteOnce volume needs)."""
 
     security: PodSecurity
     tolerations: list[dict]
-    image: str
 
 
 def job_manifest(spec: InferenceServiceSpec, namespace: str, ref: CacheRef, placement: JobPlacement) -> dict:
@@ -236,7 +235,7 @@ def _job(
     and the projected volume of its token, for credentials from a token rather than a Secret."""
     container = {
         **container,
-        "image": placement.image,
+        "image": spec.runtime.image,
         "imagePullPolicy": spec.runtime.image_pull_policy,
         "volumeMounts": [*container["volumeMounts"], {"name": "tmp", "mountPath": "/tmp"}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -299,12 +298,12 @@ def replica_volume(ref: CacheRef) -> dict:
     return {"name": VOLUME, "persistentVolumeClaim": {"claimName": ref.name, "readOnly": True}}
 
 
-def wait_container(spec: InferenceServiceSpec, image: str, mount: str, security: PodSecurity) -> dict:
+def wait_container(spec: InferenceServiceSpec, mount: str, security: PodSecurity) -> dict:
     """Holds a replica until the cache is complete: the manifest appears with the final folder."""
     marker = f"{mount}/{MODEL_DIR}/{MANIFEST}"
     return {
         "name": WAIT_CONTAINER,
-        "image": image,
+        "image": spec.runtime.image,
         "imagePullPolicy": spec.runtime.image_pull_policy,
         "command": [
             "sh",

@@ -32,11 +32,12 @@ def read_cache_status(k: Kube, spec: InferenceServiceSpec, namespace: str) -> Ca
     return model_cache.cache_status(ref, claim, job, pods, log_tail)
 
 
-def ensure_model_cache(k: Kube, spec: InferenceServiceSpec, namespace: str, image: str) -> CacheStatus | None:
-    """Creates the claim and the download Job (of the runtime `image`) unless they exist, and reads
-    their state. Both are shared by every user of the model revision: created once by whoever comes
-    first, never updated, never owned (deleting a user keeps the data)."""
-    placement = model_cache.JobPlacement(POD_SECURITY, pod_tolerations(spec), image)
+def ensure_model_cache(k: Kube, spec: InferenceServiceSpec, namespace: str) -> CacheStatus | None:
+    """Creates the claim and the download Job unless they exist, and reads their state. Both are
+    shared by every user of the model revision: created once by whoever comes first, never updated,
+    never owned (deleting a user keeps the data). `spec`: with its runtime image resolved
+    (render.with_runtime_image)."""
+    placement = model_cache.JobPlacement(POD_SECURITY, pod_tolerations(spec))
     for shared in model_cache.cache_manifests(spec, namespace, placement):
         k.create_if_absent(shared)
     return read_cache_status(k, spec, namespace)

@@ -35,7 +35,7 @@ from pagoda_operator.leader_worker_set import LWS_GROUP
 from pagoda_operator.model_cache_cluster import ensure_model_cache
 from pagoda_operator.names import LABEL_ISVC, LABEL_VARIANT, WORKLOAD_KINDS, child_selector
 from pagoda_operator.plan import ServicePlan
-from pagoda_operator.render import RenderOptions, render, runtime_image
+from pagoda_operator.render import RenderOptions, render, with_runtime_image
 from pagoda_operator.replicas import replicas_manifest, replicas_to_apply
 from pagoda_operator.retire import plan_retirement, replacements_ready, serving_variants
 from pagoda_operator.status_refresh import Observed, observe, refresh_status, report_invalid
@@ -178,7 +178,7 @@ def reconcile(k: Kube, body, *, announce: bool) -> None:
         service_monitor_labels=tuple(sorted(operator_settings.service_monitor_labels.items())),
     )
     try:
-        cache = ensure_model_cache(k, spec, namespace, runtime_image(spec, options))
+        cache = ensure_model_cache(k, with_runtime_image(spec, options), namespace)
     except ApiException as exc:
         _refused(k, body, exc, announce=announce)
         return

@@ -51,9 +51,13 @@ class RenderOptions:
     service_monitor_labels: tuple[tuple[str, str], ...] = ()
 
 
-def runtime_image(spec: InferenceServiceSpec, options: RenderOptions) -> str:
-    """The spec's own image, else the operator's default."""
-    return spec.runtime.image or options.runtime_image
+def with_runtime_image(spec: InferenceServiceSpec, options: RenderOptions) -> InferenceServiceSpec:
+    """The spec with its own runtime image, else the operator's default: what every pod and Job runs."""
+    if spec.runtime.image:
+        return spec
+    return spec.model_copy(
+        update={"runtime": spec.runtime.model_copy(update={"image": options.runtime_image})}
+    )
 
 
 def _metadata(object_name: str, namespace: str, name: str, uid: str, variant: str | None) -> dict:
@@ -183,7 +187,7 @@ def _http_probe(path: str, period: int, failures: int, timeout: int) -> dict:
 
 
 def _runtime_container(
-    spec: InferenceServiceSpec, variant: VariantSpec, served_name: str, image: str, *, serves: bool
+    spec: InferenceServiceSpec, variant: VariantSpec, served_name: str, *, serves: bool
 ) -> dict:
     """serves: the pod that serves HTTP (every pod of a Deployment, a group's leader); a worker pod
     only computes its ranks, has no HTTP port for a Service to route to, and no HTTP probes."""
@@ -208,7 +212,7 @@ def _runtime_container(
         mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
     container = {
         "name": RUNTIME_CONTAINER,
-        "image": image,
+        "image": rt.image,
         "imagePullPolicy": rt.image_pull_policy,
         "command": ["pagoda-runtime"],
         "args": runtime_args(spec, variant, served_name),
@@ -282,9 +286,7 @@ def _gpu_product_affinity(spec: InferenceServiceSpec) -> dict:
     }
 
 
-def _pod_spec(
-    spec: InferenceServiceSpec, variant: VariantSpec, served_name: str, image: str, *, serves: bool
-) -> dict:
+def _pod_spec(spec: InferenceServiceSpec, variant: VariantSpec, served_name: str, *, serves: bool) -> dict:
     sched = spec.scheduling
     node_selector = dict(sched.node_selector)
     tolerations = pod_tolerations(spec)
@@ -299,11 +301,11 @@ def _pod_spec(
         "terminationGracePeriodSeconds": (
             spec.drain.endpoint_removal_seconds + spec.drain.timeout_seconds + SHUTDOWN_MARGIN_SECONDS
         ),
-        "containers": [_runtime_container(spec, variant, served_name, image, serves=serves)],
+        "containers": [_runtime_container(spec, variant, served_name, serves=serves)],
         "volumes": _volumes(spec),
     }
     if (ref := model_cache.cache_ref(spec)) is not None:
-        pod["initContainers"] = [model_cache.wait_container(spec, image, MODEL_MOUNT, POD_SECURITY)]
+        pod["initContainers"] = [model_cache.wait_container(spec, MODEL_MOUNT, POD_SECURITY)]
         if model_cache.shares_one_node(spec):
             affinity.update(model_cache.same_node_affinity(ref))
     if affinity:
@@ -337,7 +339,7 @@ def _with_overrides(pod: dict, spec: InferenceServiceSpec) -> dict:
 
 
 def _pod_template(
-    spec: InferenceServiceSpec, variant: VariantSpec, served_name: str, name: str, image: str, *, serves: bool
+    spec: InferenceServiceSpec, variant: VariantSpec, served_name: str, name: str, *, serves: bool
 ):
     return {
         "metadata": {
@@ -360,11 +362,11 @@ def _pod_template(
                 ),
             },
         },
-        "spec": _with_overrides(_pod_spec(spec, variant, served_name, image, serves=serves), spec),
+        "spec": _with_overrides(_pod_spec(spec, variant, served_name, serves=serves), spec),
     }
 
 
-def _deployment(spec, plan: VariantPlan, *, namespace, name, uid, served_name, image) -> dict:
+def _deployment(spec, plan: VariantPlan, *, namespace, name, uid, served_name) -> dict:
     variant = plan.variant
     object_name = variant_object_name(name, variant.name)
     deployment_spec = {
@@ -372,7 +374,7 @@ def _deployment(spec, plan: VariantPlan, *, namespace, name, uid, served_name, i
         "strategy": {"type": "RollingUpdate", "rollingUpdate": spec.rollout.strategy(spec.resources.gpus)},
         # Loading a model may take the whole startup timeout; only then is a rollout stuck.
         "progressDeadlineSeconds": spec.runtime.startup_timeout_seconds + 300,
-        "template": _pod_template(spec, variant, served_name, name, image, serves=True),
+        "template": _pod_template(spec, variant, served_name, name, serves=True),
     }
     # spec.replicas is left out: a field manager of its own owns it (replicas.py).
     return {
@@ -383,13 +385,13 @@ def _deployment(spec, plan: VariantPlan, *, namespace, name, uid, served_name, i
     }
 
 
-def _leader_worker_set(spec, plan: VariantPlan, *, namespace, name, uid, served_name, image) -> dict:
+def _leader_worker_set(spec, plan: VariantPlan, *, namespace, name, uid, served_name) -> dict:
     variant = plan.variant
     return leader_worker_set(
         _metadata(workload_name(name, variant.name, spans_nodes=True), namespace, name, uid, variant.name),
         size=spec.parallelism.nodes,
-        leader_template=_pod_template(spec, variant, served_name, name, image, serves=True),
-        worker_template=_pod_template(spec, variant, served_name, name, image, serves=False),
+        leader_template=_pod_template(spec, variant, served_name, name, serves=True),
+        worker_template=_pod_template(spec, variant, served_name, name, serves=False),
         rolling_update=spec.rollout.strategy(spec.resources.gpus),
     )
 
@@ -523,7 +525,7 @@ def _network_policy(spec, *, namespace, name, uid) -> dict:
 def render(plan: ServicePlan, *, namespace: str, name: str, uid: str, options: RenderOptions) -> list[dict]:
     """Every child that should exist; Deployments and LeaderWorkerSets without spec.replicas (see
     replicas.py)."""
-    spec = plan.spec
+    spec = with_runtime_image(plan.spec, options)
     served_name = spec.model.served_name or name
     ids = {"namespace": namespace, "name": name, "uid": uid}
     objects = [_service(name, selector_labels(name), variant=None, **ids)]
@@ -531,9 +533,7 @@ def render(plan: ServicePlan, *, namespace: str, name: str, uid: str, options: R
         variant = variant_plan.variant
         object_name = variant_object_name(name, variant.name)
         workload = _leader_worker_set if spec.spans_nodes else _deployment
-        objects.append(
-            workload(spec, variant_plan, served_name=served_name, image=runtime_image(spec, options), **ids)
-        )
+        objects.append(workload(spec, variant_plan, served_name=served_name, **ids))
         # Workers expose no HTTP port, so no Service routes to them; this one says it outright.
         leaders = LEADER_SELECTOR if spec.spans_nodes else {}
         objects.append(

@@ -19,7 +19,6 @@ from pagoda_operator.model_cache import (
 )
 from pagoda_operator.plan import plan_service
 from pagoda_operator.render import POD_SECURITY, RenderOptions, pod_tolerations, render
-from pagoda_operator.settings import DEFAULT_RUNTIME_IMAGE
 from pagoda_operator.status import compute_status
 from pagoda_runtime.contract.download_progress import Progress
 from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES
@@ -31,7 +30,7 @@ HF = {"source": "hf://meta-llama/Llama-3.1-8B-Instruct", "revision": COMMIT}
 
 def _manifests(model: dict, namespace: str = "ml") -> dict[str, dict]:
     s = spec(model=model)
-    placement = JobPlacement(POD_SECURITY, pod_tolerations(s), DEFAULT_RUNTIME_IMAGE)
+    placement = JobPlacement(POD_SECURITY, pod_tolerations(s))
     return {m["kind"]: m for m in cache_manifests(s, namespace, placement)}
 
 
