@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import pytest
-from minio.credentials.providers import IamAwsProvider
 from pagoda_runtime.contract import cache_layout as layout
 from pagoda_runtime.contract.bundled import resolve_model
 from pagoda_runtime.contract.sources import parse_remote
@@ -17,6 +16,7 @@ from pagoda_runtime.loading.model_cache.verify import VerificationError
 from pagoda_runtime.loading.model_source import load_model_source
 
 from tests.model_cache.minio_server import ACCESS_KEY, SECRET_KEY, MinioServer
+from tests.model_cache.oidc_issuer import OidcIssuer
 from tests.runtime.tiny_models import build_tiny_gguf, build_tiny_model
 
 BUCKET = "models"
@@ -152,8 +152,48 @@ def test_credentials_from_a_web_identity_token_when_no_keys_are_given(tmp_path, 
     monkeypatch.setenv("AWS_WEB_IDENTITY_TOKEN_FILE", str(token))
     monkeypatch.setenv("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/models")
     monkeypatch.setenv("AWS_ENDPOINT_URL_STS", "http://127.0.0.1:1")
-    provider = s3.client()._provider
-    assert isinstance(provider, IamAwsProvider)
     # It asks the STS endpoint given, with the token from the file (nothing listens there).
-    with pytest.raises(Exception, match="127.0.0.1"):
-        provider.retrieve()
+    with pytest.raises(PermissionError, match=r"STS \(http://127.0.0.1:1\) refused"):
+        s3.client()
+
+
+@pytest.fixture(scope="module")
+def sts_minio(minio, tmp_path_factory):
+    """A MinIO whose STS trusts the issuer's tokens (their `policy` claim names the MinIO policy the
+    exchanged credentials get), holding the same model."""
+    with OidcIssuer(tmp_path_factory.mktemp("issuer")) as issuer:
+        env = {
+            "MINIO_IDENTITY_OPENID_CONFIG_URL": issuer.config_url,
+            "MINIO_IDENTITY_OPENID_CLIENT_ID": "sts.amazonaws.com",
+            "MINIO_IDENTITY_OPENID_CLAIM_NAME": "policy",
+        }
+        with MinioServer(tmp_path_factory.mktemp("sts-minio-data"), env=env) as server:
+            client = server.client()
+            client.make_bucket(BUCKET)
+            for path in sorted(minio.tiny.iterdir()):
+                client.fput_object(BUCKET, f"llama/{path.name}", str(path))
+            server.issuer = issuer
+            server.tiny = minio.tiny
+            yield server
+
+
+def test_a_service_account_token_is_exchanged_for_credentials(sts_minio, tmp_path, monkeypatch):
+    """What the download Job of s3.serviceAccountName does with its projected token."""
+    token = tmp_path / "token"
+    token.write_text(sts_minio.issuer.token("sts.amazonaws.com", policy="readwrite"))
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", sts_minio.endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_STS", sts_minio.endpoint)
+    monkeypatch.setenv("AWS_WEB_IDENTITY_TOKEN_FILE", str(token))
+    manifest = fetch(parse_remote("s3://models/llama"), tmp_path / "cache", emit=lambda _: None)
+    assert sorted(manifest["files"]) == sorted(p.name for p in sts_minio.tiny.iterdir())
+
+    # A token for another audience is refused by the STS, nothing is downloaded, and the reason
+    # (which reaches the status) does not carry the token.
+    wrong = sts_minio.issuer.token("another-audience", policy="readwrite")
+    token.write_text(wrong)
+    with pytest.raises(PermissionError, match="refused the ServiceAccount token") as refused:
+        fetch(parse_remote("s3://models/llama"), tmp_path / "other", emit=lambda _: None)
+    assert wrong.split(".")[2] not in str(refused.value)
+    assert not layout.model_dir(tmp_path / "other").exists()

@@ -42,8 +42,7 @@ def client() -> Minio:
     http = urllib3.PoolManager(maxsize=CONCURRENCY, retries=urllib3.Retry(total=5, backoff_factor=0.2))
     credentials = {}
     if not os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_WEB_IDENTITY_TOKEN_FILE"):
-        # The token file, role and region are read from the environment by the provider.
-        credentials["credentials"] = IamAwsProvider(custom_endpoint=os.environ.get("AWS_ENDPOINT_URL_STS"))
+        credentials["credentials"] = _web_identity()
     return Minio(
         url.netloc,
         access_key=os.environ.get("AWS_ACCESS_KEY_ID"),
@@ -80,6 +79,25 @@ def list_files(source: S3Source, s3: Minio) -> list[tuple[str, Expected, str]]:
     if not files:
         raise FileNotFoundError(f"{source.uri} holds no objects; check the bucket and prefix")
     return files
+
+
+def _web_identity() -> IamAwsProvider:
+    """Credentials for a ServiceAccount token, exchanged once now so that a refusal is reported here:
+    without the token, which the STS client puts in the URL it reports (the message reaches the
+    InferenceService's status)."""
+    # The token file, role and region are read from the environment by the provider.
+    sts = os.environ.get("AWS_ENDPOINT_URL_STS")
+    provider = IamAwsProvider(custom_endpoint=sts)
+    try:
+        provider.retrieve()
+    except Exception as exc:  # the client's own error types vary: HTTP status, parse, connection
+        reason = re.sub(r"WebIdentityToken=[^&\s]+", "WebIdentityToken=<redacted>", str(exc))
+        raise PermissionError(
+            f"the STS ({sts or 'AWS'}) refused the ServiceAccount token "
+            f"({os.environ['AWS_WEB_IDENTITY_TOKEN_FILE']}): {reason}; check s3.roleArn, the token "
+            "audience (s3.tokenAudience) and the role's trust of the cluster's issuer"
+        ) from None
+    return provider
 
 
 @dataclass(frozen=True)
