@@ -87,11 +87,12 @@ class UpgradeGate:
     def __init__(self) -> None:
         self._lock = threading.Lock()
 
-    def run_if_idle(self, workloads: list[dict], own: tuple[str, str, str], apply) -> str | None:
+    def run_if_idle(self, list_workloads, own: tuple[str, str, str], apply) -> str | None:
         """Calls `apply` unless a workload other than `own` (kind, namespace, name) rolls out; returns
-        the one it waits for, else None."""
+        the one it waits for, else None. The workloads are listed inside the lock: a list made before
+        another reconcile's apply would miss the rollout that apply starts."""
         with self._lock:
-            for workload in workloads:
+            for workload in list_workloads():
                 key = (workload["kind"], workload["metadata"]["namespace"], workload["metadata"]["name"])
                 if key != own and rolling_out(workload):
                     return f"{key[0]} {key[1]}/{key[2]}"

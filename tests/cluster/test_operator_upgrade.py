@@ -76,7 +76,7 @@ def test_an_operator_upgrade_rolls_services_one_at_a_time(control_plane, operato
             what="one service to start rolling to the new default",
             details=operator.log_tail,
         )
-        assert len(first) == 1, first
+        assert len(first) == 1, (first, operator.log_tail(200))
         (waiting,) = {"alpha", "beta"} - set(first)
         isvc = wait_condition(cp, operator, ns, waiting, "Progressing", "True", "UpgradeQueued")
         assert variant_object_name(first[0], "bf16") in condition_message(isvc)

@@ -60,33 +60,36 @@ def test_the_gate_admits_one_workload_while_no_other_rolls():
     gate, applied = UpgradeGate(), []
     own = ("Deployment", "ml", "a")
     busy = [_workload("a", ready=0), _workload("b", ready=1)]
-    assert gate.run_if_idle(busy, own, lambda: applied.append("a")) == "Deployment ml/b"
+    assert gate.run_if_idle(lambda: busy, own, lambda: applied.append("a")) == "Deployment ml/b"
     assert applied == []
     # Its own rollout (a spec edit under way) does not hold it.
-    assert (
-        gate.run_if_idle([_workload("a", ready=0), _workload("b")], own, lambda: applied.append("a")) is None
-    )
+    idle = [_workload("a", ready=0), _workload("b")]
+    assert gate.run_if_idle(lambda: idle, own, lambda: applied.append("a")) is None
     assert applied == ["a"]
 
 
-def test_two_reconciles_never_apply_at_once():
-    gate, active, most = UpgradeGate(), [], []
+def test_a_reconcile_sees_the_rollout_another_one_just_started():
+    """Two services' reconciles at once (an operator's start resumes them all): the second lists the
+    workloads only once the first has applied, and waits for the rollout that apply started."""
+    gate, cluster = UpgradeGate(), {"a": _workload("a"), "b": _workload("b")}
+    inside = threading.Event()
 
-    def slow_apply():
-        active.append(1)
-        most.append(len(active))
+    def apply_a():
+        inside.set()
         time.sleep(0.2)
-        active.pop()
+        cluster["a"] = _workload("a", ready=0)  # the Deployment controller replaces its pod
 
-    threads = [
-        threading.Thread(target=gate.run_if_idle, args=([], ("Deployment", "ml", n), slow_apply))
-        for n in "ab"
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert most == [1, 1]
+    first = threading.Thread(
+        target=gate.run_if_idle, args=(lambda: list(cluster.values()), ("Deployment", "ml", "a"), apply_a)
+    )
+    first.start()
+    inside.wait(5)
+    applied_b = []
+    waits_for = gate.run_if_idle(
+        lambda: list(cluster.values()), ("Deployment", "ml", "b"), lambda: applied_b.append(True)
+    )
+    first.join()
+    assert waits_for == "Deployment ml/a" and applied_b == []
 
 
 def test_status_says_the_upgrade_waits_its_turn():
