@@ -64,7 +64,7 @@ def _apply_workload(k: Kube, body, manifest: dict, variant, live: dict | None) -
         return None
     meta = manifest["metadata"]
     blocker = upgrade.GATE.run_if_idle(
-        _every_workload(k),
+        lambda: _every_workload(k),
         (manifest["kind"], meta["namespace"], meta["name"]),
         lambda: k.apply(manifest, force=True),
     )
