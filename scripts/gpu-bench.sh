@@ -22,7 +22,7 @@
 # --out: the results folder (default out/gpu-bench); --wheels, --site: as for scripts/gpu-env.sh
 # (the site is made once and reused by every part); --part-timeout: seconds per part (default 540,
 # under a 10-minute command limit); --smoke: tiny shapes and counts, so that every part's command
-# line is checked in seconds, on a CPU too. At the end, pagoda_runtime.bench.targets says which of
+# line is checked in seconds, on a CPU too. At the end, benchmarks.targets says which of
 # the performance targets the results meet (DIR/targets.json). Exit status 0 only when every part
 # passed.
 set -euo pipefail
@@ -86,23 +86,23 @@ run_part() {
     case $1 in
         decode) run -m pagoda_runtime.cli bench latency --shape "$shape" --batch-size 1 "${latency[@]}" --hf \
             --result-json "$out/latency_b1.json" ;;
-        quant) run -m pagoda_runtime.bench.sweeps quant --shape "$shape" --quantizations "$quantizations" \
+        quant) run -m benchmarks.sweeps quant --shape "$shape" --quantizations "$quantizations" \
             --batch-size 1 "${latency[@]}" --out "$out" ;;
-        batch) run -m pagoda_runtime.bench.sweeps batch --shape "$shape" "${batch[@]}" --hf --out "$out" ;;
+        batch) run -m benchmarks.sweeps batch --shape "$shape" "${batch[@]}" --hf --out "$out" ;;
         offline) run -m pagoda_runtime.cli bench throughput --shape "$shape" "${offline[@]}" --hf \
             --result-json "$out/throughput_$shape.json" ;;
         offline-1b) run -m pagoda_runtime.cli bench throughput --shape "$small_shape" "${offline[@]}" --hf \
             --result-json "$out/throughput_$small_shape.json" ;;
-        serve) run -m pagoda_runtime.bench.sweeps rate --serve "--model $shape --load-format dummy" "${rate[@]}" \
+        serve) run -m benchmarks.sweeps rate --serve "--model $shape --load-format dummy" "${rate[@]}" \
             --out "$out" ;;
         # Served requests stream text; the second run is the same step without async output processing.
-        profile) run -m pagoda_runtime.bench.step_profile --shape "$shape" "${profile[@]}" --detokenize --out "$out" &&
-            run -m pagoda_runtime.bench.step_profile --shape "$shape" "${profile_sync[@]}" --detokenize \
+        profile) run -m benchmarks.step_profile --shape "$shape" "${profile[@]}" --detokenize --out "$out" &&
+            run -m benchmarks.step_profile --shape "$shape" "${profile_sync[@]}" --detokenize \
                 --no-async-output-proc --name "sync_output_profile_$shape" --out "$out" ;;
         stretch) run -m pagoda_runtime.cli bench throughput --shape "$shape" --quantization fp8 --kv-cache-dtype fp8 \
             "${stretch[@]}" --result-json "$out/throughput_${shape}_fp8_fp8kv.json" ;;
-        kernels) run -m pagoda_runtime.bench.quant_kernels --check && run -m pagoda_runtime.bench.quant_kernels --rows 4 &&
-            run -m pagoda_runtime.bench.attention_kernels ;;
+        kernels) run -m benchmarks.quant_kernels --check && run -m benchmarks.quant_kernels --rows 4 &&
+            run -m benchmarks.attention_kernels ;;
     esac
 }
 
@@ -117,6 +117,6 @@ for part in "${parts[@]}"; do
     ((rc == 0)) || failed=1
 done
 # Which of the project's targets these results meet (DIR/targets.json).
-bash scripts/gpu-env.sh "${env_args[@]}" -- "${PYTHON:-python3}" -m pagoda_runtime.bench.targets "$out" ||
+bash scripts/gpu-env.sh "${env_args[@]}" -- "${PYTHON:-python3}" -m benchmarks.targets "$out" ||
     failed=1
 exit "$failed"

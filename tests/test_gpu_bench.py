@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from pagoda_runtime.bench import targets
+
+from benchmarks import targets
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""`python -m pagoda_runtime.bench.step_profile`: per-step wall and kernel time, on the CPU."""
+"""`python -m benchmarks.step_profile`: per-step wall and kernel time, on the CPU."""
 
 from __future__ import annotations
 
@@ -6,9 +6,11 @@ import dataclasses
 import json
 
 import pytest
-from pagoda_runtime.bench import offline, step_profile
-from pagoda_runtime.bench.tables import TABLES
+from pagoda_runtime.bench import offline
 from pagoda_runtime.executor.sampler import Sampler
+
+from benchmarks import step_profile
+from benchmarks.tables import TABLES
 
 
 def test_each_step_reports_wall_kernel_gap_host_and_launches(tmp_path, capsys):

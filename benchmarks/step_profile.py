@@ -1,8 +1,8 @@
 """Where a decode step's time goes: wall time against kernel time, step by step.
 
-    python -m pagoda_runtime.bench.step_profile --shape llama-3-8b --batch-sizes 1,32,256 \
+    python -m benchmarks.step_profile --shape llama-3-8b --batch-sizes 1,32,256 \
         --out benchmarks/results/h100
-    OMP_NUM_THREADS=1 python -m pagoda_runtime.bench.step_profile --model smollm2-135m --device cpu \
+    OMP_NUM_THREADS=1 python -m benchmarks.step_profile --model smollm2-135m --device cpu \
         --batch-sizes 1,8 --input-len 9 --parts --name decode_profile_auto --out benchmarks/results/cpu
 
 Builds one engine: random weights of a named shape (bench/offline.py), or with --model a model the

@@ -1,10 +1,10 @@
 """Throughput against batch size, latency against request rate, speed against weight quantization:
 a JSON table and a PNG plot each.
 
-    .venv/bin/python -m pagoda_runtime.bench.sweeps batch --shape llama-3-8b --out benchmarks/results/h100
-    .venv/bin/python -m pagoda_runtime.bench.sweeps rate --serve "--model llama-3-8b --load-format dummy" \
+    .venv/bin/python -m benchmarks.sweeps batch --shape llama-3-8b --out benchmarks/results/h100
+    .venv/bin/python -m benchmarks.sweeps rate --serve "--model llama-3-8b --load-format dummy" \
         --rates 4,8,16,32,64,inf --num-prompts 400 --out benchmarks/results/h100
-    .venv/bin/python -m pagoda_runtime.bench.sweeps quant --shape llama-3-8b \
+    .venv/bin/python -m benchmarks.sweeps quant --shape llama-3-8b \
         --quantizations none,int8,fp8,int4 --batch-size 1 --out benchmarks/results/h100
 
 `batch` runs `bench latency` once per batch size (fixed input and output lengths, ignore_eos) on
@@ -218,7 +218,7 @@ def saturation(rows: list[dict]) -> dict:
 
 
 def rate_sweep(args: argparse.Namespace) -> dict:
-    from pagoda_runtime.bench.launched_server import launched_server
+    from benchmarks.launched_server import launched_server
 
     if args.serve is None:
         model, rows = _run_rates(args, args.base_url)

@@ -6,7 +6,7 @@ measured", never a pass. The numbers are the project's targets for the Llama-3-8
 H100 (the 1B rows: the Llama-3.2-1B shape); a figure of another shape is shown but judged "not
 comparable", and on another card the verdicts only say how far the figures are from those numbers.
 
-    python -m pagoda_runtime.bench.targets DIR     # prints the table, writes DIR/targets.json
+    python -m benchmarks.targets DIR     # prints the table, writes DIR/targets.json
 """
 
 from __future__ import annotations
