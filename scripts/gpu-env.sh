@@ -7,9 +7,9 @@
 #
 #   bash scripts/gpu-env.sh [--wheels DIR]... [--site DIR] [--log DIR] -- COMMAND [ARG]...
 #
-# --wheels: a folder of carried wheels, and of wheels split into NAME.whl.partIofK (default .whl;
-# repeat it for several); --site: the install folder (default: a new temporary one; an existing
-# one is reused, so a second command on the same machine installs nothing); --log: where the list
+# --wheels: a folder of carried wheels, and of wheels split into NAME.whl.partIofK, its subfolders
+# too (default .whl; repeat it for several); --site: the install folder (default: a new temporary
+# one; an existing one is reused, so a second command on the same machine installs nothing); --log: where the list
 # of installed wheels and pip's log go (default: the site folder). PYTHON names another
 # interpreter than python3.
 set -euo pipefail
@@ -45,9 +45,9 @@ import sys
 from pathlib import Path
 
 site, folders = Path(sys.argv[1]), [Path(f) for f in sys.argv[2:]]
-wheels = [w for f in folders for w in f.glob("*.whl")]
+wheels = [w for f in folders for w in f.rglob("*.whl")]
 parts: dict[str, dict[int, Path]] = {}
-for part in (p for f in folders for p in f.glob("*.whl.part*")):
+for part in (p for f in folders for p in f.rglob("*.whl.part*")):
     name, index, count = re.fullmatch(r"(.+\.whl)\.part(\d+)of(\d+)", part.name).groups()
     parts.setdefault(f"{name} {count}", {})[int(index)] = part
 joined = site.parent / (site.name + "-joined")
