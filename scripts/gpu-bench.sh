@@ -35,11 +35,11 @@
 #
 # --out: the results folder (default out/gpu-bench; for start and collect /tmp/pagoda-gpu-bench, a
 # folder start makes and refuses to reuse); --wheels, --site: as for scripts/gpu-env.sh (the site is
-# made once and reused by every part); --deadline S: start no part that would have under 30 s before
-# S seconds from now, and stop the one running then; --budget PART=S: that part's limit in seconds
-# (the defaults, sized for an H100 or H200, end this help); --part-timeout S: every part's limit;
-# --smoke: tiny shapes and counts, so that every part's command line is checked in seconds, on a
-# CPU too. Exit status 0 only when every part passed.
+# made once and reused by every part); --deadline S: be done S seconds from now (parts end 25 s
+# before, for the targets table; none starts with under 30 s); --budget PART=S: that part's limit
+# in seconds (the defaults, sized for an H100 or H200, end this help); --part-timeout S: every
+# part's limit; --smoke: tiny shapes and counts, so that every part's command line is checked in
+# seconds, on a CPU too. Exit status 0 only when every part passed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -48,9 +48,10 @@ declare -A budget=(
     [offline]=200 [serve]=200 [stretch]=120 [offline-1b]=150
 )
 order=(tests decode batch quant profile kernels offline serve stretch offline-1b)
-# Seconds kept after the last part for the targets table; a part with less than MIN_PART seconds
-# before the deadline is not started.
-RESERVE=15
+# Seconds kept before the deadline for stopping the last part (KILL_AFTER beyond its TERM, then its
+# leftovers) and the targets table; a part with less than MIN_PART seconds is not started.
+KILL_AFTER=10
+RESERVE=25
 MIN_PART=30
 
 mode=run
@@ -214,7 +215,7 @@ fi
 run() {
     local left=$((part_end - $(date +%s)))
     ((left > 0)) || return 124
-    timeout --foreground --kill-after=20 "$left" bash scripts/gpu-env.sh "${env_args[@]}" -- \
+    timeout --foreground --kill-after="$KILL_AFTER" "$left" bash scripts/gpu-env.sh "${env_args[@]}" -- \
         "${PYTHON:-python3}" "$@"
 }
 
