@@ -21,7 +21,8 @@ _KEY = "flag"
 
 @dataclasses.dataclass(frozen=True)
 class Flag:
-    help: str  # what the setting does; a value the default is not may be spelled out too
+    # What the setting does, as `serve --help` and (other --flags named as spec fields) the CRD say it.
+    help: str
     name: str | None = None  # the option; default: --field-name
     short: str | None = None  # a short alias, as vLLM's -tp
     choices: tuple[str, ...] | None = None
