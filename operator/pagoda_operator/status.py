@@ -67,7 +67,7 @@ def model_fits_condition(plan: ServicePlan) -> Condition:
     return _condition("ModelFits", True, "Fits", "every variant fits its pods")
 
 
-def pod_problems(pods: list[dict]) -> list[tuple[str, str]]:
+def pod_problems(pods: list[dict]) -> list[Problem]:
     """(reason, message) for each pod that is stuck, most telling message first per pod."""
     problems = []
     for pod in pods:
@@ -88,7 +88,7 @@ def pod_problems(pods: list[dict]) -> list[tuple[str, str]]:
     return problems
 
 
-def deployment_problems(deployments: list[dict]) -> list[tuple[str, str]]:
+def deployment_problems(deployments: list[dict]) -> list[Problem]:
     """The Deployment controller's own failures: pods it could not create (quota, PriorityClass)."""
     problems = []
     for deployment in deployments:
@@ -99,7 +99,7 @@ def deployment_problems(deployments: list[dict]) -> list[tuple[str, str]]:
     return problems
 
 
-def hpa_problems(hpas: list[dict]) -> list[tuple[str, str]]:
+def hpa_problems(hpas: list[dict]) -> list[Problem]:
     """An HPA that cannot scale, most often because no metrics adapter serves the queue depth."""
     problems = []
     for hpa in hpas:
@@ -151,11 +151,13 @@ class _Workloads:
 
     def variant_status(self, variant: VariantPlan) -> VariantStatus:
         status = (self.of(variant.name) or {}).get("status", {})
-        fields = {"name": variant.name, "replicas": status.get("replicas", 0)}
-        fields["ready_replicas"] = status.get("readyReplicas", 0)
-        if variant.fit is not None:
-            fields["fits"] = variant.fit.fits
-        return VariantStatus(**fields)
+        known_fit = {} if variant.fit is None else {"fits": variant.fit.fits}  # unknown: left out
+        return VariantStatus(
+            name=variant.name,
+            replicas=status.get("replicas", 0),
+            ready_replicas=status.get("readyReplicas", 0),
+            **known_fit,
+        )
 
 
 def _rolling_out(deployment: dict) -> bool:
