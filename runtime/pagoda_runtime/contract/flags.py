@@ -105,13 +105,17 @@ def to_args(names: Iterable[str], *settings: Any) -> list[str]:
     name is looked up in the first of them that has a flag for it); a None value is left out."""
     args: list[str] = []
     for name in names:
-        owner = next(
-            (s for s in settings if _KEY in getattr(_fields(type(s)).get(name), "metadata", {})), None
-        )
-        if owner is None:
-            raise KeyError(f"no flag sets {name!r} in {', '.join(type(s).__name__ for s in settings)}")
+        owner = _owner(name, settings)
         args += _words(type(owner), name, getattr(owner, name))
     return args
+
+
+def _owner(name: str, settings: tuple[Any, ...]) -> Any:
+    for candidate in settings:
+        field = _fields(type(candidate)).get(name)
+        if field is not None and _KEY in field.metadata:
+            return candidate
+    raise KeyError(f"no flag sets {name!r} in {', '.join(type(s).__name__ for s in settings)}")
 
 
 def _words(cls: type, name: str, value: Any) -> list[str]:

@@ -64,6 +64,9 @@ def parse_pipeline_parallel_size(value: str) -> int:
 
 @dataclass(frozen=True)
 class ServerSettings:
+    """The serving process beside its engine: where it listens, the names it answers to, how it
+    sheds load and drains, and how it logs. The fields without a flag are set by the caller."""
+
     served_model_names: tuple[str, ...] = setting(
         (),
         "the names clients may use; the first one labels the metrics (default: --model)",
