@@ -47,7 +47,9 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from pagoda_runtime.bench import offline
+from pagoda_runtime.bench.workload import OFFLINE_ENGINE_FLAGS, OfflineConfig
 from pagoda_runtime.contract.config import EngineConfig
+from pagoda_runtime.contract.flags import add_flags, from_args
 from pagoda_runtime.engine.llm_engine import LLMEngine
 from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.engine.stats import StepTiming
@@ -80,31 +82,17 @@ INSIDE_LAYERS = PARTS[4:9]
 
 
 def build(args: argparse.Namespace, max_num_seqs: int, max_model_len: int) -> LLMEngine:
-    if args.model:
-        config = EngineConfig(
-            model=args.model,
-            dtype=args.dtype,
-            device=args.device,
-            quantization=args.quantization,
-            max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs,
-            kv_cache_memory=args.kv_cache_memory,
-            enable_prefix_caching=False,  # random prompts share nothing
-            enforce_eager=args.enforce_eager,
-            async_output_proc=args.async_output_proc,
-        )
-        return LLMEngine(config)
-    config = offline.OfflineConfig(
-        shape=args.shape,
-        device=args.device,
-        dtype=args.dtype,
-        quantization=args.quantization,
+    config = from_args(
+        EngineConfig,
+        args,
+        model=args.model or args.shape,
+        max_model_len=max_model_len,
         max_num_seqs=max_num_seqs,
-        kv_cache_memory=args.kv_cache_memory,
-        enforce_eager=args.enforce_eager,
-        async_output_proc=args.async_output_proc,
+        enable_prefix_caching=False,  # random prompts share nothing
     )
-    return offline.build_engine(config, max_model_len)
+    if args.model:
+        return LLMEngine(config)
+    return offline.build_engine(OfflineConfig(config), max_model_len)
 
 
 def decode_steps_before(decoded: int) -> int:
@@ -422,18 +410,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     source.add_argument("--shape", help="random weights of this named shape (model_catalogue.SHAPES)")
     source.add_argument("--model", help="a model the engine loads: smollm2-135m, a folder or a .gguf file")
     parser.add_argument("--batch-sizes", type=_sizes, default=[1, 32, 256])
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--quantization", default="auto")
-    parser.add_argument("--kv-cache-memory", type=float, default=0.9)
-    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    parser.add_argument(
-        "--async-output-proc",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="make each step's text while the next step runs (default: the device's; a CPU overlaps "
-        "nothing, but the step's host parts split the same way)",
-    )
+    # The engine flags of the offline benchmarks but the batch, which --batch-sizes sets; a CPU
+    # overlaps nothing with --async-output-proc, but the step's host parts split the same way.
+    add_flags(parser, EngineConfig, set(OFFLINE_ENGINE_FLAGS) - {"max_num_seqs"})
     parser.add_argument(
         "--detokenize", action="store_true", help="stream text as a served request does (default: ids only)"
     )

@@ -7,10 +7,14 @@ defaults the apiserver fills in.
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar, Literal
 
-from pagoda_runtime.contract.config import KV_CACHE_DTYPES, QUANTIZATION_CHOICES
+from pagoda_runtime.contract.config import DTYPES, KV_CACHE_DTYPES, QUANTIZATION_CHOICES, EngineConfig
+from pagoda_runtime.contract.flags import default_of, flag_of
 from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES
+from pagoda_runtime.contract.names import REQUESTS_WAITING
+from pagoda_runtime.contract.serve_settings import LOG_FORMATS, ServerSettings
 from pagoda_runtime.contract.sizing import ModelArchitecture
 from pagoda_runtime.contract.sources import COMMIT_PATTERN
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -34,6 +38,20 @@ DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # The runtime's own flag values, so that a variant the apiserver admits is one the pods can start.
 Quantization = Literal[QUANTIZATION_CHOICES]
 KvCacheDtype = Literal[KV_CACHE_DTYPES]
+Dtype = Literal[DTYPES]
+LogFormat = Literal[LOG_FORMATS]
+
+
+def runtime_setting(settings: type, name: str, **field: Any) -> Any:
+    """A field that sets the runtime flag of `settings`' field `name`: the runtime's own default and
+    help (contract/config.py, contract/serve_settings.py), its flags named as the spec's fields."""
+    described = re.sub(
+        r"--([a-z][a-z0-9-]*)", lambda m: to_camel(m[1].replace("-", "_")), flag_of(settings, name).help
+    )
+    return Field(
+        **{"default": default_of(settings, name), **field},
+        description=described[0].upper() + described[1:] + ".",
+    )
 
 
 def _with_rules(schema: dict, cls: type[Spec]) -> None:
@@ -157,11 +175,7 @@ class ModelSpec(Spec):
         default=None,
         description="Model name clients send in requests; defaults to the InferenceService's name.",
     )
-    max_model_len: int | None = Field(
-        default=None,
-        ge=16,
-        description="Longest prompt plus completion in tokens; defaults to the model's own limit.",
-    )
+    max_model_len: int | None = runtime_setting(EngineConfig, "max_model_len", ge=16)
     family: str | None = Field(
         default=None,
         description="Known model family whose architecture sizes the pods: "
@@ -225,27 +239,18 @@ class RuntimeSpec(Spec):
         default="IfNotPresent", description="When the kubelet pulls the image."
     )
     image_pull_secrets: list[str] = Field(default=[], description="Secrets for pulling the image.")
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
-        default="auto", description="Activation and unquantized weight dtype."
-    )
-    max_num_seqs: int = Field(default=256, ge=1, description="Most sequences batched together per step.")
-    max_num_batched_tokens: int = Field(default=8192, ge=1, description="Token budget of one engine step.")
-    block_size: int = Field(default=16, ge=1, description="Tokens per KV cache block.")
-    kv_cache_memory: float = Field(
-        default=0.9, gt=0, description="KV cache size: bytes, or a fraction (0, 1] of the free device memory."
-    )
-    enable_prefix_caching: bool = Field(
-        default=True, description="Reuse KV blocks of shared prompt prefixes."
-    )
-    max_queue: int | None = Field(
-        default=None,
-        ge=0,
-        description="Waiting requests beyond which new ones get HTTP 429; unlimited when unset.",
-    )
+    dtype: Dtype = runtime_setting(EngineConfig, "dtype")
+    max_num_seqs: int = runtime_setting(EngineConfig, "max_num_seqs", ge=1)
+    max_num_batched_tokens: int = runtime_setting(EngineConfig, "max_num_batched_tokens", ge=1)
+    block_size: int = runtime_setting(EngineConfig, "block_size", ge=1)
+    kv_cache_memory: float = runtime_setting(EngineConfig, "kv_cache_memory", gt=0)
+    enable_prefix_caching: bool = runtime_setting(EngineConfig, "enable_prefix_caching")
+    max_queue: int | None = runtime_setting(ServerSettings, "max_queue", ge=0)
     api_key_secret_ref: SecretKeyRef | None = Field(
         default=None, description="Secret whose value clients must send as a bearer token on /v1/*."
     )
-    log_format: Literal["text", "json"] = Field(default="json", description="Runtime log format.")
+    # Pods log JSON, one object per line, for the cluster's log collectors.
+    log_format: LogFormat = runtime_setting(ServerSettings, "log_format", default="json")
     startup_timeout_seconds: int = Field(
         default=1800, ge=60, description="How long a pod may take to load its model before it is restarted."
     )
@@ -277,11 +282,11 @@ class VariantSpec(Spec):
         pattern=DNS_LABEL, max_length=20, description="Variant name, used in child object names and labels."
     )
     quantization: Quantization = Field(
-        default="auto",
+        default=default_of(EngineConfig, "quantization"),
         description="Weight quantization of this variant: see docs/architecture.md#quantization.",
     )
     kv_cache_dtype: KvCacheDtype = Field(
-        default="auto",
+        default=default_of(EngineConfig, "kv_cache_dtype"),
         description="Element type of the KV cache: auto (the model's dtype) or fp8 (e4m3: half the "
         "bytes of bf16, so twice the cached tokens).",
     )
@@ -336,7 +341,7 @@ class AutoscalingSpec(Spec):
     target_queue_depth: int = Field(
         default=4,
         ge=1,
-        description="Waiting requests per pod (pagoda_num_requests_waiting) the autoscaler aims for.",
+        description=f"Waiting requests per pod ({REQUESTS_WAITING}) the autoscaler aims for.",
     )
     scale_up_stabilization_seconds: int = Field(
         default=0, ge=0, le=3600, description="Window of recommendations considered before scaling up."

@@ -17,7 +17,7 @@ from pagoda_operator.model_cache import (
 )
 from pagoda_operator.plan import plan_service
 from pagoda_operator.render import POD_SECURITY, RenderOptions, pod_tolerations, render
-from pagoda_operator.status import compute_status
+from pagoda_operator.status import compute_status, status_patch
 from pagoda_runtime.contract.download_progress import Progress
 from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES
 
@@ -146,16 +146,18 @@ def test_status_follows_the_download():
 
 
 def _status(s, cache):
-    return compute_status(
-        plan_service(s, cache.checkpoint, held=cache.holds_replicas),
-        namespace="ml",
-        name="llama",
-        generation=1,
-        deployments=[],
-        pods=[],
-        previous=None,
-        now="2026-01-01T00:00:00Z",
-        cache=cache,
+    return status_patch(
+        compute_status(
+            plan_service(s, cache.checkpoint, held=cache.holds_replicas),
+            namespace="ml",
+            name="llama",
+            generation=1,
+            deployments=[],
+            pods=[],
+            previous=None,
+            now="2026-01-01T00:00:00Z",
+            cache=cache,
+        )
     )
 
 

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 import torch
 from pagoda_runtime.bench import offline, roofline
+from pagoda_runtime.bench.workload import offline_engine
 from pagoda_runtime.contract import sizing
 from pagoda_runtime.contract.config import EngineConfig
 from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES, shape_config
@@ -140,7 +141,7 @@ def test_the_costs_of_a_built_model_come_from_its_shape_and_its_cache():
 
 
 def test_an_fp8_kv_cache_moves_a_byte_per_value():
-    config = offline.OfflineConfig(shape="tiny-llama", device="cpu", kv_cache_dtype="fp8")
+    config = offline.OfflineConfig(offline_engine("tiny-llama", device="cpu", kv_cache_dtype="fp8"))
     costs = roofline.model_costs(offline.build_engine(config, 32).runner)
     assert costs.kv_bytes_per_token == 2 * 2 * 2 * 16
 
@@ -163,7 +164,7 @@ def _tokens(engine: LLMEngine, temperature: float) -> dict[str, list[int]]:
 
 
 def test_the_throughput_workload_samples_at_its_temperature():
-    engine = offline.build_engine(offline.OfflineConfig(shape="tiny-llama", device="cpu"), 32)
+    engine = offline.build_engine(offline.OfflineConfig(offline_engine("tiny-llama", device="cpu")), 32)
     greedy = _tokens(engine, 0.0)
     assert _tokens(engine, 0.0) == greedy
     sampled = _tokens(engine, 0.6)
@@ -172,6 +173,6 @@ def test_the_throughput_workload_samples_at_its_temperature():
 
 
 def test_the_transformers_subset_must_lie_within_the_workload():
-    config = offline.OfflineConfig(shape="tiny-llama", device="cpu", hf=True)
+    config = offline.OfflineConfig(offline_engine("tiny-llama", device="cpu"), hf=True)
     with pytest.raises(ValueError, match="--hf-num-prompts 8 is not a part of the workload's 6 requests"):
         offline.throughput(config, 6, 8, 24, hf_prompts=8, hf_batch=2)

@@ -7,6 +7,7 @@ import json
 
 import pytest
 from pagoda_runtime.bench import offline
+from pagoda_runtime.bench.workload import offline_engine
 from pagoda_runtime.executor.sampler import Sampler
 
 from benchmarks import step_profile
@@ -65,7 +66,7 @@ def test_the_bundled_models_profile_fills_the_committed_cpu_table(tmp_path):
 
 def test_the_part_labels_are_taken_off_again():
     # Left on, they would slow every later step of the same engine (the next batch size's timing).
-    config = offline.OfflineConfig(shape="tiny-llama", device="cpu", max_num_seqs=2)
+    config = offline.OfflineConfig(offline_engine("tiny-llama", device="cpu", max_num_seqs=2))
     engine = offline.build_engine(config, 64)
     layer, call = engine.runner.model.layers[0], Sampler.__call__
     ops = layer.self_attn.ops

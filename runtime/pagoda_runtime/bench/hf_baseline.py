@@ -58,9 +58,9 @@ def hf_config(config: ModelConfig, **overrides):
 def _model(offline: OfflineConfig):
     from transformers import AutoModelForCausalLM
 
-    device = resolve_device(offline.device)
-    dtype = resolve_dtype(offline.dtype, device)
-    torch.manual_seed(offline.seed)
+    device = resolve_device(offline.engine.device)
+    dtype = resolve_dtype(offline.engine.dtype, device)
+    torch.manual_seed(offline.engine.seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(hf_config(shape_config(offline.shape)), dtype=dtype)
     return model.eval(), device
