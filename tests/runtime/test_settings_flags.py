@@ -7,11 +7,12 @@ import argparse
 import dataclasses
 
 import pytest
-from pagoda_runtime.bench import step_profile
 from pagoda_runtime.cli import engine_config, parser, server_settings
 from pagoda_runtime.contract.config import EngineConfig
 from pagoda_runtime.contract.flags import add_flags, from_args, to_args
 from pagoda_runtime.contract.serve_settings import DistributedSettings, ServerSettings
+
+from benchmarks import step_profile
 
 # serve's options as vLLM users know them; a rename here breaks their command lines.
 SERVE_OPTIONS = {
