@@ -187,7 +187,9 @@ def throughput(
             f"give 1 to {num_prompts} (all of them compares the same requests)"
         )
     model_config = shape_config(config.shape)
-    workload = nano_vllm_workload(num_prompts, min_len, max_len, model_config.vocab_size, config.seed)
+    workload = nano_vllm_workload(
+        num_prompts, min_len, max_len, model_config.architecture.vocab_size, config.seed
+    )
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     report = Report(
@@ -213,7 +215,7 @@ def throughput(
         hf_run = hf_baseline.throughput(config, workload, hf_prompts, hf_batch, temperature)
     engine = build_engine(config, 2 * max_len)
     report.results["async_output_proc"] = engine.async_output
-    _warm_up(engine, model_config.vocab_size, temperature)
+    _warm_up(engine, model_config.architecture.vocab_size, temperature)
     seconds, trace = _run(engine, workload, config.max_num_seqs, temperature)
     out_tokens = trace.num_tokens
     in_tokens = sum(len(p) for p in workload.prompts)
@@ -247,7 +249,7 @@ def throughput(
 
 def latency(config: OfflineConfig, batch: int, input_len: int, output_len: int) -> Report:
     model_config = shape_config(config.shape)
-    workload = fixed_workload(batch, input_len, output_len, model_config.vocab_size, config.seed)
+    workload = fixed_workload(batch, input_len, output_len, model_config.architecture.vocab_size, config.seed)
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     report = Report(
@@ -267,7 +269,7 @@ def latency(config: OfflineConfig, batch: int, input_len: int, output_len: int) 
     hf_rate = hf_baseline.latency(config, workload) if config.hf else None
     engine = build_engine(config, input_len + output_len + 16)
     report.results["async_output_proc"] = engine.async_output
-    _warm_up(engine, model_config.vocab_size)
+    _warm_up(engine, model_config.architecture.vocab_size)
     seconds, trace = _run(engine, workload, batch)
     ttft = [times[0] - trace.arrival for times in trace.token_times.values()]
     gaps = [b - a for times in trace.token_times.values() for a, b in zip(times, times[1:], strict=False)]

@@ -195,7 +195,7 @@ def test_an_8k_context_decodes_through_split_k_as_transformers_does():
         max_num_seqs=4,
         kv_cache_memory=2**30,
     )
-    config = llm.engine.model_config
+    config = llm.engine.model_config.architecture
     assert default_num_splits(1, config.num_key_value_heads, torch.device("cuda")) > 1
     text = (Path(__file__).parents[2] / "data" / "eval_text.txt").read_text()
     prompt = (llm.get_tokenizer().encode(text) * 20)[:8000]
