@@ -105,7 +105,9 @@ def into_decode(
 ) -> None:
     """`batch` sequences, all past their prompt and decoding together, each
     decode_steps_before(decoded) tokens into its output."""
-    workload = offline.fixed_workload(batch, input_len, max_tokens, engine.model_config.vocab_size, seed=0)
+    workload = offline.fixed_workload(
+        batch, input_len, max_tokens, engine.model_config.architecture.vocab_size, seed=0
+    )
     params = SamplingParams(
         temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=detokenize, output_kind="delta"
     )
@@ -264,7 +266,7 @@ def profile_batch(engine: LLMEngine, batch: int, args: argparse.Namespace) -> di
     for request_id in list(engine.requests):
         engine.abort(request_id)
     device = engine.runner.device
-    num_layers = engine.model_config.num_hidden_layers
+    num_layers = engine.model_config.architecture.num_hidden_layers
     aten_calls = statistics.median(s["aten_calls_from_python"] for s in steps)
     summary = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

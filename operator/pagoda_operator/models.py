@@ -8,7 +8,9 @@ defaults the apiserver fills in.
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar, Literal
+from dataclasses import MISSING
+from dataclasses import fields as dataclass_fields
+from typing import Any, ClassVar, Literal, get_type_hints
 
 from pagoda_runtime.contract.config import DTYPES, KV_CACHE_DTYPES, QUANTIZATION_CHOICES, EngineConfig
 from pagoda_runtime.contract.flags import default_of, flag_of
@@ -17,7 +19,7 @@ from pagoda_runtime.contract.names import REQUESTS_WAITING
 from pagoda_runtime.contract.serve_settings import LOG_FORMATS, ServerSettings
 from pagoda_runtime.contract.sizing import ModelArchitecture
 from pagoda_runtime.contract.sources import COMMIT_PATTERN
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from pagoda_operator.parallelism import FAMILY_SPLIT_RULES, MAX_GPUS_PER_POD, MAX_NODES, RANKS_PER_POD_CEL
@@ -82,25 +84,31 @@ class SecretKeyRef(Spec):
     key: str = Field(description="Key inside the Secret whose value is used.", min_length=1)
 
 
-class ArchitectureSpec(Spec):
-    num_layers: int = Field(ge=1, description="Number of decoder layers (num_hidden_layers).")
-    hidden_size: int = Field(ge=1, description="Width of the residual stream (hidden_size).")
-    intermediate_size: int = Field(ge=1, description="Width of the MLP (intermediate_size).")
-    num_attention_heads: int = Field(ge=1, description="Number of query heads.")
-    num_key_value_heads: int = Field(ge=1, description="Number of key/value heads (grouped-query attention).")
-    head_dim: int = Field(ge=1, description="Size of one attention head.")
-    vocab_size: int = Field(ge=1, description="Number of tokens in the vocabulary.")
-    tie_word_embeddings: bool = Field(
-        default=False, description="Whether the LM head shares the input embedding matrix."
-    )
-    max_position_embeddings: int = Field(ge=1, description="Longest context the model was trained for.")
-    attention_bias: bool = Field(
-        default=False, description="Whether q, k and v projections have a bias (Qwen2)."
-    )
+# The CRD names each architecture field in camelCase, except for the one InferenceServices wrote
+# under another name before the architecture took Hugging Face's names.
+_ARCHITECTURE_CRD_NAMES = {"num_hidden_layers": "numLayers"}
 
-    def to_sizing(self) -> ModelArchitecture:
-        fields = self.model_dump(by_alias=False)
-        return ModelArchitecture(num_kv_heads=fields.pop("num_key_value_heads"), **fields)
+
+def _architecture_spec() -> type[Spec]:
+    """The CRD's model.architecture, generated from the contract's ModelArchitecture so that a shape
+    field is added in one place: its fields, defaults, descriptions and minimums."""
+    types = get_type_hints(ModelArchitecture)
+    fields = {
+        f.name: (
+            types[f.name],
+            Field(
+                ... if f.default is MISSING else f.default,
+                alias=_ARCHITECTURE_CRD_NAMES.get(f.name),
+                ge=f.metadata.get("minimum"),
+                description=f.metadata["description"],
+            ),
+        )
+        for f in dataclass_fields(ModelArchitecture)
+    }
+    return create_model("ArchitectureSpec", __base__=Spec, **fields)
+
+
+ArchitectureSpec = _architecture_spec()
 
 
 class ModelCacheSpec(Spec):
@@ -224,7 +232,7 @@ class ModelSpec(Spec):
 
     def sizing_architecture(self) -> ModelArchitecture | None:
         if self.architecture is not None:
-            return self.architecture.to_sizing()
+            return ModelArchitecture(**self.architecture.model_dump())
         return KNOWN_ARCHITECTURES.get(self.family) if self.family else None
 
 

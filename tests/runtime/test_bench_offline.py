@@ -59,7 +59,7 @@ def test_throughput_generates_every_requested_token_and_compares_with_transforme
         "2",
     )
     results = report["results"]
-    workload = nano_vllm_workload(6, 8, 24, shape_config("tiny-llama").vocab_size, seed=0)
+    workload = nano_vllm_workload(6, 8, 24, shape_config("tiny-llama").architecture.vocab_size, seed=0)
     assert results["output_tokens"] == sum(workload.output_lens)
     assert results["output_tok_per_s"] == pytest.approx(results["output_tokens"] / results["duration_s"])
     assert results["speedup_vs_hf"] == pytest.approx(

@@ -28,9 +28,12 @@ VOCAB = 512 * 64  # the embedding, and the LM head when untied
 
 
 def _engine(tied: bool, quantization: str = "none", dtype: str = "float32") -> LLMEngine:
-    config = dataclasses.replace(shape_config("tiny-llama"), tie_word_embeddings=tied)
+    tiny = shape_config("tiny-llama")
+    arch = dataclasses.replace(tiny.architecture, tie_word_embeddings=tied)
     loaded = LoadedModel(
-        config, random_weights(config, torch.device("cpu"), torch.float32), bare_tokenizer(config.vocab_size)
+        dataclasses.replace(tiny, architecture=arch),
+        random_weights(arch, torch.device("cpu"), torch.float32),
+        bare_tokenizer(arch.vocab_size),
     )
     engine_config = EngineConfig(
         model="tiny-llama",
@@ -66,7 +69,7 @@ def test_a_decode_step_reads_every_weight_but_an_untied_input_embedding(tied, qu
     runner = _engine(tied, quantization, dtype).runner
     assert (runner.weight_bytes, runner.decode_weight_bytes) == (stored, read)
     # The estimate from the architecture alone follows the same rule.
-    arch = runner.config.to_sizing()
+    arch = runner.config.architecture
     vocab_dtype = "bfloat16" if dtype == "auto" else None
     assert sizing.decode_weight_bytes(arch, quantization, "float32", vocab_dtype=vocab_dtype) == read
 
@@ -152,7 +155,7 @@ def test_the_hardware_is_measured_on_the_cpu_too():
 
 
 def _tokens(engine: LLMEngine, temperature: float) -> dict[str, list[int]]:
-    workload = offline.fixed_workload(2, 6, 8, engine.model_config.vocab_size, seed=0)
+    workload = offline.fixed_workload(2, 6, 8, engine.model_config.architecture.vocab_size, seed=0)
     tokens: dict[str, list[int]] = {}
     offline.submit(engine, workload, temperature)
     while engine.has_unfinished():

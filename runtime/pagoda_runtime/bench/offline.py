@@ -177,7 +177,9 @@ def throughput(
         )
     model_config = shape_config(config.shape)
     engine_config = config.engine
-    workload = nano_vllm_workload(num_prompts, min_len, max_len, model_config.vocab_size, engine_config.seed)
+    workload = nano_vllm_workload(
+        num_prompts, min_len, max_len, model_config.architecture.vocab_size, engine_config.seed
+    )
     device = resolve_device(engine_config.device)
     dtype = resolve_dtype(engine_config.dtype, device)
     report = Report(
@@ -203,7 +205,7 @@ def throughput(
         hf_run = hf_baseline.throughput(config, workload, hf_prompts, hf_batch, temperature)
     engine = build_engine(config, 2 * max_len)
     report.results["async_output_proc"] = engine.async_output
-    _warm_up(engine, model_config.vocab_size, temperature)
+    _warm_up(engine, model_config.architecture.vocab_size, temperature)
     seconds, trace = _run(engine, workload, engine_config.max_num_seqs, temperature)
     out_tokens = trace.num_tokens
     in_tokens = sum(len(p) for p in workload.prompts)
@@ -238,7 +240,9 @@ def throughput(
 def latency(config: OfflineConfig, batch: int, input_len: int, output_len: int) -> Report:
     model_config = shape_config(config.shape)
     engine_config = config.engine
-    workload = fixed_workload(batch, input_len, output_len, model_config.vocab_size, engine_config.seed)
+    workload = fixed_workload(
+        batch, input_len, output_len, model_config.architecture.vocab_size, engine_config.seed
+    )
     device = resolve_device(engine_config.device)
     dtype = resolve_dtype(engine_config.dtype, device)
     report = Report(
@@ -258,7 +262,7 @@ def latency(config: OfflineConfig, batch: int, input_len: int, output_len: int) 
     hf_rate = hf_baseline.latency(config, workload) if config.hf else None
     engine = build_engine(config, input_len + output_len + 16)
     report.results["async_output_proc"] = engine.async_output
-    _warm_up(engine, model_config.vocab_size)
+    _warm_up(engine, model_config.architecture.vocab_size)
     seconds, trace = _run(engine, workload, batch)
     ttft = [times[0] - trace.arrival for times in trace.token_times.values()]
     gaps = [b - a for times in trace.token_times.values() for a, b in zip(times, times[1:], strict=False)]

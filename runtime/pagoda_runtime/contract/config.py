@@ -43,44 +43,16 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    architecture: str  # "llama", "mistral" or "qwen2" (model_source.py maps checkpoints onto these)
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
+    """What the runtime builds a model from: its architecture (the shape, all that sizing reads) and
+    what only the computation needs, under config.json's names."""
+
+    model_type: str  # "llama", "mistral" or "qwen2" (model_source.py maps checkpoints onto these)
+    architecture: ModelArchitecture
     rms_norm_eps: float
     rope_theta: float
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    attention_bias: bool = False  # Qwen2 puts a bias on q, k and v
     rope_scaling: RopeScaling | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
-
-    @property
-    def q_size(self) -> int:
-        return self.num_attention_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_key_value_heads * self.head_dim
-
-    def to_sizing(self) -> ModelArchitecture:
-        return ModelArchitecture(
-            num_layers=self.num_hidden_layers,
-            hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size,
-            num_attention_heads=self.num_attention_heads,
-            num_kv_heads=self.num_key_value_heads,
-            head_dim=self.head_dim,
-            vocab_size=self.vocab_size,
-            tie_word_embeddings=self.tie_word_embeddings,
-            max_position_embeddings=self.max_position_embeddings,
-            attention_bias=self.attention_bias,
-        )
 
 
 @dataclass(frozen=True)

@@ -214,7 +214,7 @@ def test_an_8k_context_decodes_through_split_k_as_transformers_does():
         max_num_seqs=4,
         kv_cache_memory=2**30,
     )
-    config = llm.engine.model_config
+    config = llm.engine.model_config.architecture
     assert default_num_splits(1, config.num_key_value_heads, torch.device("cuda")) > 1
     text = EVAL_TEXT.read_text()
     prompt = (llm.get_tokenizer().encode(text) * 20)[:8000]
