@@ -1,0 +1,108 @@
+"""The grouped Triton MoE kernels compute what the PyTorch reference computes, on awkward shapes
+(partial row, column and K tiles, more experts than pairs), float and quantized experts: compiled
+on a GPU, in Triton's interpreter on a CPU-only machine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pagoda_runtime.executor.kernels import triton_moe
+from pagoda_runtime.executor.kernels.moe_reference import reference_fused_moe
+from pagoda_runtime.executor.kernels.moe_routing import align_to_experts, route
+from pagoda_runtime.executor.kernels.moe_weights import PackedExperts, quantize_experts
+from pagoda_runtime.executor.quantization.packed import PackedWeight
+
+from .paged_batch import relative_error
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SMALL = triton_moe.MoeConfig(block_m=16, block_n=32, block_k=64, group_m=1)
+
+
+def _layer(tokens: int, hidden: int, intermediate: int, experts: int, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=generator)
+    logits = torch.randn(tokens, experts, generator=generator)
+    w_gate_up = torch.randn(experts, 2 * intermediate, hidden, generator=generator) * 0.1
+    w_down = torch.randn(experts, hidden, intermediate, generator=generator) * 0.1
+    return [t.to(DEVICE) for t in (x, logits, w_gate_up, w_down)]
+
+
+def _q8_0_like(weights: torch.Tensor) -> PackedExperts:
+    """int8 in groups of 32 along the input, as GGUF Q8_0 stores it."""
+    e, n, k = weights.shape
+    groups = weights.reshape(e * n, k // 32, 32)
+    scales = (groups.abs().amax(dim=2) / 127).half()
+    q = torch.round(groups / scales.float()[..., None]).clamp(-127, 127).to(torch.int8).reshape(e * n, k)
+    return PackedExperts(PackedWeight("int8", q, scales, 32), e)
+
+
+@pytest.mark.parametrize(
+    "tokens,hidden,intermediate,experts,top_k,config",
+    [
+        # K (80) and N (40) end inside a tile; blocks of 3 rows in the L2 grouping, the last one short.
+        (7, 80, 40, 5, 2, SMALL),
+        (9, 80, 40, 5, 3, triton_moe.MoeConfig(block_m=16, block_n=16, block_k=32, group_m=3)),
+        # One decode token over many experts: fewer pairs than experts.
+        (1, 64, 48, 16, 8, SMALL),
+        # The default tiles.
+        (20, 48, 32, 4, 2, None),
+    ],
+)
+def test_float32_experts_match_the_reference(tokens, hidden, intermediate, experts, top_k, config) -> None:
+    x, logits, w_gate_up, w_down = _layer(tokens, hidden, intermediate, experts, seed=tokens)
+    out = triton_moe.fused_moe(x, logits, w_gate_up, w_down, top_k, True, config)
+    ref = reference_fused_moe(x, logits, w_gate_up, w_down, top_k, True)
+    assert relative_error(out, ref) < 1e-5
+
+
+def test_every_pair_and_channel_of_the_intermediate_is_written() -> None:
+    x, logits, w_gate_up, _ = _layer(6, 64, 40, 4, seed=11)
+    weights, ids = route(logits, 2, renormalize=False)
+    blocks = align_to_experts(ids, 4, SMALL.block_m)
+    act = torch.full((12, 40), float("nan"), device=DEVICE)
+    routed = weights.flatten()
+    triton_moe._expert_gemm(x, w_gate_up, act, blocks, routed, 2, gated=True, mul_routed=False, config=SMALL)
+    gate, up = torch.einsum("pk,pnk->pn", x.repeat_interleave(2, 0), w_gate_up[ids.flatten()]).chunk(2, dim=1)
+    assert relative_error(act, torch.nn.functional.silu(gate) * up) < 1e-5
+
+
+def test_bfloat16_follows_the_float32_layer(bf16_as_on_gpu) -> None:
+    x, logits, w_gate_up, w_down = _layer(13, 96, 64, 6, seed=5)
+    bf16 = [t.bfloat16() for t in (x, w_gate_up, w_down)]
+    out = triton_moe.fused_moe(bf16[0], logits, bf16[1], bf16[2], 2, False, SMALL)
+    assert out.dtype == torch.bfloat16
+    # bf16 rounds the gate_up and down products, SiLU(gate) and each expert's output.
+    ref = reference_fused_moe(
+        *[t.float() for t in bf16[:1]], logits, *[t.float() for t in bf16[1:]], 2, False
+    )
+    assert relative_error(out, ref) < 1e-2
+
+
+QUANTIZED = {
+    "int8 per channel": lambda w: quantize_experts(w, "int8"),
+    "int8 groups of 32": _q8_0_like,
+    "fp8 per channel": lambda w: quantize_experts(w, "fp8"),
+    "int4 groups of 32": lambda w: quantize_experts(w, "int4", 32),
+    "int4 groups of 64": lambda w: quantize_experts(w, "int4", 64),
+}
+
+
+@pytest.mark.parametrize("name", list(QUANTIZED))
+def test_quantized_experts_match_the_dequantizing_reference(name: str) -> None:
+    x, logits, w_gate_up, w_down = _layer(9, 128, 64, 5, seed=len(name))
+    gate_up, down = QUANTIZED[name](w_gate_up), QUANTIZED[name](w_down)
+    out = triton_moe.fused_moe(x, logits, gate_up, down, 2, True, SMALL)
+    assert relative_error(out, reference_fused_moe(x, logits, gate_up, down, 2, True)) < 1e-5
+
+
+def test_bfloat16_int4_experts(bf16_as_on_gpu) -> None:
+    x, logits, w_gate_up, w_down = _layer(5, 64, 64, 4, seed=9)
+    gate_up, down = quantize_experts(w_gate_up, "int4", 32), quantize_experts(w_down, "int4", 32)
+    out = triton_moe.fused_moe(x.bfloat16(), logits, gate_up, down, 2, True, SMALL)
+    ref = reference_fused_moe(x.bfloat16().float(), logits, gate_up, down, 2, True)
+    assert relative_error(out, ref) < 1e-2
+
+
+def test_no_tokens_gives_an_empty_output() -> None:
+    x, logits, w_gate_up, w_down = _layer(0, 32, 16, 4, seed=0)
+    assert triton_moe.fused_moe(x, logits, w_gate_up, w_down, 2, True).shape == (0, 32)
