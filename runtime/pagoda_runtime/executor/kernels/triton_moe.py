@@ -174,20 +174,22 @@ def _moe_gemm_kernel(
     tl.store(c, out.to(out_dtype), mask=pair_mask[:, None] & (rn < N)[None, :])
 
 
-def default_moe_config(num_pairs: int, num_experts: int) -> MoeConfig:
+def default_moe_config(num_pairs: int, num_experts: int, dtype: torch.dtype) -> MoeConfig:
     """Starting tiles, not yet timed on a GPU (bench/moe_kernels.py --sweep times them): decode
     batches give each expert a row or two, so small row blocks waste the least padding and narrow
-    column blocks give the weight stream more programs; prefill batches fill tensor-core tiles."""
+    column blocks give the weight stream more programs; prefill batches fill tensor-core tiles.
+    float32 (the tiny test models) multiplies without tensor cores, in small tiles that fit the
+    registers."""
     per_expert = num_pairs / num_experts
+    if dtype == torch.float32:
+        return MoeConfig(block_m=16 if per_expert <= 16 else 32, block_n=32, block_k=32, num_stages=2)
     if per_expert <= 16:
-        config = MoeConfig(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=4)
-    elif per_expert <= 64:
-        config = MoeConfig(block_m=32, block_n=64, block_k=128, group_m=8, num_warps=4, num_stages=4)
-    elif per_expert <= 256:
-        config = MoeConfig(block_m=64, block_n=64, block_k=64, group_m=8, num_warps=4, num_stages=3)
-    else:
-        config = MoeConfig(block_m=128, block_n=64, block_k=64, group_m=8, num_warps=8, num_stages=3)
-    return config
+        return MoeConfig(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=4)
+    if per_expert <= 64:
+        return MoeConfig(block_m=32, block_n=64, block_k=128, group_m=8, num_warps=4, num_stages=4)
+    if per_expert <= 256:
+        return MoeConfig(block_m=64, block_n=64, block_k=64, group_m=8, num_warps=4, num_stages=3)
+    return MoeConfig(block_m=128, block_n=64, block_k=64, group_m=8, num_warps=8, num_stages=3)
 
 
 def _weight_args(weights: ExpertWeights, in_features: int, block_k: int) -> tuple[list, dict, int]:
@@ -280,7 +282,7 @@ def fused_experts(
     num_pairs = num_tokens * top_k
     if num_tokens == 0:
         return torch.empty_like(hidden)
-    config = config or default_moe_config(num_pairs, num_experts)
+    config = config or default_moe_config(num_pairs, num_experts, hidden.dtype)
     hidden = hidden.contiguous()
     blocks = align_to_experts(topk_ids, num_experts, config.block_m)
     routed = topk_weights.to(torch.float32).contiguous().flatten()
