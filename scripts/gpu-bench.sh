@@ -17,6 +17,8 @@
 #               256 again without async output processing
 #   stretch     fp8 weights and fp8 KV cache, 1k in / 1k out
 #   kernels     the GEMV and paged-attention kernels alone (CUDA only)
+#   moe-lora    the fused MoE layer (Qwen3-30B-A3B, Mixtral-8x7B; bf16, int8, fp8, int4 experts) and
+#               batched LoRA on Llama-3-8B's projections (decode and prefill), each checked first
 #   all         every part above, in that order
 #
 # --out: the results folder (default out/gpu-bench); --wheels, --site: as for scripts/gpu-env.sh
@@ -42,8 +44,9 @@ while (($#)); do
         --part-timeout) part_timeout=$2; shift 2 ;;
         --smoke) smoke=true; shift ;;
         -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
-        all) parts+=(decode quant batch offline offline-1b serve profile stretch kernels); shift ;;
-        decode | quant | batch | offline | offline-1b | serve | profile | stretch | kernels) parts+=("$1"); shift ;;
+        all) parts+=(decode quant batch offline offline-1b serve profile stretch kernels moe-lora); shift ;;
+        decode | quant | batch | offline | offline-1b | serve | profile | stretch | kernels | moe-lora)
+            parts+=("$1"); shift ;;
         *) echo "gpu-bench: unknown part or option $1; see --help" >&2; exit 2 ;;
     esac
 done
@@ -63,6 +66,7 @@ if $smoke; then
     profile=(--batch-sizes 1,2 --steps 2 --input-len 8)
     profile_sync=(--batch-sizes 2 --steps 2 --input-len 8)
     stretch=(--num-prompts 4 --min-len 8 --max-len 8)
+    moe_lora=(--smoke)
 else
     shape=llama-3-8b small_shape=llama-3.2-1b
     latency=(--input-len 128 --output-len 256)
@@ -73,6 +77,7 @@ else
     profile=(--batch-sizes 1,32,256)
     profile_sync=(--batch-sizes 256)
     stretch=(--min-len 1024 --max-len 1024)
+    moe_lora=()
 fi
 
 # One command of a part, in the environment gpu-env.sh makes, within what is left of the part's time.
@@ -103,6 +108,11 @@ run_part() {
             "${stretch[@]}" --result-json "$out/throughput_${shape}_fp8_fp8kv.json" ;;
         kernels) run -m pagoda_runtime.bench.quant_kernels --check && run -m pagoda_runtime.bench.quant_kernels --rows 4 &&
             run -m pagoda_runtime.bench.attention_kernels ;;
+        moe-lora) run -m pagoda_runtime.bench.moe_kernels --check --kinds bf16,int8,fp8,int4 "${moe_lora[@]}" \
+                --result-json "$out/moe_kernels.json" &&
+            run -m pagoda_runtime.bench.lora_kernels --check "${moe_lora[@]}" --result-json "$out/lora_decode.json" &&
+            run -m pagoda_runtime.bench.lora_kernels --check --prefill "${moe_lora[@]}" \
+                --result-json "$out/lora_prefill.json" ;;
     esac
 }
 

@@ -79,3 +79,51 @@ def test_a_step_without_adapters_changes_nothing() -> None:
         out, case.x, lora_batch(case.token_slots, 4), case.lora_a, case.lora_b, case.scaling, (16,)
     )
     assert torch.equal(out, case.base_out)
+
+
+# On a CUDA GPU: Llama-3-8B's projections, bf16, against the reference.
+LLAMA3_8B = {"qkv": (4096, (4096, 1024, 1024)), "gate_up": (4096, (14336, 14336)), "down": (14336, (4096,))}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("projection", list(LLAMA3_8B))
+@pytest.mark.parametrize("rank", [8, 16, 64])
+def test_llama_projections_on_the_gpu(projection: str, rank: int) -> None:
+    in_features, parts = LLAMA3_8B[projection]
+    # A prefill chunk of 300 tokens, then mixed decode tokens of every slot and the base model.
+    slots = [0] * 300 + [i % 5 - 1 for i in range(61)]
+    case = make_lora_case(
+        in_features, parts, rank, dtype=torch.bfloat16, slots=slots, device="cuda", seed=rank
+    )
+    out = case.base_out.clone()
+    triton_lora.add_lora(
+        out, case.x, lora_batch(case.token_slots, 4), case.lora_a, case.lora_b, case.scaling, parts
+    )
+    assert relative_error(out, _reference(case)) < 2e-3
+
+
+@pytest.mark.gpu
+def test_a_captured_decode_step_follows_new_adapters() -> None:
+    """A CUDA graph captured with one assignment of adapters to tokens serves any other."""
+    case = make_lora_case(4096, (4096, 1024, 1024), 16, dtype=torch.bfloat16, slots=[0] * 32, device="cuda")
+    slots = case.token_slots.clone()
+    out = case.base_out.clone()
+
+    def step():
+        out.copy_(case.base_out)
+        batch = lora_batch(slots, 4)
+        triton_lora.add_lora(out, case.x, batch, case.lora_a, case.lora_b, case.scaling, case.output_slices)
+
+    step()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for seed in range(3):
+        new = torch.randint(-1, 4, (32,), generator=torch.Generator().manual_seed(seed), dtype=torch.int32)
+        slots.copy_(new.cuda())
+        graph.replay()
+        expected = reference_add_lora(
+            case.base_out.clone(), case.x, slots, case.lora_a, case.lora_b, case.scaling, case.output_slices
+        )
+        assert relative_error(out, expected) < 2e-3

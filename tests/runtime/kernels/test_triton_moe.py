@@ -19,12 +19,12 @@ SMALL = triton_moe.MoeConfig(block_m=16, block_n=32, block_k=64, group_m=1)
 
 
 def _layer(tokens: int, hidden: int, intermediate: int, experts: int, seed: int):
-    generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(tokens, hidden, generator=generator)
-    logits = torch.randn(tokens, experts, generator=generator)
-    w_gate_up = torch.randn(experts, 2 * intermediate, hidden, generator=generator) * 0.1
-    w_down = torch.randn(experts, hidden, intermediate, generator=generator) * 0.1
-    return [t.to(DEVICE) for t in (x, logits, w_gate_up, w_down)]
+    generator = torch.Generator(DEVICE).manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=generator, device=DEVICE)
+    logits = torch.randn(tokens, experts, generator=generator, device=DEVICE)
+    w_gate_up = torch.randn(experts, 2 * intermediate, hidden, generator=generator, device=DEVICE) * 0.1
+    w_down = torch.randn(experts, hidden, intermediate, generator=generator, device=DEVICE) * 0.1
+    return x, logits, w_gate_up, w_down
 
 
 def _q8_0_like(weights: torch.Tensor) -> PackedExperts:
@@ -106,3 +106,49 @@ def test_bfloat16_int4_experts(bf16_as_on_gpu) -> None:
 def test_no_tokens_gives_an_empty_output() -> None:
     x, logits, w_gate_up, w_down = _layer(0, 32, 16, 4, seed=0)
     assert triton_moe.fused_moe(x, logits, w_gate_up, w_down, 2, True).shape == (0, 32)
+
+
+# On a CUDA GPU: the real layer shapes, bf16, against the float32 reference.
+MOE_SHAPES = {"qwen3-30b-a3b": (2048, 768, 128, 8), "mixtral-8x7b": (4096, 14336, 8, 2)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", list(MOE_SHAPES))
+@pytest.mark.parametrize("tokens", [1, 16, 256])
+def test_layer_shapes_on_the_gpu(model: str, tokens: int) -> None:
+    hidden, inter, experts, top_k = MOE_SHAPES[model]
+    x, logits, w_gate_up, w_down = _layer(tokens, hidden, inter, experts, seed=tokens)
+    w_gate_up, w_down = w_gate_up.bfloat16() * 0.2, w_down.bfloat16() * 0.2
+    out = triton_moe.fused_moe(x.bfloat16(), logits, w_gate_up, w_down, top_k, True)
+    ref = reference_fused_moe(x.bfloat16().float(), logits, w_gate_up, w_down, top_k, True)
+    assert relative_error(out, ref) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(QUANTIZED))
+@pytest.mark.parametrize("tokens", [1, 64, 512])
+def test_quantized_experts_on_the_gpu(name: str, tokens: int) -> None:
+    x, logits, w_gate_up, w_down = _layer(tokens, 2048, 768, 16, seed=tokens)
+    gate_up, down = QUANTIZED[name](w_gate_up * 0.2), QUANTIZED[name](w_down * 0.2)
+    out = triton_moe.fused_moe(x.bfloat16(), logits, gate_up, down, 4, False)
+    ref = reference_fused_moe(x.bfloat16().float(), logits, gate_up, down, 4, False)
+    assert relative_error(out, ref) < 1e-2
+
+
+@pytest.mark.gpu
+def test_a_captured_decode_layer_follows_new_routing() -> None:
+    """The layer's shapes depend on the batch only, and nothing waits for the device: a CUDA graph
+    captured on one routing computes the layer for any other."""
+    x, logits, w_gate_up, w_down = _layer(8, 2048, 768, 128, seed=3)
+    x, w_gate_up, w_down = x.bfloat16(), w_gate_up.bfloat16() * 0.2, w_down.bfloat16() * 0.2
+    triton_moe.fused_moe(x, logits, w_gate_up, w_down, 8, True)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = triton_moe.fused_moe(x, logits, w_gate_up, w_down, 8, True)
+    for seed in range(3):
+        logits.copy_(torch.randn(logits.shape, generator=torch.Generator().manual_seed(seed)).cuda())
+        x.copy_(torch.randn(x.shape, generator=torch.Generator().manual_seed(seed + 10)).cuda())
+        graph.replay()
+        ref = reference_fused_moe(x.float(), logits, w_gate_up, w_down, 8, True)
+        assert relative_error(out, ref) < 1e-2
