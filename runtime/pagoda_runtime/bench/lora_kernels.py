@@ -32,8 +32,8 @@ from pagoda_runtime.bench.kernel_timing import (
     relative_error,
 )
 from pagoda_runtime.bench.results import emit
-from pagoda_runtime.executor.kernels.lora import LoraBatch, lora_batch
 from pagoda_runtime.executor.kernels.lora_reference import reference_add_lora
+from pagoda_runtime.executor.kernels.lora_slots import LoraBatch, lora_batch
 from pagoda_runtime.executor.kernels.triton_lora import add_lora, lora_expand, lora_shrink
 
 # (input width, output parts) of one Llama-3-8B layer's projections, fused as the model fuses them.

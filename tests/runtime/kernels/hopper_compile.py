@@ -35,7 +35,7 @@ from pagoda_runtime.executor.kernels import (  # noqa: E402
     triton_rotary_kv_write,
     triton_silu_mul,
 )
-from pagoda_runtime.executor.kernels.lora import lora_batch  # noqa: E402
+from pagoda_runtime.executor.kernels.lora_slots import lora_batch  # noqa: E402
 from pagoda_runtime.executor.kernels.moe_weights import PackedExperts  # noqa: E402
 from pagoda_runtime.executor.quantization import triton_gemm, triton_gemv  # noqa: E402
 from pagoda_runtime.executor.quantization.online import quantize_fp8, quantize_int4, quantize_int8  # noqa: E402

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pagoda_runtime.executor.kernels.lora import NO_ADAPTER, add_lora, lora_batch
+from pagoda_runtime.executor.kernels.lora import add_lora
+from pagoda_runtime.executor.kernels.lora_slots import NO_ADAPTER, lora_batch
 from pagoda_runtime.executor.kernels.lora_weights import shard_lora, stack_lora_weights
 from pagoda_runtime.executor.quantization.online import quantize_int8
 from pagoda_runtime.executor.quantization.reference import reference_matmul

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 from pagoda_runtime.executor.kernels import triton_lora
-from pagoda_runtime.executor.kernels.lora import NO_ADAPTER, lora_batch
 from pagoda_runtime.executor.kernels.lora_reference import reference_add_lora, reference_shrink
+from pagoda_runtime.executor.kernels.lora_slots import NO_ADAPTER, lora_batch
 
 from .lora_batch_data import make_lora_case, peft_output
 from .paged_batch import relative_error

@@ -3,63 +3,22 @@ projection adds each token's own adapter delta after its base matmul (punica's S
 
     base_out[t, part i] += scaling[s] * (x[t] @ A_i[s]^T) @ B_i[s]^T,  s = the token's slot
 
-`lora_batch` groups the step's tokens by slot once, for every layer; `add_lora` is what the model
-calls after a projection, on the best path for the device: the Triton shrink and expand kernels on
-CUDA (triton_lora.py), the PyTorch reference elsewhere (lora_reference.py). The weights are laid out
-as lora_weights.py describes.
+`lora_slots.lora_batch` groups the step's tokens by slot once, for every layer; `add_lora` is what
+the model calls after a projection, on the best path for the device: the Triton shrink and expand
+kernels on CUDA (triton_lora.py), the PyTorch reference elsewhere (lora_reference.py). The weights
+are laid out as lora_weights.py describes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 # First, so that the Triton kernel module is decorated compiled or interpreted as it decides.
 from pagoda_runtime.executor import triton_mode  # noqa: F401
 from pagoda_runtime.executor.kernels.lora_reference import reference_add_lora
-
-NO_ADAPTER = -1
-
-
-@dataclass(frozen=True)
-class LoraBatch:
-    """A step's tokens grouped by adapter slot.
-
-    token_slots [T] int32: each token's slot, NO_ADAPTER for the base model's tokens;
-    sorted_tokens [T] int32: token indices slot by slot (in token order inside a slot), base last;
-    slot_starts, slot_counts [S] int32: where each slot's tokens begin in sorted_tokens, how many.
-    """
-
-    token_slots: torch.Tensor
-    sorted_tokens: torch.Tensor
-    slot_starts: torch.Tensor
-    slot_counts: torch.Tensor
-
-    @property
-    def num_tokens(self) -> int:
-        return self.token_slots.shape[0]
-
-    @property
-    def num_slots(self) -> int:
-        return self.slot_counts.shape[0]
-
-
-def lora_batch(token_slots: torch.Tensor, num_slots: int) -> LoraBatch:
-    """token_slots [T] (a prefill's run of tokens and a decode token alike carry their request's
-    slot) -> LoraBatch. Fixed shapes and no wait for the device: a decode step's graph captures it."""
-    slots = token_slots.to(torch.int64)
-    key = torch.where(slots < 0, num_slots, slots)
-    counts = torch.zeros(num_slots + 1, dtype=torch.int64, device=slots.device)
-    counts.scatter_add_(0, key, torch.ones_like(key))
-    counts = counts[:num_slots]
-    return LoraBatch(
-        token_slots=token_slots.to(torch.int32),
-        sorted_tokens=torch.argsort(key, stable=True).to(torch.int32),
-        slot_starts=(counts.cumsum(0) - counts).to(torch.int32),
-        slot_counts=counts.to(torch.int32),
-    )
+from pagoda_runtime.executor.kernels.lora_slots import LoraBatch
 
 
 def add_lora(

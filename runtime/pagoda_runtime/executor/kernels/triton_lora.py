@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagoda_runtime.executor.kernels.lora import LoraBatch
+from pagoda_runtime.executor.kernels.lora_slots import LoraBatch
 from pagoda_runtime.executor.triton_mode import dot_precision
 
 MAX_SLICES = 3
