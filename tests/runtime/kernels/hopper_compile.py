@@ -30,6 +30,7 @@ from pagoda_runtime.executor.kernels import (  # noqa: E402
     reference,
     triton_lora,
     triton_moe,
+    triton_moe_routing,
     triton_paged_attention,
     triton_rmsnorm,
     triton_rotary_kv_write,
@@ -59,6 +60,8 @@ KERNELS = [
     (triton_gemv, "_int4_gemv_kernel"),
     (triton_gemv, "_w8_gemv_kernel"),
     (triton_moe, "_moe_gemm_kernel"),
+    (triton_moe_routing, "_route_kernel"),
+    (triton_moe_routing, "_align_kernel"),
     (triton_lora, "_lora_shrink_kernel"),
     (triton_lora, "_lora_expand_kernel"),
 ]

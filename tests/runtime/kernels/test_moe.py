@@ -1,4 +1,4 @@
-"""The mixture-of-experts layer's routing, token alignment, weight layouts and CPU reference: the
+"""The mixture-of-experts layer's router, weight layouts and CPU reference: the
 reference is transformers' Qwen3-MoE and Mixtral block, quantized experts are their dequantized
 selves, and tensor-parallel shards sum to the whole layer."""
 
@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from pagoda_runtime.executor.kernels.moe import fused_moe
 from pagoda_runtime.executor.kernels.moe_reference import reference_fused_moe
-from pagoda_runtime.executor.kernels.moe_routing import align_to_experts, max_padded_rows, route
+from pagoda_runtime.executor.kernels.moe_routing import route
 from pagoda_runtime.executor.kernels.moe_weights import quantize_experts, shard_experts
 from transformers import MixtralConfig, Qwen3MoeConfig
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
@@ -83,34 +83,6 @@ def test_route_picks_the_top_experts_and_renormalizes() -> None:
     assert torch.allclose(normalized.sum(dim=1), torch.ones(2))
     with pytest.raises(ValueError, match="top_k 5"):
         route(logits, 5, renormalize=True)
-
-
-@pytest.mark.parametrize(
-    "num_tokens,top_k,num_experts,block_m", [(9, 2, 5, 4), (1, 8, 128, 16), (40, 3, 4, 16)]
-)
-def test_alignment_gives_each_block_one_expert_and_every_pair_once(
-    num_tokens, top_k, num_experts, block_m
-) -> None:
-    generator = torch.Generator().manual_seed(num_tokens)
-    ids = torch.stack([torch.randperm(num_experts, generator=generator)[:top_k] for _ in range(num_tokens)])
-    blocks = align_to_experts(ids, num_experts, block_m)
-    num_pairs = num_tokens * top_k
-    # The shapes depend on T, top_k and E only: a CUDA graph can capture any routing.
-    assert blocks.sorted_ids.shape == (max_padded_rows(num_pairs, num_experts, block_m),)
-    used = int(blocks.num_padded)
-    assert used % block_m == 0 and used <= blocks.sorted_ids.shape[0]
-    rows = blocks.sorted_ids[:used]
-    real = rows[rows < num_pairs]
-    assert sorted(real.tolist()) == list(range(num_pairs))
-    assert (blocks.sorted_ids[used:] == num_pairs).all()
-    flat = ids.flatten()
-    for block in range(used // block_m):
-        members = rows[block * block_m : (block + 1) * block_m]
-        members = members[members < num_pairs].long()
-        assert len(members) > 0
-        assert (flat[members] == int(blocks.block_experts[block])).all()
-        assert torch.equal(members, members.sort().values)  # token order within an expert
-    assert (blocks.block_experts[used // block_m :] == num_experts).all()
 
 
 @pytest.mark.parametrize("kind,tolerance", [("int8", 2e-2), ("fp8", 8e-2), ("int4", 0.25)])

@@ -8,8 +8,9 @@ import pytest
 import torch
 from pagoda_runtime.executor.kernels import triton_moe
 from pagoda_runtime.executor.kernels.moe_reference import reference_fused_moe
-from pagoda_runtime.executor.kernels.moe_routing import align_to_experts, route
+from pagoda_runtime.executor.kernels.moe_routing import route
 from pagoda_runtime.executor.kernels.moe_weights import PackedExperts, quantize_experts
+from pagoda_runtime.executor.kernels.triton_moe_routing import max_padded_rows, route_and_align
 from pagoda_runtime.executor.quantization.packed import PackedWeight
 
 from .paged_batch import relative_error
@@ -55,14 +56,41 @@ def test_float32_experts_match_the_reference(tokens, hidden, intermediate, exper
     assert relative_error(out, ref) < 1e-5
 
 
+@pytest.mark.parametrize(
+    "tokens,top_k,experts,block_m,renormalize",
+    [(9, 2, 5, 16, True), (1, 8, 128, 16, True), (40, 3, 4, 16, False), (70, 2, 8, 64, False)],
+)
+def test_routing_sorts_every_pair_into_blocks_of_its_expert(
+    tokens, top_k, experts, block_m, renormalize
+) -> None:
+    logits = torch.randn(tokens, experts, generator=torch.Generator().manual_seed(tokens)).to(DEVICE)
+    routed, blocks = route_and_align(logits, top_k, renormalize, block_m)
+    weights, ids = route(logits, top_k, renormalize)
+    assert torch.allclose(routed, weights.flatten(), rtol=1e-6, atol=1e-7)
+    num_pairs = tokens * top_k
+    # The shapes depend on T, top_k and E only: a CUDA graph can capture any routing.
+    assert blocks.sorted_ids.shape == (max_padded_rows(num_pairs, experts, block_m),)
+    used = int(blocks.num_padded)
+    assert used % block_m == 0 and used <= blocks.sorted_ids.shape[0]
+    rows = blocks.sorted_ids[:used].long()
+    assert sorted(rows[rows < num_pairs].tolist()) == list(range(num_pairs))
+    assert (blocks.sorted_ids[used:] == num_pairs).all()
+    flat = ids.flatten()
+    for block in range(used // block_m):
+        members = rows[block * block_m : (block + 1) * block_m]
+        members = members[members < num_pairs]
+        assert len(members) > 0
+        assert (flat[members] == int(blocks.block_experts[block])).all()
+    assert (blocks.block_experts[used // block_m :] == experts).all()
+
+
 def test_every_pair_and_channel_of_the_intermediate_is_written() -> None:
     x, logits, w_gate_up, _ = _layer(6, 64, 40, 4, seed=11)
-    weights, ids = route(logits, 2, renormalize=False)
-    blocks = align_to_experts(ids, 4, SMALL.block_m)
+    routed, blocks = route_and_align(logits, 2, False, SMALL.block_m)
     act = torch.full((12, 40), float("nan"), device=DEVICE)
-    routed = weights.flatten()
     triton_moe._expert_gemm(x, w_gate_up, act, blocks, routed, 2, gated=True, mul_routed=False, config=SMALL)
-    gate, up = torch.einsum("pk,pnk->pn", x.repeat_interleave(2, 0), w_gate_up[ids.flatten()]).chunk(2, dim=1)
+    ids = route(logits, 2, False)[1].flatten()
+    gate, up = torch.einsum("pk,pnk->pn", x.repeat_interleave(2, 0), w_gate_up[ids]).chunk(2, dim=1)
     assert relative_error(act, torch.nn.functional.silu(gate) * up) < 1e-5
 
 

@@ -1,7 +1,7 @@
 """The mixture-of-experts layer in two grouped Triton launches, vLLM's fused_moe design.
 
 The (token, choice) pairs are sorted by expert and padded per expert to whole blocks of BLOCK_M
-rows (moe_routing.align_to_experts), so each program's BLOCK_M rows share one expert: it gathers
+rows (triton_moe_routing.py), so each program's BLOCK_M rows share one expert: it gathers
 their activation rows, streams that expert's weight tiles once for all of them and multiplies on
 the tensor cores. One launch covers every expert:
 
@@ -29,8 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from pagoda_runtime.executor.kernels.moe_routing import ExpertBlocks, align_to_experts, route
 from pagoda_runtime.executor.kernels.moe_weights import ExpertWeights, PackedExperts
+from pagoda_runtime.executor.kernels.triton_moe_routing import ExpertBlocks, route_and_align
 from pagoda_runtime.executor.triton_mode import dot_precision
 
 FLOAT, W8, INT4 = 0, 1, 2
@@ -266,33 +266,6 @@ def _expert_gemm(
     )
 
 
-def fused_experts(
-    hidden: torch.Tensor,
-    topk_weights: torch.Tensor,
-    topk_ids: torch.Tensor,
-    w_gate_up: ExpertWeights,
-    w_down: ExpertWeights,
-    config: MoeConfig | None = None,
-) -> torch.Tensor:
-    """hidden [T, H] through the experts topk_ids [T, k], weighted by topk_weights [T, k] -> [T, H]."""
-    num_tokens, hidden_size = hidden.shape
-    top_k = topk_ids.shape[1]
-    num_experts, two_i, _ = w_gate_up.shape
-    intermediate = two_i // 2
-    num_pairs = num_tokens * top_k
-    if num_tokens == 0:
-        return torch.empty_like(hidden)
-    config = config or default_moe_config(num_pairs, num_experts, hidden.dtype)
-    hidden = hidden.contiguous()
-    blocks = align_to_experts(topk_ids, num_experts, config.block_m)
-    routed = topk_weights.to(torch.float32).contiguous().flatten()
-    act = torch.empty(num_pairs, intermediate, dtype=hidden.dtype, device=hidden.device)
-    _expert_gemm(hidden, w_gate_up, act, blocks, routed, top_k, gated=True, mul_routed=False, config=config)
-    down = torch.empty(num_pairs, hidden_size, dtype=hidden.dtype, device=hidden.device)
-    _expert_gemm(act, w_down, down, blocks, routed, 1, gated=False, mul_routed=True, config=config)
-    return down.view(num_tokens, top_k, hidden_size).sum(dim=1)
-
-
 def fused_moe(
     hidden: torch.Tensor,
     router_logits: torch.Tensor,
@@ -302,5 +275,17 @@ def fused_moe(
     renormalize: bool,
     config: MoeConfig | None = None,
 ) -> torch.Tensor:
-    weights, ids = route(router_logits, top_k, renormalize)
-    return fused_experts(hidden, weights, ids, w_gate_up, w_down, config)
+    """hidden [T, H], router_logits [T, E], w_gate_up [E, 2 * I, H], w_down [E, H, I] -> [T, H]."""
+    num_tokens, hidden_size = hidden.shape
+    num_experts, two_i, _ = w_gate_up.shape
+    num_pairs = num_tokens * top_k
+    if num_tokens == 0:
+        return torch.empty_like(hidden)
+    config = config or default_moe_config(num_pairs, num_experts, hidden.dtype)
+    hidden = hidden.contiguous()
+    routed, blocks = route_and_align(router_logits, top_k, renormalize, config.block_m)
+    act = torch.empty(num_pairs, two_i // 2, dtype=hidden.dtype, device=hidden.device)
+    _expert_gemm(hidden, w_gate_up, act, blocks, routed, top_k, gated=True, mul_routed=False, config=config)
+    down = torch.empty(num_pairs, hidden_size, dtype=hidden.dtype, device=hidden.device)
+    _expert_gemm(act, w_down, down, blocks, routed, 1, gated=False, mul_routed=True, config=config)
+    return down.view(num_tokens, top_k, hidden_size).sum(dim=1)
