@@ -149,6 +149,7 @@ def route_and_align(
     if not 0 < top_k <= num_experts:
         raise ValueError(f"top_k {top_k} must be between 1 and the number of experts ({num_experts})")
     device = router_logits.device
+    router_logits = router_logits.contiguous()
     num_pairs = num_tokens * top_k
     weights = torch.empty(num_pairs, dtype=torch.float32, device=device)
     ids = torch.empty(num_pairs, dtype=torch.int32, device=device)
