@@ -1,4 +1,5 @@
-"""The mixture-of-experts layer in two grouped Triton launches, vLLM's fused_moe design.
+"""The mixture-of-experts layer in two grouped Triton GEMM launches after the routing's two
+(triton_moe_routing.py), vLLM's fused_moe design.
 
 The (token, choice) pairs are sorted by expert and padded per expert to whole blocks of BLOCK_M
 rows (triton_moe_routing.py), so each program's BLOCK_M rows share one expert: it gathers
