@@ -9,7 +9,7 @@ import torch
 from pagoda_runtime.executor.kernels import triton_moe
 from pagoda_runtime.executor.kernels.moe_reference import reference_fused_moe
 from pagoda_runtime.executor.kernels.moe_routing import route
-from pagoda_runtime.executor.kernels.moe_weights import PackedExperts, quantize_experts
+from pagoda_runtime.executor.kernels.moe_weights import PackedExperts, quantize_experts, shard_experts
 from pagoda_runtime.executor.kernels.triton_moe_routing import max_padded_rows, route_and_align
 from pagoda_runtime.executor.quantization.packed import PackedWeight
 
@@ -129,6 +129,19 @@ def test_bfloat16_int4_experts(bf16_as_on_gpu) -> None:
     out = triton_moe.fused_moe(x.bfloat16(), logits, gate_up, down, 2, True, SMALL)
     ref = reference_fused_moe(x.bfloat16().float(), logits, gate_up, down, 2, True)
     assert relative_error(out, ref) < 1e-2
+
+
+def test_tensor_parallel_ranks_sum_to_the_whole_layer() -> None:
+    x, logits, w_gate_up, w_down = _layer(5, 64, 64, 4, seed=12)
+    gate_up, down = quantize_experts(w_gate_up, "int8"), quantize_experts(w_down, "int8")
+    whole = reference_fused_moe(x, logits, gate_up, down, 2, True)
+    partials = [
+        triton_moe.fused_moe(
+            x, logits, *shard_experts(gate_up, down, slice(r * 32, (r + 1) * 32)), 2, True, SMALL
+        )
+        for r in range(2)
+    ]
+    assert relative_error(partials[0] + partials[1], whole) < 1e-5
 
 
 def test_no_tokens_gives_an_empty_output() -> None:
