@@ -26,6 +26,8 @@
 #   profile     kernel vs wall time per decode step at batch 1, 32 and 256 (streaming text), and at
 #               256 again without async output processing
 #   kernels     the GEMV and paged-attention kernels alone (CUDA only)
+#   moe-lora    the fused MoE layer (Qwen3-30B-A3B, Mixtral-8x7B; bf16, int8, fp8, int4 experts) and
+#               batched LoRA on Llama-3-8B's projections (decode and prefill), each checked first
 #   offline     nano-vllm's workload (256 requests, 100-1024 in and out); transformers on its first
 #               64 requests in one static batch (about 1,000 steps), the ratio per output token
 #   serve       Poisson rate sweep up to saturation against `serve --load-format dummy`
@@ -45,9 +47,9 @@ cd "$(dirname "$0")/.."
 
 declare -A budget=(
     [tests]=240 [decode]=120 [batch]=180 [quant]=150 [profile]=150 [kernels]=120
-    [offline]=200 [serve]=200 [stretch]=120 [offline-1b]=150
+    [moe-lora]=120 [offline]=200 [serve]=200 [stretch]=120 [offline-1b]=150
 )
-order=(tests decode batch quant profile kernels offline serve stretch offline-1b)
+order=(tests decode batch quant profile kernels moe-lora offline serve stretch offline-1b)
 # Seconds kept before the deadline for stopping the last part (KILL_AFTER beyond its TERM, then its
 # leftovers) and the targets table; a part with less than MIN_PART seconds is not started.
 KILL_AFTER=10
@@ -197,6 +199,7 @@ if $smoke; then
     profile=(--batch-sizes 1,2 --steps 2 --input-len 8)
     profile_sync=(--batch-sizes 2 --steps 2 --input-len 8)
     stretch=(--num-prompts 4 --min-len 8 --max-len 8)
+    moe_lora=(--smoke)
 else
     shape=llama-3-8b small_shape=llama-3.2-1b
     tests=(tests/runtime)
@@ -208,6 +211,7 @@ else
     profile=(--batch-sizes 1,32,256)
     profile_sync=(--batch-sizes 256)
     stretch=(--min-len 1024 --max-len 1024)
+    moe_lora=()
 fi
 
 # One command of a part, in the environment gpu-env.sh makes, within what is left of the part's time.
@@ -242,6 +246,11 @@ run_part() {
             "${stretch[@]}" --result-json "$out/throughput_${shape}_fp8_fp8kv.json" ;;
         kernels) run -m benchmarks.quant_kernels --check && run -m benchmarks.quant_kernels --rows 4 &&
             run -m benchmarks.attention_kernels ;;
+        moe-lora) run -m benchmarks.moe_kernels --check --kinds bf16,int8,fp8,int4 "${moe_lora[@]}" \
+                --result-json "$out/moe_kernels.json" &&
+            run -m benchmarks.lora_kernels --check "${moe_lora[@]}" --result-json "$out/lora_decode.json" &&
+            run -m benchmarks.lora_kernels --check --prefill "${moe_lora[@]}" \
+                --result-json "$out/lora_prefill.json" ;;
     esac
 }
 
