@@ -214,7 +214,6 @@ def _fetch_timed(source, cache: Path) -> dict:
 
 def download(folder: Path, work: Path) -> dict:
     from pagoda_runtime.contract.sources import HubSource, S3Source
-
     from tests.model_cache.hub_mirror import HubMirror
     from tests.model_cache.minio_server import ACCESS_KEY, SECRET_KEY, MinioServer
 

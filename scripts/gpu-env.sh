@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Runs a command on a GPU machine whose python3 holds torch, triton and transformers but not the
 # rest (network or not): installs the carried wheels of the projects that python3 lacks into a
-# folder put on PYTHONPATH (with runtime/), then runs the command there, Triton kernels compiled.
-# scripts/gpu-check.sh and scripts/gpu-bench.sh start with it; scripts/gpu-wheels.sh downloads the
-# wheels where PyPI is reachable.
+# folder put on PYTHONPATH (with runtime/ and, for benchmarks/, the checkout), then runs the
+# command there, Triton kernels compiled. scripts/gpu-check.sh and scripts/gpu-bench.sh start with
+# it; scripts/gpu-wheels.sh downloads the wheels where PyPI is reachable.
 #
 #   bash scripts/gpu-env.sh [--wheels DIR]... [--site DIR] [--log DIR] -- COMMAND [ARG]...
 #
-# --wheels: a folder of carried wheels, and of wheels split into NAME.whl.partIofK (default .whl;
-# repeat it for several); --site: the install folder (default: a new temporary one; an existing
-# one is reused, so a second command on the same machine installs nothing); --log: where the list
-# of installed wheels and pip's log go (default: the site folder). PYTHON names another
-# interpreter than python3.
+# --wheels: a folder of carried wheels, and of wheels split into NAME.whl.partIofK, its subfolders
+# too (default .whl; repeat it for several); --site: the install folder (default: a new temporary
+# one; an existing one is reused, so a second command on the same machine installs nothing);
+# --log: where the list of installed wheels and pip's log go (default: the site folder). PYTHON
+# names another interpreter than python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,9 +45,9 @@ import sys
 from pathlib import Path
 
 site, folders = Path(sys.argv[1]), [Path(f) for f in sys.argv[2:]]
-wheels = [w for f in folders for w in f.glob("*.whl")]
+wheels = [w for f in folders for w in f.rglob("*.whl")]
 parts: dict[str, dict[int, Path]] = {}
-for part in (p for f in folders for p in f.glob("*.whl.part*")):
+for part in (p for f in folders for p in f.rglob("*.whl.part*")):
     name, index, count = re.fullmatch(r"(.+\.whl)\.part(\d+)of(\d+)", part.name).groups()
     parts.setdefault(f"{name} {count}", {})[int(index)] = part
 joined = site.parent / (site.name + "-joined")
@@ -75,7 +75,7 @@ if ((${#missing[@]})); then
 else
     echo "gpu-env: nothing to install from ${wheels[*]}" >&2
 fi
-export PYTHONPATH="$site:$PWD/runtime${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$site:$PWD/runtime:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # The Triton kernels must compile here; pagoda_runtime.executor.triton_mode would overrule it anyway.
 unset TRITON_INTERPRET
 exec "$@"

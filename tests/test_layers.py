@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 RUNTIME = ROOT / "runtime" / "pagoda_runtime"
 OPERATOR = ROOT / "operator" / "pagoda_operator"
+BENCHMARKS = ROOT / "benchmarks"
 
 # What each wing of the runtime must never import (a prefix of a module name).
 FORBIDDEN = {
@@ -81,6 +82,17 @@ def test_the_operator_imports_only_the_runtime_contract():
     assert not breaches, "\n".join(breaches)
 
 
+def test_the_runtime_never_imports_the_repository_tooling():
+    """benchmarks/ and tests/ live in the checkout, not in the installed package."""
+    breaches = [
+        f"{name} imports {imported}"
+        for name, path in _runtime_modules().items()
+        for imported in _imports(path)
+        if imported.split(".")[0] in ("benchmarks", "tests")
+    ]
+    assert not breaches, "\n".join(breaches)
+
+
 def test_the_contract_needs_nothing_but_the_standard_library():
     """The operator image installs the contract alone, without the runtime's dependencies."""
     contract = sorted(n for n in _runtime_modules() if n.startswith("pagoda_runtime.contract"))
@@ -93,8 +105,8 @@ def test_the_contract_needs_nothing_but_the_standard_library():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_the_runtime_has_no_import_cycles():
-    modules = _runtime_modules()
+def test_the_runtime_and_the_benchmarks_have_no_import_cycles():
+    modules = _runtime_modules() | {_module_name(p, BENCHMARKS): p for p in BENCHMARKS.glob("*.py")}
     edges = {
         name: {m for m in _imports(path) if m in modules and m != name} for name, path in modules.items()
     }

@@ -397,7 +397,7 @@ def _reported_checkpoint(pods: list[dict], container: str) -> Checkpoint | None:
         except ValueError:
             continue
     arch = facts.get("architecture") if isinstance(facts, dict) else None
-    return Checkpoint(ModelArchitecture(**arch), facts.get("storedQuantization")) if arch else None
+    return Checkpoint(ModelArchitecture.from_facts(arch), facts.get("storedQuantization")) if arch else None
 
 
 def _failure_reason(job: dict, pods: list[dict], container: str) -> str | None:

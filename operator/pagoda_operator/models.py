@@ -8,13 +8,18 @@ defaults the apiserver fills in.
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar, Literal
+from dataclasses import MISSING
+from dataclasses import fields as dataclass_fields
+from typing import Any, ClassVar, Literal, get_type_hints
 
-from pagoda_runtime.contract.config import KV_CACHE_DTYPES, QUANTIZATION_CHOICES
+from pagoda_runtime.contract.config import DTYPES, KV_CACHE_DTYPES, QUANTIZATION_CHOICES, EngineConfig
+from pagoda_runtime.contract.flags import default_of, flag_of
 from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES
+from pagoda_runtime.contract.names import REQUESTS_WAITING
+from pagoda_runtime.contract.serve_settings import LOG_FORMATS, ServerSettings
 from pagoda_runtime.contract.sizing import ModelArchitecture
 from pagoda_runtime.contract.sources import COMMIT_PATTERN
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from pagoda_operator.parallelism import FAMILY_SPLIT_RULES, MAX_GPUS_PER_POD, MAX_NODES, RANKS_PER_POD_CEL
@@ -36,6 +41,20 @@ DNS_LABEL_OR_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 # The runtime's own flag values, so that a variant the apiserver admits is one the pods can start.
 Quantization = Literal[QUANTIZATION_CHOICES]
 KvCacheDtype = Literal[KV_CACHE_DTYPES]
+Dtype = Literal[DTYPES]
+LogFormat = Literal[LOG_FORMATS]
+
+
+def runtime_setting(settings: type, name: str, **field: Any) -> Any:
+    """A field that sets the runtime flag of `settings`' field `name`: the runtime's own default and
+    help (contract/config.py, contract/serve_settings.py), its flags named as the spec's fields."""
+    described = re.sub(
+        r"--([a-z][a-z0-9-]*)", lambda m: to_camel(m[1].replace("-", "_")), flag_of(settings, name).help
+    )
+    return Field(
+        **{"default": default_of(settings, name), **field},
+        description=described[0].upper() + described[1:] + ".",
+    )
 
 
 def _with_rules(schema: dict, cls: type[Spec]) -> None:
@@ -66,25 +85,31 @@ class SecretKeyRef(Spec):
     key: str = Field(description="Key inside the Secret whose value is used.", min_length=1)
 
 
-class ArchitectureSpec(Spec):
-    num_layers: int = Field(ge=1, description="Number of decoder layers (num_hidden_layers).")
-    hidden_size: int = Field(ge=1, description="Width of the residual stream (hidden_size).")
-    intermediate_size: int = Field(ge=1, description="Width of the MLP (intermediate_size).")
-    num_attention_heads: int = Field(ge=1, description="Number of query heads.")
-    num_key_value_heads: int = Field(ge=1, description="Number of key/value heads (grouped-query attention).")
-    head_dim: int = Field(ge=1, description="Size of one attention head.")
-    vocab_size: int = Field(ge=1, description="Number of tokens in the vocabulary.")
-    tie_word_embeddings: bool = Field(
-        default=False, description="Whether the LM head shares the input embedding matrix."
-    )
-    max_position_embeddings: int = Field(ge=1, description="Longest context the model was trained for.")
-    attention_bias: bool = Field(
-        default=False, description="Whether q, k and v projections have a bias (Qwen2)."
-    )
+# The CRD names each architecture field in camelCase, except for the one InferenceServices wrote
+# under another name before the architecture took Hugging Face's names.
+_ARCHITECTURE_CRD_NAMES = {"num_hidden_layers": "numLayers"}
 
-    def to_sizing(self) -> ModelArchitecture:
-        fields = self.model_dump(by_alias=False)
-        return ModelArchitecture(num_kv_heads=fields.pop("num_key_value_heads"), **fields)
+
+def _architecture_spec() -> type[Spec]:
+    """The CRD's model.architecture, generated from the contract's ModelArchitecture so that a shape
+    field is added in one place: its fields, defaults, descriptions and minimums."""
+    types = get_type_hints(ModelArchitecture)
+    fields = {
+        f.name: (
+            types[f.name],
+            Field(
+                ... if f.default is MISSING else f.default,
+                alias=_ARCHITECTURE_CRD_NAMES.get(f.name),
+                ge=f.metadata.get("minimum"),
+                description=f.metadata["description"],
+            ),
+        )
+        for f in dataclass_fields(ModelArchitecture)
+    }
+    return create_model("ArchitectureSpec", __base__=Spec, **fields)
+
+
+ArchitectureSpec = _architecture_spec()
 
 
 class ModelCacheSpec(Spec):
@@ -204,11 +229,7 @@ class ModelSpec(Spec):
         default=None,
         description="Model name clients send in requests; defaults to the InferenceService's name.",
     )
-    max_model_len: int | None = Field(
-        default=None,
-        ge=16,
-        description="Longest prompt plus completion in tokens; defaults to the model's own limit.",
-    )
+    max_model_len: int | None = runtime_setting(EngineConfig, "max_model_len", ge=16)
     family: str | None = Field(
         default=None,
         description="Known model family whose architecture sizes the pods: "
@@ -268,7 +289,7 @@ class ModelSpec(Spec):
 
     def sizing_architecture(self) -> ModelArchitecture | None:
         if self.architecture is not None:
-            return self.architecture.to_sizing()
+            return ModelArchitecture(**self.architecture.model_dump())
         return KNOWN_ARCHITECTURES.get(self.family) if self.family else None
 
 
@@ -289,27 +310,18 @@ class RuntimeSpec(Spec):
         default="IfNotPresent", description="When the kubelet pulls the image."
     )
     image_pull_secrets: list[str] = Field(default=[], description="Secrets for pulling the image.")
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
-        default="auto", description="Activation and unquantized weight dtype."
-    )
-    max_num_seqs: int = Field(default=256, ge=1, description="Most sequences batched together per step.")
-    max_num_batched_tokens: int = Field(default=8192, ge=1, description="Token budget of one engine step.")
-    block_size: int = Field(default=16, ge=1, description="Tokens per KV cache block.")
-    kv_cache_memory: float = Field(
-        default=0.9, gt=0, description="KV cache size: bytes, or a fraction (0, 1] of the free device memory."
-    )
-    enable_prefix_caching: bool = Field(
-        default=True, description="Reuse KV blocks of shared prompt prefixes."
-    )
-    max_queue: int | None = Field(
-        default=None,
-        ge=0,
-        description="Waiting requests beyond which new ones get HTTP 429; unlimited when unset.",
-    )
+    dtype: Dtype = runtime_setting(EngineConfig, "dtype")
+    max_num_seqs: int = runtime_setting(EngineConfig, "max_num_seqs", ge=1)
+    max_num_batched_tokens: int = runtime_setting(EngineConfig, "max_num_batched_tokens", ge=1)
+    block_size: int = runtime_setting(EngineConfig, "block_size", ge=1)
+    kv_cache_memory: float = runtime_setting(EngineConfig, "kv_cache_memory", gt=0)
+    enable_prefix_caching: bool = runtime_setting(EngineConfig, "enable_prefix_caching")
+    max_queue: int | None = runtime_setting(ServerSettings, "max_queue", ge=0)
     api_key_secret_ref: SecretKeyRef | None = Field(
         default=None, description="Secret whose value clients must send as a bearer token on /v1/*."
     )
-    log_format: Literal["text", "json"] = Field(default="json", description="Runtime log format.")
+    # Pods log JSON, one object per line, for the cluster's log collectors.
+    log_format: LogFormat = runtime_setting(ServerSettings, "log_format", default="json")
     startup_timeout_seconds: int = Field(
         default=1800, ge=60, description="How long a pod may take to load its model before it is restarted."
     )
@@ -341,11 +353,11 @@ class VariantSpec(Spec):
         pattern=DNS_LABEL, max_length=20, description="Variant name, used in child object names and labels."
     )
     quantization: Quantization = Field(
-        default="auto",
+        default=default_of(EngineConfig, "quantization"),
         description="Weight quantization of this variant: see docs/architecture.md#quantization.",
     )
     kv_cache_dtype: KvCacheDtype = Field(
-        default="auto",
+        default=default_of(EngineConfig, "kv_cache_dtype"),
         description="Element type of the KV cache: auto (the model's dtype) or fp8 (e4m3: half the "
         "bytes of bf16, so twice the cached tokens).",
     )
@@ -407,7 +419,7 @@ class AutoscalingSpec(Spec):
     target_queue_depth: int = Field(
         default=4,
         ge=1,
-        description="Waiting requests per pod (pagoda_num_requests_waiting) the autoscaler aims for.",
+        description=f"Waiting requests per pod ({REQUESTS_WAITING}) the autoscaler aims for.",
     )
     scale_up_stabilization_seconds: int = Field(
         default=0, ge=0, le=3600, description="Window of recommendations considered before scaling up."

@@ -6,10 +6,12 @@ from __future__ import annotations
 import hashlib
 import re
 
+from pagoda_runtime.contract.names import HTTP_PORT
+
 from pagoda_operator.models import GROUP
 from pagoda_operator.rules import Rule
 
-PORT = 8000
+PORT = HTTP_PORT  # the runtime's default --port, rendered all the same
 LABEL_ISVC = f"{GROUP}/inference-service"
 LABEL_VARIANT = f"{GROUP}/variant"
 # On the shared model cache's claim, Job and every replica that reads it (see model_cache.py).

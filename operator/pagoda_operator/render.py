@@ -12,6 +12,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pagoda_runtime.contract.config import EngineConfig
+from pagoda_runtime.contract.flags import to_args
+from pagoda_runtime.contract.names import (
+    API_KEY_ENV,
+    DISTRIBUTED_PORT,
+    LIVE_PATH,
+    METRICS_PATH,
+    READY_PATH,
+    REQUESTS_WAITING,
+    TERMINATION_LOG,
+)
+from pagoda_runtime.contract.serve_settings import DistributedSettings, ServerSettings
 from pagoda_runtime.contract.sources import parse_pvc
 
 from pagoda_operator import model_cache
@@ -28,10 +40,8 @@ from pagoda_operator.names import (
 from pagoda_operator.plan import ServicePlan, VariantPlan
 from pagoda_operator.settings import DEFAULT_RUNTIME_IMAGE
 
-QUEUE_METRIC = "pagoda_num_requests_waiting"
 RUNTIME_CONTAINER = "runtime"
 RUNTIME_UID = 10001  # the user images/runtime.Dockerfile creates
-TERMINATION_LOG = "/dev/termination-log"
 MODEL_MOUNT = "/models"
 CACHE_MOUNT = "/cache"
 SHUTDOWN_MARGIN_SECONDS = 15
@@ -39,8 +49,6 @@ PROBE_PERIOD_SECONDS = 10
 # The startup probe runs only until the pod is ready once, so a short period costs little and lets
 # the Ready condition (and the Service's endpoints) follow /health/ready within a second.
 STARTUP_PROBE_PERIOD_SECONDS = 1
-# Where rank 0 (the leader pod's first rank) listens for the others to join the process group.
-DISTRIBUTED_PORT = 29500
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
 
@@ -87,58 +95,57 @@ def _model_argument(spec: InferenceServiceSpec) -> str:
     return rest  # file:///x keeps its leading slash; bundled://name is the runtime's own name
 
 
+# The serve flags every pod gets, in the order they have always been rendered in (a reordering
+# would change every pod template, and so restart every replica on an operator upgrade).
+_SERVE_ARGS = (
+    "model",
+    "served_model_names",
+    "host",
+    "port",
+    "device",
+    "dtype",
+    "quantization",
+    "kv_cache_dtype",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "block_size",
+    "kv_cache_memory",
+    "enable_prefix_caching",
+    "max_queue",
+)
+_GROUP_ARGS = ("tensor_parallel_size", "distributed_port")  # only where a replica has several ranks
+_LAST_ARGS = ("drain_timeout", "termination_log", "log_format")
+
+
 def runtime_args(spec: InferenceServiceSpec, variant: VariantSpec, served_name: str) -> list[str]:
+    """`pagoda-runtime serve` and its flags, written by the runtime's own settings types; a setting
+    that is unset (max_model_len, max_queue) is left to the runtime's default."""
     rt = spec.runtime
-    args = [
-        "serve",
-        "--model",
-        _model_argument(spec),
-        "--served-model-name",
-        served_name,
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(PORT),
-        "--device",
-        "cuda" if spec.resources.gpus else "cpu",
-        "--dtype",
-        rt.dtype,
-        "--quantization",
-        variant.quantization,
-        "--kv-cache-dtype",
-        variant.kv_cache_dtype,
-    ]
-    if spec.model.max_model_len is not None:
-        args += ["--max-model-len", str(spec.model.max_model_len)]
-    args += [
-        "--max-num-seqs",
-        str(rt.max_num_seqs),
-        "--max-num-batched-tokens",
-        str(rt.max_num_batched_tokens),
-        "--block-size",
-        str(rt.block_size),
-        "--kv-cache-memory",
-        str(rt.kv_cache_memory),
-        "--enable-prefix-caching" if rt.enable_prefix_caching else "--no-enable-prefix-caching",
-    ]
-    if rt.max_queue is not None:
-        args += ["--max-queue", str(rt.max_queue)]
-    if spec.tensor_parallel_size > 1:
-        args += [
-            "--tensor-parallel-size",
-            str(spec.tensor_parallel_size),
-            "--distributed-port",
-            str(DISTRIBUTED_PORT),
-        ]
-    args += [
-        "--drain-timeout",
-        str(spec.drain.timeout_seconds),
-        "--termination-log",
-        TERMINATION_LOG,
-        "--log-format",
-        rt.log_format,
-    ]
-    return args + list(rt.extra_args)
+    engine = EngineConfig(
+        model=_model_argument(spec),
+        device="cuda" if spec.resources.gpus else "cpu",
+        dtype=rt.dtype,
+        quantization=variant.quantization,
+        kv_cache_dtype=variant.kv_cache_dtype,
+        max_model_len=spec.model.max_model_len,
+        max_num_seqs=rt.max_num_seqs,
+        max_num_batched_tokens=rt.max_num_batched_tokens,
+        block_size=rt.block_size,
+        kv_cache_memory=rt.kv_cache_memory,
+        enable_prefix_caching=rt.enable_prefix_caching,
+        tensor_parallel_size=spec.tensor_parallel_size,
+    )
+    server = ServerSettings(
+        served_model_names=(served_name,),
+        port=PORT,
+        max_queue=rt.max_queue,
+        drain_timeout=spec.drain.timeout_seconds,
+        termination_log=TERMINATION_LOG,
+        log_format=rt.log_format,
+    )
+    names = _SERVE_ARGS + (_GROUP_ARGS if spec.tensor_parallel_size > 1 else ()) + _LAST_ARGS
+    return ["serve", *to_args(names, engine, server, DistributedSettings()), *rt.extra_args]
 
 
 _CONTAINER_SECURITY = {
@@ -199,9 +206,7 @@ def _runtime_container(
     ]
     if rt.api_key_secret_ref is not None:
         ref = rt.api_key_secret_ref
-        env.append(
-            {"name": "PAGODA_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
-        )
+        env.append({"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
     env += [{"name": e.name, "value": e.value} for e in rt.env]
     mounts = [
         {"name": "dshm", "mountPath": "/dev/shm"},
@@ -234,14 +239,14 @@ def _runtime_container(
     # Model loading can take many minutes; liveness only starts once the pod was ready once. A
     # group's leader is ready only once every rank of the group has joined.
     container["startupProbe"] = _http_probe(
-        "/health/ready",
+        READY_PATH,
         STARTUP_PROBE_PERIOD_SECONDS,
         math.ceil(rt.startup_timeout_seconds / STARTUP_PROBE_PERIOD_SECONDS),
         5,
     )
-    container["readinessProbe"] = _http_probe("/health/ready", 5, 2, 3)
+    container["readinessProbe"] = _http_probe(READY_PATH, 5, 2, 3)
     # A busy engine still beats its heartbeat; a minute of silence means it is stuck.
-    container["livenessProbe"] = _http_probe("/health/live", PROBE_PERIOD_SECONDS, 6, 5)
+    container["livenessProbe"] = _http_probe(LIVE_PATH, PROBE_PERIOD_SECONDS, 6, 5)
     if spec.drain.endpoint_removal_seconds:
         # The runtime drains on SIGTERM; keep serving until endpoints controllers and load
         # balancers have stopped routing here, or requests arriving meanwhile get a 503.
@@ -355,7 +360,7 @@ def _pod_template(
                     {
                         "prometheus.io/scrape": "true",
                         "prometheus.io/port": str(PORT),
-                        "prometheus.io/path": "/metrics",
+                        "prometheus.io/path": METRICS_PATH,
                     }
                     if serves
                     else {}
@@ -433,7 +438,7 @@ def _hpa(spec, variant, *, namespace, name, uid) -> dict:
                 {
                     "type": "Pods",
                     "pods": {
-                        "metric": {"name": QUEUE_METRIC},
+                        "metric": {"name": REQUESTS_WAITING},
                         "target": {"type": "AverageValue", "averageValue": str(scaling.target_queue_depth)},
                     },
                 }
@@ -490,7 +495,7 @@ def _service_monitor(spec, extra_labels: dict[str, str], *, namespace, name, uid
                 "matchLabels": selector_labels(name),
                 "matchExpressions": [{"key": LABEL_VARIANT, "operator": "Exists"}],
             },
-            "endpoints": [{"port": "http", "path": "/metrics", "interval": spec.monitoring.interval}],
+            "endpoints": [{"port": "http", "path": METRICS_PATH, "interval": spec.monitoring.interval}],
         },
     }
 

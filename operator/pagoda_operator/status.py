@@ -1,4 +1,6 @@
-"""The InferenceService's status from what the cluster reports. Pure: objects in, status dict out.
+"""The InferenceService's status from what the cluster reports. Pure: objects in, the typed status
+(models.InferenceServiceStatus, from which the CRD's status schema is generated) out, one small
+function per condition.
 
 Conditions keep their lastTransitionTime while their status stays the same, so recomputing the
 status of a settled service yields exactly the stored one and the handler writes nothing.
@@ -6,9 +8,18 @@ status of a settled service yields exactly the stored one and the handler writes
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pagoda_operator.model_cache import CacheStatus
+from pagoda_operator.models import (
+    Condition,
+    InferenceServiceStatus,
+    ModelCacheStatus,
+    RetiringStatus,
+    VariantStatus,
+)
 from pagoda_operator.names import LABEL_VARIANT, service_url, workload_name
-from pagoda_operator.plan import ServicePlan
+from pagoda_operator.plan import ServicePlan, VariantPlan
 
 # Container waiting reasons that mean the pod will not get better on its own.
 _STUCK_REASONS = (
@@ -20,6 +31,7 @@ _STUCK_REASONS = (
     "CreateContainerError",
 )
 
+Problem = tuple[str, str]  # (reason, message)
 
 # Ready=False reasons that no waiting cures: the spec, a child in the way, the cluster must change.
 BLOCKED_REASONS = (
@@ -33,16 +45,13 @@ BLOCKED_REASONS = (
 )
 
 
-def _condition(type_: str, status: bool | None, reason: str, message: str) -> dict:
-    return {
-        "type": type_,
-        "status": "Unknown" if status is None else str(status),
-        "reason": reason,
-        "message": message,
-    }
+def _condition(type_: str, status: bool | None, reason: str, message: str) -> Condition:
+    return Condition(
+        type=type_, status="Unknown" if status is None else str(status), reason=reason, message=message
+    )
 
 
-def model_fits_condition(plan: ServicePlan) -> dict:
+def model_fits_condition(plan: ServicePlan) -> Condition:
     misfits, unknown = [], []
     for variant in plan.variants:
         if variant.fit is None:
@@ -69,7 +78,7 @@ def model_fits_condition(plan: ServicePlan) -> dict:
     return _condition("ModelFits", True, "Fits", "every variant fits its pods")
 
 
-def pod_problems(pods: list[dict]) -> list[tuple[str, str]]:
+def pod_problems(pods: list[dict]) -> list[Problem]:
     """(reason, message) for each pod that is stuck, most telling message first per pod."""
     problems = []
     for pod in pods:
@@ -90,7 +99,7 @@ def pod_problems(pods: list[dict]) -> list[tuple[str, str]]:
     return problems
 
 
-def deployment_problems(deployments: list[dict]) -> list[tuple[str, str]]:
+def deployment_problems(deployments: list[dict]) -> list[Problem]:
     """The Deployment controller's own failures: pods it could not create (quota, PriorityClass)."""
     problems = []
     for deployment in deployments:
@@ -101,7 +110,7 @@ def deployment_problems(deployments: list[dict]) -> list[tuple[str, str]]:
     return problems
 
 
-def hpa_problems(hpas: list[dict]) -> list[tuple[str, str]]:
+def hpa_problems(hpas: list[dict]) -> list[Problem]:
     """An HPA that cannot scale, most often because no metrics adapter serves the queue depth."""
     problems = []
     for hpa in hpas:
@@ -112,17 +121,54 @@ def hpa_problems(hpas: list[dict]) -> list[tuple[str, str]]:
     return problems
 
 
-def _variant_status(workload_of, variant, deployments: dict[str, dict]) -> dict:
-    deployment = deployments.get(workload_of(variant.name), {})
-    dep_status = deployment.get("status", {})
-    entry = {
-        "name": variant.name,
-        "replicas": dep_status.get("replicas", 0),
-        "readyReplicas": dep_status.get("readyReplicas", 0),
-    }
-    if variant.fit is not None:
-        entry["fits"] = variant.fit.fits
-    return entry
+@dataclass(frozen=True)
+class _Workloads:
+    """The variants' Deployments (or LeaderWorkerSets, whose replicas count groups) as the cluster
+    reports them."""
+
+    plan: ServicePlan
+    name: str
+    by_name: dict[str, dict]
+
+    def of(self, variant: str) -> dict | None:
+        return self.by_name.get(workload_name(self.name, variant, spans_nodes=self.plan.spec.spans_nodes))
+
+    @property
+    def servable(self) -> list[VariantPlan]:
+        """A variant that no longer fits keeps its pods while they serve: it is waited on like the others."""
+        return [v for v in self.plan.variants if v.servable or self.of(v.name) is not None]
+
+    @property
+    def missing(self) -> list[str]:
+        return [v.name for v in self.servable if self.of(v.name) is None]
+
+    @property
+    def rolling(self) -> list[str]:
+        return [v.name for v in self.servable if (w := self.of(v.name)) is not None and _rolling_out(w)]
+
+    @property
+    def not_ready(self) -> list[str]:
+        """Servable variants without a ready pod, unless scaled to zero on purpose."""
+        return [
+            v.name
+            for v in self.servable
+            if (w := self.of(v.name)) is None
+            or (w.get("status", {}).get("readyReplicas", 0) < 1 and w.get("spec", {}).get("replicas", 1) != 0)
+        ]
+
+    @property
+    def desired(self) -> int:
+        return sum(w.get("spec", {}).get("replicas", 0) for v in self.servable if (w := self.of(v.name)))
+
+    def variant_status(self, variant: VariantPlan) -> VariantStatus:
+        status = (self.of(variant.name) or {}).get("status", {})
+        known_fit = {} if variant.fit is None else {"fits": variant.fit.fits}  # unknown: left out
+        return VariantStatus(
+            name=variant.name,
+            replicas=status.get("replicas", 0),
+            ready_replicas=status.get("readyReplicas", 0),
+            **known_fit,
+        )
 
 
 def _rolling_out(deployment: dict) -> bool:
@@ -136,52 +182,141 @@ def _rolling_out(deployment: dict) -> bool:
     )
 
 
-def _stamped(conditions: list[dict], previous: dict, generation: int, now: str) -> list[dict]:
-    """A condition keeps its lastTransitionTime while its status stays the same."""
-    old_conditions = {c["type"]: c for c in previous.get("conditions", [])}
-    for cond in conditions:
-        old = old_conditions.get(cond["type"])
-        cond["lastTransitionTime"] = (
-            old["lastTransitionTime"] if old and old.get("status") == cond["status"] else now
+@dataclass(frozen=True)
+class _Problems:
+    clashes: list[Problem]  # objects in the way that belong to someone else
+    splits: list[Problem]  # variants whose model does not split over their ranks
+    children: list[Problem]  # what the Deployments, HPAs and pods report
+
+    @property
+    def all(self) -> list[Problem]:
+        return self.clashes + self.splits + self.children
+
+
+def _problems(
+    workloads: _Workloads, deployments: list[dict], pods: list[dict], hpas: list[dict], clashes: list[str]
+) -> _Problems:
+    servable = {v.name for v in workloads.servable}
+    own_pods = [p for p in pods if p["metadata"].get("labels", {}).get(LABEL_VARIANT) in servable]
+    return _Problems(
+        clashes=[
+            (
+                "NameClash",
+                f"{clash} exists and does not belong to this InferenceService; the operator leaves "
+                "it alone: delete or rename it, or rename the InferenceService",
+            )
+            for clash in clashes
+        ],
+        # A model whose shape the apiserver could not check (an explicit architecture, a downloaded
+        # checkpoint) and that does not split over the ranks: the same sentence the apiserver would say.
+        splits=[
+            ("InvalidParallelism", f"variant {v.name}: {v.split_error}")
+            for v in workloads.plan.variants
+            if v.split_error
+        ],
+        children=deployment_problems(deployments) + hpa_problems(hpas) + pod_problems(own_pods),
+    )
+
+
+def progressing_condition(
+    workloads: _Workloads, retiring: RetiringStatus | None, upgrade_queued: list[str] = ()
+) -> Condition:
+    if retiring is not None:
+        return _condition(
+            "Progressing",
+            True,
+            "ReplacingVariants",
+            f"{', '.join(retiring.deployments)} keep serving until the variants that "
+            f"replace them have ready pods (waiting since {retiring.since})",
         )
-        cond["observedGeneration"] = generation
-    return conditions
+    if upgrade_queued:
+        return _condition(
+            "Progressing",
+            True,
+            "UpgradeQueued",
+            "a new operator renders new pods; they roll one workload of the cluster at a time: "
+            + "; ".join(upgrade_queued),
+        )
+    if changing := workloads.missing + workloads.rolling:
+        return _condition("Progressing", True, "RollingOut", f"variants rolling out: {', '.join(changing)}")
+    return _condition("Progressing", False, "Stable", "every variant has its desired replicas")
 
 
-def kstatus_conditions(ready: dict, progressing: dict, degraded: dict | None) -> list[dict]:
+def degraded_condition(problems: _Problems) -> Condition:
+    if found := problems.all:
+        return _condition("Degraded", True, found[0][0], "; ".join(message for _, message in found))
+    return _condition("Degraded", False, "Healthy", "no pod is failing")
+
+
+def ready_condition(
+    workloads: _Workloads, problems: _Problems, fits: Condition, cache: CacheStatus | None, url: str
+) -> Condition:
+    if problems.clashes:
+        return _condition("Ready", False, *problems.clashes[0])
+    if not workloads.servable:
+        return _condition("Ready", False, *(problems.splits[:1] or [("NoVariantFits", fits.message)])[0])
+    if cache is not None and not cache.ready:
+        return _condition(
+            "Ready", False, f"ModelCache{cache.phase}", f"model cache {cache.summary()}: {cache.message}"
+        )
+    if not_ready := workloads.not_ready:
+        reason = problems.all[0][0] if problems.all else "Starting"
+        return _condition("Ready", False, reason, f"variants not ready: {', '.join(not_ready)}")
+    return _condition("Ready", True, "Serving", f"serving at {url}")
+
+
+def kstatus_conditions(
+    ready: Condition, progressing: Condition, degraded: Condition | None
+) -> list[Condition]:
     """Reconciling and Stalled, the conditions kstatus (Flux's health checks, kpt) reads on any
     custom resource: abnormal-true, derived from Ready, Progressing and Degraded."""
-    serving = ready["status"] == "True"
-    stalled = not serving and (
-        ready["reason"] in BLOCKED_REASONS or (degraded is not None and degraded["status"] == "True")
-    )
-    if stalled:
-        cause = degraded if ready["reason"] not in BLOCKED_REASONS and degraded else ready
+    serving = ready.status == "True"
+    blocked = ready.reason in BLOCKED_REASONS
+    if not serving and (blocked or (degraded is not None and degraded.status == "True")):
+        cause = ready if blocked or degraded is None else degraded
         return [
             _condition("Reconciling", False, "Stalled", "waiting cannot help: see Stalled"),
-            _condition("Stalled", True, cause["reason"], cause["message"]),
+            _condition("Stalled", True, cause.reason, cause.message),
         ]
     if not serving:
-        reconciling = _condition("Reconciling", True, ready["reason"], ready["message"])
-    elif progressing["status"] == "True":
-        reconciling = _condition("Reconciling", True, progressing["reason"], progressing["message"])
+        reconciling = _condition("Reconciling", True, ready.reason, ready.message)
+    elif progressing.status == "True":
+        reconciling = _condition("Reconciling", True, progressing.reason, progressing.message)
     else:
-        reconciling = _condition("Reconciling", False, "Serving", ready["message"])
+        reconciling = _condition("Reconciling", False, "Serving", ready.message)
     return [reconciling, _condition("Stalled", False, "Healthy", "nothing blocks the service")]
 
 
-def invalid_status(previous: dict | None, *, reason: str, message: str, generation: int, now: str) -> dict:
-    """Ready=False with why the spec or a child was refused; the other conditions stay as they were."""
+def _stamped(conditions: list[Condition], previous: dict, generation: int, now: str) -> list[Condition]:
+    """A condition keeps its lastTransitionTime while its status stays the same."""
+    old_conditions = {c["type"]: c for c in previous.get("conditions", [])}
+    stamped = []
+    for cond in conditions:
+        old = old_conditions.get(cond.type)
+        since = old["lastTransitionTime"] if old and old.get("status") == cond.status else now
+        stamped.append(
+            cond.model_copy(update={"last_transition_time": since, "observed_generation": generation})
+        )
+    return stamped
+
+
+def invalid_status(
+    previous: dict | None, *, reason: str, message: str, generation: int, now: str
+) -> InferenceServiceStatus:
+    """Ready=False with why the spec or a child was refused (and kstatus's Stalled); the other
+    conditions stay as they were."""
     previous = previous or {}
     ready = _condition("Ready", False, reason, message)
     kept = [
-        c for c in previous.get("conditions", []) if c.get("type") not in ("Ready", "Reconciling", "Stalled")
+        Condition.model_validate(c)
+        for c in previous.get("conditions", [])
+        if c.get("type") not in ("Ready", "Reconciling", "Stalled")
     ]
-    progressing = next(
-        (c for c in kept if c["type"] == "Progressing"), _condition("Progressing", None, "", "")
+    progressing = next((c for c in kept if c.type == "Progressing"), _condition("Progressing", None, "", ""))
+    ready, *kstatus = _stamped(
+        [ready, *kstatus_conditions(ready, progressing, None)], previous, generation, now
     )
-    stamped = _stamped([ready, *kstatus_conditions(ready, progressing, None)], previous, generation, now)
-    return {"conditions": [stamped[0], *kept, *stamped[1:]], "observedGeneration": generation}
+    return InferenceServiceStatus(conditions=[ready, *kept, *kstatus], observed_generation=generation)
 
 
 def compute_status(
@@ -199,127 +334,42 @@ def compute_status(
     retiring: dict | None = None,
     cache: CacheStatus | None = None,
     upgrade_queued: list[str] = (),
-) -> dict:
-    """`deployments` (its Deployments and LeaderWorkerSets, whose replicas count groups), `pods` and
-    `hpas`: the InferenceService's own; `clashes`: objects in the way that
-    belong to someone else; `retiring`: old children kept serving (RetiringStatus's fields); `cache`:
-    the shared model cache of an hf:// or s3:// source, or the sizing Job of a pvc:// one (the plan
-    was made with its checkpoint); `upgrade_queued`: workloads whose operator upgrade waits its turn
-    (upgrade.py)."""
-    by_name = {d["metadata"]["name"]: d for d in deployments}
-
-    def workload_of(variant: str) -> str:
-        return workload_name(name, variant, spans_nodes=plan.spec.spans_nodes)
-
-    # A variant that no longer fits keeps its pods while they serve: it is waited on like the others.
-    servable = [v for v in plan.variants if v.servable or workload_of(v.name) in by_name]
-    variants = [_variant_status(workload_of, v, by_name) for v in plan.variants]
-
-    missing = [v.name for v in servable if workload_of(v.name) not in by_name]
-    rolling = [v.name for v in servable if (d := by_name.get(workload_of(v.name))) and _rolling_out(d)]
-    if retiring:
-        progressing = _condition(
-            "Progressing",
-            True,
-            "ReplacingVariants",
-            f"{', '.join(retiring['deployments'])} keep serving until the variants that "
-            f"replace them have ready pods (waiting since {retiring['since']})",
-        )
-    elif upgrade_queued:
-        progressing = _condition(
-            "Progressing",
-            True,
-            "UpgradeQueued",
-            "a new operator renders new pods; they roll one workload of the cluster at a time: "
-            + "; ".join(upgrade_queued),
-        )
-    elif missing or rolling:
-        progressing = _condition(
-            "Progressing", True, "RollingOut", f"variants rolling out: {', '.join(missing + rolling)}"
-        )
-    else:
-        progressing = _condition("Progressing", False, "Stable", "every variant has its desired replicas")
-
-    servable_names = {v.name for v in servable}
-    own_pods = [p for p in pods if p["metadata"].get("labels", {}).get(LABEL_VARIANT) in servable_names]
-    clash_problems = [
-        (
-            "NameClash",
-            f"{clash} exists and does not belong to this InferenceService; the operator leaves "
-            "it alone: delete or rename it, or rename the InferenceService",
-        )
-        for clash in clashes
-    ]
-    # A model whose shape the apiserver could not check (an explicit architecture, a downloaded
-    # checkpoint) and that does not split over the ranks: the same sentence the apiserver would say.
-    split_problems = [
-        ("InvalidParallelism", f"variant {v.name}: {v.split_error}") for v in plan.variants if v.split_error
-    ]
-    problems = (
-        clash_problems
-        + split_problems
-        + deployment_problems(deployments)
-        + hpa_problems(list(hpas))
-        + pod_problems(own_pods)
-    )
-    if problems:
-        degraded = _condition("Degraded", True, problems[0][0], "; ".join(message for _, message in problems))
-    else:
-        degraded = _condition("Degraded", False, "Healthy", "no pod is failing")
-
+) -> InferenceServiceStatus:
+    """`deployments` (its Deployments and LeaderWorkerSets), `pods` and `hpas`: the
+    InferenceService's own; `previous`: the stored status, as JSON; `clashes`: objects in the way
+    that belong to someone else; `retiring`: old children kept serving (RetiringStatus's fields);
+    `cache`: the shared model cache of an hf:// or s3:// source, or the sizing Job of a pvc:// one
+    (the plan was made with its checkpoint); `upgrade_queued`: workloads whose operator upgrade waits
+    its turn (upgrade.py)."""
+    workloads = _Workloads(plan, name, {d["metadata"]["name"]: d for d in deployments})
+    problems = _problems(workloads, deployments, pods, list(hpas), list(clashes))
+    retiring_status = RetiringStatus.model_validate(retiring) if retiring else None
+    url = service_url(name, namespace)
     fits = model_fits_condition(plan)
-    not_ready = [
-        entry["name"]
-        for entry in variants
-        if entry["name"] in servable_names
-        and (entry["name"] in missing or entry["readyReplicas"] < 1)
-        and not _scaled_to_zero(by_name.get(workload_of(entry["name"])))
-    ]
-    if clashes:
-        ready = _condition("Ready", False, "NameClash", clash_problems[0][1])
-    elif not servable:
-        ready = _condition(
-            "Ready", False, *(split_problems[0] if split_problems else ("NoVariantFits", fits["message"]))
-        )
-    elif cache is not None and not cache.ready:
-        ready = _condition(
-            "Ready", False, f"ModelCache{cache.phase}", f"model cache {cache.summary()}: {cache.message}"
-        )
-    elif not_ready:
-        reason = degraded["reason"] if problems else "Starting"
-        ready = _condition("Ready", False, reason, f"variants not ready: {', '.join(not_ready)}")
-    else:
-        ready = _condition("Ready", True, "Serving", f"serving at {service_url(name, namespace)}")
-
-    conditions = _stamped(
-        [ready, progressing, degraded, fits, *kstatus_conditions(ready, progressing, degraded)],
-        previous or {},
-        generation,
-        now,
+    ready = ready_condition(workloads, problems, fits, cache, url)
+    progressing = progressing_condition(workloads, retiring_status, list(upgrade_queued))
+    degraded = degraded_condition(problems)
+    conditions = [ready, progressing, degraded, fits, *kstatus_conditions(ready, progressing, degraded)]
+    variants = [workloads.variant_status(v) for v in plan.variants]
+    return InferenceServiceStatus(
+        conditions=_stamped(conditions, previous or {}, generation, now),
+        variants=variants,
+        url=url,
+        observed_generation=generation,
+        variant_names=",".join(v.name for v in plan.variants),
+        replica_summary=f"{sum(v.ready_replicas for v in variants)}/{workloads.desired}",
+        retiring=retiring_status,
+        model_cache=ModelCacheStatus.model_validate(cache.to_status()) if cache is not None else None,
     )
 
-    desired = sum(
-        by_name[workload_of(v.name)].get("spec", {}).get("replicas", 0)
-        for v in servable
-        if workload_of(v.name) in by_name
-    )
-    return {
-        "conditions": conditions,
-        "variants": variants,
-        "url": service_url(name, namespace),
-        "observedGeneration": generation,
-        "variantNames": ",".join(v.name for v in plan.variants),
-        "replicaSummary": f"{sum(e['readyReplicas'] for e in variants)}/{desired}",
-        "retiring": retiring,
-        "modelCache": cache.to_status() if cache is not None else None,
-    }
 
-
-def _scaled_to_zero(deployment: dict | None) -> bool:
-    return deployment is not None and deployment.get("spec", {}).get("replicas", 1) == 0
+def status_patch(status: InferenceServiceStatus) -> dict:
+    """The status as the merge patch that writes it: every field the status was given, a None one as
+    null (which removes what is stored), and none it was not given (which keeps what is stored)."""
+    return status.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
 
 def status_changed(previous: dict | None, new: dict) -> bool:
-    """Whether the stored status differs from the new one in anything the new one says."""
+    """Whether the stored status differs from the new patch in anything the patch says."""
     previous = previous or {}
     return any(previous.get(key) != value for key, value in new.items())

@@ -16,9 +16,10 @@ from pagoda_operator import metrics
 from pagoda_operator.inference_service import ids, parse, plan_with_cache
 from pagoda_operator.kube import Kube, being_deleted, owned, workload_kinds
 from pagoda_operator.model_cache_cluster import read_cache_status
+from pagoda_operator.models import InferenceServiceStatus
 from pagoda_operator.names import child_selector
 from pagoda_operator.retire import TIME_FORMAT
-from pagoda_operator.status import compute_status, invalid_status, status_changed
+from pagoda_operator.status import compute_status, invalid_status, status_changed, status_patch
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ def refresh_status(k: Kube, namespace: str, name: str) -> None:
         selector = child_selector(name)
         observed = _observed.get((namespace, name), Observed())
         previous = dict(body.get("status") or {})
-        new = compute_status(
+        status = compute_status(
             plan,
             namespace=namespace,
             name=name,
@@ -81,6 +82,7 @@ def refresh_status(k: Kube, namespace: str, name: str) -> None:
             now=_now(),
             cache=cache,
         )
+        new = status_patch(status)
         if not status_changed(previous, new):
             return
         try:
@@ -90,23 +92,23 @@ def refresh_status(k: Kube, namespace: str, name: str) -> None:
                 return  # deleted since it was read
             raise
         metrics.STATUS_WRITES.inc()
-        _announce_transitions(k, body, previous, new)
+        _announce_transitions(k, body, previous, status)
 
 
-def _announce_transitions(k: Kube, body, previous: dict, new: dict) -> None:
+def _announce_transitions(k: Kube, body, previous: dict, new: InferenceServiceStatus) -> None:
     """Events on the InferenceService when what a user must act on starts, changes or ends."""
     was = {c["type"]: c for c in previous.get("conditions", [])}
-    now = {c["type"]: c for c in new["conditions"]}
+    now = {c.type: c for c in new.conditions}
     fits, fitted = now["ModelFits"], was.get("ModelFits", {})
-    if fits["status"] == "False" and fitted.get("status") != "False":
-        k.post_event(body, "Warning", "ModelDoesNotFit", fits["message"])
+    if fits.status == "False" and fitted.get("status") != "False":
+        k.post_event(body, "Warning", "ModelDoesNotFit", fits.message)
     degraded, before = now["Degraded"], was.get("Degraded", {})
-    if degraded["status"] == "True" and (before.get("status"), before.get("reason")) != (
+    if degraded.status == "True" and (before.get("status"), before.get("reason")) != (
         "True",
-        degraded["reason"],
+        degraded.reason,
     ):
-        k.post_event(body, "Warning", degraded["reason"], degraded["message"])
-    elif degraded["status"] == "False" and before.get("status") == "True":
+        k.post_event(body, "Warning", degraded.reason, degraded.message)
+    elif degraded.status == "False" and before.get("status") == "True":
         k.post_event(body, "Normal", "Recovered", "no child reports a failure any more")
 
 
@@ -114,7 +116,9 @@ def report_invalid(k: Kube, body, reason: str, message: str, *, announce: bool) 
     """The status of an InferenceService the operator cannot act on, and a Warning when `announce`."""
     namespace, name, _, generation = ids(body)
     previous = dict(body.get("status") or {})
-    new = invalid_status(previous, reason=reason, message=message, generation=generation, now=_now())
+    new = status_patch(
+        invalid_status(previous, reason=reason, message=message, generation=generation, now=_now())
+    )
     if status_changed(previous, new):
         try:
             k.patch_status(namespace, name, new)

@@ -5,224 +5,38 @@ download Job), `pagoda-runtime inspect` (the sizing Job of a pvc:// model) and
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 
-from pagoda_runtime.contract.config import KV_CACHE_DTYPES, LOAD_FORMATS, QUANTIZATION_CHOICES, EngineConfig
-from pagoda_runtime.parallel.world_layout import (
-    DEFAULT_DISTRIBUTED_PORT,
-    DEFAULT_DISTRIBUTED_TIMEOUT_S,
-    LWS_VARIABLES,
-    WorldLayout,
-    world_layout,
-)
-from pagoda_runtime.server.metrics_compat import METRICS_COMPAT_CHOICES
-from pagoda_runtime.server.tool_parsers import TOOL_CALL_PARSERS
-
-API_KEY_ENV = "PAGODA_API_KEY"
-
-
-def _names(value: str) -> list[str]:
-    """A list flag as vLLM takes it (a JSON list) or comma-separated."""
-    if value.lstrip().startswith("["):
-        try:
-            names = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise argparse.ArgumentTypeError(f"not a JSON list: {exc}") from exc
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            raise argparse.ArgumentTypeError("give a JSON list of strings")
-        return names
-    return [name.strip() for name in value.split(",") if name.strip()]
-
-
-def _chat_template(value: str | None) -> str | None:
-    """--chat-template: a file's contents, or the template itself (as vLLM reads it)."""
-    if value is None:
-        return None
-    path = Path(value).expanduser()
-    return path.read_text() if path.is_file() else value
-
-
-def _pipeline_parallel_size(value: str) -> int:
-    if value.strip() != "1":
-        raise argparse.ArgumentTypeError(
-            f"{value} is not supported: Pagoda splits a model over GPUs and nodes by tensor parallelism "
-            "only, so give the total GPU count as --tensor-parallel-size and leave this at 1"
-        )
-    return 1
-
-
-def _add_parallel(p) -> None:
-    p.add_argument(
-        "--tensor-parallel-size",
-        "-tp",
-        type=int,
-        default=1,
-        help="ranks (GPUs) the model is split over, one process each; under LeaderWorkerSet "
-        f"({', '.join(LWS_VARIABLES)} set) they span the group's pods, N / LWS_GROUP_SIZE per pod",
-    )
-    p.add_argument(
-        "--pipeline-parallel-size",
-        "-pp",
-        type=_pipeline_parallel_size,
-        default=1,
-        help="accepted for vLLM's command lines; only 1 (docs/architecture.md#multi-process-and-multi-node)",
-    )
-    p.add_argument(
-        "--distributed-port",
-        type=int,
-        default=DEFAULT_DISTRIBUTED_PORT,
-        help="TCP port where the ranks meet on the leader (LWS_LEADER_ADDRESS, or this machine)",
-    )
-    p.add_argument(
-        "--distributed-timeout",
-        type=float,
-        default=DEFAULT_DISTRIBUTED_TIMEOUT_S,
-        help="seconds a rank waits for the others (to join, to load, within a step) before the "
-        "process exits non-zero",
-    )
+from pagoda_runtime.bench.workload import OFFLINE_ENGINE_FLAGS, OFFLINE_QUANTIZATION
+from pagoda_runtime.contract.config import EngineConfig
+from pagoda_runtime.contract.flags import add_flags, from_args
+from pagoda_runtime.contract.names import API_KEY_ENV, HTTP_PORT
+from pagoda_runtime.contract.serve_settings import DistributedSettings, ServerSettings
+from pagoda_runtime.parallel.world_layout import WorldLayout, world_layout
 
 
 def _add_serve(sub) -> None:
-    p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
-    defaults = EngineConfig()
-    p.add_argument(
-        "--model",
-        default=defaults.model,
-        help="model folder, .gguf file, 'smollm2-135m', or a Hugging Face hub id org/name[@revision] "
-        "(downloaded into the Hugging Face cache first, as vLLM does); with --load-format dummy a model "
-        "shape",
+    p = sub.add_parser(
+        "serve",
+        help="serve a model over an OpenAI-compatible HTTP API",
+        description="Serve a model over an OpenAI-compatible HTTP API (docs/architecture.md#cli).",
     )
-    p.add_argument(
-        "--revision",
-        default=None,
-        help="the commit, branch or tag of a hub id --model (default: main)",
+    engine = p.add_argument_group("engine")
+    add_flags(engine, EngineConfig)
+    # Only where --model comes from, as vllm serve's: not an engine setting, so not in EngineConfig.
+    engine.add_argument(
+        "--revision", default=None, help="the commit, branch or tag of a hub id --model (default: main)"
     )
-    p.add_argument(
-        "--load-format",
-        default=defaults.load_format,
-        choices=LOAD_FORMATS,
-        help="auto: read the checkpoint --model names; dummy: random weights of the model shape --model "
-        "names (llama-3-8b, tiny-llama, ...: model_catalogue.py) with a bare tokenizer, for benchmarks",
-    )
-    p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument(
-        "--served-model-name",
-        nargs="+",
-        default=None,
-        help="the names clients may use; the first one labels the metrics (default: --model)",
-    )
-    p.add_argument(
-        "--chat-template",
-        default=None,
-        help="a Jinja chat template, or a file holding one, to use instead of the model's own",
-    )
-    p.add_argument(
-        "--tool-call-parser",
-        default="hermes",
-        choices=TOOL_CALL_PARSERS,
-        help="how tool calls are found in the text for tool_choice auto: hermes (<tool_call> JSON, "
-        "Qwen2.5/SmolLM/Hermes) or llama3_json (Llama 3.x)",
-    )
-    p.add_argument(
-        "--allowed-origins",
-        type=_names,
-        default=[],
-        help="CORS origins allowed, as a JSON list or comma-separated (e.g. '[\"*\"]'); default: no CORS",
-    )
-    p.add_argument("--allowed-methods", type=_names, default=["*"], help="CORS methods allowed")
-    p.add_argument("--allowed-headers", type=_names, default=["*"], help="CORS headers allowed")
-    p.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
-    p.add_argument(
-        "--metrics-compat",
-        choices=METRICS_COMPAT_CHOICES,
-        default=None,
-        help="also export the metrics under vLLM's names (vllm:num_requests_waiting, ...) for existing "
-        "dashboards and autoscaling rules",
-    )
-    p.add_argument("--dtype", default=defaults.dtype, choices=["auto", "float32", "float16", "bfloat16"])
-    p.add_argument("--device", default=defaults.device, help="auto, cpu, cuda or cuda:N")
-    p.add_argument(
-        "--quantization",
-        default=defaults.quantization,
-        choices=QUANTIZATION_CHOICES,
-        help="how to hold the projections; auto serves the checkpoint as it was saved "
-        "(what it picks: docs/architecture.md#quantization)",
-    )
-    p.add_argument(
-        "--kv-cache-dtype",
-        default=defaults.kv_cache_dtype,
-        choices=KV_CACHE_DTYPES,
-        help="auto: the model's dtype; fp8: e4m3 with a per-tensor scale of 1.0, half the bytes of bf16",
-    )
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
-    p.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
-    p.add_argument("--block-size", type=int, default=defaults.block_size)
-    p.add_argument(
-        "--kv-cache-memory",
-        type=float,
-        default=defaults.kv_cache_memory,
-        help="KV cache size in bytes, or a fraction (0, 1] of free device memory",
-    )
-    p.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        default=None,
-        help="vLLM's budget instead of --kv-cache-memory: the fraction (0, 1] of the GPU's total memory "
-        "for this process; the KV cache gets what the weights leave of it",
-    )
-    p.add_argument(
-        "--enable-prefix-caching",
-        action=argparse.BooleanOptionalAction,
-        default=defaults.enable_prefix_caching,
-    )
-    p.add_argument("--enforce-eager", action="store_true", help="do not capture CUDA graphs")
-    add_async_output_flag(p)
-    _add_parallel(p)
-    p.add_argument("--seed", type=int, default=defaults.seed)
-    p.add_argument(
-        "--max-queue",
-        type=int,
-        default=None,
-        help="accepted requests waiting beyond a full batch (--max-num-seqs) after which new ones get 429 "
-        "with Retry-After (default: twice --max-num-seqs)",
-    )
-    p.add_argument(
-        "--drain-timeout", type=float, default=30.0, help="seconds to finish requests after SIGTERM"
-    )
-    p.add_argument("--canary-interval", type=float, default=10.0, help="seconds between readiness canaries")
-    p.add_argument(
-        "--termination-log",
-        default=None,
-        help="file for a fatal start-up error (default: /dev/termination-log when writable)",
-    )
-    p.add_argument("--api-key", default=None, help=f"require this bearer key on /v1/* (or set {API_KEY_ENV})")
-    p.add_argument("--log-format", choices=["text", "json"], default="text")
-    p.add_argument("--log-level", default="INFO")
-
-
-def add_async_output_flag(p) -> None:
-    p.add_argument(
-        "--disable-async-output-proc",
-        action="store_true",
-        help="make each step's text before the next step starts; by default a GPU runs the next step "
-        "meanwhile (a CPU has nothing to overlap and never does)",
-    )
-
-
-def async_output_proc(args: argparse.Namespace) -> bool | None:
-    """The EngineConfig value of --disable-async-output-proc: off, or the device's default."""
-    return False if args.disable_async_output_proc else None
+    add_flags(p.add_argument_group("server"), ServerSettings)
+    add_flags(p.add_argument_group("parallelism across processes and pods"), DistributedSettings)
 
 
 def _add_bench(sub) -> None:
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", required=True)
     p = bench.add_parser("serve", help="load-test a running server (vLLM benchmark_serving style)")
-    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--base-url", default=f"http://127.0.0.1:{HTTP_PORT}")
     p.add_argument("--model", default=None, help="served model name (default: the server's only model)")
     p.add_argument("--num-prompts", type=int, default=100)
     p.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s, Poisson arrivals")
@@ -244,16 +58,7 @@ def _add_offline_common(p) -> None:
         default="llama-3-8b",
         help="llama-3-8b, llama-3.2-1b, qwen2.5-7b, smollm2-135m or tiny-llama",
     )
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
-    p.add_argument("--quantization", default="none")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    p.add_argument("--kv-cache-memory", type=float, default=0.9)
-    p.add_argument("--enforce-eager", action="store_true")
-    add_async_output_flag(p)
-    p.add_argument("--seed", type=int, default=0)
+    add_flags(p, EngineConfig, OFFLINE_ENGINE_FLAGS, quantization=OFFLINE_QUANTIZATION)
     p.add_argument("--hf", action="store_true", help="also run transformers' generate and report the ratio")
     p.add_argument("--result-json", default=None)
 
@@ -285,20 +90,7 @@ def _add_offline_bench(bench) -> None:
 def _bench_offline(args: argparse.Namespace) -> int:
     from pagoda_runtime.bench import offline
 
-    config = offline.OfflineConfig(
-        shape=args.shape,
-        device=args.device,
-        dtype=args.dtype,
-        quantization=args.quantization,
-        kv_cache_dtype=args.kv_cache_dtype,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        kv_cache_memory=args.kv_cache_memory,
-        enforce_eager=args.enforce_eager,
-        async_output_proc=async_output_proc(args),
-        seed=args.seed,
-        hf=args.hf,
-    )
+    config = offline.OfflineConfig(from_args(EngineConfig, args, model=args.shape), hf=args.hf)
     try:
         if args.bench_command == "throughput":
             report = offline.throughput(
@@ -319,25 +111,7 @@ def _bench_offline(args: argparse.Namespace) -> int:
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=args.model,
-        load_format=args.load_format,
-        dtype=args.dtype,
-        device=args.device,
-        quantization=args.quantization,
-        kv_cache_dtype=args.kv_cache_dtype,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        block_size=args.block_size,
-        kv_cache_memory=args.kv_cache_memory,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        enable_prefix_caching=args.enable_prefix_caching,
-        enforce_eager=args.enforce_eager,
-        async_output_proc=async_output_proc(args),
-        seed=args.seed,
-        tensor_parallel_size=args.tensor_parallel_size,
-    )
+    return from_args(EngineConfig, args)
 
 
 def layout(args: argparse.Namespace, env=None) -> WorldLayout:
@@ -345,25 +119,13 @@ def layout(args: argparse.Namespace, env=None) -> WorldLayout:
     return world_layout(args.tensor_parallel_size, args.distributed_port, args.distributed_timeout, env)
 
 
-def server_settings(args: argparse.Namespace):
-    from pagoda_runtime.server.state import ServerSettings
-
-    names = args.served_model_name or [args.model]
-    return ServerSettings(
-        served_model_name=names[0],
-        served_model_aliases=tuple(names[1:]),
-        tool_call_parser=args.tool_call_parser,
-        chat_template=_chat_template(args.chat_template),
-        allowed_origins=tuple(args.allowed_origins),
-        allowed_methods=tuple(args.allowed_methods),
-        allowed_headers=tuple(args.allowed_headers),
-        allow_credentials=args.allow_credentials,
-        metrics_compat=args.metrics_compat,
+def server_settings(args: argparse.Namespace) -> ServerSettings:
+    return from_args(
+        ServerSettings,
+        args,
+        served_model_names=tuple(args.served_model_names or [args.model]),
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
         max_num_seqs=args.max_num_seqs,
-        max_queue=args.max_queue,
-        drain_timeout=args.drain_timeout,
-        canary_interval=args.canary_interval,
     )
 
 
@@ -406,19 +168,21 @@ def _serve(args: argparse.Namespace) -> int:
                 f"downloading {args.model} from the Hugging Face hub failed: {type(exc).__name__}: {exc}"
             )
         # Served under the hub id, as vLLM does, from the snapshot in the cache.
-        args.served_model_name = args.served_model_name or [args.model.split("@", 1)[0]]
+        args.served_model_names = args.served_model_names or [args.model.split("@", 1)[0]]
         args.model = str(local)
     config = engine_config(args)
     settings = server_settings(args)
     if not world.is_group:
-        return serve(engine_loader(config), settings, args.host, args.port, termination_log)
+        return serve(engine_loader(config), settings, settings.host, settings.port, termination_log)
     from pagoda_runtime.parallel.rank_group import LogSettings, RankGroup
     from pagoda_runtime.parallel.rank_worker import serve_worker_node
 
     group = RankGroup(world, config, LogSettings(args.log_format, args.log_level.upper()), termination_log)
     if not world.is_leader:
         return serve_worker_node(group)
-    return group.finish(serve(group_engine_loader(group), settings, args.host, args.port, termination_log))
+    return group.finish(
+        serve(group_engine_loader(group), settings, settings.host, settings.port, termination_log)
+    )
 
 
 def _add_fetch(sub) -> None:

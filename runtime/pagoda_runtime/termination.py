@@ -8,15 +8,16 @@ import logging
 import os
 from pathlib import Path
 
+from pagoda_runtime.contract.names import TERMINATION_LOG
+
 log = logging.getLogger("pagoda")
 
-DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 # Kubernetes keeps at most this much of the termination message.
 _TERMINATION_MESSAGE_LIMIT = 4096
 
 
 def default_termination_log() -> str | None:
-    path = Path(DEFAULT_TERMINATION_LOG)
+    path = Path(TERMINATION_LOG)
     writable = os.access(path, os.W_OK) if path.exists() else os.access(path.parent, os.W_OK)
     return str(path) if writable else None
 

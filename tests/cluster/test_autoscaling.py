@@ -21,7 +21,8 @@ from kube_objects import get, wait_for
 from pagoda_operator.models import InferenceServiceSpec
 from pagoda_operator.names import selector_labels, variant_object_name
 from pagoda_operator.plan import plan_service
-from pagoda_operator.render import QUEUE_METRIC, RenderOptions, render
+from pagoda_operator.render import RenderOptions, render
+from pagoda_runtime.contract.names import REQUESTS_WAITING as QUEUE_METRIC
 from prometheus_process import PrometheusProcess, ensure_prometheus
 from runtime_process import RuntimeProcess
 

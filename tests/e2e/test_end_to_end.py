@@ -21,7 +21,7 @@ import pytest
 import yaml
 from conftest import OPERATOR_NAMESPACE
 from pagoda_operator.names import LABEL_ISVC, child_selector, variant_object_name
-from pagoda_operator.render import QUEUE_METRIC
+from pagoda_runtime.contract.names import REQUESTS_WAITING as QUEUE_METRIC
 from polling import wait_for
 from providers import ROOT
 

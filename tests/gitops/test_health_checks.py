@@ -16,7 +16,7 @@ from pagoda_operator.model_cache import CacheStatus
 from pagoda_operator.models import InferenceServiceSpec
 from pagoda_operator.names import variant_object_name
 from pagoda_operator.plan import plan_service
-from pagoda_operator.status import compute_status, invalid_status
+from pagoda_operator.status import compute_status, invalid_status, status_patch
 
 from tests.repo_modules import ROOT, controlplane
 
@@ -70,7 +70,8 @@ def _object(status: dict | None, generation: int = 3) -> dict:
         "spec": SPEC,
     }
     if status is not None:
-        obj["status"] = json.loads(json.dumps(status))
+        # As stored: the merge patch the operator writes (a typed status is turned into one).
+        obj["status"] = status if isinstance(status, dict) else status_patch(status)
     return obj
 
 

@@ -47,8 +47,8 @@ def test_fetch_pins_verifies_and_sizes_from_config(mirror, tiny_folder, tmp_path
         [*mirror.repos["acme/tiny-llama"].entries, ".pagoda-model.json"]
     )
     assert not layout.partial_dir(tmp_path).exists()
-    expected = load_model_source(tiny_folder).config.to_sizing()
-    assert manifest["architecture"]["num_layers"] == expected.num_layers
+    expected = load_model_source(tiny_folder).config.architecture
+    assert manifest["architecture"]["num_hidden_layers"] == expected.num_hidden_layers
     assert manifest["architecture"]["vocab_size"] == expected.vocab_size
     assert manifest["revision"] == COMMIT
     # Every file was asked for at the pinned commit, never at a branch.
@@ -122,7 +122,7 @@ def test_cli_writes_the_architecture_for_the_operator(mirror, tmp_path):
     )
     assert code == 0
     summary = json.loads(log.read_text())
-    assert summary["revision"] == COMMIT and summary["architecture"]["num_layers"] >= 1
+    assert summary["revision"] == COMMIT and summary["architecture"]["num_hidden_layers"] >= 1
     assert len(log.read_bytes()) < 4096
 
 

@@ -48,7 +48,7 @@ def test_folder_is_fetched_verified_and_sized(s3_env, tmp_path):
     manifest = fetch(parse_remote("s3://models/llama"), tmp_path, emit=lambda _: None)
     model = layout.model_dir(tmp_path)
     assert sorted(manifest["files"]) == sorted(p.name for p in s3_env.tiny.iterdir())
-    assert manifest["architecture"] == vars(load_model_source(s3_env.tiny).config.to_sizing())
+    assert manifest["architecture"] == vars(load_model_source(s3_env.tiny).config.architecture)
     assert resolve_model(str(model)) == model
 
 

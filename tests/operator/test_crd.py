@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -12,7 +13,10 @@ import yaml
 from kubernetes_schema import validate
 from pagoda_operator.crd import build_crd, render_yaml
 from pagoda_operator.models import InferenceServiceSpec
+from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES
+from pagoda_runtime.contract.sizing import ModelArchitecture
 from pydantic import ValidationError
+from pydantic.alias_generators import to_camel
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "inferenceservices.pagoda.dev.yaml"
@@ -116,6 +120,49 @@ def test_defaults_in_the_crd_are_the_models_defaults():
             assert list(defaults(node)) == [], path
     assert spec["variants"]["x-kubernetes-list-type"] == "map"
     assert spec["variants"]["x-kubernetes-list-map-keys"] == ["name"]
+
+
+def _crd_name(field_name: str) -> str:
+    """A ModelArchitecture field's name in the CRD: camelCase, but for the layer count, which
+    InferenceServices wrote as numLayers before the fields took Hugging Face's names."""
+    return "numLayers" if field_name == "num_hidden_layers" else to_camel(field_name)
+
+
+def test_the_crd_architecture_is_exactly_the_runtimes_model_architecture():
+    """A shape field is added once, to ModelArchitecture: the CRD gets it, required where the
+    dataclass has no default, and a spec's architecture sizes as that dataclass."""
+    schema = _schema()["properties"]["spec"]["properties"]["model"]["properties"]["architecture"]
+    fields = dataclasses.fields(ModelArchitecture)
+    assert list(schema["properties"]) == [_crd_name(f.name) for f in fields]
+    assert schema["required"] == [_crd_name(f.name) for f in fields if f.default is dataclasses.MISSING]
+    for f in fields:
+        prop = schema["properties"][_crd_name(f.name)]
+        assert prop["description"] == f.metadata["description"]
+        assert prop.get("minimum") == f.metadata.get("minimum"), f.name
+
+    # As an InferenceService that sizes Qwen2.5-7B by its shape is written.
+    written = {
+        "numLayers": 28,
+        "hiddenSize": 3584,
+        "intermediateSize": 18944,
+        "numAttentionHeads": 28,
+        "numKeyValueHeads": 4,
+        "headDim": 128,
+        "vocabSize": 152064,
+        "maxPositionEmbeddings": 32768,
+        "attentionBias": True,
+    }
+    raw = {"model": {"source": "pvc://m/x", "architecture": written}, "variants": [{"name": "a"}]}
+    parsed = InferenceServiceSpec.model_validate(raw)
+    assert parsed.model.sizing_architecture() == KNOWN_ARCHITECTURES["qwen2.5-7b"]
+    with pytest.raises(ValidationError, match="numLayers"):
+        InferenceServiceSpec.model_validate(
+            {**raw, "model": {**raw["model"], "architecture": {**written, "numLayers": 0}}}
+        )
+    with pytest.raises(ValidationError, match="numHiddenLayers"):
+        InferenceServiceSpec.model_validate(
+            {**raw, "model": {**raw["model"], "architecture": {**written, "numHiddenLayers": 28}}}
+        )
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

@@ -19,7 +19,7 @@ from pagoda_operator.model_cache import (
 )
 from pagoda_operator.plan import plan_service
 from pagoda_operator.render import POD_SECURITY, RenderOptions, pod_tolerations, render
-from pagoda_operator.status import compute_status
+from pagoda_operator.status import compute_status, status_patch
 from pagoda_runtime.contract.download_progress import Progress
 from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES
 from pydantic import ValidationError
@@ -216,17 +216,40 @@ def test_status_follows_the_download():
     assert pending.phase == "Pending" and "ReadWriteOnce" in pending.message
 
 
+def test_a_cache_filled_before_the_architecture_took_hugging_face_names_still_sizes():
+    """A claim keeps the manifest its download wrote; a re-run Job reports it as it is."""
+    ref = cache_ref(spec(model=HF))
+    bound = {"spec": {"accessModes": ["ReadWriteMany"]}, "status": {"phase": "Bound"}}
+    earlier = {
+        "num_layers": 32,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_attention_heads": 32,
+        "num_kv_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 128256,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 131072,
+        "attention_bias": False,
+    }
+    done = json.dumps({"revision": COMMIT, "architecture": earlier, "storedQuantization": None})
+    ready = cache_status(ref, bound, _job("Complete"), [_pod("Succeeded", done)], "")
+    assert ready.ready and ready.checkpoint.architecture == KNOWN_ARCHITECTURES["llama-3.1-8b"]
+
+
 def _status(s, cache):
-    return compute_status(
-        plan_service(s, cache.checkpoint, held=cache.holds_replicas),
-        namespace="ml",
-        name="llama",
-        generation=1,
-        deployments=[],
-        pods=[],
-        previous=None,
-        now="2026-01-01T00:00:00Z",
-        cache=cache,
+    return status_patch(
+        compute_status(
+            plan_service(s, cache.checkpoint, held=cache.holds_replicas),
+            namespace="ml",
+            name="llama",
+            generation=1,
+            deployments=[],
+            pods=[],
+            previous=None,
+            now="2026-01-01T00:00:00Z",
+            cache=cache,
+        )
     )
 
 

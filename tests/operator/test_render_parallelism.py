@@ -185,13 +185,13 @@ def test_a_checkpoint_that_does_not_split_gets_no_pods_and_the_status_says_why()
     st = compute_status(
         plan, namespace=NS, name=NAME, generation=1, deployments=[], pods=[], previous=None, now="t"
     )
-    conditions = {c["type"]: c for c in st["conditions"]}
+    conditions = {c.type: c for c in st.conditions}
     expected = (
         "variant bf16: parallelism.tensor 4 (resources.gpus x parallelism.nodes) does not split the model "
         "evenly over its ranks (attention heads, key/value heads, MLP); use one of 1, 3"
     )
-    assert conditions["Degraded"]["reason"] == conditions["Ready"]["reason"] == "InvalidParallelism"
-    assert conditions["Degraded"]["message"] == expected
+    assert conditions["Degraded"].reason == conditions["Ready"].reason == "InvalidParallelism"
+    assert conditions["Degraded"].message == expected
     assert group_set_name(NAME, "bf16") not in str(rendered)
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from operator_specs import spec
+from pagoda_operator.models import InferenceServiceStatus, VariantStatus
 from pagoda_operator.names import group_set_name, variant_object_name
 from pagoda_operator.plan import plan_service
-from pagoda_operator.status import compute_status, invalid_status, status_changed
+from pagoda_operator.status import compute_status, invalid_status, status_changed, status_patch
+from pydantic import ValidationError
 
 NS, NAME = "ml", "llama"
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
@@ -35,16 +38,20 @@ def waiting_pod(variant, reason, message="", last_message=""):
     }
 
 
-def status(s, deployments, pods=(), previous=None, now=T0, generation=3):
-    return compute_status(
-        plan_service(s),
-        namespace=NS,
-        name=NAME,
-        generation=generation,
-        deployments=list(deployments),
-        pods=list(pods),
-        previous=previous,
-        now=now,
+def status(s, deployments, pods=(), previous=None, now=T0, generation=3, **observed):
+    """The status as the operator writes it: the JSON of the merge patch."""
+    return status_patch(
+        compute_status(
+            plan_service(s),
+            namespace=NS,
+            name=NAME,
+            generation=generation,
+            deployments=list(deployments),
+            pods=list(pods),
+            previous=previous,
+            now=now,
+            **observed,
+        )
     )
 
 
@@ -192,43 +199,27 @@ def test_children_failures_are_degraded_with_their_own_reason():
             ]
         },
     }
-    st = compute_status(
-        plan_service(spec()),
-        namespace=NS,
-        name=NAME,
-        generation=1,
-        deployments=[dep("bf16")],
-        pods=[],
-        hpas=[hpa],
-        previous=None,
-        now=T0,
-    )
+    st = status(spec(), [dep("bf16")], hpas=[hpa], generation=1)
     assert cond(st, "Degraded")["reason"] == "FailedGetPodsMetric"
     assert cond(st, "Ready")["status"] == "True"
 
 
 def test_a_name_clash_is_degraded_and_not_ready_and_names_the_object():
-    st = compute_status(
-        plan_service(spec()),
-        namespace=NS,
-        name=NAME,
-        generation=1,
-        deployments=[dep("bf16")],
-        pods=[],
-        clashes=["Service ml/llama"],
-        previous=None,
-        now=T0,
-    )
+    st = status(spec(), [dep("bf16")], clashes=["Service ml/llama"], generation=1)
     assert cond(st, "Degraded")["reason"] == cond(st, "Ready")["reason"] == "NameClash"
     assert cond(st, "Degraded")["message"].startswith("Service ml/llama exists and does not belong")
 
 
 def test_invalid_status_keeps_the_other_conditions_and_the_transition_rule():
     settled = status(spec(), [dep("bf16")], now=T0)
-    invalid = invalid_status(settled, reason="InvalidSpec", message="bad", generation=4, now=T1)
+    invalid = status_patch(invalid_status(settled, reason="InvalidSpec", message="bad", generation=4, now=T1))
+    # Only the conditions and the generation: the merge patch keeps the rest as stored.
+    assert set(invalid) == {"conditions", "observedGeneration"}
     ready = cond(invalid, "Ready")
     assert (ready["status"], ready["reason"], ready["lastTransitionTime"]) == ("False", "InvalidSpec", T1)
-    again = invalid_status(invalid, reason="InvalidSpec", message="bad", generation=4, now="later")
+    again = status_patch(
+        invalid_status(invalid, reason="InvalidSpec", message="bad", generation=4, now="later")
+    )
     assert cond(again, "Ready")["lastTransitionTime"] == T1
     assert cond(invalid, "ModelFits") == cond(settled, "ModelFits")
 
@@ -244,3 +235,23 @@ def test_a_variant_spanning_nodes_reads_ready_groups_from_its_leader_worker_set(
     assert cond(st, "Ready")["status"] == "True"
     assert st["variants"] == [{"name": "bf16", "replicas": 2, "readyReplicas": 1}]
     assert st["replicaSummary"] == "1/2"
+
+
+def test_the_written_status_is_the_typed_one_and_clears_what_no_longer_applies():
+    st = status(spec(variants=TWO), [dep("bf16"), dep("int4", ready=0)])
+    assert status_patch(InferenceServiceStatus.model_validate(st)) == st
+    # null removes a stored retiring or modelCache in a merge patch; an unknown fit is left out.
+    assert st["retiring"] is None and st["modelCache"] is None
+    assert all("fits" not in v for v in st["variants"])
+    retiring = {"since": T0, "deployments": ["llama-old-abc123"]}
+    replacing = status(spec(), [dep("bf16")], retiring=retiring)
+    assert (
+        replacing["retiring"] == retiring and cond(replacing, "Progressing")["reason"] == "ReplacingVariants"
+    )
+
+
+def test_a_misspelled_status_field_is_an_error_not_a_dropped_field():
+    with pytest.raises(ValidationError, match="readyReplica"):
+        VariantStatus(name="bf16", readyReplica=1)
+    with pytest.raises(ValidationError, match="deployment"):
+        status(spec(), [dep("bf16")], retiring={"since": T0, "deployment": ["llama-old-abc123"]})

@@ -105,6 +105,6 @@ def test_status_says_the_upgrade_waits_its_turn():
         now="2026-01-01T00:00:00Z",
         upgrade_queued=[waiting],
     )
-    progressing = next(c for c in status["conditions"] if c["type"] == "Progressing")
-    assert (progressing["status"], progressing["reason"]) == ("True", "UpgradeQueued")
-    assert waiting in progressing["message"]
+    progressing = next(c for c in status.conditions if c.type == "Progressing")
+    assert (progressing.status, progressing.reason) == ("True", "UpgradeQueued")
+    assert waiting in progressing.message

@@ -1,11 +1,12 @@
-"""`python -m pagoda_runtime.bench.detokenize`: the detokenizer's cost per token, with and without a stop."""
+"""`python -m benchmarks.detokenize`: the detokenizer's cost per token, with and without a stop."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from pagoda_runtime.bench import detokenize
+
+from benchmarks import detokenize
 
 
 def test_both_cases_are_timed_and_written(tmp_path):

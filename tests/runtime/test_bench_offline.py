@@ -12,7 +12,7 @@ from pagoda_runtime.bench.offline import nano_vllm_workload
 from pagoda_runtime.contract.model_catalogue import SHAPES, shape_config
 from pagoda_runtime.loading.random_model import random_model
 
-SWEEPS = ["-m", "pagoda_runtime.bench.sweeps"]
+SWEEPS = ["-m", "benchmarks.sweeps"]
 
 
 def _bench(tmp_path, *args: str) -> dict:
@@ -59,7 +59,7 @@ def test_throughput_generates_every_requested_token_and_compares_with_transforme
         "2",
     )
     results = report["results"]
-    workload = nano_vllm_workload(6, 8, 24, shape_config("tiny-llama").vocab_size, seed=0)
+    workload = nano_vllm_workload(6, 8, 24, shape_config("tiny-llama").architecture.vocab_size, seed=0)
     assert results["output_tokens"] == sum(workload.output_lens)
     assert results["output_tok_per_s"] == pytest.approx(results["output_tokens"] / results["duration_s"])
     assert results["speedup_vs_hf"] == pytest.approx(
@@ -161,7 +161,7 @@ def test_batch_sweep_writes_a_table_and_a_plot_per_batch_size(tmp_path):
 
 
 def test_quant_sweep_compares_each_variant_with_the_first_and_records_what_cannot_run(tmp_path):
-    from pagoda_runtime.bench import sweeps
+    from benchmarks import sweeps
 
     command = ["quant", "--shape", "tiny-llama", "--device", "cpu", "--quantizations", "none,int8,int4,gptq"]
     assert sweeps.main([*command, "--input-len", "8", "--output-len", "6", "--out", str(tmp_path)]) == 0
@@ -182,7 +182,7 @@ def test_quant_sweep_compares_each_variant_with_the_first_and_records_what_canno
 
 
 def test_quant_sweep_refuses_an_unknown_variant_before_running_any(tmp_path, capsys):
-    from pagoda_runtime.bench import sweeps
+    from benchmarks import sweeps
 
     with pytest.raises(SystemExit) as exit_info:
         sweeps.main(
@@ -197,7 +197,7 @@ def test_quant_sweep_refuses_an_unknown_variant_before_running_any(tmp_path, cap
 def test_quant_sweep_runs_every_weight_quantization_on_cuda(tmp_path):
     import gc
 
-    from pagoda_runtime.bench import sweeps
+    from benchmarks import sweeps
 
     command = ["quant", "--shape", "tiny-llama", "--device", "cuda", "--quantizations", "none,int8,fp8,int4"]
     command += ["--kv-cache-memory", str(2**28), "--input-len", "8", "--output-len", "6"]

@@ -5,14 +5,12 @@ from __future__ import annotations
 import json
 import shutil
 
-from pagoda_runtime.bench.report import BENCHMARKS_MD, RESULTS, stale_tables, update
-from pagoda_runtime.bench.tables import TABLES
+from benchmarks.report import BENCHMARKS_MD, RESULTS, stale_tables, update
+from benchmarks.tables import TABLES
 
 
 def test_every_table_matches_its_json():
-    assert stale_tables(BENCHMARKS_MD.read_text(), TABLES) == [], (
-        "rewrite them: python -m pagoda_runtime.bench.report"
-    )
+    assert stale_tables(BENCHMARKS_MD.read_text(), TABLES) == [], "rewrite them: python -m benchmarks.report"
 
 
 def test_a_figure_changed_in_its_json_makes_its_table_stale(tmp_path):

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 import torch
 from pagoda_runtime.bench import offline, roofline
+from pagoda_runtime.bench.workload import offline_engine
 from pagoda_runtime.contract import sizing
 from pagoda_runtime.contract.config import EngineConfig
 from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES, shape_config
@@ -27,9 +28,12 @@ VOCAB = 512 * 64  # the embedding, and the LM head when untied
 
 
 def _engine(tied: bool, quantization: str = "none", dtype: str = "float32") -> LLMEngine:
-    config = dataclasses.replace(shape_config("tiny-llama"), tie_word_embeddings=tied)
+    tiny = shape_config("tiny-llama")
+    arch = dataclasses.replace(tiny.architecture, tie_word_embeddings=tied)
     loaded = LoadedModel(
-        config, random_weights(config, torch.device("cpu"), torch.float32), bare_tokenizer(config.vocab_size)
+        dataclasses.replace(tiny, architecture=arch),
+        random_weights(arch, torch.device("cpu"), torch.float32),
+        bare_tokenizer(arch.vocab_size),
     )
     engine_config = EngineConfig(
         model="tiny-llama",
@@ -65,7 +69,7 @@ def test_a_decode_step_reads_every_weight_but_an_untied_input_embedding(tied, qu
     runner = _engine(tied, quantization, dtype).runner
     assert (runner.weight_bytes, runner.decode_weight_bytes) == (stored, read)
     # The estimate from the architecture alone follows the same rule.
-    arch = runner.config.to_sizing()
+    arch = runner.config.architecture
     vocab_dtype = "bfloat16" if dtype == "auto" else None
     assert sizing.decode_weight_bytes(arch, quantization, "float32", vocab_dtype=vocab_dtype) == read
 
@@ -140,7 +144,7 @@ def test_the_costs_of_a_built_model_come_from_its_shape_and_its_cache():
 
 
 def test_an_fp8_kv_cache_moves_a_byte_per_value():
-    config = offline.OfflineConfig(shape="tiny-llama", device="cpu", kv_cache_dtype="fp8")
+    config = offline.OfflineConfig(offline_engine("tiny-llama", device="cpu", kv_cache_dtype="fp8"))
     costs = roofline.model_costs(offline.build_engine(config, 32).runner)
     assert costs.kv_bytes_per_token == 2 * 2 * 2 * 16
 
@@ -151,7 +155,7 @@ def test_the_hardware_is_measured_on_the_cpu_too():
 
 
 def _tokens(engine: LLMEngine, temperature: float) -> dict[str, list[int]]:
-    workload = offline.fixed_workload(2, 6, 8, engine.model_config.vocab_size, seed=0)
+    workload = offline.fixed_workload(2, 6, 8, engine.model_config.architecture.vocab_size, seed=0)
     tokens: dict[str, list[int]] = {}
     offline.submit(engine, workload, temperature)
     while engine.has_unfinished():
@@ -163,7 +167,7 @@ def _tokens(engine: LLMEngine, temperature: float) -> dict[str, list[int]]:
 
 
 def test_the_throughput_workload_samples_at_its_temperature():
-    engine = offline.build_engine(offline.OfflineConfig(shape="tiny-llama", device="cpu"), 32)
+    engine = offline.build_engine(offline.OfflineConfig(offline_engine("tiny-llama", device="cpu")), 32)
     greedy = _tokens(engine, 0.0)
     assert _tokens(engine, 0.0) == greedy
     sampled = _tokens(engine, 0.6)
@@ -172,6 +176,6 @@ def test_the_throughput_workload_samples_at_its_temperature():
 
 
 def test_the_transformers_subset_must_lie_within_the_workload():
-    config = offline.OfflineConfig(shape="tiny-llama", device="cpu", hf=True)
+    config = offline.OfflineConfig(offline_engine("tiny-llama", device="cpu"), hf=True)
     with pytest.raises(ValueError, match="--hf-num-prompts 8 is not a part of the workload's 6 requests"):
         offline.throughput(config, 6, 8, 24, hf_prompts=8, hf_batch=2)

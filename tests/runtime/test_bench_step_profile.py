@@ -1,4 +1,4 @@
-"""`python -m pagoda_runtime.bench.step_profile`: per-step wall and kernel time, on the CPU."""
+"""`python -m benchmarks.step_profile`: per-step wall and kernel time, on the CPU."""
 
 from __future__ import annotations
 
@@ -6,9 +6,12 @@ import dataclasses
 import json
 
 import pytest
-from pagoda_runtime.bench import offline, step_profile
-from pagoda_runtime.bench.tables import TABLES
+from pagoda_runtime.bench import offline
+from pagoda_runtime.bench.workload import offline_engine
 from pagoda_runtime.executor.sampler import Sampler
+
+from benchmarks import step_profile
+from benchmarks.tables import TABLES
 
 
 def test_each_step_reports_wall_kernel_gap_host_and_launches(tmp_path, capsys):
@@ -63,7 +66,7 @@ def test_the_bundled_models_profile_fills_the_committed_cpu_table(tmp_path):
 
 def test_the_part_labels_are_taken_off_again():
     # Left on, they would slow every later step of the same engine (the next batch size's timing).
-    config = offline.OfflineConfig(shape="tiny-llama", device="cpu", max_num_seqs=2)
+    config = offline.OfflineConfig(offline_engine("tiny-llama", device="cpu", max_num_seqs=2))
     engine = offline.build_engine(config, 64)
     layer, call = engine.runner.model.layers[0], Sampler.__call__
     ops = layer.self_attn.ops

@@ -41,14 +41,14 @@ def test_hf_folder_gives_transformers_weights_and_config(folders, variant, shard
     folder = folders[variant, sharded]
     loaded = load_model_source(folder)
     hf = AutoConfig.from_pretrained(folder)
-    config = loaded.config
-    assert (config.num_attention_heads, config.num_key_value_heads) == (
+    config, arch = loaded.config, loaded.config.architecture
+    assert (arch.num_attention_heads, arch.num_key_value_heads) == (
         hf.num_attention_heads,
         hf.num_key_value_heads,
     )
-    assert config.head_dim == hf.hidden_size // hf.num_attention_heads
-    assert config.tie_word_embeddings == hf.tie_word_embeddings
-    assert config.attention_bias == (variant == "qwen2")
+    assert arch.head_dim == hf.hidden_size // hf.num_attention_heads
+    assert arch.tie_word_embeddings == hf.tie_word_embeddings
+    assert arch.attention_bias == (variant == "qwen2")
     assert config.rope_theta == hf.rope_parameters["rope_theta"]
     scaling = hf.rope_parameters
     if scaling["rope_type"] == "default":
@@ -76,14 +76,15 @@ def test_weights_arrive_one_at_a_time_in_the_requested_dtype(folders):
 
 
 def test_mistral_context_is_capped_at_its_sliding_window(folders):
-    assert load_model_source(folders["mistral", False]).config.max_position_embeddings == 256
+    assert load_model_source(folders["mistral", False]).config.architecture.max_position_embeddings == 256
 
 
 def test_bundled_name_loads_the_bundled_gguf():
     config = load_model_source("smollm2-135m").config
-    assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads) == (30, 576, 9)
-    assert (config.num_key_value_heads, config.head_dim, config.vocab_size) == (3, 64, 49152)
-    assert config.tie_word_embeddings and config.rope_theta == 100000.0
+    arch = config.architecture
+    assert (arch.num_hidden_layers, arch.hidden_size, arch.num_attention_heads) == (30, 576, 9)
+    assert (arch.num_key_value_heads, arch.head_dim, arch.vocab_size) == (3, 64, 49152)
+    assert arch.tie_word_embeddings and config.rope_theta == 100000.0
 
 
 @pytest.mark.slow
@@ -111,8 +112,8 @@ def test_gguf_from_a_hf_folder_loads_back_the_same_weights(folders, variant, tmp
     folder = folders[variant, False]
     loaded = load_model_source(build_tiny_gguf(folder, tmp_path / "tiny.gguf"))
     tied = variant == "smollm"
-    assert loaded.config.tie_word_embeddings == tied
-    assert loaded.config.attention_bias == (variant == "qwen2")
+    assert loaded.config.architecture.tie_word_embeddings == tied
+    assert loaded.config.architecture.attention_bias == (variant == "qwen2")
     weights = dict(loaded.weights)
     reference = _reference_weights(folder, tied)
     assert weights.keys() == reference.keys()

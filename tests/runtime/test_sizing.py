@@ -46,11 +46,11 @@ def test_smollm2_family_matches_the_bundled_gguf_metadata():
         return reader.fields[key].contents()
 
     arch = KNOWN_ARCHITECTURES["smollm2-135m"]
-    assert field("llama.block_count") == arch.num_layers
+    assert field("llama.block_count") == arch.num_hidden_layers
     assert field("llama.embedding_length") == arch.hidden_size
     assert field("llama.feed_forward_length") == arch.intermediate_size
     assert field("llama.attention.head_count") == arch.num_attention_heads
-    assert field("llama.attention.head_count_kv") == arch.num_kv_heads
+    assert field("llama.attention.head_count_kv") == arch.num_key_value_heads
     assert field("llama.context_length") == arch.max_position_embeddings
     assert len(field("tokenizer.ggml.tokens")) == arch.vocab_size
 
@@ -62,7 +62,7 @@ def test_bf16_weights_take_two_bytes_per_parameter():
 
 
 def _linear_parameters(arch):
-    return sum(o * i for o, i in arch.linear_shapes()) * arch.num_layers
+    return sum(o * i for o, i in arch.linear_shapes()) * arch.num_hidden_layers
 
 
 def test_quantized_formats_shrink_only_the_linear_layers_by_their_bit_width():
@@ -87,7 +87,9 @@ def test_quantized_formats_shrink_only_the_linear_layers_by_their_bit_width():
 def test_int4_groups_shrink_to_divide_a_narrow_layer():
     arch = KNOWN_ARCHITECTURES["smollm2-135m"]  # 576 inputs: groups of 64; 1536 inputs: groups of 128
     per_layer = sum(o * i / 2 + o * (i // (64 if i == 576 else 128)) * 4 for o, i in arch.linear_shapes())
-    assert weight_bytes(arch, "int4") == 2 * arch.unquantized_parameters() + per_layer * arch.num_layers
+    assert (
+        weight_bytes(arch, "int4") == 2 * arch.unquantized_parameters() + per_layer * arch.num_hidden_layers
+    )
 
 
 def test_float32_models_take_four_bytes_per_parameter():
@@ -99,10 +101,12 @@ def test_float32_models_take_four_bytes_per_parameter():
 
 def test_kv_cache_of_llama3_8b_is_128_kib_per_token():
     arch = KNOWN_ARCHITECTURES["llama-3-8b"]
-    per_token = kv_bytes_per_token(arch.num_layers, arch.num_kv_heads, arch.head_dim)
+    per_token = kv_bytes_per_token(arch)
     assert per_token == 128 * 1024
-    assert kv_bytes_per_token(arch.num_layers, arch.num_kv_heads, arch.head_dim, "fp8") == per_token // 2
-    assert kv_bytes_per_block(arch.num_layers, arch.num_kv_heads, arch.head_dim, 16) == 16 * per_token
+    assert kv_bytes_per_token(arch, "fp8") == per_token // 2
+    assert kv_bytes_per_block(arch, 16) == 16 * per_token
+    # A rank's cache holds its slice: 8 KV heads over 4 ranks leave 2 on each.
+    assert kv_bytes_per_token(arch.per_rank(4)) == per_token // 4
 
 
 def test_llama3_70b_bf16_does_not_fit_one_h100_but_int4_does():
@@ -127,7 +131,7 @@ def test_unknown_names_are_refused_with_the_choices():
     with pytest.raises(ValueError, match="unknown quantization 'int3'.*int4"):
         weight_bytes(arch, "int3")
     with pytest.raises(ValueError, match="unknown KV cache dtype"):
-        kv_bytes_per_token(1, 1, 1, "int2")
+        kv_bytes_per_token(arch, "int2")
 
 
 def test_a_gguf_sources_block_type_comes_from_its_file_name():
@@ -153,9 +157,9 @@ def test_tensor_parallel_divides_weights_and_kv_per_gpu():
 
 def test_more_ranks_than_kv_heads_replicate_them():
     arch = KNOWN_ARCHITECTURES["llama-3-70b"]  # 8 KV heads
-    assert check_tensor_parallel(arch, 16).num_kv_heads == 1
+    assert check_tensor_parallel(arch, 16).num_key_value_heads == 1
     with pytest.raises(ValueError, match="key/value heads"):
-        check_tensor_parallel(replace(arch, num_attention_heads=48, num_kv_heads=8), 12)
+        check_tensor_parallel(replace(arch, num_attention_heads=48, num_key_value_heads=8), 12)
 
 
 def test_a_size_that_does_not_divide_the_heads_names_the_ones_that_do():
@@ -173,4 +177,4 @@ def test_grouped_quantization_splits_row_parallel_inputs_at_group_boundaries():
         check_tensor_parallel(arch, 3, "gptq", group_size=128)
     # Per-row scales (int8, fp8, or a checkpoint's group of -1) split anywhere.
     assert check_tensor_parallel(arch, 3, "int8").num_attention_heads == 3
-    assert check_tensor_parallel(arch, 3, "awq", group_size=-1).num_kv_heads == 1
+    assert check_tensor_parallel(arch, 3, "awq", group_size=-1).num_key_value_heads == 1

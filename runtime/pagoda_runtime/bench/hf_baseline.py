@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import gc
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -24,18 +24,13 @@ def hf_config(config: ModelConfig, **overrides):
     """transformers' config for the same architecture; `overrides` go to its constructor."""
     from transformers import LlamaConfig, Qwen2Config
 
+    # The architecture's fields are transformers' own names; Qwen2 always has q, k and v biases.
+    architecture = asdict(config.architecture)
+    attention_bias = architecture.pop("attention_bias")
     common = dict(
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_hidden_layers,
-        num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_key_value_heads,
-        head_dim=config.head_dim,
+        **architecture,
         rms_norm_eps=config.rms_norm_eps,
         rope_theta=config.rope_theta,
-        max_position_embeddings=config.max_position_embeddings,
-        tie_word_embeddings=config.tie_word_embeddings,
         bos_token_id=None,
         eos_token_id=None,
         pad_token_id=0,
@@ -50,17 +45,17 @@ def hf_config(config: ModelConfig, **overrides):
                 "high_freq_factor": rope.high_freq_factor,
                 "original_max_position_embeddings": rope.original_max_position_embeddings,
             }
-    if config.architecture == "qwen2":
+    if config.model_type == "qwen2":
         return Qwen2Config(**common)
-    return LlamaConfig(**common, attention_bias=config.attention_bias)
+    return LlamaConfig(**common, attention_bias=attention_bias)
 
 
 def _model(offline: OfflineConfig):
     from transformers import AutoModelForCausalLM
 
-    device = resolve_device(offline.device)
-    dtype = resolve_dtype(offline.dtype, device)
-    torch.manual_seed(offline.seed)
+    device = resolve_device(offline.engine.device)
+    dtype = resolve_dtype(offline.engine.dtype, device)
+    torch.manual_seed(offline.engine.seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(hf_config(shape_config(offline.shape)), dtype=dtype)
     return model.eval(), device

@@ -21,14 +21,13 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
 from pagoda_runtime.bench import hf_baseline, roofline
 from pagoda_runtime.bench.stats import percentiles
 from pagoda_runtime.bench.workload import OfflineConfig, Workload
-from pagoda_runtime.contract.config import EngineConfig
 from pagoda_runtime.contract.model_catalogue import shape_config
 from pagoda_runtime.engine.llm_engine import LLMEngine
 from pagoda_runtime.engine.sampling_params import SamplingParams
@@ -77,24 +76,14 @@ def fixed_workload(batch: int, input_len: int, output_len: int, vocab: int, seed
 
 
 def build_engine(config: OfflineConfig, max_model_len: int) -> LLMEngine:
-    device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, device)
-    engine_config = EngineConfig(
-        model=config.shape,
-        dtype=config.dtype,
-        device=config.device,
-        quantization=config.quantization,
-        kv_cache_dtype=config.kv_cache_dtype,
+    engine_config = replace(
+        config.engine,
         max_model_len=max_model_len,
-        max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        kv_cache_memory=config.kv_cache_memory,
         enable_prefix_caching=False,  # random prompts share nothing; keep the hashing cost out
-        enforce_eager=config.enforce_eager,
-        async_output_proc=config.async_output_proc,
-        seed=config.seed,
     )
-    return LLMEngine(engine_config, random_model(config.shape, device, dtype, config.seed))
+    device = resolve_device(engine_config.device)
+    dtype = resolve_dtype(engine_config.dtype, device)
+    return LLMEngine(engine_config, random_model(config.shape, device, dtype, engine_config.seed))
 
 
 @dataclass
@@ -187,22 +176,25 @@ def throughput(
             f"give 1 to {num_prompts} (all of them compares the same requests)"
         )
     model_config = shape_config(config.shape)
-    workload = nano_vllm_workload(num_prompts, min_len, max_len, model_config.vocab_size, config.seed)
-    device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, device)
+    engine_config = config.engine
+    workload = nano_vllm_workload(
+        num_prompts, min_len, max_len, model_config.architecture.vocab_size, engine_config.seed
+    )
+    device = resolve_device(engine_config.device)
+    dtype = resolve_dtype(engine_config.dtype, device)
     report = Report(
         config.shape,
         str(device),
         str(dtype),
-        config.quantization,
-        config.kv_cache_dtype,
+        engine_config.quantization,
+        engine_config.kv_cache_dtype,
         {
             "kind": "throughput",
             "num_prompts": num_prompts,
             "lengths": [min_len, max_len],
             "temperature": temperature,
-            "max_num_seqs": config.max_num_seqs,
-            "max_num_batched_tokens": config.max_num_batched_tokens,
+            "max_num_seqs": engine_config.max_num_seqs,
+            "max_num_batched_tokens": engine_config.max_num_batched_tokens,
         },
     )
     if config.hf:
@@ -213,8 +205,8 @@ def throughput(
         hf_run = hf_baseline.throughput(config, workload, hf_prompts, hf_batch, temperature)
     engine = build_engine(config, 2 * max_len)
     report.results["async_output_proc"] = engine.async_output
-    _warm_up(engine, model_config.vocab_size, temperature)
-    seconds, trace = _run(engine, workload, config.max_num_seqs, temperature)
+    _warm_up(engine, model_config.architecture.vocab_size, temperature)
+    seconds, trace = _run(engine, workload, engine_config.max_num_seqs, temperature)
     out_tokens = trace.num_tokens
     in_tokens = sum(len(p) for p in workload.prompts)
     report.results.update(
@@ -247,15 +239,18 @@ def throughput(
 
 def latency(config: OfflineConfig, batch: int, input_len: int, output_len: int) -> Report:
     model_config = shape_config(config.shape)
-    workload = fixed_workload(batch, input_len, output_len, model_config.vocab_size, config.seed)
-    device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, device)
+    engine_config = config.engine
+    workload = fixed_workload(
+        batch, input_len, output_len, model_config.architecture.vocab_size, engine_config.seed
+    )
+    device = resolve_device(engine_config.device)
+    dtype = resolve_dtype(engine_config.dtype, device)
     report = Report(
         config.shape,
         str(device),
         str(dtype),
-        config.quantization,
-        config.kv_cache_dtype,
+        engine_config.quantization,
+        engine_config.kv_cache_dtype,
         {
             "kind": "latency",
             "batch": batch,
@@ -267,7 +262,7 @@ def latency(config: OfflineConfig, batch: int, input_len: int, output_len: int) 
     hf_rate = hf_baseline.latency(config, workload) if config.hf else None
     engine = build_engine(config, input_len + output_len + 16)
     report.results["async_output_proc"] = engine.async_output
-    _warm_up(engine, model_config.vocab_size)
+    _warm_up(engine, model_config.architecture.vocab_size)
     seconds, trace = _run(engine, workload, batch)
     ttft = [times[0] - trace.arrival for times in trace.token_times.values()]
     gaps = [b - a for times in trace.token_times.values() for a, b in zip(times, times[1:], strict=False)]

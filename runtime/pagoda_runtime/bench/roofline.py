@@ -116,14 +116,14 @@ class ModelCosts:
 
 
 def model_costs(runner: ModelRunner) -> ModelCosts:
-    arch = runner.config.to_sizing().per_rank(runner.tp.size)
-    linear = sum(out * inp for out, inp in arch.linear_shapes()) * arch.num_layers
+    arch = runner.config.architecture.per_rank(runner.tp.size)
+    linear = sum(out * inp for out, inp in arch.linear_shapes()) * arch.num_hidden_layers
     return ModelCosts(
         weight_bytes=runner.decode_weight_bytes,
         kv_bytes_per_token=runner.kv_bytes_per_token,
         linear_flops_per_token=2 * linear,
         lm_head_flops_per_row=2 * arch.vocab_size * arch.hidden_size,
-        attention_flops_per_pair=4 * arch.num_attention_heads * arch.head_dim * arch.num_layers,
+        attention_flops_per_pair=4 * arch.q_size * arch.num_hidden_layers,
     )
 
 

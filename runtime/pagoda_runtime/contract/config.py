@@ -8,12 +8,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pagoda_runtime.contract.bundled import BUNDLED_MODEL_NAME
+from pagoda_runtime.contract.flags import setting
+from pagoda_runtime.contract.names import LWS_GROUP_SIZE, LWS_VARIABLES
 from pagoda_runtime.contract.sizing import ModelArchitecture
 
 # How the decoder projections are held; --quantization auto picks one from the checkpoint
 # (quantization_selection.py).
 QUANTIZATION_METHODS = ("none", "int8", "int4", "fp8", "awq", "gptq", "gguf")
 QUANTIZATION_CHOICES = ("auto", *QUANTIZATION_METHODS)
+# Activation and unquantized weight dtypes; auto: bfloat16 on a GPU, float32 on a CPU.
+DTYPES = ("auto", "float32", "float16", "bfloat16")
 # auto: the model's dtype; fp8: e4m3, half the bytes of bf16.
 KV_CACHE_DTYPES = ("auto", "fp8")
 # auto: read the checkpoint --model names; dummy: random weights of the model shape --model names
@@ -38,69 +43,83 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    architecture: str  # "llama", "mistral" or "qwen2" (model_source.py maps checkpoints onto these)
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
+    """What the runtime builds a model from: its architecture (the shape, all that sizing reads) and
+    what only the computation needs, under config.json's names."""
+
+    model_type: str  # "llama", "mistral" or "qwen2" (model_source.py maps checkpoints onto these)
+    architecture: ModelArchitecture
     rms_norm_eps: float
     rope_theta: float
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    attention_bias: bool = False  # Qwen2 puts a bias on q, k and v
     rope_scaling: RopeScaling | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
 
-    @property
-    def q_size(self) -> int:
-        return self.num_attention_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_key_value_heads * self.head_dim
-
-    def to_sizing(self) -> ModelArchitecture:
-        return ModelArchitecture(
-            num_layers=self.num_hidden_layers,
-            hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size,
-            num_attention_heads=self.num_attention_heads,
-            num_kv_heads=self.num_key_value_heads,
-            head_dim=self.head_dim,
-            vocab_size=self.vocab_size,
-            tie_word_embeddings=self.tie_word_embeddings,
-            max_position_embeddings=self.max_position_embeddings,
-            attention_bias=self.attention_bias,
-        )
-
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str = "smollm2-135m"
-    load_format: str = "auto"  # one of LOAD_FORMATS
-    dtype: str = "auto"  # auto, float32, float16, bfloat16
-    device: str = "auto"  # auto, cpu, cuda, cuda:N
-    quantization: str = "auto"  # one of QUANTIZATION_CHOICES
-    kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
-    max_model_len: int | None = None  # None: the model's own limit
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    block_size: int = 16
-    # Bytes, or a fraction (0, 1] of the device's free memory when <= 1.
-    kv_cache_memory: float = 0.9
-    # vLLM's budget, used instead of kv_cache_memory when set: this fraction of the GPU's total
-    # memory for the process, of which the KV cache gets what the weights leave.
-    gpu_memory_utilization: float | None = None
-    enable_prefix_caching: bool = True
-    enforce_eager: bool = False
-    # Make each step's text while the device runs the next one (vLLM's async output processing);
-    # None: on where the device runs apart from the host (CUDA).
-    async_output_proc: bool | None = None
-    seed: int = 0
-    # Ranks the model is split over (tensor_parallel.py); each rank's process builds the engine
-    # parts with its own TensorParallel.
-    tensor_parallel_size: int = 1
+    """The engine's settings; each field is also a `serve` flag (flags.py) and, where an
+    InferenceService sets it, a field of its spec.runtime with this default and help."""
+
+    model: str = setting(
+        BUNDLED_MODEL_NAME,
+        "model folder, .gguf file, 'smollm2-135m', or a Hugging Face hub id org/name[@revision] "
+        "(downloaded into the Hugging Face cache first, as vLLM does); with --load-format dummy a model "
+        "shape",
+    )
+    load_format: str = setting(
+        "auto",
+        "auto: read the checkpoint --model names; dummy: random weights of the model shape --model "
+        "names (llama-3-8b, tiny-llama, ...: model_catalogue.py) with a bare tokenizer, for benchmarks",
+        choices=LOAD_FORMATS,
+    )
+    dtype: str = setting(
+        "auto",
+        "activation and unquantized weight dtype; auto: bfloat16 on a GPU, float32 on a CPU",
+        choices=DTYPES,
+    )
+    device: str = setting("auto", "auto (a GPU when there is one), cpu, cuda or cuda:N")
+    quantization: str = setting(
+        "auto",
+        "how to hold the projections; auto serves the checkpoint as it was saved "
+        "(what it picks: docs/architecture.md#quantization)",
+        choices=QUANTIZATION_CHOICES,
+    )
+    kv_cache_dtype: str = setting(
+        "auto",
+        "auto: the model's dtype; fp8: e4m3 with a per-tensor scale of 1.0, half the bytes of bf16",
+        choices=KV_CACHE_DTYPES,
+    )
+    max_model_len: int | None = setting(
+        None, "longest prompt plus completion in tokens (default: the model's own limit)"
+    )
+    max_num_seqs: int = setting(256, "most sequences batched together per step")
+    max_num_batched_tokens: int = setting(
+        8192, "token budget of one engine step (prompt chunks and decoded tokens together)"
+    )
+    block_size: int = setting(16, "tokens per KV cache block")
+    kv_cache_memory: float = setting(
+        0.9, "KV cache size: bytes, or a fraction (0, 1] of the free device memory"
+    )
+    gpu_memory_utilization: float | None = setting(
+        None,
+        "vLLM's budget instead of --kv-cache-memory: the fraction (0, 1] of the GPU's total memory "
+        "for this process; the KV cache gets what the weights leave of it",
+    )
+    enable_prefix_caching: bool = setting(True, "reuse KV blocks of shared prompt prefixes")
+    enforce_eager: bool = setting(False, "do not capture CUDA graphs")
+    async_output_proc: bool | None = setting(
+        None,
+        "make each step's text while the device runs the next step (vLLM's async output "
+        "processing); default: on where the device runs apart from the host (a GPU), off on a CPU, "
+        "which has nothing to overlap",
+        off="--disable-async-output-proc",
+    )
+    seed: int = setting(
+        0, "seed of the sampler (for requests without a seed of their own) and of random weights"
+    )
+    tensor_parallel_size: int = setting(
+        1,
+        "ranks (GPUs) the model is split over, one process each; under LeaderWorkerSet "
+        f"({', '.join(LWS_VARIABLES)} set) they span the group's pods, N / {LWS_GROUP_SIZE} per pod",
+        short="-tp",
+    )

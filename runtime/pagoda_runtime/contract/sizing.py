@@ -14,7 +14,8 @@ embeddings, the LM head and the norms stay in the model's float dtype (bf16 unle
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from pagoda_runtime.contract.bundled import BUNDLED_FILE, BUNDLED_MODEL_NAME
 
@@ -59,23 +60,56 @@ def padded_vocab_size(vocab_size: int, size: int) -> int:
     return -(-vocab_size // size) * size
 
 
+def _shape_field(description: str, minimum: int | None = None, **kwargs: Any) -> Any:
+    """A field of the architecture with the sentence the CRD shows for it (`kubectl explain`) and
+    the least value the CRD admits."""
+    bound = {} if minimum is None else {"minimum": minimum}
+    return field(metadata={"description": description, **bound}, **kwargs)
+
+
+# The names the fields had in facts written before they took Hugging Face's.
+_EARLIER_NAMES = {"num_layers": "num_hidden_layers", "num_kv_heads": "num_key_value_heads"}
+
+
 @dataclass(frozen=True)
 class ModelArchitecture:
-    num_layers: int
-    hidden_size: int
-    intermediate_size: int
-    num_attention_heads: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    tie_word_embeddings: bool
-    max_position_embeddings: int
-    attention_bias: bool = False
+    """A model's shape under the names of its Hugging Face config.json: everything sizing reads.
+
+    The one type for it: the runtime's ModelConfig holds one, the model catalogue lists them, a
+    download or sizing Job reports one (`from_facts`), and the CRD's `model.architecture` is
+    generated from these fields (camelCase; pagoda_operator.models).
+    """
+
+    num_hidden_layers: int = _shape_field("Number of decoder layers (num_hidden_layers).", minimum=1)
+    hidden_size: int = _shape_field("Width of the residual stream (hidden_size).", minimum=1)
+    intermediate_size: int = _shape_field("Width of the MLP (intermediate_size).", minimum=1)
+    num_attention_heads: int = _shape_field("Number of query heads.", minimum=1)
+    num_key_value_heads: int = _shape_field("Number of key/value heads (grouped-query attention).", minimum=1)
+    head_dim: int = _shape_field("Size of one attention head.", minimum=1)
+    vocab_size: int = _shape_field("Number of tokens in the vocabulary.", minimum=1)
+    max_position_embeddings: int = _shape_field("Longest context the model was trained for.", minimum=1)
+    tie_word_embeddings: bool = _shape_field(
+        "Whether the LM head shares the input embedding matrix.", default=False
+    )
+    attention_bias: bool = _shape_field("Whether q, k and v projections have a bias (Qwen2).", default=False)
+
+    @classmethod
+    def from_facts(cls, facts: dict[str, Any]) -> ModelArchitecture:
+        """The architecture a Job reported (`asdict` of one); reports written before the fields took
+        Hugging Face's names, which cache claims keep in their manifests, read too."""
+        return cls(**{_EARLIER_NAMES.get(name, name): value for name, value in facts.items()})
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_dim
 
     def linear_shapes(self) -> list[tuple[int, int]]:
         """(out_features, in_features) of the quantizable linear layers of one decoder block."""
-        q = self.num_attention_heads * self.head_dim
-        kv = self.num_kv_heads * self.head_dim
+        q, kv = self.q_size, self.kv_size
         h, i = self.hidden_size, self.intermediate_size
         return [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]
 
@@ -86,14 +120,12 @@ class ModelArchitecture:
     def unquantized_parameters(self) -> int:
         """Embeddings, LM head, norms and attention biases: kept in 16 bits by every variant."""
         embeddings = self.vocab_parameters()
-        norms = (2 * self.num_layers + 1) * self.hidden_size
-        biases = (
-            (self.num_attention_heads + 2 * self.num_kv_heads) * self.head_dim if self.attention_bias else 0
-        )
-        return embeddings + norms + biases * self.num_layers
+        norms = (2 * self.num_hidden_layers + 1) * self.hidden_size
+        biases = self.q_size + 2 * self.kv_size if self.attention_bias else 0
+        return embeddings + norms + biases * self.num_hidden_layers
 
     def num_parameters(self) -> int:
-        linear = sum(out * inp for out, inp in self.linear_shapes()) * self.num_layers
+        linear = sum(out * inp for out, inp in self.linear_shapes()) * self.num_hidden_layers
         return linear + self.unquantized_parameters()
 
     def per_rank(self, size: int) -> ModelArchitecture:
@@ -105,7 +137,7 @@ class ModelArchitecture:
         return replace(
             self,
             num_attention_heads=split_evenly(self.num_attention_heads, size, "attention heads"),
-            num_kv_heads=kv_heads_per_rank(self.num_kv_heads, size),
+            num_key_value_heads=kv_heads_per_rank(self.num_key_value_heads, size),
             intermediate_size=split_evenly(self.intermediate_size, size, "MLP channels"),
             vocab_size=padded_vocab_size(self.vocab_size, size) // size,
         )
@@ -201,7 +233,7 @@ def weight_bytes(
     fmt = WeightFormat(bits=8 * float_bytes) if quantization == "none" else WEIGHT_FORMATS[quantization]
     if quantization == "gguf" and gguf_block is not None:
         fmt = GGUF_BLOCK_FORMATS[gguf_block]
-    linear = sum(fmt.linear_bytes(out, inp) for out, inp in arch.linear_shapes()) * arch.num_layers
+    linear = sum(fmt.linear_bytes(out, inp) for out, inp in arch.linear_shapes()) * arch.num_hidden_layers
     unquantized = arch.unquantized_parameters() * float_bytes
     if vocab_dtype is not None:
         unquantized += arch.vocab_parameters() * (FLOAT_DTYPE_BYTES[vocab_dtype] - float_bytes)
@@ -234,16 +266,15 @@ def decode_weight_bytes(
     return decode_read_bytes(stored, embedding, arch.tie_word_embeddings)
 
 
-def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype: str = "auto") -> int:
+def kv_bytes_per_token(arch: ModelArchitecture, kv_dtype: str = "auto") -> int:
+    """Keys and values of one token in every layer; a rank's cache: its slice (`per_rank`)."""
     if kv_dtype not in KV_DTYPE_BYTES:
         raise ValueError(f"unknown KV cache dtype {kv_dtype!r}; use one of {', '.join(KV_DTYPE_BYTES)}")
-    return 2 * num_layers * num_kv_heads * head_dim * KV_DTYPE_BYTES[kv_dtype]
+    return 2 * arch.num_hidden_layers * arch.kv_size * KV_DTYPE_BYTES[kv_dtype]
 
 
-def kv_bytes_per_block(
-    num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, kv_dtype: str = "auto"
-) -> int:
-    return block_size * kv_bytes_per_token(num_layers, num_kv_heads, head_dim, kv_dtype)
+def kv_bytes_per_block(arch: ModelArchitecture, block_size: int, kv_dtype: str = "auto") -> int:
+    return block_size * kv_bytes_per_token(arch, kv_dtype)
 
 
 def check_tensor_parallel(
@@ -262,7 +293,7 @@ def check_tensor_parallel(
     if fmt is None or not fmt.group_size or size == 1:
         return sliced
     row_parallel = {
-        "attention output": arch.num_attention_heads * arch.head_dim,
+        "attention output": arch.q_size,
         "MLP down": arch.intermediate_size,
     }
     for what, inputs in row_parallel.items():
@@ -336,7 +367,7 @@ def fits(
     """
     sliced = check_tensor_parallel(arch, tensor_parallel_size, quantization)
     weights = weight_bytes(sliced, quantization, gguf_block=gguf_block)
-    kv = max_model_len * kv_bytes_per_token(sliced.num_layers, sliced.num_kv_heads, sliced.head_dim, kv_dtype)
+    kv = max_model_len * kv_bytes_per_token(sliced, kv_dtype)
     collectives = all_reduce_bytes(tensor_parallel_size)
     return FitResult(
         fits=weights + kv + overhead_bytes + collectives <= capacity_bytes,

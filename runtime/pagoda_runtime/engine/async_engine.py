@@ -56,7 +56,7 @@ class AsyncLLMEngine:
 
     @property
     def vocab_size(self) -> int:
-        return self.engine.model_config.vocab_size
+        return self.engine.model_config.architecture.vocab_size
 
     @property
     def memory(self) -> MemoryReport:

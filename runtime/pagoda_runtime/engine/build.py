@@ -86,11 +86,10 @@ def build_engine(
             )
         loaded = loaded.dequantized(placement.dtype)
     # Before any weight is read: a model that does not split over the ranks fails in one sentence.
-    sliced = check_tensor_parallel(loaded.config.to_sizing(), tp.size, quantization, loaded.group_size)
-    limit = engine_config.max_model_len or loaded.config.max_position_embeddings
-    weights = LOAD_PROGRESS.track(
-        loaded.weights, len(expected_weight_shapes(loaded.config)), loaded.config.num_hidden_layers
-    )
+    arch = loaded.config.architecture
+    sliced = check_tensor_parallel(arch, tp.size, quantization, loaded.group_size)
+    limit = engine_config.max_model_len or arch.max_position_embeddings
+    weights = LOAD_PROGRESS.track(loaded.weights, len(expected_weight_shapes(arch)), arch.num_hidden_layers)
     runner = ModelRunner(loaded.config, weights, engine_config, placement, limit, quantization, tp)
     block_manager = BlockManager(
         runner.num_blocks, engine_config.block_size, engine_config.enable_prefix_caching

@@ -52,7 +52,7 @@ class LLMEngine:
         self.memory = parts.memory
         self.requests: dict[str, Request] = {}
         self.grammars = GrammarCompiler(
-            self.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids
+            self.tokenizer, self.model_config.architecture.vocab_size, self.model_config.eos_token_ids
         )
         self.last_step_timing: StepTiming | None = None
         # Overlap each step's text with the next step's device work where the device runs apart
@@ -85,7 +85,7 @@ class LLMEngine:
             token_ids,
             params.max_tokens,
             params.min_tokens,
-            self.model_config.vocab_size,
+            self.model_config.architecture.vocab_size,
             self.max_model_len,
         )
         grammars = None

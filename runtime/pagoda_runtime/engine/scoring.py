@@ -19,7 +19,7 @@ def score(engine: LLMEngine, token_ids: list[int]) -> torch.Tensor:
     run between steps while requests hold other blocks."""
     if not token_ids:
         raise ValueError("there is nothing to score; send at least one token")
-    vocab = engine.model_config.vocab_size
+    vocab = engine.model_config.architecture.vocab_size
     bad = first_out_of_vocabulary(token_ids, vocab)
     if bad is not None:
         raise ValueError(f"token id {bad} is outside the model's vocabulary of {vocab} tokens")

@@ -51,29 +51,30 @@ class Attention(nn.Module):
         tp: TensorParallel,
     ) -> None:
         super().__init__()
+        arch = config.architecture
         self.ops = ops
         self.tp = tp
-        self.num_heads = tp.shard(config.num_attention_heads, "attention heads")
-        self.num_kv_heads = kv_heads_per_rank(config.num_key_value_heads, tp.size)
-        self.head_dim = config.head_dim
+        self.num_heads = tp.shard(arch.num_attention_heads, "attention heads")
+        self.num_kv_heads = kv_heads_per_rank(arch.num_key_value_heads, tp.size)
+        self.head_dim = arch.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.scale = self.head_dim**-0.5
         self.qkv_proj = make_linear(
-            config.hidden_size,
+            arch.hidden_size,
             self.q_size + 2 * self.kv_size,
-            config.attention_bias,
+            arch.attention_bias,
             quantization,
             device,
             dtype,
         )
         self.o_proj = make_linear(
             self.q_size,
-            config.hidden_size,
+            arch.hidden_size,
             False,  # a row-parallel bias would be added once per rank; no model of this family has one
             quantization,
             device,
             dtype,
-            input_part=tp.part(config.q_size, "attention heads") if tp.size > 1 else None,
+            input_part=tp.part(arch.q_size, "attention heads") if tp.size > 1 else None,
         )
 
     def forward(
@@ -105,17 +106,18 @@ class MLP(nn.Module):
         tp: TensorParallel,
     ) -> None:
         super().__init__()
+        arch = config.architecture
         self.tp = tp
-        channels = tp.shard(config.intermediate_size, "MLP channels")
-        self.gate_up_proj = make_linear(config.hidden_size, 2 * channels, False, quantization, device, dtype)
+        channels = tp.shard(arch.intermediate_size, "MLP channels")
+        self.gate_up_proj = make_linear(arch.hidden_size, 2 * channels, False, quantization, device, dtype)
         self.down_proj = make_linear(
             channels,
-            config.hidden_size,
+            arch.hidden_size,
             False,
             quantization,
             device,
             dtype,
-            input_part=tp.part(config.intermediate_size, "MLP channels") if tp.size > 1 else None,
+            input_part=tp.part(arch.intermediate_size, "MLP channels") if tp.size > 1 else None,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -133,9 +135,10 @@ class DecoderLayer(nn.Module):
         tp: TensorParallel,
     ) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
+        hidden = config.architecture.hidden_size
+        self.input_layernorm = RMSNorm(hidden, config.rms_norm_eps, device, dtype)
         self.self_attn = Attention(config, ops, quantization, device, dtype, tp)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
+        self.post_attention_layernorm = RMSNorm(hidden, config.rms_norm_eps, device, dtype)
         self.mlp = MLP(config, quantization, device, dtype, tp)
 
     def forward(self, positions, x, residual, kv_cache, meta, cos_sin_cache):
@@ -159,19 +162,19 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.tp = tp
+        arch = config.architecture
         device = torch.device(device)
         # Every weight comes from the checkpoint: none is initialized here (make_linear and
         # VocabParallel allocate them empty), since a random init of a few billion parameters
         # would cost a CPU tens of seconds of start-up for nothing.
-        self.embed_tokens = VocabParallel(config.vocab_size, config.hidden_size, tp, device, dtype)
+        self.embed_tokens = VocabParallel(arch.vocab_size, arch.hidden_size, tp, device, dtype)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, ops, quantization, device, dtype, tp)
-            for _ in range(config.num_hidden_layers)
+            DecoderLayer(config, ops, quantization, device, dtype, tp) for _ in range(arch.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
+        self.norm = RMSNorm(arch.hidden_size, config.rms_norm_eps, device, dtype)
         self.lm_head = None
-        if not config.tie_word_embeddings:
-            self.lm_head = VocabParallel(config.vocab_size, config.hidden_size, tp, device, dtype)
+        if not arch.tie_word_embeddings:
+            self.lm_head = VocabParallel(arch.vocab_size, arch.hidden_size, tp, device, dtype)
         self.requires_grad_(False)
         self.register_buffer(
             "cos_sin_cache", build_cos_sin_cache(config, max_position, device, dtype), persistent=False
@@ -198,9 +201,9 @@ class LlamaForCausalLM(nn.Module):
     def _fused_parts(self) -> dict[str, tuple[str, int, slice]]:
         """Hugging Face projection -> (fused layer, its row offset there, the checkpoint rows this
         rank takes). A rank's key/value rows are those of the KV heads its query heads read."""
-        config, tp, attn = self.config, self.tp, self.layers[0].self_attn
-        q, kv, d = attn.q_size, attn.kv_size, config.head_dim
-        first_kv_head = tp.rank * config.num_key_value_heads // tp.size
+        arch, tp, attn = self.config.architecture, self.tp, self.layers[0].self_attn
+        q, kv, d = attn.q_size, attn.kv_size, arch.head_dim
+        first_kv_head = tp.rank * arch.num_key_value_heads // tp.size
         kv_rows = slice(first_kv_head * d, first_kv_head * d + kv)
         channels = self.layers[0].mlp.down_proj.in_features
         return {
@@ -239,11 +242,11 @@ class LlamaForCausalLM(nn.Module):
                 params[name].copy_(tensor)
             else:
                 raise ValueError(
-                    f"the checkpoint holds {hf_name!r}, which a {self.config.architecture} model has no "
+                    f"the checkpoint holds {hf_name!r}, which a {self.config.model_type} model has no "
                     "place for"
                 )
             loaded.add(name if name == "lm_head.weight" else "model." + name)
-        missing = sorted(set(expected_weight_shapes(self.config)) - loaded)
+        missing = sorted(set(expected_weight_shapes(self.config.architecture)) - loaded)
         if missing:
             raise ValueError(
                 f"the checkpoint lacks {missing[0]!r} and {len(missing) - 1} other tensors the model needs"

@@ -97,7 +97,7 @@ class ModelRunner:
         self.config = model_config
         self.tp = tp
         # This rank's KV cache holds only the KV heads its query heads read.
-        self.num_kv_heads = kv_heads_per_rank(model_config.num_key_value_heads, tp.size)
+        self.num_kv_heads = kv_heads_per_rank(model_config.architecture.num_key_value_heads, tp.size)
         self.device = placement.device
         self.dtype = placement.dtype
         if self.device.type == "cpu":
@@ -137,11 +137,11 @@ class ModelRunner:
                 self.num_blocks,
                 self.block_size,
                 self.num_kv_heads,
-                model_config.head_dim,
+                model_config.architecture.head_dim,
                 device=self.device,
                 dtype=self.kv_cache_dtype,
             )
-            for _ in range(model_config.num_hidden_layers)
+            for _ in range(model_config.architecture.num_hidden_layers)
         ]
         self.sampler = Sampler(self.device, model_config.eos_token_ids, engine_config.seed)
         self._graphs: dict[int, _Graph] = {}
@@ -161,10 +161,8 @@ class ModelRunner:
 
     @property
     def kv_bytes_per_block(self) -> int:
-        c = self.config
-        return kv_bytes_per_block(
-            c.num_hidden_layers, self.num_kv_heads, c.head_dim, self.block_size, self.kv_cache_dtype_name
-        )
+        rank_slice = self.config.architecture.per_rank(self.tp.size)
+        return kv_bytes_per_block(rank_slice, self.block_size, self.kv_cache_dtype_name)
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -26,6 +26,7 @@ from safetensors import safe_open
 
 from pagoda_runtime.contract.bundled import resolve_model
 from pagoda_runtime.contract.config import ROPE_TYPES, ModelConfig, RopeScaling
+from pagoda_runtime.contract.sizing import ModelArchitecture
 from pagoda_runtime.contract.weight_layout import expected_weight_shapes, is_projection
 from pagoda_runtime.engine.tokenizer import Tokenizer
 from pagoda_runtime.executor.quantization.gguf_blocks import BLOCK_NAMES, gguf_to_packed, is_packable
@@ -137,8 +138,8 @@ def config_from_hf(
     raw: dict[str, Any], source: Path, generation: dict[str, Any] | None = None
 ) -> ModelConfig:
     architectures = raw.get("architectures") or [raw.get("model_type", "unknown")]
-    architecture = next((HF_ARCHITECTURES[a] for a in architectures if a in HF_ARCHITECTURES), None)
-    if architecture is None:
+    model_type = next((HF_ARCHITECTURES[a] for a in architectures if a in HF_ARCHITECTURES), None)
+    if model_type is None:
         raise ModelLoadError(
             f"{source} is a {', '.join(architectures)} model; Pagoda supports {', '.join(HF_ARCHITECTURES)}"
         )
@@ -162,24 +163,26 @@ def config_from_hf(
         rope_scaling = RopeScaling(rope_type, **{k: scaling[k] for k in fields if k in scaling})
     max_positions = raw.get("max_position_embeddings", 4096)
     sliding = raw.get("sliding_window")
-    if sliding and (architecture == "mistral" or raw.get("use_sliding_window", False)):
+    if sliding and (model_type == "mistral" or raw.get("use_sliding_window", False)):
         # Attention is only full-context up to the window; capping the context keeps it exact.
         max_positions = min(max_positions, sliding)
     eos = (generation or {}).get("eos_token_id", raw.get("eos_token_id"))
     return ModelConfig(
-        architecture=architecture,
-        vocab_size=raw["vocab_size"],
-        hidden_size=raw["hidden_size"],
-        intermediate_size=raw["intermediate_size"],
-        num_hidden_layers=raw["num_hidden_layers"],
-        num_attention_heads=heads,
-        num_key_value_heads=raw.get("num_key_value_heads") or heads,
-        head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+        model_type=model_type,
+        architecture=ModelArchitecture(
+            num_hidden_layers=raw["num_hidden_layers"],
+            hidden_size=raw["hidden_size"],
+            intermediate_size=raw["intermediate_size"],
+            num_attention_heads=heads,
+            num_key_value_heads=raw.get("num_key_value_heads") or heads,
+            head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+            vocab_size=raw["vocab_size"],
+            max_position_embeddings=max_positions,
+            tie_word_embeddings=raw.get("tie_word_embeddings", False),
+            attention_bias=model_type == "qwen2" or raw.get("attention_bias", False),
+        ),
         rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
         rope_theta=raw.get("rope_theta", rope.get("rope_theta", 10000.0)),
-        max_position_embeddings=max_positions,
-        tie_word_embeddings=raw.get("tie_word_embeddings", False),
-        attention_bias=architecture == "qwen2" or raw.get("attention_bias", False),
         rope_scaling=rope_scaling,
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
@@ -283,7 +286,7 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype) -> LoadedModel:
     found: dict[str, tuple[int, ...]] = {}
     for file in dict.fromkeys(file_of.values()):
         found.update(_safetensors_shapes(file))
-    expected = expected_weight_shapes(config)
+    expected = expected_weight_shapes(config.architecture)
     stored = _stored_projections(expected, found, spec, file_of)
     required = {name: shape for name, shape in expected.items() if name not in stored}
     for shapes in stored.values():
@@ -340,19 +343,21 @@ def config_from_gguf(gguf: GGUFFile, tokenizer: Tokenizer) -> ModelConfig:
         hidden = meta[f"{arch}.embedding_length"]
         heads = meta[f"{arch}.attention.head_count"]
         return ModelConfig(
-            architecture=arch,
-            vocab_size=meta.get(f"{arch}.vocab_size", len(meta["tokenizer.ggml.tokens"])),
-            hidden_size=hidden,
-            intermediate_size=meta[f"{arch}.feed_forward_length"],
-            num_hidden_layers=meta[f"{arch}.block_count"],
-            num_attention_heads=heads,
-            num_key_value_heads=meta.get(f"{arch}.attention.head_count_kv", heads),
-            head_dim=meta.get(f"{arch}.attention.key_length", hidden // heads),
+            model_type=arch,
+            architecture=ModelArchitecture(
+                num_hidden_layers=meta[f"{arch}.block_count"],
+                hidden_size=hidden,
+                intermediate_size=meta[f"{arch}.feed_forward_length"],
+                num_attention_heads=heads,
+                num_key_value_heads=meta.get(f"{arch}.attention.head_count_kv", heads),
+                head_dim=meta.get(f"{arch}.attention.key_length", hidden // heads),
+                vocab_size=meta.get(f"{arch}.vocab_size", len(meta["tokenizer.ggml.tokens"])),
+                max_position_embeddings=meta[f"{arch}.context_length"],
+                tie_word_embeddings="output.weight" not in gguf.tensors,
+                attention_bias="blk.0.attn_q.bias" in gguf.tensors,
+            ),
             rms_norm_eps=meta[f"{arch}.attention.layer_norm_rms_epsilon"],
             rope_theta=meta.get(f"{arch}.rope.freq_base", 10000.0),
-            max_position_embeddings=meta[f"{arch}.context_length"],
-            tie_word_embeddings="output.weight" not in gguf.tensors,
-            attention_bias="blk.0.attn_q.bias" in gguf.tensors,
             rope_scaling=rope_scaling,
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=tokenizer.eos_token_ids,
@@ -389,16 +394,16 @@ def _load_gguf(path: Path, dtype: torch.dtype) -> LoadedModel:
     config = config_from_gguf(gguf, tokenizer)
     gguf_name = {hf: name for name in gguf.tensors if (hf := hf_name_of_gguf(name))}
     found = {hf: gguf.tensors[name].shape for hf, name in gguf_name.items()}
-    expected = expected_weight_shapes(config)
-    _check_shapes(found, expected, lambda name: path, f"the {config.architecture} metadata of {path}")
+    expected = expected_weight_shapes(config.architecture)
+    _check_shapes(found, expected, lambda name: path, f"the {config.model_type} metadata of {path}")
     packed = {
         hf for hf in expected if is_projection(hf) and is_packable(gguf.tensors[gguf_name[hf]].ggml_type)
     }
     # Only llama.cpp's LLaMA converter permutes q/k; Qwen2 files keep the Hugging Face layout.
     permuted_heads = {}
-    if config.architecture == "llama":
-        permuted_heads = {".self_attn.q_proj.": config.num_attention_heads}
-        permuted_heads[".self_attn.k_proj."] = config.num_key_value_heads
+    if config.model_type == "llama":
+        permuted_heads = {".self_attn.q_proj.": config.architecture.num_attention_heads}
+        permuted_heads[".self_attn.k_proj."] = config.architecture.num_key_value_heads
 
     def weights() -> Iterator[tuple[str, Weight]]:
         for hf in expected:

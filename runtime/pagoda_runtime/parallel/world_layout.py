@@ -15,16 +15,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-LWS_LEADER_ADDRESS = "LWS_LEADER_ADDRESS"
-LWS_GROUP_SIZE = "LWS_GROUP_SIZE"
-LWS_WORKER_INDEX = "LWS_WORKER_INDEX"
-LWS_VARIABLES = (LWS_LEADER_ADDRESS, LWS_GROUP_SIZE, LWS_WORKER_INDEX)
-
-DEFAULT_DISTRIBUTED_PORT = 29500
-# The longest a rank waits for the others: to join the group, to load the model everywhere, and
-# for any one step's collective. A 70B checkpoint loads on every rank at once, so the skew
-# between ranks is what counts, not the load itself.
-DEFAULT_DISTRIBUTED_TIMEOUT_S = 300.0
+from pagoda_runtime.contract.names import (
+    DISTRIBUTED_PORT,
+    LWS_GROUP_SIZE,
+    LWS_LEADER_ADDRESS,
+    LWS_VARIABLES,
+    LWS_WORKER_INDEX,
+)
+from pagoda_runtime.contract.serve_settings import DEFAULT_DISTRIBUTED_TIMEOUT_S
 
 
 class LayoutError(ValueError):
@@ -70,7 +68,7 @@ class WorldLayout:
 
 def world_layout(
     tensor_parallel_size: int,
-    port: int = DEFAULT_DISTRIBUTED_PORT,
+    port: int = DISTRIBUTED_PORT,
     timeout_s: float = DEFAULT_DISTRIBUTED_TIMEOUT_S,
     env: Mapping[str, str] | None = None,
 ) -> WorldLayout:

@@ -8,15 +8,14 @@ the waiting queue is full. Whether the request itself fits the model is the engi
 
 from __future__ import annotations
 
+from pagoda_runtime.contract.serve_settings import DEFAULT_QUEUE_BATCHES, ServerSettings
 from pagoda_runtime.engine.protocol import ServingEngine
 from pagoda_runtime.server.drain import RETRY_AFTER_S
 from pagoda_runtime.server.errors import APIError
-from pagoda_runtime.server.state import ServerSettings, ServerState
+from pagoda_runtime.server.state import ServerState
 
 QUEUE_FULL_RETRY_AFTER_S = 1
 LOADING_RETRY_AFTER_S = 5
-# Without --max-queue, a burst may wait behind this many full batches before new requests get 429.
-DEFAULT_QUEUE_BATCHES = 2
 
 
 def max_in_flight(settings: ServerSettings) -> int:

@@ -18,6 +18,8 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from pagoda_runtime.contract.names import LIVE_PATH, METRICS_PATH, READY_PATH
+from pagoda_runtime.contract.serve_settings import ServerSettings
 from pagoda_runtime.engine.protocol import ServingEngine
 from pagoda_runtime.loading.load_progress import LOAD_PROGRESS
 from pagoda_runtime.server.admission import LOADING_RETRY_AFTER_S
@@ -27,7 +29,7 @@ from pagoda_runtime.server.errors import APIError, install_error_handlers
 from pagoda_runtime.server.metrics_compat import vllm_registry
 from pagoda_runtime.server.middleware import EdgeMiddleware
 from pagoda_runtime.server.protocol import ModelCard, ModelList
-from pagoda_runtime.server.state import ServerSettings, ServerState
+from pagoda_runtime.server.state import ServerState
 from pagoda_runtime.server.tokenize import detokenize, tokenize
 
 log = logging.getLogger("pagoda.server")
@@ -101,12 +103,12 @@ def build_app(
         memory = state.engine.memory.to_json()
         return JSONResponse({"served_model_name": settings.served_model_name, **memory})
 
-    @app.get("/health/live")
+    @app.get(LIVE_PATH)
     async def live() -> JSONResponse:
         check = state.health.live(state.engine)
         return JSONResponse({"live": check.ok, "detail": check.detail}, status_code=200 if check.ok else 503)
 
-    @app.get("/health/ready")
+    @app.get(READY_PATH)
     async def ready() -> JSONResponse:
         checks = state.health.ready(state.engine, state.load_error, state.drain.draining)
         ok = all(c.ok for c in checks.values())
@@ -114,7 +116,7 @@ def build_app(
         body["startup"] = _startup(state)
         return JSONResponse(body, status_code=200 if ok else 503)
 
-    @app.get("/metrics")
+    @app.get(METRICS_PATH)
     async def metrics() -> Response:
         body = generate_latest(state.metrics.registry)
         if compat is not None:

@@ -1,4 +1,5 @@
-"""Prometheus metrics, named as docs/architecture.md lists them, labelled by model_name.
+"""Prometheus metrics under the names the operator and the dashboards use (contract/names.py),
+labelled by model_name.
 
 Engine state (queue depth, running, KV usage, prefix cache counters) is read from engine.stats()
 at scrape time, so the numbers the autoscaler sees are never stale. Per-request latencies and
@@ -19,6 +20,25 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from pagoda_runtime.contract.names import (
+    E2E_REQUEST_LATENCY,
+    FINISH_REASON_LABEL,
+    GENERATION_TOKENS,
+    INTER_TOKEN_LATENCY,
+    KV_CACHE_USAGE,
+    MODEL_NAME_LABEL,
+    PREEMPTIONS,
+    PREFIX_CACHE_HITS,
+    PREFIX_CACHE_QUERIES,
+    PROMPT_TOKENS,
+    REJECT_REASON_LABEL,
+    REQUEST_QUEUE_TIME,
+    REQUESTS_FINISHED,
+    REQUESTS_REJECTED,
+    REQUESTS_RUNNING,
+    REQUESTS_WAITING,
+    TIME_TO_FIRST_TOKEN,
+)
 from pagoda_runtime.engine.outputs import RequestOutput
 
 _TTFT_BUCKETS = (
@@ -74,29 +94,29 @@ class _EngineStatsCollector:
         if stats is None:
             return
         gauges = (
-            ("pagoda_num_requests_waiting", "Requests waiting to be scheduled.", stats.num_waiting),
-            ("pagoda_num_requests_running", "Requests in the running batch.", stats.num_running),
+            (REQUESTS_WAITING, "Requests waiting to be scheduled.", stats.num_waiting),
+            (REQUESTS_RUNNING, "Requests in the running batch.", stats.num_running),
             (
-                "pagoda_kv_cache_usage_ratio",
+                KV_CACHE_USAGE,
                 "Fraction of KV cache blocks in use (0 to 1).",
                 stats.kv_cache_usage,
             ),
         )
         for name, doc, value in gauges:
-            gauge = GaugeMetricFamily(name, doc, labels=["model_name"])
+            gauge = GaugeMetricFamily(name, doc, labels=[MODEL_NAME_LABEL])
             gauge.add_metric([self.model_name], value)
             yield gauge
         counters = (
             (
-                "pagoda_prefix_cache_queries",
+                PREFIX_CACHE_QUERIES,
                 "Prompt tokens looked up in the prefix cache.",
                 stats.prefix_cache_queries,
             ),
-            ("pagoda_prefix_cache_hits", "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits),
-            ("pagoda_num_preemptions", "Sequences preempted for lack of KV cache.", stats.num_preemptions),
+            (PREFIX_CACHE_HITS, "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits),
+            (PREEMPTIONS, "Sequences preempted for lack of KV cache.", stats.num_preemptions),
         )
         for name, doc, value in counters:
-            counter = CounterMetricFamily(name, doc, labels=["model_name"])
+            counter = CounterMetricFamily(name, doc, labels=[MODEL_NAME_LABEL])
             counter.add_metric([self.model_name], value)
             yield counter
 
@@ -110,44 +130,45 @@ class ServerMetrics:
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
         self.registry.register(_EngineStatsCollector(model_name, stats))
-        labels = ["model_name"]
+        labels = [MODEL_NAME_LABEL]
         reg = self.registry
-        self.prompt_tokens = Counter("pagoda_prompt_tokens", "Prompt tokens processed.", labels, registry=reg)
-        self.generation_tokens = Counter(
-            "pagoda_generation_tokens", "Tokens generated.", labels, registry=reg
-        )
+        self.prompt_tokens = Counter(PROMPT_TOKENS, "Prompt tokens processed.", labels, registry=reg)
+        self.generation_tokens = Counter(GENERATION_TOKENS, "Tokens generated.", labels, registry=reg)
         self.requests = Counter(
-            "pagoda_requests", "Finished requests by finish reason.", [*labels, "finish_reason"], registry=reg
+            REQUESTS_FINISHED,
+            "Finished requests by finish reason.",
+            [*labels, FINISH_REASON_LABEL],
+            registry=reg,
         )
         self.rejected = Counter(
-            "pagoda_requests_rejected",
+            REQUESTS_REJECTED,
             "Requests refused before reaching the engine.",
-            [*labels, "reason"],
+            [*labels, REJECT_REASON_LABEL],
             registry=reg,
         )
         self.ttft = Histogram(
-            "pagoda_time_to_first_token_seconds",
+            TIME_TO_FIRST_TOKEN,
             "Time to first token.",
             labels,
             buckets=_TTFT_BUCKETS,
             registry=reg,
         )
         self.itl = Histogram(
-            "pagoda_inter_token_latency_seconds",
+            INTER_TOKEN_LATENCY,
             "Time between tokens.",
             labels,
             buckets=_ITL_BUCKETS,
             registry=reg,
         )
         self.e2e = Histogram(
-            "pagoda_e2e_request_latency_seconds",
+            E2E_REQUEST_LATENCY,
             "Arrival to last token.",
             labels,
             buckets=_REQUEST_BUCKETS,
             registry=reg,
         )
         self.queue_time = Histogram(
-            "pagoda_request_queue_time_seconds",
+            REQUEST_QUEUE_TIME,
             "Arrival to first scheduled.",
             labels,
             buckets=_REQUEST_BUCKETS,

@@ -12,29 +12,29 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
 
-METRICS_COMPAT_CHOICES = ("vllm",)
+from pagoda_runtime.contract import names as n
 
 # Pagoda family -> vLLM families (v1 names first, then the older names dashboards still query).
 VLLM_NAMES: dict[str, tuple[str, ...]] = {
-    "pagoda_num_requests_waiting": ("vllm:num_requests_waiting",),
-    "pagoda_num_requests_running": ("vllm:num_requests_running",),
-    "pagoda_kv_cache_usage_ratio": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-    "pagoda_prefix_cache_queries": ("vllm:prefix_cache_queries",),
-    "pagoda_prefix_cache_hits": ("vllm:prefix_cache_hits",),
-    "pagoda_num_preemptions": ("vllm:num_preemptions",),
-    "pagoda_prompt_tokens": ("vllm:prompt_tokens",),
-    "pagoda_generation_tokens": ("vllm:generation_tokens",),
-    "pagoda_requests": ("vllm:request_success",),
-    "pagoda_time_to_first_token_seconds": ("vllm:time_to_first_token_seconds",),
-    "pagoda_inter_token_latency_seconds": (
+    n.REQUESTS_WAITING: ("vllm:num_requests_waiting",),
+    n.REQUESTS_RUNNING: ("vllm:num_requests_running",),
+    n.KV_CACHE_USAGE: ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    n.PREFIX_CACHE_QUERIES: ("vllm:prefix_cache_queries",),
+    n.PREFIX_CACHE_HITS: ("vllm:prefix_cache_hits",),
+    n.PREEMPTIONS: ("vllm:num_preemptions",),
+    n.PROMPT_TOKENS: ("vllm:prompt_tokens",),
+    n.GENERATION_TOKENS: ("vllm:generation_tokens",),
+    n.REQUESTS_FINISHED: ("vllm:request_success",),
+    n.TIME_TO_FIRST_TOKEN: ("vllm:time_to_first_token_seconds",),
+    n.INTER_TOKEN_LATENCY: (
         "vllm:inter_token_latency_seconds",
         "vllm:time_per_output_token_seconds",
     ),
-    "pagoda_e2e_request_latency_seconds": ("vllm:e2e_request_latency_seconds",),
-    "pagoda_request_queue_time_seconds": ("vllm:request_queue_time_seconds",),
+    n.E2E_REQUEST_LATENCY: ("vllm:e2e_request_latency_seconds",),
+    n.REQUEST_QUEUE_TIME: ("vllm:request_queue_time_seconds",),
 }
 # vLLM spells this label differently.
-_LABELS = {"finish_reason": "finished_reason"}
+_LABELS = {n.FINISH_REASON_LABEL: "finished_reason"}
 
 
 class VllmNamedCollector:

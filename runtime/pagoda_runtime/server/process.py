@@ -17,8 +17,9 @@ from collections.abc import Callable
 import uvicorn
 
 from pagoda_runtime.contract.config import EngineConfig
+from pagoda_runtime.contract.serve_settings import ServerSettings
 from pagoda_runtime.server.app import EngineLoader, build_app
-from pagoda_runtime.server.state import ServerSettings, ServerState
+from pagoda_runtime.server.state import ServerState
 from pagoda_runtime.termination import write_termination_message
 
 log = logging.getLogger("pagoda.server")

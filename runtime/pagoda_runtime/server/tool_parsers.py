@@ -14,8 +14,6 @@ import re
 
 from pagoda_runtime.server.tools import DeltaFunctionCall, DeltaToolCall, FunctionCall, new_call_id
 
-TOOL_CALL_PARSERS = ("hermes", "llama3_json")
-
 
 def _call(obj: object) -> FunctionCall | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):

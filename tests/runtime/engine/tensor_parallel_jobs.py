@@ -43,9 +43,10 @@ def sharded_logits(tp, folder: str, quantization: str) -> torch.Tensor:
     ids = torch.tensor(loaded.tokenizer.encode(PROMPTS[0]))
     n, block_size = ids.shape[0], 4
     blocks = -(-n // block_size)
-    kv_heads = kv_heads_per_rank(config.num_key_value_heads, tp.size)
+    arch = config.architecture
+    kv_heads = kv_heads_per_rank(arch.num_key_value_heads, tp.size)
     caches = [
-        torch.zeros(2, blocks, block_size, kv_heads, config.head_dim) for _ in range(config.num_hidden_layers)
+        torch.zeros(2, blocks, block_size, kv_heads, arch.head_dim) for _ in range(arch.num_hidden_layers)
     ]
     meta = AttentionMetadata(
         slot_mapping=torch.arange(n),
@@ -66,11 +67,8 @@ def greedy_runs(tp, jobs: list[tuple[str, str, dict]], prompts: list[str] = PROM
         settings = dict(settings)
         kv_blocks = settings.pop("kv_blocks", None)
         if kv_blocks is not None:
-            config = load_model_source(model).config
-            heads = kv_heads_per_rank(config.num_key_value_heads, tp.size)
-            per_block = kv_bytes_per_block(
-                config.num_hidden_layers, heads, config.head_dim, settings["block_size"], "float32"
-            )
+            arch = load_model_source(model).config.architecture.per_rank(tp.size)
+            per_block = kv_bytes_per_block(arch, settings["block_size"], "float32")
             settings["kv_cache_memory"] = kv_blocks * per_block
         engine_config = EngineConfig(
             model=model, dtype="float32", device="cpu", tensor_parallel_size=tp.size, **settings
@@ -100,7 +98,7 @@ def _drive(engine: LLMEngine, tp, name: str, prompts: list[str]) -> dict:
         "ids": [finished[f"{name}-{i}"].outputs[0].token_ids for i in range(len(prompts))],
         "preemptions": stats.num_preemptions,
         "prefix_hits": stats.prefix_cache_hits,
-        "kv_heads": engine.model_config.num_key_value_heads,
+        "kv_heads": engine.model_config.architecture.num_key_value_heads,
         "kv_bytes_per_block": engine.memory.kv_bytes_per_block,
         "weight_bytes": engine.memory.weight_bytes,
         "predicted_weight_bytes": engine.memory.predicted_weight_bytes,

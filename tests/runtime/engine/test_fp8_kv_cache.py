@@ -33,7 +33,7 @@ def test_an_fp8_block_takes_a_fraction_of_the_bytes_and_the_budget_holds_more(fo
     cache_bytes = sum(c.numel() * c.element_size() for c in fp8.runner.kv_caches)
     assert cache_bytes == fp8.runner.num_blocks * fp8.memory.kv_bytes_per_block
     assert fp8.memory.kv_bytes_per_block * ratio == auto.memory.kv_bytes_per_block
-    c = fp8.model_config
+    c = fp8.model_config.architecture
     one_byte_each = 2 * c.num_hidden_layers * 4 * c.num_key_value_heads * c.head_dim
     assert fp8.memory.kv_bytes_per_block == one_byte_each
     assert fp8.runner.num_blocks == ratio * auto.runner.num_blocks

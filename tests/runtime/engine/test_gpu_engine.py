@@ -1,13 +1,12 @@
 """On a CUDA GPU: CUDA-graph decode gives exactly the eager tokens in every batch bucket, float32
 greedy tokens equal transformers' on the same device for every tiny architecture, bfloat16 logits
-stay within 2e-2 (relative) of transformers' float32 ones, an 8k context decodes through split-K
-exactly as transformers does, a decode step's launch never waits for the device, and a KV cache
-sized close to the card leaves room to serve."""
+stay about as close to transformers' float32 ones as transformers' own bfloat16 model on the same
+inputs, an 8k context decodes through split-K exactly as transformers does, a decode step's launch
+never waits for the device, and a KV cache sized close to the card leaves room to serve."""
 
 from __future__ import annotations
 
 import gc
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +16,7 @@ from pagoda_runtime.executor.kernels.triton_paged_attention import default_num_s
 from pagoda_runtime.executor.model_runner import graph_batch_sizes
 from transformers import AutoModelForCausalLM
 
+from benchmarks.quant_quality import EVAL_TEXT
 from tests.runtime.engine.hf_reference import hf_greedy, hf_model_from_source
 from tests.runtime.tiny_models import VARIANTS, build_tiny_model
 
@@ -170,17 +170,36 @@ def test_async_output_launches_decode_steps_without_waiting_and_changes_no_outpu
         ]
 
 
+# How much further from float32 Pagoda's bfloat16 logits may be than transformers' own bfloat16
+# model on the same inputs. Two correct bfloat16 implementations round at different points (fused
+# kernels, the order of a reduction, the KV cache's rounding), so their errors differ by tens of
+# percent (on an H200: Pagoda 0.025-0.027, transformers 0.025-0.032 relative); a real defect (a
+# wrong rotary, a lost scale, a reduction in bfloat16) moves the error by multiples.
+BF16_MARGIN = 1.5
+
+
+def _relative_error(logits: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((logits - expected).norm() / expected.norm())
+
+
 @pytest.mark.parametrize("variant", ["llama3", "qwen2", "smollm"])
-def test_bfloat16_logits_stay_close_to_transformers_float32(tmp_path, variant):
+def test_bfloat16_logits_stay_as_close_to_transformers_float32_as_its_own_bfloat16(tmp_path, variant):
     folder = build_tiny_model(tmp_path / variant, variant)
     llm = LLM(str(folder), dtype="bfloat16", device="cuda", max_num_seqs=4, kv_cache_memory=2**26)
     ids = llm.get_tokenizer().encode(" ".join(PROMPTS))
-    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).cuda().eval()
-    with torch.inference_mode():
-        expected = reference(torch.tensor([ids], device="cuda")).logits[0].float()
     logits = score(llm.engine, ids).float()
-    # bfloat16 keeps 8 significant bits: about 4e-3 per rounding, a few roundings deep.
-    assert float((logits - expected).norm() / expected.norm()) < 2e-2
+    inputs = torch.tensor([ids], device="cuda")
+    with torch.inference_mode():
+        reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).cuda().eval()
+        expected = reference(inputs).logits[0].float()
+        del reference
+        theirs = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).cuda().eval()
+        their_logits = theirs(inputs).logits[0].float()
+    ours, their_error = _relative_error(logits, expected), _relative_error(their_logits, expected)
+    assert ours < BF16_MARGIN * their_error, (
+        f"Pagoda's bfloat16 logits are {ours:.4f} (relative) from transformers' float32 ones; "
+        f"transformers' own bfloat16 model is {their_error:.4f} from them"
+    )
 
 
 def test_an_8k_context_decodes_through_split_k_as_transformers_does():
@@ -195,9 +214,9 @@ def test_an_8k_context_decodes_through_split_k_as_transformers_does():
         max_num_seqs=4,
         kv_cache_memory=2**30,
     )
-    config = llm.engine.model_config
+    config = llm.engine.model_config.architecture
     assert default_num_splits(1, config.num_key_value_heads, torch.device("cuda")) > 1
-    text = (Path(__file__).parents[2] / "data" / "eval_text.txt").read_text()
+    text = EVAL_TEXT.read_text()
     prompt = (llm.get_tokenizer().encode(text) * 20)[:8000]
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     ids = llm.generate([prompt], params)[0].outputs[0].token_ids

@@ -6,14 +6,18 @@ Run as its own process (test_triton_compiles_for_hopper.py does): torch.cuda.is_
 to answer True before pagoda_runtime is imported, so pagoda_runtime.executor.triton_mode leaves the kernels
 compiled; the public wrappers are then called on CPU tensors with each kernel replaced by a recorder,
 so nothing is launched, and each recorded launch is compiled through ptxas to a cubin. Prints one
-JSON object: {"kernels": [every kernel], "compiled": [launches], "failed": {launch: error}}.
+JSON object: {"kernels": [every kernel], "compiled": [launches], "failed": {launch: error},
+"resources": {launch: {"registers", "stack", "local", "shared"}}} (per thread: registers, the stack
+frame and local memory in bytes, where spills go; per program: shared memory in bytes).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import tempfile
 
 import torch
 
@@ -24,29 +28,27 @@ torch.cuda.is_available = lambda: True
 import triton  # noqa: E402
 from pagoda_runtime.executor.kernels import (  # noqa: E402
     reference,
+    triton_lora,
+    triton_moe,
+    triton_moe_routing,
     triton_paged_attention,
     triton_rmsnorm,
     triton_rotary_kv_write,
     triton_silu_mul,
 )
+from pagoda_runtime.executor.kernels.lora_slots import lora_batch  # noqa: E402
+from pagoda_runtime.executor.kernels.moe_weights import PackedExperts  # noqa: E402
 from pagoda_runtime.executor.quantization import triton_gemm, triton_gemv  # noqa: E402
 from pagoda_runtime.executor.quantization.online import quantize_fp8, quantize_int4, quantize_int8  # noqa: E402
+from pagoda_runtime.executor.quantization.packed import PackedWeight  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+from triton.compiler import ASTSource, make_backend  # noqa: E402
+from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
 from tests.runtime.kernels.paged_batch import make_paged_batch  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
-TRITON_TYPES = {
-    torch.float32: "fp32",
-    torch.float16: "fp16",
-    torch.bfloat16: "bf16",
-    torch.int8: "i8",
-    torch.uint8: "u8",
-    torch.int32: "i32",
-    torch.int64: "i64",
-    torch.float8_e4m3fn: "fp8e4nv",
-}
+BACKEND = make_backend(HOPPER)
 KERNELS = [
     (triton_paged_attention, "_paged_attention_kernel"),
     (triton_paged_attention, "_merge_splits_kernel"),
@@ -57,7 +59,21 @@ KERNELS = [
     (triton_gemm, "_w8_gemm_kernel"),
     (triton_gemv, "_int4_gemv_kernel"),
     (triton_gemv, "_w8_gemv_kernel"),
+    (triton_moe, "_moe_gemm_kernel"),
+    (triton_moe_routing, "_route_kernel"),
+    (triton_moe_routing, "_align_kernel"),
+    (triton_lora, "_lora_shrink_kernel"),
+    (triton_lora, "_lora_expand_kernel"),
 ]
+# Mixture-of-experts layers: (hidden, intermediate, top_k, dtype, expert kinds, batch sizes). The
+# batches' pairs per expert pick each default tile shape (1, 24, 100, 300 for bf16).
+MOE_LAYERS = {
+    "qwen3-30b-a3b": (2048, 768, 8, torch.bfloat16, ("float", "int8", "fp8", "int4"), (1, 24, 100, 300)),
+    "mixtral-8x7b": (4096, 14336, 2, torch.bfloat16, ("float",), (1, 300)),
+    "tiny": (64, 32, 2, torch.float32, ("float",), (1, 24)),
+}
+# LoRA on Llama-3-8B's projections (input width, output parts): three parts, and the long input.
+LORA_PROJECTIONS = {"qkv": (4096, (4096, 1024, 1024)), "down": (14336, (4096,))}
 
 
 class Recorder:
@@ -70,23 +86,16 @@ class Recorder:
         return lambda *args, **kwargs: self.launches.append((self.label, self.kernel, args, kwargs))
 
 
-def _signature(kernel, args, kwargs):
-    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
-    values = dict(zip(kernel.arg_names, args, strict=False)) | kwargs
-    signature, constexprs = {}, {}
-    for param in kernel.params:
-        value = values[param.name]
-        if param.is_constexpr:
-            signature[param.name], constexprs[param.name] = "constexpr", value
-        elif isinstance(value, torch.Tensor):
-            signature[param.name] = "*" + TRITON_TYPES[value.dtype]
-        elif isinstance(value, bool):
-            signature[param.name] = "i1"
-        elif isinstance(value, int):
-            signature[param.name] = "i32" if abs(value) < 2**31 else "i64"
-        else:
-            signature[param.name] = "fp32"
-    return ASTSource(kernel, signature, constexprs), options
+def _source(kernel, args, kwargs):
+    """The launch as the JIT would compile it: Triton's own binder gives the argument types and the
+    specializations a real launch gets (pointers 16-byte aligned, integers divisible by 16), without
+    which loads are not vectorized or pipelined and the resource figures mean little."""
+    binder = create_function_from_signature(kernel.signature, kernel.params, BACKEND)
+    bound_args, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(
+        BACKEND, kwargs, bound_args, specialization, options
+    )
+    return ASTSource(kernel, signature, constexprs, attrs), options.__dict__
 
 
 def _launches() -> list:
@@ -135,21 +144,117 @@ def _launches() -> list:
             xs = torch.randn(rows, 64, dtype=dtype)
             matmul = triton_gemv.gemv if rows <= 4 else triton_gemm.gemm
             record(f"{matmul.__name__} {name} {dtype} rows {rows}", lambda m=matmul, a=xs, q=weight: m(a, q))
+    _record_moe(record)
+    _record_lora(record)
     return launches
 
 
+def _packed_experts(kind: str, experts: int, n: int, k: int) -> PackedExperts:
+    """Uninitialized experts of the real layout: only shapes and types reach the compiler."""
+    rows = experts * n
+    if kind == "int4":
+        weight = PackedWeight(
+            "int4",
+            torch.empty(rows, k // 2, dtype=torch.uint8),
+            torch.empty(rows, k // 128, dtype=torch.float16),
+            128,
+            torch.empty(rows, k // 128, dtype=torch.float16),
+        )
+    elif kind == "int8":
+        weight = PackedWeight("int8", torch.empty(rows, k, dtype=torch.int8), torch.empty(rows, 1).half(), k)
+    else:
+        weight = PackedWeight("fp8", torch.empty(rows, k, dtype=torch.float8_e4m3fn), torch.empty(rows, 1), k)
+    return PackedExperts(weight, experts)
+
+
+def _record_moe(record) -> None:
+    # Only the routed experts' count matters to the compiler; top_k of them keep the weights small.
+    for model, (hidden, inter, top_k, dtype, kinds, batches) in MOE_LAYERS.items():
+        experts = top_k
+        for kind in kinds:
+            if kind == "float":
+                w_gate_up = torch.empty(experts, 2 * inter, hidden, dtype=dtype)
+                w_down = torch.empty(experts, hidden, inter, dtype=dtype)
+            else:
+                w_gate_up = _packed_experts(kind, experts, 2 * inter, hidden)
+                w_down = _packed_experts(kind, experts, hidden, inter)
+            for tokens in batches:
+                x = torch.randn(tokens, hidden, dtype=dtype)
+                logits = torch.randn(tokens, experts)
+                record(
+                    f"moe {model} {kind} {dtype} tokens {tokens}",
+                    lambda x=x, lg=logits, g=w_gate_up, d=w_down, k=top_k: triton_moe.fused_moe(
+                        x, lg, g, d, k, True
+                    ),
+                )
+
+
+def _record_lora(record) -> None:
+    # Four adapter slots: a decode batch of rank 16 and a prefill chunk of rank 64.
+    for name, (in_features, parts) in LORA_PROJECTIONS.items():
+        for dtype, tokens, rank in [(torch.bfloat16, 32, 16), (torch.bfloat16, 2048, 64)]:
+            x = torch.randn(tokens, in_features, dtype=dtype)
+            out = torch.empty(tokens, sum(parts), dtype=dtype)
+            lora_a = torch.empty(len(parts), 4, rank, in_features, dtype=dtype)
+            lora_b = torch.empty(4, sum(parts), rank, dtype=dtype)
+            batch = lora_batch(torch.arange(tokens) % 5 - 1, 4)
+            record(
+                f"lora {name} {dtype} tokens {tokens} rank {rank}",
+                lambda o=out, x=x, b=batch, a=lora_a, lb=lora_b, p=parts: triton_lora.add_lora(
+                    o, x, b, a, lb, torch.ones(4), p
+                ),
+            )
+    x = torch.randn(5, 64)
+    record(
+        "lora tiny float32 rank 8",
+        lambda: triton_lora.add_lora(
+            torch.empty(5, 48),
+            x,
+            lora_batch(torch.arange(5) % 3 - 1, 2),
+            torch.empty(1, 2, 8, 64),
+            torch.empty(2, 48, 8),
+            torch.ones(2),
+            (48,),
+        ),
+    )
+
+
+def _resources(compiled) -> dict[str, int]:
+    """Registers, stack frame and local memory per thread, from the cubin; shared memory per program."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])
+        cubin.flush()
+        report = subprocess.run([tool, "--dump-resource-usage", cubin.name], capture_output=True, text=True)
+    usage = dict(
+        field.split(":")[:2]
+        for line in report.stdout.splitlines()
+        if "REG:" in line
+        for field in line.split()
+    )
+    return {
+        "registers": int(usage["REG"]),
+        "stack": int(usage["STACK"]),
+        "local": int(usage["LOCAL"]),
+        "shared": int(compiled.metadata.shared),
+    }
+
+
 def main() -> int:
-    compiled, failed = [], {}
+    compiled, failed, resources = [], {}, {}
+    seen: dict[str, int] = {}
     for label, kernel, args, kwargs in _launches():
         name = f"{kernel.fn.__name__} ({label})"
-        source, options = _signature(kernel, args, dict(kwargs))
+        seen[name] = seen.get(name, 0) + 1
+        name += f" #{seen[name]}" if seen[name] > 1 else ""
+        source, options = _source(kernel, args, dict(kwargs))
         try:
-            triton.compile(source, target=HOPPER, options=options)
+            resources[name] = _resources(triton.compile(source, target=HOPPER, options=options))
             compiled.append(name)
         except Exception as error:  # report every launch that fails, not only the first
             failed[name] = f"{type(error).__name__}: {str(error)[-400:]}"
     kernels = [name for _, name in KERNELS]
-    print(json.dumps({"kernels": kernels, "compiled": compiled, "failed": failed}))
+    print(json.dumps({"kernels": kernels, "compiled": compiled, "failed": failed, "resources": resources}))
     return 0
 
 

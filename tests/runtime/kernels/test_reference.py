@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from pagoda_runtime.contract.config import ModelConfig, RopeScaling
+from pagoda_runtime.contract.sizing import ModelArchitecture
 from pagoda_runtime.executor.kernels import (
     build_cos_sin_cache,
     get_attention_ops,
@@ -33,25 +34,26 @@ ROPE_VARIANTS = {
 
 def _configs(scaling: RopeScaling | None, head_dim: int = 64) -> tuple[ModelConfig, LlamaConfig]:
     ours = ModelConfig(
-        architecture="llama",
-        vocab_size=32,
-        hidden_size=4 * head_dim,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=head_dim,
+        model_type="llama",
+        architecture=ModelArchitecture(
+            num_hidden_layers=1,
+            hidden_size=4 * head_dim,
+            intermediate_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=head_dim,
+            vocab_size=32,
+            max_position_embeddings=512,
+        ),
         rms_norm_eps=1e-5,
         rope_theta=500000.0,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
         rope_scaling=scaling,
     )
     rope = {"rope_type": "default", "rope_theta": ours.rope_theta}
     if scaling is not None:
         rope = {**rope, **{k: v for k, v in vars(scaling).items()}}
     theirs = LlamaConfig(
-        hidden_size=ours.hidden_size,
+        hidden_size=ours.architecture.hidden_size,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=head_dim,

@@ -1,7 +1,7 @@
 """Quality of each variant on the bundled SmolLM2-135M, measured by the engine scoring the committed
 English text (pagoda_runtime/data/eval_text.txt, 668 tokens) against the file dequantized to float32.
 
-Measured with pagoda_runtime.bench.quant_quality (CPU, float32 activations, 2026-11-23): reference
+Measured with benchmarks.quant_quality (CPU, float32 activations, 2026-11-23): reference
 perplexity 25.36; int8 25.41 (+0.2%, top-1 96.4%, KL 0.0025); fp8 25.56 (+0.8%, top-1 92.2%, KL
 0.014); online int4 37.11 (+46%, top-1 69.2%, KL 0.30), because the reference weights are already
 4-bit in groups of 32 and re-quantizing them into groups of 64 (hidden width 576) or 128 moves
@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pagoda_runtime.bench.quant_quality import REFERENCE, VARIANTS, score_eval_text
 from pagoda_runtime.executor.quantization.quality import compare, perplexity
+
+from benchmarks.quant_quality import REFERENCE, VARIANTS, score_eval_text
 
 # variant name -> (largest perplexity ratio to the reference, smallest top-1 agreement, largest mean KL)
 BOUNDS = {

@@ -13,8 +13,8 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 from loopback_client import free_port
+from pagoda_runtime.contract.serve_settings import ServerSettings
 from pagoda_runtime.server.app import build_app
-from pagoda_runtime.server.state import ServerSettings
 
 from .fake_engine import FakeEngine
 
@@ -28,7 +28,8 @@ def fake_app(engine: FakeEngine | None = None, **settings):
         await engine.start()
         return engine
 
-    return build_app(ServerSettings(served_model_name=MODEL, canary_interval=0.05, **settings), load), engine
+    settings = {"served_model_names": (MODEL,), "canary_interval": 0.05, **settings}
+    return build_app(ServerSettings(**settings), load), engine
 
 
 def wait_ready(client: TestClient, timeout: float = 10.0) -> None:

@@ -14,9 +14,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from fake_engine import FakeEngine  # noqa: E402
+from pagoda_runtime.contract.serve_settings import ServerSettings  # noqa: E402
 from pagoda_runtime.logs import configure_logging  # noqa: E402
 from pagoda_runtime.server.process import serve  # noqa: E402
-from pagoda_runtime.server.state import ServerSettings  # noqa: E402
 
 
 def main() -> int:
@@ -37,7 +37,7 @@ def main() -> int:
         return engine
 
     settings = ServerSettings(
-        served_model_name="fake-model",
+        served_model_names=("fake-model",),
         max_num_seqs=args.max_running,
         max_queue=args.max_queue,
         canary_timeout=args.canary_timeout,

@@ -276,10 +276,10 @@ def test_not_ready_until_loaded_then_ready():
         await engine.start()
         return engine
 
+    from pagoda_runtime.contract.serve_settings import ServerSettings
     from pagoda_runtime.server.app import build_app
-    from pagoda_runtime.server.state import ServerSettings
 
-    app = build_app(ServerSettings(served_model_name=MODEL, canary_interval=0.05), slow_load)
+    app = build_app(ServerSettings(served_model_names=(MODEL,), canary_interval=0.05), slow_load)
     with TestClient(app) as client:
         ready = client.get("/health/ready")
         assert ready.status_code == 503 and ready.json()["checks"]["model_loaded"]["ok"] is False
@@ -302,10 +302,10 @@ def test_load_failure_reports_one_line():
     async def broken():
         raise FileNotFoundError("model 'nope' not found:\n give a folder")
 
+    from pagoda_runtime.contract.serve_settings import ServerSettings
     from pagoda_runtime.server.app import build_app
-    from pagoda_runtime.server.state import ServerSettings
 
-    app = build_app(ServerSettings(served_model_name=MODEL), broken, on_fatal=heard.append)
+    app = build_app(ServerSettings(served_model_names=(MODEL,)), broken, on_fatal=heard.append)
     with TestClient(app) as client:
         for _ in range(100):
             if heard:

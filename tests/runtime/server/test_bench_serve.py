@@ -13,11 +13,12 @@ import time
 import numpy as np
 import pytest
 from pagoda_runtime.bench.stats import percentiles
-from pagoda_runtime.bench.sweeps import saturation
+
+from benchmarks.sweeps import saturation
 
 from .conftest import ServerProcess
 
-SWEEPS = ["-m", "pagoda_runtime.bench.sweeps"]
+SWEEPS = ["-m", "benchmarks.sweeps"]
 
 
 def test_percentiles_match_numpy():

@@ -53,7 +53,7 @@ def test_no_cors_headers_unless_origins_are_allowed(fake):
 
 
 def test_several_served_model_names():
-    app, _ = fake_app(served_model_aliases=("alias",))
+    app, _ = fake_app(served_model_names=(MODEL, "alias"))
     with TestClient(app) as client:
         wait_ready(client)
         assert [m["id"] for m in client.get("/v1/models").json()["data"]] == [MODEL, "alias"]

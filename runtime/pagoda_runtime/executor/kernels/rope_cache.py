@@ -15,7 +15,7 @@ from pagoda_runtime.contract.config import ROPE_TYPES, ModelConfig, RopeScaling
 
 
 def _inverse_frequencies(config: ModelConfig) -> torch.Tensor:
-    dim = config.head_dim
+    dim = config.architecture.head_dim
     exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(dtype=torch.float) / dim
     inv_freq = 1.0 / (config.rope_theta**exponents)
     scaling = config.rope_scaling

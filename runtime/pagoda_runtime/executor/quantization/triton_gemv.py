@@ -156,7 +156,7 @@ def _w8_gemv_kernel(
 
 
 def default_gemv_config(weight: PackedWeight, rows: int = 1) -> GemvConfig:
-    """Starting tile shapes for the Llama-3-8B layers, not yet timed on a GPU (bench/quant_kernels.py
+    """Starting tile shapes for the Llama-3-8B layers, not yet timed on a GPU (benchmarks/quant_kernels.py
     --sweep times them): split K for long rows (down_proj), wide K tiles for int4, narrow N blocks
     for narrow layers. Every row of a batch shares a program's weight tile, so the tile narrows in K
     as rows are added, to keep the widened weights of one tile within the program's registers.

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import httpx
 
+from pagoda_runtime.contract.names import READY_PATH
+
 # SIGTERM drains for up to --drain-timeout (30 s by default); beyond this the server is killed.
 _STOP_TIMEOUT_S = 120.0
 
@@ -46,7 +48,7 @@ def _wait_ready(process: subprocess.Popen, url: str, timeout: float, log_path: P
                 f"(log: {log_path}):\n{_tail(log_path)}"
             )
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url + "/health/ready", timeout=5).status_code == 200:
+            if httpx.get(url + READY_PATH, timeout=5).status_code == 200:
                 return
         time.sleep(0.5)
     raise ServerFailed(f"the server was not ready after {timeout:g}s (log: {log_path}):\n{_tail(log_path)}")

@@ -8,7 +8,7 @@ cached prefix, and eight 512-token prompts, in causal TFLOP/s; the prompts witho
 through torch's own FlashAttention (`varlen_attn` over the step's fresh keys and values, and
 `scaled_dot_product_attention` for the single chunk), the speed a prefill path must match.
 
-    .venv/bin/python -m pagoda_runtime.bench.attention_kernels
+    .venv/bin/python -m benchmarks.attention_kernels
 """
 
 from __future__ import annotations

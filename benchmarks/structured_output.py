@@ -8,7 +8,7 @@ left out: it is the same with and without a grammar, and on a shared CPU it woul
 difference. With --compare-xgrammar (xgrammar importable), the per-token mask cost and the
 schema coverage of xgrammar are measured beside llguidance's, which is how the engine was chosen.
 
-    .venv/bin/python -m pagoda_runtime.bench.structured_output \
+    .venv/bin/python -m benchmarks.structured_output \
         --out benchmarks/results/cpu/structured_output.json
 """
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parents[3] / "benchmarks" / "results"
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 @dataclass(frozen=True)

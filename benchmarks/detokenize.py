@@ -5,7 +5,7 @@ A serving step hands every running sequence's new token to its detokenizer (deto
 committed evaluation text through 256 detokenizers of the bundled model's tokenizer, token by
 token as the engine does, without and with a stop string (which adds the stop matching).
 
-    .venv/bin/python -m pagoda_runtime.bench.detokenize --result-json benchmarks/results/cpu/detokenize.json
+    .venv/bin/python -m benchmarks.detokenize --result-json benchmarks/results/cpu/detokenize.json
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import statistics
 import time
 from datetime import UTC, datetime
 
-from pagoda_runtime.bench.quant_quality import EVAL_TEXT
+from benchmarks.quant_quality import EVAL_TEXT
 from pagoda_runtime.bench.results import emit
 from pagoda_runtime.contract.bundled import bundled_model_path
 from pagoda_runtime.engine.detokenizer import IncrementalDetokenizer

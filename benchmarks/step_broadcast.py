@@ -6,7 +6,7 @@ after each, both ranks join one one-element all-reduce, standing in for the forw
 collective, so that the time counted is until the other rank has the step. The same all-reduce
 alone is the baseline: the overhead of the broadcast is the difference.
 
-    .venv/bin/python -m pagoda_runtime.bench.step_broadcast \
+    .venv/bin/python -m benchmarks.step_broadcast \
         --result-json benchmarks/results/cpu/step_broadcast.json
 """
 

@@ -1,10 +1,10 @@
 """Throughput against batch size, latency against request rate, speed against weight quantization:
 a JSON table and a PNG plot each.
 
-    .venv/bin/python -m pagoda_runtime.bench.sweeps batch --shape llama-3-8b --out benchmarks/results/h100
-    .venv/bin/python -m pagoda_runtime.bench.sweeps rate --serve "--model llama-3-8b --load-format dummy" \
+    .venv/bin/python -m benchmarks.sweeps batch --shape llama-3-8b --out benchmarks/results/h100
+    .venv/bin/python -m benchmarks.sweeps rate --serve "--model llama-3-8b --load-format dummy" \
         --rates 4,8,16,32,64,inf --num-prompts 400 --out benchmarks/results/h100
-    .venv/bin/python -m pagoda_runtime.bench.sweeps quant --shape llama-3-8b \
+    .venv/bin/python -m benchmarks.sweeps quant --shape llama-3-8b \
         --quantizations none,int8,fp8,int4 --batch-size 1 --out benchmarks/results/h100
 
 `batch` runs `bench latency` once per batch size (fixed input and output lengths, ignore_eos) on
@@ -28,6 +28,12 @@ import shlex
 import sys
 from pathlib import Path
 
+from pagoda_runtime.bench.workload import OFFLINE_QUANTIZATION
+from pagoda_runtime.contract.config import QUANTIZATION_CHOICES, EngineConfig
+from pagoda_runtime.contract.flags import add_flags, from_args
+
+# The engine flags of the batch and quant sweeps, as `serve` declares them (EngineConfig).
+_ENGINE_FLAGS = ("device", "dtype", "kv_cache_memory")
 # Results of `bench latency` that belong to its roofline (the measured bandwidth and matmul peak,
 # the bytes read, the bound and the fraction of it): the quant table passes them on as they are.
 ROOFLINE_WORDS = ("roofline", "bandwidth", "peak", "bytes")
@@ -43,13 +49,7 @@ def batch_sweep(args: argparse.Namespace) -> dict:
     rows = []
     for batch in [int(b) for b in _floats(args.batch_sizes)]:
         config = offline.OfflineConfig(
-            shape=args.shape,
-            device=args.device,
-            dtype=args.dtype,
-            quantization=args.quantization,
-            max_num_seqs=max(batch, 1),
-            kv_cache_memory=args.kv_cache_memory,
-            hf=args.hf,
+            from_args(EngineConfig, args, model=args.shape, max_num_seqs=max(batch, 1)), hf=args.hf
         )
         report = offline.latency(config, batch, args.input_len, args.output_len)
         results = report.results
@@ -76,8 +76,6 @@ def batch_sweep(args: argparse.Namespace) -> dict:
 
 
 def _quantizations(text: str) -> list[str]:
-    from pagoda_runtime.contract.config import QUANTIZATION_CHOICES
-
     names = text.split(",")
     unknown = [n for n in names if n not in QUANTIZATION_CHOICES]
     if unknown:
@@ -103,12 +101,9 @@ def quant_sweep(args: argparse.Namespace) -> dict:
     rows = []
     for quantization in args.quantizations:
         config = offline.OfflineConfig(
-            shape=args.shape,
-            device=args.device,
-            dtype=args.dtype,
-            quantization=quantization,
-            max_num_seqs=args.batch_size,
-            kv_cache_memory=args.kv_cache_memory,
+            from_args(
+                EngineConfig, args, model=args.shape, quantization=quantization, max_num_seqs=args.batch_size
+            )
         )
         try:
             results = offline.latency(config, args.batch_size, args.input_len, args.output_len).results
@@ -218,7 +213,7 @@ def saturation(rows: list[dict]) -> dict:
 
 
 def rate_sweep(args: argparse.Namespace) -> dict:
-    from pagoda_runtime.bench.launched_server import launched_server
+    from benchmarks.launched_server import launched_server
 
     if args.serve is None:
         model, rows = _run_rates(args, args.base_url)
@@ -350,10 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     batch = sub.add_parser("batch", help="decode tok/s against batch size, random weights of a named shape")
     batch.add_argument("--shape", default="llama-3-8b")
     batch.add_argument("--batch-sizes", default="1,2,4,8,16,32,64,128,256")
-    batch.add_argument("--device", default="auto")
-    batch.add_argument("--dtype", default="auto")
-    batch.add_argument("--quantization", default="none")
-    batch.add_argument("--kv-cache-memory", type=float, default=0.9)
+    add_flags(batch, EngineConfig, (*_ENGINE_FLAGS, "quantization"), quantization=OFFLINE_QUANTIZATION)
     batch.add_argument("--input-len", type=int, default=128)
     batch.add_argument("--output-len", type=int, default=128)
     batch.add_argument("--hf", action="store_true", help="transformers' generate at each batch size too")
@@ -390,9 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         "--quantizations", type=_quantizations, default="none,int8,fp8,int4", help="the first is the baseline"
     )
     quant.add_argument("--batch-size", type=int, default=1)
-    quant.add_argument("--device", default="auto")
-    quant.add_argument("--dtype", default="auto")
-    quant.add_argument("--kv-cache-memory", type=float, default=0.9)
+    add_flags(quant, EngineConfig, _ENGINE_FLAGS)
     quant.add_argument("--input-len", type=int, default=128)
     quant.add_argument("--output-len", type=int, default=128)
     for p in (batch, rate, quant):

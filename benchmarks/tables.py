@@ -2,12 +2,12 @@
 
 To add a table: commit the benchmark's JSON under benchmarks/results/, add a `Table` here, and put
 `<!-- table: NAME -->` and `<!-- /table -->` where it belongs in BENCHMARKS.md; then run
-`python -m pagoda_runtime.bench.report` (report.py) to write it.
+`python -m benchmarks.report` (report.py) to write it.
 """
 
 from __future__ import annotations
 
-from pagoda_runtime.bench.table_spec import Column, Table
+from benchmarks.table_spec import Column, Table
 
 MIB = 2**20
 

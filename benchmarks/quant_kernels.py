@@ -7,7 +7,7 @@ Reports microseconds per GEMV, the bytes each must read over that time (GB/s), t
 device's measured copy bandwidth, and the per-token time of 32 layers. Weights are random;
 several copies of each are cycled inside one CUDA graph so that the 50 MB L2 cannot hold them.
 
-    .venv/bin/python -m pagoda_runtime.bench.quant_kernels [--sweep] [--check] [--rows N]
+    .venv/bin/python -m benchmarks.quant_kernels [--sweep] [--check] [--rows N]
 """
 
 from __future__ import annotations

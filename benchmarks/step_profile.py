@@ -1,8 +1,8 @@
 """Where a decode step's time goes: wall time against kernel time, step by step.
 
-    python -m pagoda_runtime.bench.step_profile --shape llama-3-8b --batch-sizes 1,32,256 \
+    python -m benchmarks.step_profile --shape llama-3-8b --batch-sizes 1,32,256 \
         --out benchmarks/results/h100
-    OMP_NUM_THREADS=1 python -m pagoda_runtime.bench.step_profile --model smollm2-135m --device cpu \
+    OMP_NUM_THREADS=1 python -m benchmarks.step_profile --model smollm2-135m --device cpu \
         --batch-sizes 1,8 --input-len 9 --parts --name decode_profile_auto --out benchmarks/results/cpu
 
 Builds one engine: random weights of a named shape (bench/offline.py), or with --model a model the
@@ -47,7 +47,9 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from pagoda_runtime.bench import offline
+from pagoda_runtime.bench.workload import OFFLINE_ENGINE_FLAGS, OfflineConfig
 from pagoda_runtime.contract.config import EngineConfig
+from pagoda_runtime.contract.flags import add_flags, from_args
 from pagoda_runtime.engine.llm_engine import LLMEngine
 from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.engine.stats import StepTiming
@@ -80,31 +82,17 @@ INSIDE_LAYERS = PARTS[4:9]
 
 
 def build(args: argparse.Namespace, max_num_seqs: int, max_model_len: int) -> LLMEngine:
-    if args.model:
-        config = EngineConfig(
-            model=args.model,
-            dtype=args.dtype,
-            device=args.device,
-            quantization=args.quantization,
-            max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs,
-            kv_cache_memory=args.kv_cache_memory,
-            enable_prefix_caching=False,  # random prompts share nothing
-            enforce_eager=args.enforce_eager,
-            async_output_proc=args.async_output_proc,
-        )
-        return LLMEngine(config)
-    config = offline.OfflineConfig(
-        shape=args.shape,
-        device=args.device,
-        dtype=args.dtype,
-        quantization=args.quantization,
+    config = from_args(
+        EngineConfig,
+        args,
+        model=args.model or args.shape,
+        max_model_len=max_model_len,
         max_num_seqs=max_num_seqs,
-        kv_cache_memory=args.kv_cache_memory,
-        enforce_eager=args.enforce_eager,
-        async_output_proc=args.async_output_proc,
+        enable_prefix_caching=False,  # random prompts share nothing
     )
-    return offline.build_engine(config, max_model_len)
+    if args.model:
+        return LLMEngine(config)
+    return offline.build_engine(OfflineConfig(config), max_model_len)
 
 
 def decode_steps_before(decoded: int) -> int:
@@ -117,7 +105,9 @@ def into_decode(
 ) -> None:
     """`batch` sequences, all past their prompt and decoding together, each
     decode_steps_before(decoded) tokens into its output."""
-    workload = offline.fixed_workload(batch, input_len, max_tokens, engine.model_config.vocab_size, seed=0)
+    workload = offline.fixed_workload(
+        batch, input_len, max_tokens, engine.model_config.architecture.vocab_size, seed=0
+    )
     params = SamplingParams(
         temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=detokenize, output_kind="delta"
     )
@@ -276,7 +266,7 @@ def profile_batch(engine: LLMEngine, batch: int, args: argparse.Namespace) -> di
     for request_id in list(engine.requests):
         engine.abort(request_id)
     device = engine.runner.device
-    num_layers = engine.model_config.num_hidden_layers
+    num_layers = engine.model_config.architecture.num_hidden_layers
     aten_calls = statistics.median(s["aten_calls_from_python"] for s in steps)
     summary = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -422,18 +412,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     source.add_argument("--shape", help="random weights of this named shape (model_catalogue.SHAPES)")
     source.add_argument("--model", help="a model the engine loads: smollm2-135m, a folder or a .gguf file")
     parser.add_argument("--batch-sizes", type=_sizes, default=[1, 32, 256])
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--quantization", default="auto")
-    parser.add_argument("--kv-cache-memory", type=float, default=0.9)
-    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    parser.add_argument(
-        "--async-output-proc",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="make each step's text while the next step runs (default: the device's; a CPU overlaps "
-        "nothing, but the step's host parts split the same way)",
-    )
+    # The engine flags of the offline benchmarks but the batch, which --batch-sizes sets; a CPU
+    # overlaps nothing with --async-output-proc, but the step's host parts split the same way.
+    add_flags(parser, EngineConfig, set(OFFLINE_ENGINE_FLAGS) - {"max_num_seqs"})
     parser.add_argument(
         "--detokenize", action="store_true", help="stream text as a served request does (default: ids only)"
     )

@@ -7,7 +7,7 @@ every variant is the same file through the engine's own loader, model and kernel
 activations (on the CPU, or on the GPU through the compiled Triton kernels). The tests hold each
 variant to a bound with the same functions.
 
-    .venv/bin/python -m pagoda_runtime.bench.quant_quality \
+    .venv/bin/python -m benchmarks.quant_quality \
         --result-json benchmarks/results/cpu/quant_quality.json
 """
 
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+import pagoda_runtime
 from pagoda_runtime.bench.results import emit
 from pagoda_runtime.contract.config import EngineConfig
 from pagoda_runtime.engine.llm_engine import LLMEngine
@@ -27,7 +28,7 @@ from pagoda_runtime.engine.memory_report import MemoryReport
 from pagoda_runtime.engine.scoring import score
 from pagoda_runtime.executor.quantization.quality import compare, perplexity
 
-EVAL_TEXT = Path(__file__).parents[1] / "data" / "eval_text.txt"
+EVAL_TEXT = Path(pagoda_runtime.__file__).parent / "data" / "eval_text.txt"
 # Enough KV blocks for the evaluation text, a small fraction of the CPU default.
 KV_CACHE_BYTES = 64 * 2**20
 

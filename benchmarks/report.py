@@ -1,12 +1,12 @@
 """BENCHMARKS.md's tables, written from the committed JSON results so that no figure is copied by hand.
 
-Each table is a `Table` in bench/tables.py: the JSON files under benchmarks/results/ it reads, how
+Each table is a `Table` in benchmarks/tables.py: the JSON files under benchmarks/results/ it reads, how
 its rows come out of them, and its columns. In BENCHMARKS.md a table stands between
 `<!-- table: NAME -->` and `<!-- /table -->`; this rewrites every such table from its JSON, and
 `--check` only says which ones differ (a test runs it, so a table cannot drift from its JSON).
 
-    .venv/bin/python -m pagoda_runtime.bench.report            # rewrite the tables
-    .venv/bin/python -m pagoda_runtime.bench.report --check    # exit 1 if any is stale
+    .venv/bin/python -m benchmarks.report            # rewrite the tables
+    .venv/bin/python -m benchmarks.report --check    # exit 1 if any is stale
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pagoda_runtime.bench.table_spec import RESULTS, Table
-from pagoda_runtime.bench.tables import TABLES
+from benchmarks.table_spec import RESULTS, Table
+from benchmarks.tables import TABLES
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
 _BLOCK = re.compile(r"(<!-- table: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.DOTALL)
 
@@ -33,14 +33,16 @@ def update(markdown: str, tables: Sequence[Table], results_dir: Path = RESULTS) 
     def rewrite(match: re.Match) -> str:
         name = match["name"]
         if name not in by_name:
-            raise KeyError(f"BENCHMARKS.md marks a table {name!r} that bench/tables.py does not define")
+            raise KeyError(f"BENCHMARKS.md marks a table {name!r} that benchmarks/tables.py does not define")
         found.add(name)
         return match[1] + by_name[name].render(results_dir) + match[4]
 
     updated = _BLOCK.sub(rewrite, markdown)
     missing = sorted(set(by_name) - found)
     if missing:
-        raise KeyError(f"bench/tables.py defines tables BENCHMARKS.md does not mark: {', '.join(missing)}")
+        raise KeyError(
+            f"benchmarks/tables.py defines tables BENCHMARKS.md does not mark: {', '.join(missing)}"
+        )
     return updated
 
 
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         stale = stale_tables(markdown, TABLES)
         for name in stale:
-            print(f"stale: {name} (run python -m pagoda_runtime.bench.report)")
+            print(f"stale: {name} (run python -m benchmarks.report)")
         return 1 if stale else 0
     BENCHMARKS_MD.write_text(update(markdown, TABLES))
     return 0

@@ -1,6 +1,6 @@
 """Engine throughput on the CPU with the bundled model, and the scheduler's own cost per step.
 
-    .venv/bin/python -m pagoda_runtime.bench.engine_cpu --result-json benchmarks/results/cpu/engine_cpu.json
+    .venv/bin/python -m benchmarks.engine_cpu --result-json benchmarks/results/cpu/engine_cpu.json
 
 Decode tokens/s at batch 1 and 16 (greedy, ignore_eos, 64 new tokens, float32), and the time
 one schedule()+update() takes with 256 running sequences and no model at all.

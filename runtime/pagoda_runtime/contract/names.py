@@ -1,0 +1,66 @@
+"""Names both sides of the pod boundary use: what the runtime exports and listens on, and what the
+operator's probes, autoscaler and monitoring ask it for. The runtime serves and exports under these
+names, the operator renders them, and a test checks that manifests/ (adapter rules, dashboard)
+name only these metrics.
+"""
+
+from __future__ import annotations
+
+# The HTTP port the server listens on by default, and the one the operator's pods expose.
+HTTP_PORT = 8000
+# Where rank 0 (the leader pod's first rank) listens for the others to join the process group.
+DISTRIBUTED_PORT = 29500
+# What LeaderWorkerSet injects into every pod of a group (all three or none): where the ranks of a
+# replica that spans pods find each other (parallel/world_layout.py reads them).
+LWS_LEADER_ADDRESS = "LWS_LEADER_ADDRESS"
+LWS_GROUP_SIZE = "LWS_GROUP_SIZE"
+LWS_WORKER_INDEX = "LWS_WORKER_INDEX"
+LWS_VARIABLES = (LWS_LEADER_ADDRESS, LWS_GROUP_SIZE, LWS_WORKER_INDEX)
+# The environment variable the server reads its API key from when --api-key is not given; the
+# operator sets it from InferenceService.spec.runtime.apiKeySecretRef.
+API_KEY_ENV = "PAGODA_API_KEY"
+# Kubernetes' default terminationMessagePath; the runtime writes a fatal start-up error there.
+TERMINATION_LOG = "/dev/termination-log"
+
+# Probe paths: liveness (the engine loop turns), readiness (a canary generation passed), scraping.
+LIVE_PATH = "/health/live"
+READY_PATH = "/health/ready"
+METRICS_PATH = "/metrics"
+
+# Prometheus families as the server registers them (counters are scraped with a _total suffix,
+# histograms with _bucket, _sum and _count).
+REQUESTS_WAITING = "pagoda_num_requests_waiting"  # the queue depth each variant's HPA targets
+REQUESTS_RUNNING = "pagoda_num_requests_running"
+KV_CACHE_USAGE = "pagoda_kv_cache_usage_ratio"
+PREFIX_CACHE_QUERIES = "pagoda_prefix_cache_queries"
+PREFIX_CACHE_HITS = "pagoda_prefix_cache_hits"
+PREEMPTIONS = "pagoda_num_preemptions"
+PROMPT_TOKENS = "pagoda_prompt_tokens"
+GENERATION_TOKENS = "pagoda_generation_tokens"
+REQUESTS_FINISHED = "pagoda_requests"
+REQUESTS_REJECTED = "pagoda_requests_rejected"
+TIME_TO_FIRST_TOKEN = "pagoda_time_to_first_token_seconds"
+INTER_TOKEN_LATENCY = "pagoda_inter_token_latency_seconds"
+E2E_REQUEST_LATENCY = "pagoda_e2e_request_latency_seconds"
+REQUEST_QUEUE_TIME = "pagoda_request_queue_time_seconds"
+METRICS = (
+    REQUESTS_WAITING,
+    REQUESTS_RUNNING,
+    KV_CACHE_USAGE,
+    PREFIX_CACHE_QUERIES,
+    PREFIX_CACHE_HITS,
+    PREEMPTIONS,
+    PROMPT_TOKENS,
+    GENERATION_TOKENS,
+    REQUESTS_FINISHED,
+    REQUESTS_REJECTED,
+    TIME_TO_FIRST_TOKEN,
+    INTER_TOKEN_LATENCY,
+    E2E_REQUEST_LATENCY,
+    REQUEST_QUEUE_TIME,
+)
+
+# Label keys of those metrics, which dashboards group by.
+MODEL_NAME_LABEL = "model_name"  # the first --served-model-name
+FINISH_REASON_LABEL = "finish_reason"  # of REQUESTS_FINISHED: stop, length, abort
+REJECT_REASON_LABEL = "reason"  # of REQUESTS_REJECTED: draining, not_ready, queue_full

@@ -1,0 +1,131 @@
+"""Settings declared once (contract/flags.py): `serve`, the benchmarks and the step profile read the
+same flags, every flag is explained, and an argument list written from settings reads back as them."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+from pagoda_runtime.cli import engine_config, parser, server_settings
+from pagoda_runtime.contract.config import EngineConfig
+from pagoda_runtime.contract.flags import add_flags, from_args, to_args
+from pagoda_runtime.contract.serve_settings import DistributedSettings, ServerSettings
+
+from benchmarks import step_profile
+
+# serve's options as vLLM users know them; a rename here breaks their command lines.
+SERVE_OPTIONS = {
+    "--model", "--load-format", "--dtype", "--device", "--quantization", "--kv-cache-dtype",
+    "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--block-size",
+    "--kv-cache-memory", "--gpu-memory-utilization", "--enable-prefix-caching",
+    "--no-enable-prefix-caching", "--enforce-eager", "--async-output-proc", "--no-async-output-proc",
+    "--disable-async-output-proc", "--seed", "--tensor-parallel-size", "-tp",
+    "--served-model-name", "--host", "--port", "--api-key", "--max-queue", "--drain-timeout",
+    "--canary-interval", "--tool-call-parser", "--chat-template", "--allowed-origins",
+    "--allowed-methods", "--allowed-headers", "--allow-credentials", "--metrics-compat",
+    "--termination-log", "--log-format", "--log-level", "--pipeline-parallel-size", "-pp",
+    "--distributed-port", "--distributed-timeout",
+}  # fmt: skip
+
+
+def _subparser(name: str, *path: str) -> argparse.ArgumentParser:
+    current = parser()
+    for step in (name, *path):
+        (sub,) = [a for a in current._actions if isinstance(a, argparse._SubParsersAction)]
+        current = sub.choices[step]
+    return current
+
+
+def _options(p: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {o: a for a in p._actions for o in a.option_strings if o not in ("-h", "--help")}
+
+
+def test_serve_keeps_its_options_and_explains_each_one():
+    options = _options(_subparser("serve"))
+    assert set(options) == SERVE_OPTIONS
+    unexplained = sorted(o for o, action in options.items() if len((action.help or "").strip()) < 10)
+    assert not unexplained, f"serve flags without help: {unexplained}"
+    help_text = _subparser("serve").format_help()
+    assert "most sequences batched together per step (default: 256)" in " ".join(help_text.split())
+
+
+def test_vllms_disable_flag_and_the_negatable_one_set_the_same_engine_setting():
+    def async_output(*flags):
+        return engine_config(parser().parse_args(["serve", *flags])).async_output_proc
+
+    assert async_output() is None  # the device decides
+    assert async_output("--disable-async-output-proc") is False
+    assert async_output("--no-async-output-proc") is False
+    assert async_output("--async-output-proc") is True
+
+
+def test_the_benchmarks_and_the_step_profile_take_serves_engine_flags():
+    serve = _options(_subparser("serve"))
+    profile = step_profile.parse_args(["--shape", "tiny-llama", "--out", "x", "--disable-async-output-proc"])
+    assert profile.async_output_proc is False and profile.kv_cache_memory == EngineConfig.kv_cache_memory
+    for command in ("throughput", "latency"):
+        bench = _options(_subparser("bench", command))
+        shared = set(bench) & set(serve)
+        assert {"--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-memory", "--dtype"} <= shared
+        for option in shared:
+            assert (bench[option].help, bench[option].choices) == (
+                serve[option].help,
+                serve[option].choices,
+            ) or (option == "--quantization" and bench[option].default == "none"), option
+        args = parser().parse_args(["bench", command, "--shape", "tiny-llama"])
+        config = from_args(EngineConfig, args, model=args.shape)
+        assert config == EngineConfig(model="tiny-llama", quantization="none")
+
+
+def test_settings_written_as_arguments_read_back_the_same():
+    engine = EngineConfig(
+        model="/models/m.gguf",
+        dtype="float16",
+        quantization="int4",
+        kv_cache_dtype="fp8",
+        max_model_len=4096,
+        max_num_seqs=8,
+        kv_cache_memory=2e9,
+        gpu_memory_utilization=0.8,
+        enable_prefix_caching=False,
+        enforce_eager=True,
+        async_output_proc=False,
+        tensor_parallel_size=2,
+    )
+    server = ServerSettings(
+        served_model_names=("main", "alias"),
+        port=9000,
+        max_num_seqs=8,
+        max_queue=3,
+        drain_timeout=90.0,
+        allowed_origins=("https://a.example", "https://b.example"),
+        allow_credentials=True,
+        metrics_compat="vllm",
+        log_format="json",
+    )
+    distributed = DistributedSettings(distributed_port=29600, distributed_timeout=40.0)
+    names = [
+        f.name
+        for cls in (EngineConfig, ServerSettings, DistributedSettings)
+        for f in dataclasses.fields(cls)
+        if "flag" in f.metadata
+    ]
+    args = parser().parse_args(["serve", *to_args(names, engine, server, distributed)])
+    assert engine_config(args) == engine
+    assert server_settings(args) == server
+    assert from_args(DistributedSettings, args) == distributed
+
+
+def test_unset_settings_write_no_argument_and_unknown_names_are_refused():
+    assert to_args(["max_model_len", "enforce_eager", "max_queue"], EngineConfig(), ServerSettings()) == []
+    assert to_args(["enable_prefix_caching"], EngineConfig()) == ["--enable-prefix-caching"]
+    with pytest.raises(KeyError, match="no flag sets 'canary_timeout'"):
+        to_args(["canary_timeout"], ServerSettings())
+
+
+def test_a_parser_may_take_a_few_flags_with_its_own_defaults():
+    p = argparse.ArgumentParser()
+    add_flags(p, EngineConfig, ("quantization", "max_num_seqs"), quantization="none")
+    assert {a.dest for a in p._actions} == {"help", "quantization", "max_num_seqs"}
+    assert from_args(EngineConfig, p.parse_args([])) == EngineConfig(quantization="none")
