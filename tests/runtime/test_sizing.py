@@ -139,7 +139,7 @@ def test_a_gguf_sources_block_type_comes_from_its_file_name():
     assert gguf_block_type("file:///m/Meta-Llama-3-8B.Q8_0.gguf") == "Q8_0"
     assert gguf_block_type("pvc://models/llama/Llama-3-8B-q4_0.gguf") == "Q4_0"
     assert gguf_block_type("bundled://smollm2-135m") == "Q4_1"
-    assert gguf_block_type("hf://bartowski/Llama-3.1-8B-GGUF/Llama-3.1-8B-Instruct-Q4_K_M.gguf") == "Q4_K_M"
+    assert gguf_block_type("pvc://models/bartowski/Llama-3.1-8B-Instruct-Q4_K_M.gguf") == "Q4_K_M"
     assert gguf_block_type("s3://models/qwen2.5-7b-instruct-q5_k_m.gguf") == "Q5_K_M"
     assert gguf_block_type("pvc://m/Qwen3-8B-Q6_K.gguf") == "Q6_K"
     assert gguf_block_type("pvc://m/gemma-2-9b-it-f16.gguf") == "F16"
