@@ -72,6 +72,7 @@ def build_engine(
         placement.device.type,
         engine_config.model,
         engine_config.dtype,
+        loaded.gguf_block,
     )
     if loaded.quantization is not None and quantization != loaded.quantization:
         if engine_config.quantization == "auto":

@@ -113,6 +113,16 @@ def test_a_q5_k_m_file_is_dequantized_by_auto_and_exact_when_served_gguf(k_folde
     assert _greedy(engine) == _greedy(reference)
 
 
+def test_auto_reads_the_block_type_from_the_tensors_when_the_file_name_does_not_say_it(k_folder, tmp_path):
+    path = build_tiny_gguf(k_folder, tmp_path / "tiny.gguf", "Q4_K_M")
+    config = EngineConfig(model=str(path), device="cpu", block_size=4, kv_cache_memory=8 * 2**20)
+    engine = LLMEngine(config)  # --dtype auto: packed through the CPU's int4 kernel
+    assert engine.quantization == "gguf"
+    # The name does not say Q4_K_M, so the prediction is the file's main type, without the wider
+    # attn_v and ffn_down: the one case where the report may fall short of the bytes held.
+    assert engine.memory.predicted_weight_bytes == pytest.approx(engine.memory.weight_bytes, rel=0.1)
+
+
 def test_a_block_type_pagoda_cannot_read_fails_before_the_model_is_built(tmp_path):
     path = tmp_path / "model.IQ2_XXS.gguf"
     writer = gguf.GGUFWriter(path, "llama")
