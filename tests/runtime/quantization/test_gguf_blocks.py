@@ -94,8 +94,10 @@ def test_types_without_a_packed_layout_are_refused_by_name(type_name: str) -> No
         gguf_to_packed(np.zeros(176, dtype=np.uint8), GGMLType[type_name], (1, 256))
 
 
-def test_scales_beyond_fp16_are_refused_rather_than_turned_into_inf() -> None:
+@pytest.mark.parametrize("field", [0, 2])  # d (so d * sc), dmin (so dmin * m)
+def test_scales_beyond_fp16_are_refused_rather_than_turned_into_inf(field: int) -> None:
     raw = random_blocks("Q4_K", 1, 144, seed=4)
-    raw[:, 0:2] = np.array([60000.0], dtype=np.float16).view(np.uint8)  # d * sc overflows fp16
+    raw[:, 4:16] = 0xFF  # every 6-bit scale and min at 63
+    raw[:, field : field + 2] = np.array([60000.0], dtype=np.float16).view(np.uint8)
     with pytest.raises(ValueError, match="beyond fp16's range.*--quantization none"):
         gguf_to_packed(raw.reshape(-1), GGMLType.Q4_K, (1, 256))

@@ -62,7 +62,8 @@ def gguf_to_packed(raw: np.ndarray, ggml_type: int, shape: tuple[int, int]) -> P
                 offsets[groups] = scale * -8
             elif int4:
                 offsets[groups] = chunk.offset.reshape(-1)
-        if not np.isfinite(scales[groups]).all() and np.isfinite(scale).all():
+        held = scales[groups] if offsets is None else np.concatenate([scales[groups], offsets[groups]])
+        if not np.isfinite(held).all() and np.isfinite(scale).all():
             raise ValueError(
                 f"this {name} tensor has scales beyond fp16's range, which Pagoda holds its "
                 "packed scales in; serve the file with --quantization none"
