@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES
 from pagoda_runtime.contract.sizing import (
+    GGUF_BLOCK_FORMATS,
     GIB,
     check_tensor_parallel,
     fits,
@@ -138,7 +139,63 @@ def test_a_gguf_sources_block_type_comes_from_its_file_name():
     assert gguf_block_type("file:///m/Meta-Llama-3-8B.Q8_0.gguf") == "Q8_0"
     assert gguf_block_type("pvc://models/llama/Llama-3-8B-q4_0.gguf") == "Q4_0"
     assert gguf_block_type("bundled://smollm2-135m") == "Q4_1"
-    assert gguf_block_type("file:///m/llama-Q4_0_4_4.gguf") == gguf_block_type("file:///m/x.gguf") == "Q8_0"
+    assert gguf_block_type("pvc://models/bartowski/Llama-3.1-8B-Instruct-Q4_K_M.gguf") == "Q4_K_M"
+    assert gguf_block_type("s3://models/qwen2.5-7b-instruct-q5_k_m.gguf") == "Q5_K_M"
+    assert gguf_block_type("pvc://m/Qwen3-8B-Q6_K.gguf") == "Q6_K"
+    assert gguf_block_type("pvc://m/gemma-2-9b-it-f16.gguf") == "F16"
+    # Unnamed, or a type sizing does not know: sized as dequantized, the most a file can take.
+    for source in ("file:///m/x.gguf", "file:///m/llama-Q4_0_4_4.gguf", "file:///m/m-UD-Q4_K_XL.gguf"):
+        assert gguf_block_type(source) == "F16"
+
+
+def _llama_cpp_q4_k_m_linear_bytes(arch):
+    """The projections of llama.cpp's Q4_K_M of a dense model below 70B as Pagoda holds them: attn_v
+    and ffn_down Q6_K in the layers use_more_bits picks (first and last eighth, every third between),
+    every other projection Q4_K."""
+    n = arch.num_hidden_layers
+    wider = [i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2 for i in range(n)]
+    names = ["q", "k", "v", "o", "gate", "up", "down"]
+    return sum(
+        GGUF_BLOCK_FORMATS["Q6_K" if name in ("v", "down") and wider[layer] else "Q4_K"].linear_bytes(*shape)
+        for layer in range(n)
+        for name, shape in zip(names, arch.linear_shapes(), strict=True)
+    )
+
+
+@pytest.mark.parametrize("family", ["llama-3-8b", "llama-3.2-1b", "qwen2.5-7b", "smollm2-135m"])
+def test_q4_k_m_files_are_never_sized_below_what_they_occupy_as_served(family):
+    arch = KNOWN_ARCHITECTURES[family]
+    served = 2 * arch.unquantized_parameters() + _llama_cpp_q4_k_m_linear_bytes(arch)
+    sized = weight_bytes(arch, "gguf", gguf_block="Q4_K_M")
+    # Over by attn_v, bounded at dequantized bf16 for the layers a 70B model gives Q5_K.
+    assert served <= sized < served * 1.035
+
+
+def test_k_quant_and_legacy_files_take_the_bits_of_their_packed_layout():
+    arch = KNOWN_ARCHITECTURES["llama-3-8b"]
+    linear = _linear_parameters(arch)
+    kept = 2 * arch.unquantized_parameters()
+    assert weight_bytes(arch, "gguf", gguf_block="Q6_K") == kept + linear * (1 + 2 / 16)  # int8, groups of 16
+    # Q5_0 is held like Q8_0, but with an importance matrix ffn_down of the first 4 of 32 layers is Q5_1,
+    # which has no packed layout: bf16 there.
+    down = arch.hidden_size * arch.intermediate_size
+    q8_0 = weight_bytes(arch, "gguf", gguf_block="Q8_0")
+    assert q8_0 == kept + linear * (1 + 2 / 32)
+    assert weight_bytes(arch, "gguf", gguf_block="Q5_0") == q8_0 + 4 * down * (2 - 1 - 2 / 32)
+    assert weight_bytes(arch, "gguf", gguf_block="Q4_K") == kept + linear * (0.5 + 4 / 32)  # like Q4_0
+    # Q5_K has no packed layout: served gguf, its projections are dequantized like --quantization none.
+    assert weight_bytes(arch, "gguf", gguf_block="Q5_K_M") == weight_bytes(arch, "none")
+    assert weight_bytes(arch, "gguf", gguf_block="Q5_K_M", float_dtype="float32") == weight_bytes(
+        arch, "none", "float32"
+    )
+    with pytest.raises(ValueError, match="unknown GGUF file type 'Q4_K_XL'.*Q4_K_M"):
+        weight_bytes(arch, "gguf", gguf_block="Q4_K_XL")
+
+
+def test_an_8b_q4_k_m_fits_a_12_gib_gpu_that_its_dequantized_weights_do_not():
+    arch = KNOWN_ARCHITECTURES["llama-3-8b"]
+    assert fits(arch, "gguf", 8192, 12 * GIB, gguf_block="Q4_K_M").fits
+    assert not fits(arch, "none", 8192, 12 * GIB).fits
 
 
 def test_tensor_parallel_divides_weights_and_kv_per_gpu():

@@ -18,7 +18,9 @@ reference, `transformers.AutoModelForCausalLM.from_pretrained(folder)`.
 `build_tiny_gguf(hf_folder, path, ggml_type)` converts such a folder (byte-level tokenizer
 variants: llama3 without its rope scaling, qwen2, smollm, gqa) to a GGUF file the way llama.cpp's
 converter does, Q/K rows permuted for the llama architecture included, with the 2-D weights
-stored as F32, F16, BF16, Q8_0, Q4_0 or Q4_1 (row length 64 fits the 32-element blocks).
+stored as F32, F16, BF16, Q8_0, Q5_0, Q5_1, Q4_0 or Q4_1 (row length 64 fits the 32-element
+blocks), or, for a folder built with rows of a multiple of 256 (`sizes`), as Q4_K, Q5_K, Q6_K or
+the mixes Q4_K_M and Q5_K_M (MIXES).
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
 )
+
+from tests.runtime.k_quants import K_QUANTIZERS
 
 SEED = 1234
 
@@ -182,8 +186,14 @@ def _save_tokenizer(folder: Path, style: str) -> tuple[int, int | None, list[int
 
 
 def build_tiny_model(
-    folder: str | Path, variant: str, *, sharded: bool = False, dtype: torch.dtype = torch.float32
+    folder: str | Path,
+    variant: str,
+    *,
+    sharded: bool = False,
+    dtype: torch.dtype = torch.float32,
+    sizes: dict | None = None,
 ) -> Path:
+    """sizes: overrides of _SIZES (K-quant GGUF files need rows of a multiple of 256 weights)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config_class, style, extra = VARIANTS[variant]
@@ -191,7 +201,7 @@ def build_tiny_model(
     # Real checkpoints pad the embedding past the tokenizer's vocabulary; so do these.
     vocab_size = -(-tokenizer_vocab // 64) * 64
     config = config_class(
-        **{**_SIZES, **extra},
+        **{**_SIZES, **extra, **(sizes or {})},
         vocab_size=vocab_size,
         bos_token_id=bos_id,
         eos_token_id=eos_ids if len(eos_ids) > 1 else eos_ids[0],
@@ -240,6 +250,20 @@ def _hf_tensors(folder: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def _k_mix(main: str, more: str):
+    """llama.cpp's K-quant mixes in small: attn_v and ffn_down of the first layer (one of the
+    layers its use_more_bits picks) and the LM head in `more`, every other 2-D tensor in `main`."""
+
+    def type_of(gguf_name: str) -> str:
+        wider = gguf_name in ("blk.0.attn_v.weight", "blk.0.ffn_down.weight", "output.weight")
+        return more if wider else main
+
+    return type_of
+
+
+MIXES = {"Q4_K_M": _k_mix("Q4_K", "Q6_K"), "Q5_K_M": _k_mix("Q5_K", "Q6_K")}
+
+
 def build_tiny_gguf(hf_folder: str | Path, path: str | Path, ggml_type: str = "F32") -> Path:
     import gguf  # only here: the tiny Hugging Face folders need no gguf installed
 
@@ -279,7 +303,6 @@ def build_tiny_gguf(hf_folder: str | Path, path: str | Path, ggml_type: str = "F
     writer.add_add_bos_token(tokenizer.get("post_processor") is not None)
     writer.add_chat_template((hf_folder / "chat_template.jinja").read_text())
 
-    quantized = gguf.GGMLQuantizationType[ggml_type]
     for name, tensor in _hf_tensors(hf_folder).items():
         data = tensor.float().numpy()
         if name == "model.embed_tokens.weight":
@@ -293,7 +316,11 @@ def build_tiny_gguf(hf_folder: str | Path, path: str | Path, ggml_type: str = "F
             gguf_name = f"blk.{layer}.{_GGUF_LAYER_NAMES[rest]}"
             if arch == "llama" and rest.startswith(("self_attn.q_proj", "self_attn.k_proj")):
                 data = _llama_cpp_permute(data, heads if "q_proj" in rest else kv_heads)
-        if data.ndim == 2 and quantized != gguf.GGMLQuantizationType.F32:
+        stored = MIXES[ggml_type](gguf_name) if ggml_type in MIXES else ggml_type
+        quantized = gguf.GGMLQuantizationType[stored]
+        if data.ndim == 2 and stored in K_QUANTIZERS:
+            writer.add_tensor(gguf_name, K_QUANTIZERS[stored](data), raw_dtype=quantized)
+        elif data.ndim == 2 and stored != "F32":
             writer.add_tensor(gguf_name, gguf.quants.quantize(data, quantized), raw_dtype=quantized)
         else:
             writer.add_tensor(gguf_name, data)

@@ -188,15 +188,61 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {
     # A GGUF file of 4-bit blocks; weight_bytes' gguf_block names the file's real block type.
     "gguf": WeightFormat(bits=4, group_size=32, group_bytes=4),
 }
-# GGUF blocks kept packed (quantization/gguf_blocks.py): Q4_0 and Q4_1 as int4 groups of 32 with an
-# fp16 scale and an fp16 offset each, Q8_0 as int8 groups of 32 with an fp16 scale: 8.5 bits, not 5.
+# GGUF block types served packed (quantization/gguf_blocks.py), in the layout of WeightFormat: int4
+# in groups of 32 with an fp16 scale and offset each (Q4_0, Q4_1, Q4_K: 5 bits a weight), int8 in
+# groups of 32 with an fp16 scale (Q5_0, Q8_0: 8.5), int8 in groups of 16 (Q6_K: 9). The other
+# types a file may hold (Q5_1, Q2_K, Q3_K, Q5_K, and F16/BF16/F32 projections) have no packed
+# layout: they are dequantized at load and held in the model's float dtype.
 GGUF_BLOCK_FORMATS: dict[str, WeightFormat] = {
     "Q4_0": WEIGHT_FORMATS["gguf"],
     "Q4_1": WEIGHT_FORMATS["gguf"],
+    "Q4_K": WEIGHT_FORMATS["gguf"],
+    "Q5_0": WeightFormat(bits=8, group_size=32, group_bytes=2),
     "Q8_0": WeightFormat(bits=8, group_size=32, group_bytes=2),
+    "Q6_K": WeightFormat(bits=8, group_size=16, group_bytes=2),
 }
-# A GGUF source whose name does not say its block type is sized as the largest, never too small.
-LARGEST_GGUF_BLOCK = "Q8_0"
+
+
+def _more_bits_layers(num_layers: int) -> int:
+    """How many layers llama.cpp's use_more_bits picks: the first and last eighth, and every third
+    layer between."""
+    eighth, last = num_layers // 8, 7 * num_layers // 8
+    return sum(1 for i in range(num_layers) if i < eighth or i >= last or (i - eighth) % 3 == 2)
+
+
+@dataclass(frozen=True)
+class GGUFFileType:
+    """A GGUF file type as sizing bounds it: the block type of most projections, and those that
+    llama.cpp's mix (llama-quant.cpp) may give attn_v in any layer and ffn_down in some, where
+    they take more bytes as served (a 70B model's Q4_K_M attn_v is Q5_K, otherwise Q6_K)."""
+
+    main: str
+    value: str | None = None
+    down: str | None = None
+    down_layers: str = "all"  # "all", "more_bits" (use_more_bits) or "first_eighth"
+
+    def wider_down_layers(self, num_layers: int) -> int:
+        if self.down_layers == "more_bits":
+            return _more_bits_layers(num_layers)
+        if self.down_layers == "first_eighth":
+            return min(num_layers, max(4, num_layers // 8))
+        return num_layers
+
+
+# By the name llama.cpp's files carry (`Meta-Llama-3-8B-Instruct.Q4_K_M.gguf`); the bare block types
+# are the names the runtime gives a file from its tensors when its name does not tell.
+GGUF_FILE_TYPES: dict[str, GGUFFileType] = {
+    **{name: GGUFFileType(name) for name in ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_1", "Q8_0")},
+    **{name: GGUFFileType(name) for name in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")},
+    # With an importance matrix, ffn_down of the first eighth of the layers is Q5_1.
+    "Q5_0": GGUFFileType("Q5_0", down="Q5_1", down_layers="first_eighth"),
+    # Mixes whose wider tensors are dequantized like the rest, or packed in fewer bytes (Q4_K).
+    **{name: GGUFFileType(name[:4]) for name in ("Q2_K_S", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q5_K_S", "Q5_K_M")},
+    "Q4_K_S": GGUFFileType("Q4_K", value="Q5_K", down="Q5_K", down_layers="first_eighth"),
+    "Q4_K_M": GGUFFileType("Q4_K", value="Q5_K", down="Q6_K", down_layers="more_bits"),
+}
+# A GGUF source whose name does not say its type is sized as dequantized, the most it can take.
+UNNAMED_GGUF_FILE_TYPE = "F16"
 
 # Bytes of one element of the tensors a model keeps unquantized, by the runtime's --dtype names.
 FLOAT_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -204,12 +250,42 @@ KV_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1
 
 
 def gguf_block_type(source: str) -> str:
-    """The block type a GGUF source holds, as far as its file name tells (`model.Q8_0.gguf`,
-    `model-Q4_0.gguf`; the bundled model is Q4_1); LARGEST_GGUF_BLOCK when it does not tell."""
+    """The GGUF_FILE_TYPES name of a GGUF source, as far as its file name tells (`model.Q8_0.gguf`,
+    `model-Q4_K_M.gguf`; the bundled model is Q4_1); UNNAMED_GGUF_FILE_TYPE when it does not tell."""
     name = BUNDLED_FILE if source.split("://", 1)[-1] == BUNDLED_MODEL_NAME else source
     file_name = name.rsplit("/", 1)[-1].upper()
-    named = (b for b in GGUF_BLOCK_FORMATS if re.search(rf"(?<![A-Z0-9]){b}(?![A-Z0-9_])", file_name))
-    return next(named, LARGEST_GGUF_BLOCK)
+    named = (b for b in GGUF_FILE_TYPES if re.search(rf"(?<![A-Z0-9]){b}(?![A-Z0-9_])", file_name))
+    return next(named, UNNAMED_GGUF_FILE_TYPE)
+
+
+def gguf_file_type(source: str, main: str) -> str:
+    """The GGUF_FILE_TYPES name the runtime sizes a file by, once its tensors show the block type
+    of most projections (`main`): its name's, as the operator sized it, where that agrees."""
+    named = gguf_block_type(source)
+    return named if GGUF_FILE_TYPES[named].main == main else main
+
+
+def gguf_is_packed(file_type: str) -> bool:
+    """Whether most projections of a file of this GGUF_FILE_TYPES name have a packed layout."""
+    return GGUF_FILE_TYPES[file_type].main in GGUF_BLOCK_FORMATS
+
+
+def _gguf_linear_bytes(arch: ModelArchitecture, file_type: str, float_bytes: int) -> float:
+    """One rank's projections of a GGUF file served `gguf`: packed where its block types have a
+    layout, floats elsewhere, attn_v and ffn_down as wide as the file type's mix may make them."""
+    kind = GGUF_FILE_TYPES[file_type]
+    dequantized = WeightFormat(bits=8 * float_bytes)
+
+    def served(block: str | None) -> WeightFormat:
+        return GGUF_BLOCK_FORMATS.get(block or kind.main, dequantized)
+
+    main = served(kind.main)
+    layers = arch.num_hidden_layers
+    linear = sum(main.linear_bytes(out, inp) for out, inp in arch.linear_shapes()) * layers
+    value, down = (arch.kv_size, arch.hidden_size), (arch.hidden_size, arch.intermediate_size)
+    linear += max(served(kind.value).linear_bytes(*value) - main.linear_bytes(*value), 0) * layers
+    wider = max(served(kind.down).linear_bytes(*down) - main.linear_bytes(*down), 0)
+    return linear + wider * kind.wider_down_layers(layers)
 
 
 def weight_bytes(
@@ -220,7 +296,7 @@ def weight_bytes(
     vocab_dtype: str | None = None,
 ) -> int:
     """float_dtype: what the unquantized tensors are held in (every tensor, for "none");
-    gguf_block: for "gguf", the file's block type (Q4_0, Q4_1, Q8_0) when it is known;
+    gguf_block: for "gguf", the file's GGUF_FILE_TYPES name (Q4_0, Q4_K_M, ...) when it is known;
     vocab_dtype: what the embedding and LM head are held in where not float_dtype
     (quantization_selection.cpu_vocab_dtype)."""
     if quantization not in WEIGHT_FORMATS:
@@ -232,8 +308,12 @@ def weight_bytes(
     float_bytes = _float_bytes(quantization, float_dtype)
     fmt = WeightFormat(bits=8 * float_bytes) if quantization == "none" else WEIGHT_FORMATS[quantization]
     if quantization == "gguf" and gguf_block is not None:
-        fmt = GGUF_BLOCK_FORMATS[gguf_block]
-    linear = sum(fmt.linear_bytes(out, inp) for out, inp in arch.linear_shapes()) * arch.num_hidden_layers
+        if gguf_block not in GGUF_FILE_TYPES:
+            names = ", ".join(GGUF_FILE_TYPES)
+            raise ValueError(f"unknown GGUF file type {gguf_block!r}; use one of {names}")
+        linear = _gguf_linear_bytes(arch, gguf_block, float_bytes)
+    else:
+        linear = sum(fmt.linear_bytes(out, inp) for out, inp in arch.linear_shapes()) * arch.num_hidden_layers
     unquantized = arch.unquantized_parameters() * float_bytes
     if vocab_dtype is not None:
         unquantized += arch.vocab_parameters() * (FLOAT_DTYPE_BYTES[vocab_dtype] - float_bytes)

@@ -72,14 +72,16 @@ def build_engine(
         placement.device.type,
         engine_config.model,
         engine_config.dtype,
+        loaded.gguf_block,
     )
     if loaded.quantization is not None and quantization != loaded.quantization:
         if engine_config.quantization == "auto":
             logger.info(
-                "%s stores %s blocks; on the %s with --dtype %s they are dequantized at load "
-                "(--quantization %s keeps them packed)",
+                "%s stores %s blocks (%s); on the %s with --dtype %s auto dequantizes them at load "
+                "(docs/architecture.md#quantization; --quantization %s keeps packed what has a layout)",
                 engine_config.model,
                 loaded.quantization,
+                loaded.gguf_block,
                 placement.device.type,
                 engine_config.dtype,
                 loaded.quantization,

@@ -1,9 +1,10 @@
 """Open a model source (a Hugging Face folder or a GGUF file): its ModelConfig, its tokenizer and a
 lazy stream of its weights under Hugging Face names.
 
-Projections a checkpoint stores quantized (AWQ and GPTQ folders; Q4_0, Q4_1 and Q8_0 tensors of a
-GGUF file) arrive as PackedWeights converted straight from the stored blocks, or, when the caller
-does not keep them quantized, dequantized one tensor at a time.
+Projections a checkpoint stores quantized (AWQ and GPTQ folders; the GGUF block types with a
+packed layout, sizing.GGUF_BLOCK_FORMATS) arrive as PackedWeights converted straight from the
+stored blocks, or, when the caller does not keep them quantized, dequantized one tensor at a time;
+GGUF tensors of the other block types are dequantized one tensor at a time.
 
 Everything that can be checked without reading the weights (the architecture, every tensor's
 presence and shape, truncated files) is checked before `load_model_source` returns, so a bad model
@@ -16,8 +17,9 @@ from __future__ import annotations
 import contextlib
 import json
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +28,10 @@ from safetensors import safe_open
 
 from pagoda_runtime.contract.bundled import resolve_model
 from pagoda_runtime.contract.config import ROPE_TYPES, ModelConfig, RopeScaling
-from pagoda_runtime.contract.sizing import ModelArchitecture
+from pagoda_runtime.contract.sizing import ModelArchitecture, gguf_file_type
 from pagoda_runtime.contract.weight_layout import expected_weight_shapes, is_projection
 from pagoda_runtime.engine.tokenizer import Tokenizer
-from pagoda_runtime.executor.quantization.gguf_blocks import BLOCK_NAMES, gguf_to_packed, is_packable
+from pagoda_runtime.executor.quantization.gguf_blocks import gguf_main_type, gguf_to_packed, is_packable
 from pagoda_runtime.executor.quantization.hf_checkpoints import (
     CheckpointQuantization,
     parse_quantization_config,
@@ -78,14 +80,19 @@ class LoadedModel:
     # How the projections that arrive as PackedWeights were stored: "awq", "gptq" or "gguf";
     # None when every weight arrives as a float tensor.
     quantization: str | None = None
-    # For "gguf": the block type of those projections (Q4_0, Q4_1, Q8_0; the largest if they mix).
+    # For "gguf": the file's sizing.GGUF_FILE_TYPES name (Q4_0, Q4_K_M, ...) read from its tensors.
     gguf_block: str | None = None
     # For "awq" and "gptq": the checkpoint's group of inputs (-1: one per row), which a
     # tensor-parallel split must not cut.
     group_size: int | None = None
+    # Every weight read as floats from the stored blocks, where that is exact and dequantizing the
+    # PackedWeights is not (GGUF K-quants, whose packed scales are rounded to fp16).
+    float_weights: Callable[[torch.dtype], Iterator[tuple[str, torch.Tensor]]] | None = None
 
     def dequantized(self, dtype: torch.dtype) -> LoadedModel:
         """The same model with each PackedWeight turned into a float tensor as it streams past."""
+        if self.float_weights is not None:
+            return LoadedModel(self.config, self.float_weights(dtype), self.tokenizer)
         weights = (
             (name, dequantize(weight, dtype) if isinstance(weight, PackedWeight) else weight)
             for name, weight in self.weights
@@ -405,7 +412,7 @@ def _load_gguf(path: Path, dtype: torch.dtype) -> LoadedModel:
         permuted_heads = {".self_attn.q_proj.": config.architecture.num_attention_heads}
         permuted_heads[".self_attn.k_proj."] = config.architecture.num_key_value_heads
 
-    def weights() -> Iterator[tuple[str, Weight]]:
+    def weights(packed: set[str] = packed, dtype: torch.dtype = dtype) -> Iterator[tuple[str, Weight]]:
         for hf in expected:
             info = gguf.tensors[gguf_name[hf]]
             heads = next((n for part, n in permuted_heads.items() if part in hf), None)
@@ -418,8 +425,14 @@ def _load_gguf(path: Path, dtype: torch.dtype) -> LoadedModel:
                 tensor = gguf.dequantize(info.name)
                 yield hf, (unpermute_rotary(tensor, heads) if heads else tensor).to(dtype)
 
-    if not packed:
+    main = gguf_main_type(
+        {
+            hf: (gguf.tensors[gguf_name[hf]].ggml_type, gguf.tensors[gguf_name[hf]].num_elements)
+            for hf in expected
+            if is_projection(hf)
+        }
+    )
+    if main is None:
         return LoadedModel(config, weights(), tokenizer)
-    # The ggml type ids grow with the block's size: Q4_0 < Q4_1 < Q8_0.
-    largest = max(gguf.tensors[gguf_name[hf]].ggml_type for hf in packed)
-    return LoadedModel(config, weights(), tokenizer, "gguf", BLOCK_NAMES[largest])
+    file_type = gguf_file_type(str(path), main)
+    return LoadedModel(config, weights(), tokenizer, "gguf", file_type, float_weights=partial(weights, set()))

@@ -14,18 +14,19 @@ from pagoda_runtime.executor.quantization.triton_gemv import GemvConfig, gemv
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _q8_0_like(weight: torch.Tensor) -> PackedWeight:
-    """int8 in groups of 32 with fp16 scales, as GGUF Q8_0 stores it."""
+def _int8_groups(weight: torch.Tensor, group: int = 32) -> PackedWeight:
+    """int8 in groups with fp16 scales, as GGUF Q8_0 (32) and Q6_K (16) are held."""
     n, k = weight.shape
-    groups = weight.reshape(n, k // 32, 32)
+    groups = weight.reshape(n, k // group, group)
     scales = (groups.abs().amax(dim=2) / 127).half()
     q = torch.round(groups / scales.float()[..., None]).clamp(-127, 127).to(torch.int8).reshape(n, k)
-    return PackedWeight("int8", q, scales, 32)
+    return PackedWeight("int8", q, scales, group)
 
 
 WEIGHTS = {
     "int8 per channel": quantize_int8,
-    "int8 groups of 32": _q8_0_like,
+    "int8 groups of 32": _int8_groups,
+    "int8 groups of 16": lambda w: _int8_groups(w, 16),
     "int4 groups of 128": lambda w: quantize_int4(w, 128),
     "int4 groups of 32": lambda w: quantize_int4(w, 32),
     "fp8 per channel": quantize_fp8,
