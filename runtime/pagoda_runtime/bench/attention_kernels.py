@@ -22,7 +22,7 @@ from torch.nn.attention.varlen import varlen_attn
 
 from pagoda_runtime.bench.roofline import copy_bandwidth
 from pagoda_runtime.executor.attention_metadata import AttentionMetadata
-from pagoda_runtime.executor.kernels.triton_paged_attention import default_num_splits, paged_attention
+from pagoda_runtime.executor.kernels.triton_paged_attention import max_splits, paged_attention
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 SCALE = HEAD_DIM**-0.5
@@ -117,7 +117,7 @@ def main() -> None:
     for batch in (1, 64):
         for context in (512, 1024, 2048, 4096, 8192):
             kv_bytes = 2 * batch * context * KV_HEADS * HEAD_DIM * 2
-            splits = default_num_splits(batch, KV_HEADS, torch.device("cuda"))
+            splits = max_splits(batch, KV_HEADS, torch.device("cuda"))
             t = decode_seconds(batch, context, None)
             t1 = decode_seconds(batch, context, 1)
             print(

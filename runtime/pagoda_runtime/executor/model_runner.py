@@ -123,6 +123,10 @@ class ModelRunner:
                     module.pack_for_cpu()
                 elif isinstance(module, VocabParallel):
                     module.hold_in(vocab_dtype)
+        if self.device.type == "cuda":
+            for module in self.model.modules():
+                if isinstance(module, QuantizedLinear):
+                    module.pack_for_gpu()
         self.model.eval()
         self.weight_bytes = model_weight_bytes(self.model)
         self.decode_weight_bytes = decode_weight_bytes(self.model)  # what one decode step reads

@@ -6,7 +6,7 @@ import pytest
 import torch
 from pagoda_runtime.contract.config import ModelConfig
 from pagoda_runtime.executor.kernels import build_cos_sin_cache, get_attention_ops, reference
-from pagoda_runtime.executor.kernels.triton_paged_attention import default_num_splits, paged_attention
+from pagoda_runtime.executor.kernels.triton_paged_attention import max_splits, paged_attention
 from pagoda_runtime.executor.kernels.triton_rmsnorm import rms_norm
 from pagoda_runtime.executor.kernels.triton_silu_mul import silu_and_mul
 
@@ -60,7 +60,7 @@ def test_the_kernels_are_compiled_not_interpreted() -> None:
 
 def test_8k_float32_decode_splits_k_and_matches_float64() -> None:
     seqs = [(8192, 1), (8000, 1)]
-    assert default_num_splits(len(seqs), 8, torch.device("cuda")) > 1
+    assert max_splits(len(seqs), 8, torch.device("cuda")) > 1
     batch = _batch(seqs, 32, 8, 128, 16, torch.float32, seed=8)
     out = paged_attention(batch.q, batch.kv_cache, batch.meta, 128**-0.5)
     # float32 dots in full precision ("ieee"), not TF32.

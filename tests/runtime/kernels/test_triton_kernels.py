@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from pagoda_runtime.contract.config import ModelConfig
-from pagoda_runtime.executor.kernels import build_cos_sin_cache, reference
+from pagoda_runtime.executor.kernels import build_cos_sin_cache, reference, triton_paged_attention
 from pagoda_runtime.executor.kernels.triton_paged_attention import paged_attention
 from pagoda_runtime.executor.kernels.triton_rmsnorm import rms_norm
 from pagoda_runtime.executor.kernels.triton_rotary_kv_write import rotary_write_kv
@@ -40,18 +40,33 @@ def test_paged_attention_head_dims(head_dim: int, block_size: int) -> None:
 
 
 @pytest.mark.parametrize("num_splits", [2, 5])
-def test_split_k_decode_merges_to_the_same_result(num_splits: int) -> None:
-    # Contexts shorter than one split's share leave some splits empty.
+def test_split_k_decode_merges_in_the_last_split_to_the_same_result(num_splits: int) -> None:
+    # With a split per 32 keys: 3 keys take one split and no merge, 64 take two, 150 and 129 take
+    # as many as allowed; twice in a row, so the arrival counters must have been left at zero.
     seqs = [(150, 1), (3, 1), (64, 1), (129, 1)]
     batch = _written(make_paged_batch(seqs, 12, 4, 64, 16, device=DEVICE, seed=num_splits))
-    out = paged_attention(batch.q, batch.kv_cache, batch.meta, 0.125, num_splits=num_splits)
-    assert relative_error(out, dense_attention(batch, 0.125)) < 1e-5
+    for _ in range(2):
+        out = paged_attention(batch.q, batch.kv_cache, batch.meta, 0.125, num_splits, min_split_tokens=32)
+        assert relative_error(out, dense_attention(batch, 0.125)) < 1e-5
+    assert not triton_paged_attention._ARRIVALS[torch.device(DEVICE)][-1].any()
 
 
 def test_split_k_over_prefill_chunks() -> None:
     batch = _written(make_paged_batch([(90, 30), (12, 1)], 6, 3, 64, 8, device=DEVICE, seed=7))
-    out = paged_attention(batch.q, batch.kv_cache, batch.meta, 0.125, num_splits=3)
+    out = paged_attention(batch.q, batch.kv_cache, batch.meta, 0.125, num_splits=3, min_split_tokens=16)
     assert relative_error(out, dense_attention(batch, 0.125)) < 1e-5
+
+
+def test_kv_scales_multiply_the_stored_keys_and_values() -> None:
+    batch = make_paged_batch([(40, 1), (70, 3)], 8, 2, 64, 16, device=DEVICE, seed=4)
+    scales = torch.tensor([[0.5, 2.0], [4.0, 0.25]], device=DEVICE)
+    reference.write_kv(batch.k_new, batch.v_new, batch.kv_cache, batch.meta.slot_mapping)
+    plain = paged_attention(batch.q, batch.kv_cache, batch.meta, 0.125)
+    # The cache divided by the scales, read with them, is the cache.
+    divided = batch.kv_cache.clone()
+    divided /= scales[:, None, None, :, None]
+    scaled = paged_attention(batch.q, divided, batch.meta, 0.125, kv_scales=scales)
+    assert relative_error(scaled, plain) < 1e-5
 
 
 def test_paged_attention_reads_queries_from_a_fused_qkv_view() -> None:
