@@ -16,7 +16,8 @@
 #   profile     kernel vs wall time per decode step at batch 1, 32 and 256 (streaming text), and at
 #               256 again without async output processing
 #   stretch     fp8 weights and fp8 KV cache, 1k in / 1k out
-#   kernels     the GEMV and paged-attention kernels alone (CUDA only)
+#   kernels     the projections at 1-64 rows on every path (the routing table's timings, and the
+#               table they give: DIR/dispatch_table.json) and the paged-attention kernel alone
 #   all         every part above, in that order
 #
 # --out: the results folder (default out/gpu-bench); --wheels, --site: as for scripts/gpu-env.sh
@@ -63,6 +64,7 @@ if $smoke; then
     profile=(--batch-sizes 1,2 --steps 2 --input-len 8)
     profile_sync=(--batch-sizes 2 --steps 2 --input-len 8)
     stretch=(--num-prompts 4 --min-len 8 --max-len 8)
+    kernels=(--smoke)
 else
     shape=llama-3-8b small_shape=llama-3.2-1b
     latency=(--input-len 128 --output-len 256)
@@ -73,6 +75,7 @@ else
     profile=(--batch-sizes 1,32,256)
     profile_sync=(--batch-sizes 256)
     stretch=(--min-len 1024 --max-len 1024)
+    kernels=()
 fi
 
 # One command of a part, in the environment gpu-env.sh makes, within what is left of the part's time.
@@ -101,8 +104,9 @@ run_part() {
                 --no-async-output-proc --name "sync_output_profile_$shape" --out "$out" ;;
         stretch) run -m pagoda_runtime.cli bench throughput --shape "$shape" --quantization fp8 --kv-cache-dtype fp8 \
             "${stretch[@]}" --result-json "$out/throughput_${shape}_fp8_fp8kv.json" ;;
-        kernels) run -m pagoda_runtime.bench.quant_kernels --check && run -m pagoda_runtime.bench.quant_kernels --rows 4 &&
-            run -m pagoda_runtime.bench.attention_kernels ;;
+        kernels) run -m pagoda_runtime.bench.quant_kernels --check "${kernels[@]}" \
+            --result-json "$out/quant_kernels.json" --write-table "$out/dispatch_table.json" &&
+            run -m pagoda_runtime.bench.attention_kernels "${kernels[@]}" --result-json "$out/attention_kernels.json" ;;
     esac
 }
 
