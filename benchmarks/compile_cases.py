@@ -64,7 +64,8 @@ def _matmul_cases(shapes, rows_list, dtypes) -> list:
                     call = lambda w=weight, d=dtype: triton_mma.dequantize_mma(w, d)  # noqa: E731
                 else:
                     continue
-                found.append((f"{kind} {layer} {dtype} rows {rows} {plan.path}", call))
+                label = f"{kind} {layer} rows {rows}" + (f" {dtype}" if len(dtypes) > 1 else "")
+                found.append((label, call))
     return found
 
 
@@ -76,7 +77,7 @@ def _attention_cases(batches) -> list:
             (
                 label,
                 lambda q=q, c=cache, m=meta, s=splits: triton_paged_attention.paged_attention(
-                    q, c, m, HEAD_DIM**-0.5, s
+                    q, c, m, HEAD_DIM**-0.5, num_splits=s
                 ),
             )
         )
@@ -127,7 +128,7 @@ def _llama_cases() -> list:
     gpu = torch.device("cuda")
     found = _attention_cases(
         {
-            f"decode batch {batch} context 4096, {'fp8' if kv else 'bf16'} cache": (
+            f"decode batch {batch} context 4096" + (", fp8 cache" if kv else ""): (
                 batch,
                 4096,
                 1,
@@ -140,7 +141,10 @@ def _llama_cases() -> list:
         }
         | {"prefill 2048 tokens": (1, 2048, 2048, torch.bfloat16, None, None)}
     )
-    return found + _matmul_cases(LLAMA3_8B_LAYERS, (1, 4, 16, 64), (torch.bfloat16,))
+    # The kernel's code depends on K, the tiles and the kind, so qkv stands for every K = 4096 layer
+    # at 16 and 64 rows; at 1 and 4 rows every layer, to set beside the GEMVs tuned per layer before.
+    found += _matmul_cases(LLAMA3_8B_LAYERS, (1, 4), (torch.bfloat16,))
+    return found + _matmul_cases(LLAMA3_8B_LAYERS[:1], (16, 64), (torch.bfloat16,))
 
 
 def cases(which: str) -> list:

@@ -129,7 +129,7 @@ def blocks_per_sm(registers: int, shared: int, num_warps: int) -> int:
     return min(MAX_BLOCKS, MAX_WARPS // num_warps, by_registers, by_shared)
 
 
-def report(compiled, num_warps: int, work_per_iteration: int | None) -> dict:
+def report(compiled, num_warps: int, num_stages: int, work_per_iteration: int | None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "kernel.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
@@ -157,7 +157,7 @@ def report(compiled, num_warps: int, work_per_iteration: int | None) -> dict:
         "stack_bytes": stack,
         "shared_bytes": shared,
         "num_warps": num_warps,
-        "num_stages": compiled.metadata.num_stages,
+        "num_stages": num_stages,
         "blocks_per_sm": blocks_per_sm(registers, shared, num_warps),
         "loop_instructions": len(loop),
         "loop_async_copies": sum(ops[o] for o in ASYNC_COPIES),
@@ -202,9 +202,11 @@ def run(launches, full_report: bool) -> dict:
         if full_report:
             constexprs = dict(zip(kernel.arg_names, args, strict=False)) | kwargs
             work = WORK_PER_ITERATION.get(kernel.fn.__name__, lambda _: None)(constexprs)
+            # A loop's own depth (tl.range's num_stages) where the kernel takes one, else the launch's.
+            stages = constexprs.get("NUM_STAGES", compiled.metadata.num_stages)
             reports.append(
                 {"kernel": kernel.fn.__name__, "launch": label}
-                | report(compiled, kwargs.get("num_warps", 4), work)
+                | report(compiled, kwargs.get("num_warps", 4), stages, work)
             )
     return {"compiled": compiled_names, "failed": failed, "reports": reports}
 

@@ -86,14 +86,14 @@ def decode_seconds(batch: int, context: int, num_splits: int | None, device: tor
     copies = max(1, math.ceil(STREAM_BYTES / kv_bytes)) if device.type == "cuda" else 1
     batches = [make_batch([1] * batch, [context] * batch, device, kv_dtype) for _ in range(copies)]
     for q, cache, meta in batches:
-        paged_attention(q, cache, meta, SCALE, num_splits)
+        paged_attention(q, cache, meta, SCALE, num_splits=num_splits)
     if device.type != "cuda":
-        return _seconds(lambda: paged_attention(*batches[0], SCALE, num_splits), device)
+        return _seconds(lambda: paged_attention(*batches[0], SCALE, num_splits=num_splits), device)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for q, cache, meta in batches:
-            paged_attention(q, cache, meta, SCALE, num_splits)
+            paged_attention(q, cache, meta, SCALE, num_splits=num_splits)
     ms = _bench(graph.replay, warmup=25, rep=200)
     return ms / 1e3 / copies
 

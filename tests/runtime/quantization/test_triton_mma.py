@@ -21,7 +21,7 @@ from pagoda_runtime.executor.quantization.triton_mma import (
     mma_matmul,
     to_mma_layout,
 )
-from pagoda_runtime.executor.triton_fp8 import FP8_TO_BF16_ASM, FP8_TO_FP16_ASM
+from pagoda_runtime.executor.triton_helpers import FP8_TO_BF16_ASM, FP8_TO_FP16_ASM
 
 from . import ptx_emulator
 

@@ -4,7 +4,7 @@ One program per (sequence, kv head, query tile[, KV split]). Its rows are the qu
 share the kv head times the tile's tokens, so grouped-query attention reads each key and value
 once for the whole group. Keys are walked in tiles of BLOCK_N positions, each position's cache row
 found through the block table, with an online softmax in float32 (exp2 of log2-scaled scores).
-Keys and values are widened to q's dtype as they load (an fp8 cache in registers, triton_fp8.py);
+Keys and values are widened to q's dtype as they load (an fp8 cache in registers, triton_helpers);
 an fp8 cache may carry a scale per kv head for keys and for values, which fold into the score
 scale and the output.
 
@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from pagoda_runtime.executor.attention_metadata import AttentionMetadata
-from pagoda_runtime.executor.triton_fp8 import fp8_asm, fp8_widened
+from pagoda_runtime.executor.triton_helpers import dot, fp8_asm, fp8_widened
 from pagoda_runtime.executor.triton_mode import INTERPRETED, dot_precision
 
 LOG2E = 1.4426950408889634
@@ -45,7 +45,7 @@ DECODE_STAGES, PREFILL_STAGES = 3, 2
 
 @triton.jit
 def _widened(x, DTYPE: tl.constexpr, FP8_ASM: tl.constexpr, INTERPRETED: tl.constexpr):
-    """Cache values in q's dtype: an fp8 cache through triton_fp8's widening into bf16 or fp16."""
+    """Cache values in q's dtype: an fp8 cache through triton_helpers' widening into bf16 or fp16."""
     if x.dtype == tl.float8e4nv and tl.float32 != DTYPE:
         return fp8_widened(x, DTYPE, FP8_ASM, INTERPRETED)
     return x.to(DTYPE)
@@ -85,7 +85,7 @@ def _attend_keys(
     kv_offsets = slot[:, None] * (NUM_KV_HEADS * HEAD_DIM) + kv_head * HEAD_DIM + dims[None, :]
     kv_mask = key_valid[:, None] & dim_valid[None, :]
     k = _widened(tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0), q.dtype, FP8_ASM, INTERPRETED)
-    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    scores = dot(q, tl.trans(k), None, INTERPRETED, DOT_PRECISION) * qk_scale
     allowed = key_valid[None, :] & (keys[None, :] <= query_pos[:, None])
     scores = tl.where(allowed, scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, axis=1))
@@ -95,7 +95,7 @@ def _attend_keys(
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     v = _widened(tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0), q.dtype, FP8_ASM, INTERPRETED)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    acc = dot(p, v, acc * alpha[:, None], INTERPRETED, DOT_PRECISION)
     return m_new, l_i, acc
 
 
@@ -299,16 +299,16 @@ def paged_attention(
     kv_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
-    num_splits: int | None = None,
     kv_scales: torch.Tensor | None = None,
+    num_splits: int | None = None,
     min_split_tokens: int = MIN_SPLIT_TOKENS,
 ) -> torch.Tensor:
     """Causal attention of q [T, H, D] over kv_cache [2, blocks, block_size, Hkv, D] -> [T, H, D].
 
-    num_splits: the most KV splits per (sequence, kv head, query tile); by default enough for a
-    decode-only batch to fill the GPU, one otherwise. Each sequence uses one split per
-    min_split_tokens keys of its context, up to that. kv_scales: float32 [2, Hkv], what the cache's
-    keys and values were divided by when stored (an fp8 cache's scales), or None.
+    kv_scales: float32 [2, Hkv], what the cache's keys and values were divided by when stored (an
+    fp8 cache's scales), or None. num_splits: the most KV splits per (sequence, kv head, query
+    tile); by default enough for a decode-only batch to fill the GPU, one otherwise. Each sequence
+    uses one split per min_split_tokens keys of its context, up to that.
     """
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]

@@ -165,12 +165,13 @@ class DenseLinear(nn.Linear):
         self.bias.data[row_offset : row_offset + bias.shape[0]] = bias.to(self.bias.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda and x.dim() == 2:
+        # The tensor-core kernel takes 16-bit weights; float32 ones stay with cuBLAS.
+        if x.is_cuda and x.dim() == 2 and x.dtype == self.weight.dtype != torch.float32:
             from pagoda_runtime.executor.quantization import dispatch
 
             n, k = self.weight.shape
             plan = dispatch.route("dense", x.shape[0], n, k)
-            if plan.path == "mma" and x.dtype == self.weight.dtype:
+            if plan.path == "mma":
                 from pagoda_runtime.executor.quantization.triton_mma import dense_mma_weight, mma_matmul
 
                 y = mma_matmul(x, dense_mma_weight(self.weight), plan.config)

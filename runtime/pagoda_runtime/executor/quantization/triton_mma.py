@@ -29,9 +29,9 @@ up to float32 rounding. bf16 weights (DenseLinear) run through the same kernel w
 one kernel where cuBLAS splits K into a second reduction kernel at batch 1.
 
 In Triton's interpreter (no GPU) the int4 planes are computed arithmetically (inline assembly
-cannot be interpreted) and dot operands are widened to float32 first: the interpreter multiplies
-16-bit floats as their raw bits otherwise. Both are exact, so the interpreter computes the same
-numbers; test_triton_mma.py emulates the assembly instruction by instruction.
+cannot be interpreted) and dots and roundings go through triton_helpers.py. Both are exact, so the
+interpreter computes the same numbers; test_triton_mma.py emulates the assembly instruction by
+instruction.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 
 from pagoda_runtime.executor.quantization.packed import PackedWeight, unpack_int4
-from pagoda_runtime.executor.triton_fp8 import fp8_asm, fp8_widened
+from pagoda_runtime.executor.triton_helpers import dot, fp8_asm, fp8_widened, rounded
 from pagoda_runtime.executor.triton_mode import INTERPRETED, dot_precision
 
 KINDS = ("dense", "int8", "fp8", "int4")
@@ -144,25 +144,6 @@ def to_mma_layout(weight: PackedWeight) -> MmaWeight:
 
 
 @triton.jit
-def _rounded(x, DTYPE: tl.constexpr, INTERPRETED: tl.constexpr):
-    """float32 x in DTYPE, rounded to nearest even: the GPU's conversion. Triton's interpreter
-    truncates to bf16 instead, so there the rounding is done on the bits (finite x)."""
-    if INTERPRETED and tl.bfloat16 == DTYPE:
-        bits = x.to(tl.int32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-        return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
-    return x.to(DTYPE)
-
-
-@triton.jit
-def _dot(a, b, acc, INTERPRETED: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """acc + a @ b with a widened to b's dtype."""
-    if INTERPRETED:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    return tl.dot(a.to(b.dtype), b, acc, input_precision=DOT_PRECISION)
-
-
-@triton.jit
 def _int4_planes(words, DTYPE: tl.constexpr, ASM: tl.constexpr, INTERPRETED: tl.constexpr):
     """int16 words [BLOCK_N, CHUNK] -> the four nibble planes, q - 8 in DTYPE (bf16 or fp16)."""
     if INTERPRETED:
@@ -237,12 +218,12 @@ def _mma_kernel(
             xt = tl.load(x_cols + kk[:, None], mask=(kk[:, None] < K) & m_mask[None, :], other=0.0)
             if IS_INT4:
                 w = planes[t]
-                sums = _dot(ones, xt, sums, INTERPRETED, DOT_PRECISION)
+                sums = dot(ones, xt, sums, INTERPRETED, DOT_PRECISION)
             else:
                 w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & (kk[None, :] < K), other=0.0)
                 if KIND == 2:
                     w = fp8_widened(w, DECODE_DTYPE, ASM, INTERPRETED)
-            part = _dot(w, xt, part, INTERPRETED, DOT_PRECISION)
+            part = dot(w, xt, part, INTERPRETED, DOT_PRECISION)
             if SCALED and not PER_CHANNEL and (t + 1) % GROUP_TILES == 0:
                 g = (k0 + t * CHUNK) // GROUP
                 # Past the last group (the last step's tail) the partial sums are zero.
@@ -263,7 +244,7 @@ def _mma_kernel(
             o = tl.load(o_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
             acc += sums * (o + 8.0 * s)[:, None]
     y = y_ptr + rm.to(tl.int64)[None, :] * stride_ym + rn[:, None]
-    tl.store(y, _rounded(acc, y_ptr.dtype.element_ty, INTERPRETED), mask=n_mask[:, None] & m_mask[None, :])
+    tl.store(y, rounded(acc, y_ptr.dtype.element_ty, INTERPRETED), mask=n_mask[:, None] & m_mask[None, :])
 
 
 def _widening_asm(kind: str, dtype: torch.dtype) -> str:
@@ -362,7 +343,7 @@ def _dequantize_kernel(
         w = q * s
         if KIND == 3:
             w += tl.load(o_ptr + g[None, :] * N + rn[:, None], mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_rows + kk[None, :], _rounded(w, out_ptr.dtype.element_ty, INTERPRETED), mask=mask)
+        tl.store(out_rows + kk[None, :], rounded(w, out_ptr.dtype.element_ty, INTERPRETED), mask=mask)
 
 
 def dequantize_mma(weight: MmaWeight, dtype: torch.dtype) -> torch.Tensor:

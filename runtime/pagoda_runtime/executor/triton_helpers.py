@@ -1,9 +1,14 @@
-"""e4m3 (fp8) values widened to bf16 or fp16 in registers, exactly: shared by the fp8 weight
-matmul (quantization/triton_mma.py) and paged attention over an fp8 KV cache.
+"""Triton helpers the kernels share: dots and bf16 rounding that Triton's interpreter computes as
+the GPU does, and e4m3 (fp8) values widened to bf16 or fp16 in registers, exactly (the fp8 weight
+matmul in quantization/triton_mma.py and paged attention over an fp8 KV cache).
+
+The interpreter multiplies 16-bit float dot operands as their raw bits and truncates float32 to
+bf16: `dot` widens the operands to float32 there (exact: their products are float32 numbers) and
+`rounded` rounds to nearest even on the bits. On the GPU both are Triton's own operations.
 
 Triton's own e4m3 -> bf16 conversion goes through f16 and then a conversion instruction per value
-on a slow unit (F2F); this one is four integer and bf16 instructions per pair of values. The PTX
-is passed to the kernels as a constexpr (`fp8_asm`): a kernel cannot read a Python global.
+on a slow unit (F2F); `fp8_widened` is four integer and bf16 instructions per pair of values. Its
+PTX is passed to the kernels as a constexpr (`fp8_asm`): a kernel cannot read a Python global.
 """
 
 from __future__ import annotations
@@ -35,6 +40,24 @@ mov.b32 {lo, hi}, $2;
 cvt.rn.f16x2.e4m3x2 $0, lo;
 cvt.rn.f16x2.e4m3x2 $1, hi;
 }"""
+
+
+@triton.jit
+def dot(a, b, acc, INTERPRETED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """acc + a @ b with a widened to b's dtype."""
+    if INTERPRETED:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a.to(b.dtype), b, acc, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def rounded(x, DTYPE: tl.constexpr, INTERPRETED: tl.constexpr):
+    """float32 x in DTYPE, rounded to nearest even as the GPU converts (finite x)."""
+    if INTERPRETED and tl.bfloat16 == DTYPE:
+        bits = x.to(tl.int32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return x.to(DTYPE)
 
 
 def fp8_asm(dtype: torch.dtype) -> str:
