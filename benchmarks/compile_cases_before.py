@@ -7,7 +7,7 @@ benchmarks/results/sm90/compile_before.json came from it."""
 from __future__ import annotations
 
 import torch
-from compile_cases import HEAD_DIM, LLAMA3_8B_LAYERS, SMS, decode_batch
+from compile_shapes import HEAD_DIM, LLAMA3_8B_LAYERS, SMS, decode_batch
 from pagoda_runtime.executor.kernels import triton_paged_attention
 from pagoda_runtime.executor.quantization import triton_gemv
 from pagoda_runtime.executor.quantization.online import quantize_fp8, quantize_int4, quantize_int8

@@ -45,7 +45,7 @@ def _parts(out: Path) -> dict[str, int]:
 @pytest.mark.slow
 def test_every_part_runs_on_tiny_shapes_and_the_targets_read_its_results(tmp_path):
     parts = ["decode", "quant", "batch", "offline", "serve", "profile", "stretch", "kernels"]
-    result = _bench(tmp_path, "--smoke", *parts)
+    result = _bench(tmp_path, "--smoke", *parts, timeout=600)
     out = tmp_path / "out"
     assert result.returncode == 0, result.stderr + "".join(
         (out / f"{p}.log").read_text()[-2000:] for p in parts if (out / f"{p}.log").exists()

@@ -202,6 +202,7 @@ def _cold_start_node_rows(loaded: list[dict]) -> list[dict]:
 
 SERVE_RATES = ("0.1", "0.25", "0.5", "1")
 
+
 def _compile_rows(loaded: list[dict]) -> list[dict]:
     """hopper_compile.py's reports before and after, paired by launch (a launch made only after,
     such as the bf16 batch-1 kernel, has no before)."""

@@ -31,11 +31,19 @@ _MIN_AMAX = 1e-6
 
 @torch.inference_mode()
 def calibrate(
-    model, vocab_size: int, block_size: int, num_kv_heads: int, head_dim: int, dtype, device
-) -> list:
+    model,
+    vocab_size: int,
+    max_model_len: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> list[torch.Tensor]:
     """Per decoder layer of `model` (a LlamaForCausalLM), float32 [2, Hkv] scales: what its keys
-    and values are to be divided by in an fp8 cache."""
-    tokens = CALIBRATION_TOKENS
+    and values are to be divided by in an fp8 cache. The calibration prompt is CALIBRATION_TOKENS
+    long, or the model's context if that is shorter (its rotary table ends there)."""
+    tokens = min(CALIBRATION_TOKENS, max_model_len)
     generator = torch.Generator().manual_seed(SEED)
     input_ids = torch.randint(0, vocab_size, (tokens,), generator=generator).to(device)
     blocks = math.ceil(tokens / block_size)

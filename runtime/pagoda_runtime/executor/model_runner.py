@@ -133,6 +133,7 @@ class ModelRunner:
             scales = kv_scales.calibrate(
                 self.model,
                 model_config.vocab_size,
+                max_model_len,
                 self.block_size,
                 self.num_kv_heads,
                 model_config.head_dim,

@@ -42,8 +42,10 @@ def test_an_fp8_block_takes_a_fraction_of_the_bytes_and_the_budget_holds_more(fo
 
 
 def test_an_fp8_cache_is_read_with_scales_calibrated_per_layer_and_head_at_load(folder):
-    def scales(kv_cache_dtype):
-        engine = LLM(str(folder), device="cpu", kv_cache_memory=BUDGET, kv_cache_dtype=kv_cache_dtype).engine
+    def scales(kv_cache_dtype, **kwargs):
+        engine = LLM(
+            str(folder), device="cpu", kv_cache_memory=BUDGET, kv_cache_dtype=kv_cache_dtype, **kwargs
+        ).engine
         return [layer.self_attn.kv_scales for layer in engine.runner.model.layers]
 
     fp8, again = scales("fp8"), scales("fp8")
@@ -52,6 +54,8 @@ def test_an_fp8_cache_is_read_with_scales_calibrated_per_layer_and_head_at_load(
         assert torch.equal(layer, repeat)  # the weights alone decide them
     assert not torch.equal(fp8[0][0], fp8[0][1])  # keys and values each get their own
     assert all(layer is None for layer in scales("auto"))
+    # A context shorter than the calibration prompt calibrates on what fits.
+    assert all(layer is not None for layer in scales("fp8", max_model_len=16))
 
 
 def test_an_unknown_kv_cache_dtype_is_refused_with_the_choices(folder):

@@ -90,6 +90,31 @@ def test_half_and_single_precision_activations(name: str, dtype: torch.dtype) ->
     _assert_rounded_reference(out, x.float(), dequantize(packed))
 
 
+def _awq(n: int, k: int, group: int) -> PackedWeight:
+    from pagoda_runtime.executor.quantization.hf_checkpoints import awq_to_packed
+
+    words = lambda *shape: torch.randint(-(2**31), 2**31 - 1, shape, dtype=torch.int32)  # noqa: E731
+    return awq_to_packed(
+        words(k, n // 8), words(k // group, n // 8), torch.rand(k // group, n).half() / 50, group
+    )
+
+
+def _gguf_q4_0(n: int, k: int) -> PackedWeight:
+    from pagoda_runtime.executor.quantization.gguf_blocks import Q4_0, gguf_to_packed
+
+    blocks = np.random.default_rng(0).integers(0, 256, (n, k // 32, 18), dtype=np.uint8)
+    blocks[..., :2] = np.full((n, k // 32, 1), 0.01, np.float16).view(np.uint8)  # each block's scale
+    return gguf_to_packed(blocks.reshape(-1), Q4_0, (n, k))
+
+
+@pytest.mark.parametrize("checkpoint", ["awq", "gguf q4_0"])
+def test_int4_checkpoint_formats_run_through_the_same_kernel(checkpoint: str) -> None:
+    packed = _awq(48, 256, 64) if checkpoint == "awq" else _gguf_q4_0(48, 256)
+    x = torch.randn(3, 256, dtype=torch.bfloat16)
+    out = mma_matmul(x, to_mma_layout(packed), MmaConfig(block_n=16, block_m=8))
+    _assert_rounded_reference(out, x.float(), dequantize(packed))
+
+
 def test_wider_tiles_more_warps_and_rows_beyond_one_program() -> None:
     torch.manual_seed(3)
     packed = quantize_int4(torch.randn(72, 256), 64)

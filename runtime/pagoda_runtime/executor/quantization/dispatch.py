@@ -1,10 +1,13 @@
 """Which matmul serves a projection on CUDA, by weight kind, activation rows and layer shape.
 
 The routes live in dispatch_table.json beside this file: for each kind, a list of entries tried in
-order, each with an optional `max_rows`, `max_out_features` or exact `shape` [N, K] it applies to,
-a `path` and, for the tensor-core kernel, its tile `config`. `python -m pagoda_runtime.bench.
-quant_kernels --write-table` rewrites the file from timings on a GPU; until one has run, it holds
-reasoned defaults (its "source" says which).
+order, each with the `max_rows`, `max_out_features`, `max_in_features` or exact `shape` [N, K] it
+applies to (all optional), a `path` and, for the tensor-core kernel, its tile `config`.
+`python -m pagoda_runtime.bench.quant_kernels --write-table` rewrites the file from timings on a
+GPU; until one has run, it holds reasoned defaults (its "source" says which): the kernel up to 64
+rows for the quantized kinds (its cost is nearly flat from 1 to 8 rows), cuBLAS on the widened
+weight or fp8 `_scaled_mm` above, and for bf16 the kernel at batch 1 on the layers where cuBLAS
+splits K (up to 8192 outputs and inputs; it streams the large ones at 89-98% of copy bandwidth).
 
 Paths:
 - mma: triton_mma.py, weights read in their stored width, one kernel, no split-K.
@@ -51,6 +54,7 @@ def _applies(entry: dict, rows: int, n: int, k: int) -> bool:
     return (
         rows <= entry.get("max_rows", rows)
         and n <= entry.get("max_out_features", n)
+        and k <= entry.get("max_in_features", k)
         and entry.get("shape", [n, k]) == [n, k]
     )
 

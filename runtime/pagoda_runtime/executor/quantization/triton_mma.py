@@ -8,7 +8,8 @@ activations its B operand, whose narrow side may be 8, so a decode batch of 1 to
 rather than to 16. Triton stages both tiles through shared memory with cp.async, `num_stages` deep,
 and loads them in the MMA's operand layout; the widening then happens in those registers:
 
-- int8: Triton's own byte-to-bf16 sequence (two byte permutes and a subtraction per pair).
+- int8: Triton's own exact byte-to-bf16 sequence (a byte permute, two masks and a bf16
+  subtraction per pair of weights).
 - fp8 e4m3, bf16 activations: the byte moved into a bf16's exponent and mantissa bits and
   multiplied by 2**120 (the two formats' exponent bias apart), which is exact, subnormals
   included: four integer and bf16 instructions per pair of weights, where Triton's own conversion
@@ -104,10 +105,6 @@ class MmaWeight:
     def per_channel(self) -> bool:
         return self.group_size >= self.in_features
 
-    def tensors(self) -> dict[str, torch.Tensor]:
-        named = {"qweight": self.qweight, "scales": self.scales, "offsets": self.offsets}
-        return {name: t for name, t in named.items() if t is not None}
-
 
 def dense_mma_weight(weight: torch.Tensor) -> MmaWeight:
     """An unquantized [N, K] weight (in the activations' dtype), read in place."""
@@ -117,7 +114,7 @@ def dense_mma_weight(weight: torch.Tensor) -> MmaWeight:
 def int4_chunk(in_features: int, group_size: int) -> int:
     """The largest power of two up to min(group, 128) whose four planes tile the row exactly, so that
     the re-laid weight takes the bytes it took before; 0 if none of at least 16 does (the row is then
-    padded to whole tiles of 4 * 128)."""
+    padded with zeros to whole tiles of four planes of min(group, 128))."""
     chunk = MAX_CHUNK
     while chunk >= MIN_CHUNK:
         if group_size % chunk == 0 and in_features % (PLANES * chunk) == 0:
@@ -135,10 +132,10 @@ def to_mma_layout(weight: PackedWeight) -> MmaWeight:
         return MmaWeight(weight.kind, weight.qweight.contiguous(), scales, None, k, weight.group_size)
     chunk = int4_chunk(k, weight.group_size) or min(MAX_CHUNK, weight.group_size)
     padded = triton.cdiv(k, PLANES * chunk) * PLANES * chunk
-    q = torch.zeros(n, padded, dtype=torch.int32, device=weight.qweight.device)
-    q[:, :k] = unpack_int4(weight.qweight).to(torch.int32)
+    q = torch.zeros(n, padded, dtype=torch.uint8, device=weight.qweight.device)
+    q[:, :k] = unpack_int4(weight.qweight)
     planes = q.reshape(n, padded // (PLANES * chunk), PLANES, chunk)
-    words = sum(planes[:, :, p] << (4 * p) for p in range(PLANES))
+    words = sum(planes[:, :, p].to(torch.int32) << (4 * p) for p in range(PLANES))
     words = torch.where(words >= 2**15, words - 2**16, words).to(torch.int16).reshape(n, -1)
     return MmaWeight("int4", words, scales, weight.offsets.t().contiguous(), k, weight.group_size, chunk)
 
