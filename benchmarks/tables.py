@@ -202,6 +202,38 @@ def _cold_start_node_rows(loaded: list[dict]) -> list[dict]:
 
 SERVE_RATES = ("0.1", "0.25", "0.5", "1")
 
+
+def _compile_rows(loaded: list[dict]) -> list[dict]:
+    """hopper_compile.py's reports before and after, paired by launch (a launch made only after,
+    such as the bf16 batch-1 kernel, has no before)."""
+    # The commit before also launched a merge kernel after a split decode: BENCHMARKS.md names it.
+    before, after = (
+        {r["launch"]: r for r in result["reports"] if r["kernel"] != "_merge_splits_kernel"}
+        for result in loaded
+    )
+    return [
+        {"launch": launch, "before": before.get(launch), "after": report} for launch, report in after.items()
+    ]
+
+
+def _compile_cell(fmt):
+    """'before -> after' of one report figure, or the after alone."""
+
+    def cell(row: dict) -> str:
+        after = fmt(row["after"])
+        return after if row["before"] is None else f"{fmt(row['before'])} → {after}"
+
+    return cell
+
+
+def _kernel_name(report: dict) -> str:
+    return report["kernel"].strip("_").removesuffix("_kernel")
+
+
+def _per_weight(report: dict) -> str:
+    return f"{report['instructions_per_weight']:.2f}" if "instructions_per_weight" in report else "-"
+
+
 TABLES = [
     Table(
         "serving-cpu",
@@ -407,6 +439,21 @@ TABLES = [
             Column("the broadcast's own cost", lambda r: micros(r["overhead_us"])),
         ),
         rows=lambda loaded: loaded[0]["rows"],
+    ),
+    Table(
+        "kernels-compile-sm90",
+        ("sm90/compile_before.json", "sm90/compile_after.json"),
+        (
+            Column("launch (Llama-3-8B shapes)", lambda r: r["launch"]),
+            Column("kernel", _compile_cell(_kernel_name)),
+            Column("registers", _compile_cell(lambda r: str(r["registers"]))),
+            Column("spills (bytes)", _compile_cell(lambda r: str(r["spill_store_bytes"]))),
+            Column("blocks / SM", _compile_cell(lambda r: str(r["blocks_per_sm"]))),
+            Column("stages", _compile_cell(lambda r: str(r["num_stages"]) if r["pipelined"] else "none")),
+            Column("loop instructions", _compile_cell(lambda r: str(r["loop_instructions"]))),
+            Column("instructions / weight", _compile_cell(_per_weight)),
+        ),
+        rows=_compile_rows,
     ),
     Table(
         "cold-start-cpu",

@@ -25,7 +25,8 @@
 #   quant       batch-1 decode of none, int8, fp8 and int4 weights in one run
 #   profile     kernel vs wall time per decode step at batch 1, 32 and 256 (streaming text), and at
 #               256 again without async output processing
-#   kernels     the GEMV and paged-attention kernels alone (CUDA only)
+#   kernels     the projections at 1-64 rows on every path (the routing table's timings, and the
+#               table they give: DIR/dispatch_table.json) and the paged-attention kernel alone
 #   moe-lora    the fused MoE layer (Qwen3-30B-A3B, Mixtral-8x7B; bf16, int8, fp8, int4 experts) and
 #               batched LoRA on Llama-3-8B's projections (decode and prefill), each checked first
 #   offline     nano-vllm's workload (256 requests, 100-1024 in and out); transformers on its first
@@ -200,6 +201,7 @@ if $smoke; then
     profile_sync=(--batch-sizes 2 --steps 2 --input-len 8)
     stretch=(--num-prompts 4 --min-len 8 --max-len 8)
     moe_lora=(--smoke)
+    kernels=(--smoke)
 else
     shape=llama-3-8b small_shape=llama-3.2-1b
     tests=(tests/runtime)
@@ -212,6 +214,7 @@ else
     profile_sync=(--batch-sizes 256)
     stretch=(--min-len 1024 --max-len 1024)
     moe_lora=()
+    kernels=()
 fi
 
 # One command of a part, in the environment gpu-env.sh makes, within what is left of the part's time.
@@ -244,8 +247,12 @@ run_part() {
                 --no-async-output-proc --name "sync_output_profile_$shape" --out "$out" ;;
         stretch) run -m pagoda_runtime.cli bench throughput --shape "$shape" --quantization fp8 --kv-cache-dtype fp8 \
             "${stretch[@]}" --result-json "$out/throughput_${shape}_fp8_fp8kv.json" ;;
-        kernels) run -m benchmarks.quant_kernels --check && run -m benchmarks.quant_kernels --rows 4 &&
-            run -m benchmarks.attention_kernels ;;
+        # A path that fails its check is left out of the table and fails the part, after attention ran.
+        kernels) local rc=0
+            run -m benchmarks.quant_kernels --check "${kernels[@]}" \
+                --result-json "$out/quant_kernels.json" --write-table "$out/dispatch_table.json" || rc=$?
+            run -m benchmarks.attention_kernels "${kernels[@]}" --result-json "$out/attention_kernels.json" &&
+                return "$rc" ;;
         moe-lora) run -m benchmarks.moe_kernels --check --kinds bf16,int8,fp8,int4 "${moe_lora[@]}" \
                 --result-json "$out/moe_kernels.json" &&
             run -m benchmarks.lora_kernels --check "${moe_lora[@]}" --result-json "$out/lora_decode.json" &&

@@ -54,7 +54,7 @@ def _parts(text: str) -> dict[str, int | str]:
 
 @pytest.mark.slow
 def test_every_part_runs_on_tiny_shapes_and_the_targets_read_its_results(tmp_path):
-    parts = ["tests", "decode", "batch", "quant", "profile", "offline", "serve", "stretch"]
+    parts = ["tests", "decode", "batch", "quant", "profile", "kernels", "offline", "serve", "stretch"]
     result = _bench(tmp_path, "--smoke", *parts, timeout=900)
     out = tmp_path / "out"
     assert result.returncode == 0, result.stderr + "".join(
@@ -70,6 +70,22 @@ def test_every_part_runs_on_tiny_shapes_and_the_targets_read_its_results(tmp_pat
     sync = json.loads((out / "sync_output_profile_tiny-llama_b2.json").read_text())
     assert sync["async_output_proc"] is False and sync["detokenize"] is True
     assert sync["host_parts_ms_median"]["overlapped"] == 0
+    # The kernels part: every path at each batch, the routing table they give, the attention kernel.
+    kernels = json.loads((out / "quant_kernels.json").read_text())
+    assert kernels["failures"] == [] and {r["kind"] for r in kernels["results"]} == {
+        "dense",
+        "int8",
+        "fp8",
+        "int4",
+    }
+    assert json.loads((out / "dispatch_table.json").read_text())["routes"].keys() == {
+        "dense",
+        "int8",
+        "fp8",
+        "int4",
+    }
+    attention = json.loads((out / "attention_kernels.json").read_text())
+    assert {r["cache"] for r in attention["decode"]} == {"bf16", "fp8"} and attention["prefill"]
     rate = json.loads((out / "serve-rate-inf.json").read_text())
     assert rate["completed"] == 4 and rate["failed"] == 0
     rows = {row["target"]: row for row in json.loads((out / "targets.json").read_text())}

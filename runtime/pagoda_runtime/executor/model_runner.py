@@ -20,6 +20,7 @@ from pagoda_runtime.contract.quantization_selection import cpu_packed_kernels, c
 from pagoda_runtime.contract.sizing import kv_bytes_per_block, kv_heads_per_rank
 from pagoda_runtime.engine.scheduler import ScheduledBatch
 from pagoda_runtime.engine.sequence import Sequence
+from pagoda_runtime.executor import kv_scales
 from pagoda_runtime.executor.attention_metadata import AttentionMetadata
 from pagoda_runtime.executor.cpu_threads import configure_torch_threads
 from pagoda_runtime.executor.devices import Placement, dtype_name, host_list_on, resolve_dtype
@@ -123,7 +124,24 @@ class ModelRunner:
                     module.pack_for_cpu()
                 elif isinstance(module, VocabParallel):
                     module.hold_in(vocab_dtype)
+        if self.device.type == "cuda":
+            for module in self.model.modules():
+                if isinstance(module, QuantizedLinear):
+                    module.pack_for_gpu()
         self.model.eval()
+        if self.kv_cache_dtype == FP8_KV_DTYPE:
+            scales = kv_scales.calibrate(
+                self.model,
+                model_config.vocab_size,
+                max_model_len,
+                self.block_size,
+                self.num_kv_heads,
+                model_config.head_dim,
+                self.dtype,
+                self.device,
+            )
+            for layer, layer_scales in zip(self.model.layers, scales, strict=True):
+                layer.self_attn.kv_scales = layer_scales
         self.weight_bytes = model_weight_bytes(self.model)
         self.decode_weight_bytes = decode_weight_bytes(self.model)  # what one decode step reads
         # Rank 0's block manager hands out block ids for every rank's cache: all hold as many.

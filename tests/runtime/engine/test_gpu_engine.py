@@ -12,7 +12,7 @@ import pytest
 import torch
 from pagoda_runtime import LLM, SamplingParams
 from pagoda_runtime.engine.scoring import score
-from pagoda_runtime.executor.kernels.triton_paged_attention import default_num_splits
+from pagoda_runtime.executor.kernels.triton_paged_attention import max_splits
 from pagoda_runtime.executor.model_runner import graph_batch_sizes
 from transformers import AutoModelForCausalLM
 
@@ -215,7 +215,7 @@ def test_an_8k_context_decodes_through_split_k_as_transformers_does():
         kv_cache_memory=2**30,
     )
     config = llm.engine.model_config.architecture
-    assert default_num_splits(1, config.num_key_value_heads, torch.device("cuda")) > 1
+    assert max_splits(1, config.num_key_value_heads, torch.device("cuda")) > 1
     text = EVAL_TEXT.read_text()
     prompt = (llm.get_tokenizer().encode(text) * 20)[:8000]
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)

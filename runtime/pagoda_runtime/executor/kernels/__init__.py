@@ -19,9 +19,10 @@ from pagoda_runtime.executor.kernels.rope_cache import build_cos_sin_cache
 
 @dataclass(frozen=True)
 class AttentionOps:
-    """rotary_write_kv(positions, q, k, v, cos_sin_cache, kv_cache, slot_mapping, derived) -> q:
-    q rotated in place, the rotated k and v stored at their slots (negative slots skipped);
-    attention(q, kv_cache, meta, scale) -> out [T, H, D], reading keys and values from the cache only.
+    """rotary_write_kv(positions, q, k, v, cos_sin_cache, kv_cache, slot_mapping, derived, kv_scales)
+    -> q: q rotated in place, the rotated k and v stored at their slots (negative slots skipped);
+    attention(q, kv_cache, meta, scale, kv_scales) -> out [T, H, D], reading keys and values from
+    the cache only. kv_scales: the layer's fp8 cache scales [2, Hkv] (kv_scales.py), or None.
     derived is the step's memo (AttentionMetadata.derived), for an implementation that builds
     tensors from the step once for all layers (the reference path; the Triton kernels need none).
     """

@@ -4,8 +4,9 @@ Everything is computed in float32 with the formulation Hugging Face transformers
 (matmul, scale, mask, float32 softmax, matmul), so a float32 model reproduces its greedy tokens.
 
 The KV cache holds k and v in its own dtype: the model's dtype, or fp8 e4m3 (float8_e4m3fn), where
-values beyond +-448 saturate instead of becoming NaN. The fp8 cache has no scale (a per-tensor
-scale of 1.0, as in vLLM when a checkpoint carries no calibrated KV scales).
+values beyond +-448 saturate instead of becoming NaN. An fp8 cache may have scales, float32
+[2, Hkv] per layer (keys, values; one per kv head, see executor/kv_scales.py): stored values are
+k * (1 / scale), read back as stored * scale. Without them the scale is 1.0.
 """
 
 from __future__ import annotations
@@ -59,9 +60,12 @@ def rotary(
     return q, k
 
 
-def to_cache_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """x in the cache's dtype, through float32 as the Triton kernel does; saturated when it is fp8."""
+def to_cache_dtype(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, Hkv, D] in the cache's dtype, through float32 as the Triton kernel does: multiplied
+    by 1 / scale (one per kv head) first when one is given, saturated when the cache is fp8."""
     x = x.float()
+    if scale is not None:
+        x = x * (1 / scale)[:, None]
     if dtype == FP8_KV_DTYPE:
         x = x.clamp(-FP8_MAX, FP8_MAX)
     return x.to(dtype)
@@ -73,16 +77,19 @@ def write_kv(
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     derived: dict | None = None,
+    kv_scales: torch.Tensor | None = None,
 ) -> None:
-    """Store k, v [T, Hkv, D] at their slots of kv_cache [2, blocks, block_size, Hkv, D].
+    """Store k, v [T, Hkv, D] at their slots of kv_cache [2, blocks, block_size, Hkv, D], divided
+    by kv_scales [2, Hkv] when given.
 
     A negative slot marks a padding token (a CUDA-graph batch padded to its bucket) and is skipped.
     """
     keep, slots = _per_step(derived, "write_kv_slots", lambda: _kept_slots(slot_mapping))
     if keep is not None:
         k, v = k[keep], v[keep]
-    kv_cache[0].flatten(0, 1).index_put_((slots,), to_cache_dtype(k, kv_cache.dtype))
-    kv_cache[1].flatten(0, 1).index_put_((slots,), to_cache_dtype(v, kv_cache.dtype))
+    k_scale, v_scale = (None, None) if kv_scales is None else kv_scales
+    kv_cache[0].flatten(0, 1).index_put_((slots,), to_cache_dtype(k, kv_cache.dtype, k_scale))
+    kv_cache[1].flatten(0, 1).index_put_((slots,), to_cache_dtype(v, kv_cache.dtype, v_scale))
 
 
 def rotary_write_kv(
@@ -94,10 +101,11 @@ def rotary_write_kv(
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     derived: dict | None = None,
+    kv_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """rotary, then write_kv: q rotated in place, the rotated k and v in the cache; returns q."""
     q, k = rotary(positions, q, k, cos_sin_cache, derived)
-    write_kv(k, v, kv_cache, slot_mapping, derived)
+    write_kv(k, v, kv_cache, slot_mapping, derived, kv_scales)
     return q
 
 
@@ -127,9 +135,11 @@ def _attend(
     return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32), v)
 
 
-def _gathered(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+def _gathered(cache: torch.Tensor, slots: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """The cache rows at `slots` [..., Hkv, D] in float32, times their kv head's scale if any."""
     values = cache[slots]
-    return values if values.dtype == torch.float32 else values.float()
+    values = values if values.dtype == torch.float32 else values.float()
+    return values if scale is None else values * scale[:, None]
 
 
 def _plan(meta: AttentionMetadata, block_size: int) -> tuple:
@@ -175,8 +185,10 @@ def attention(
     kv_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    kv_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of q [T, H, D] over the paged cache; returns [T, H, D] in q's dtype.
+    kv_scales [2, Hkv]: what the stored keys and values were divided by, or None.
 
     Decode rows of the batch are done together (one gather, one padded batch); each prefill chunk
     is done alone, since padding chunks of different lengths to one shape wastes more than it saves.
@@ -187,12 +199,13 @@ def attention(
     key_cache = kv_cache[0].flatten(0, 1)
     value_cache = kv_cache[1].flatten(0, 1)
     decode, prefills = _plan(meta, block_size)
+    k_scale, v_scale = (None, None) if kv_scales is None else kv_scales
     out = torch.empty_like(q)
 
     if decode is not None:
         rows, slots, mask = decode
-        k = _gathered(key_cache, slots).permute(0, 2, 1, 3)  # [S, Hkv, L, D]
-        v = _gathered(value_cache, slots).permute(0, 2, 1, 3)
+        k = _gathered(key_cache, slots, k_scale).permute(0, 2, 1, 3)  # [S, Hkv, L, D]
+        v = _gathered(value_cache, slots, v_scale).permute(0, 2, 1, 3)
         qd = (q if rows is None else q[rows]).float().view(-1, num_kv_heads, group, head_dim)
         o = _attend(qd, k, v, mask, scale).reshape(-1, num_heads, head_dim).to(q.dtype)
         if rows is None:
@@ -201,8 +214,8 @@ def attention(
 
     for start, end, slots, causal in prefills:
         query_len = end - start
-        k = _gathered(key_cache, slots).transpose(0, 1)  # [Hkv, L, D]
-        v = _gathered(value_cache, slots).transpose(0, 1)
+        k = _gathered(key_cache, slots, k_scale).transpose(0, 1)  # [Hkv, L, D]
+        v = _gathered(value_cache, slots, v_scale).transpose(0, 1)
         # [M, H, D] -> [Hkv, G*M, D], rows ordered (head in group, token).
         qp = q[start:end].float().view(query_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
         qp = qp.reshape(num_kv_heads, group * query_len, head_dim)

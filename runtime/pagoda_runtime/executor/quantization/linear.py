@@ -1,4 +1,6 @@
-"""Linear layers with packed weights, and the one place that picks the matmul for a device.
+"""Linear layers with packed weights, and the one place that picks the matmul for a device: the
+PyTorch reference or torch's packed CPU kernels on a CPU (cpu_packed.py), on CUDA the path
+dispatch.py's table names for the layer's kind, batch rows and shape (gpu_packed.py).
 
 The model builds every projection through make_linear and feeds it weights row block by row
 block (q, k and v into one fused qkv_proj): float weights are quantized on arrival, PackedWeights
@@ -23,30 +25,11 @@ from pagoda_runtime.executor.quantization.cpu_packed import cpu_packed_weight
 from pagoda_runtime.executor.quantization.online import ONLINE_QUANTIZERS, int4_group_size
 from pagoda_runtime.executor.quantization.packed import PackedWeight
 from pagoda_runtime.executor.quantization.reference import reference_matmul
-from pagoda_runtime.executor.quantization.scaled_mm import fp8_scaled_mm, scaled_mm_supported
 
 # Float weights that reach a layer of a pre-quantized checkpoint are quantized with this method,
 # chosen to lose as little as possible; a GGUF file's projections of block types without a packed
 # layout (and its F16 ones) arrive dequantized and stay floats, in row blocks of their own ("none").
 _FLOAT_FALLBACK = {"awq": "int4", "gptq": "int4", "gguf": "none"}
-# Up to this many activation rows the weight-streaming GEMV beats tensor-core tiles.
-GEMV_MAX_ROWS = 4
-
-
-def quantized_matmul(x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
-    """x [M, K] @ dequantized(weight)^T on the best path for x's device."""
-    if not x.is_cuda:
-        return reference_matmul(x, weight)
-    # Triton is imported on the first CUDA call only, as in kernels/, so the CPU path never loads it.
-    if x.shape[0] <= GEMV_MAX_ROWS:
-        from pagoda_runtime.executor.quantization.triton_gemv import gemv
-
-        return gemv(x, weight)
-    if scaled_mm_supported(x, weight):
-        return fp8_scaled_mm(x, weight)
-    from pagoda_runtime.executor.quantization.triton_gemm import gemm
-
-    return gemm(x, weight)
 
 
 class QuantizedLinear(nn.Module):
@@ -83,6 +66,7 @@ class QuantizedLinear(nn.Module):
         self.loaded_rows: list[tuple[int, int]] = []
         self.row_blocks: nn.ModuleList | None = None
         self.row_starts: list[int] = []
+        self.gpu_weight: nn.Module | None = None  # see pack_for_gpu
         self._device = torch.device(device) if device is not None else torch.device("cpu")
         self._dtype = dtype
         self.bias = (
@@ -96,8 +80,10 @@ class QuantizedLinear(nn.Module):
         if self.qweight is None:
             if self.row_blocks is not None:
                 raise RuntimeError("this layer holds its parts as separate row blocks (row_blocks)")
-            if self.cpu_weight is not None:
-                raise RuntimeError("this layer's weight is in torch's CPU kernel layout (cpu_weight) now")
+            if self.cpu_weight is not None or self.gpu_weight is not None:
+                raise RuntimeError(
+                    "this layer's weight is in its kernel's layout (cpu_weight / gpu_weight) now"
+                )
             raise RuntimeError("this layer has no weight yet; call load() with its checkpoint tensor first")
         return PackedWeight(self.kind, self.qweight, self.scales, self.group_size, self.offsets)
 
@@ -177,6 +163,17 @@ class QuantizedLinear(nn.Module):
             self.cpu_weight = packed
             self.qweight = self.scales = self.offsets = None
 
+    def pack_for_gpu(self) -> None:
+        """Once every row is loaded (and, under tensor parallelism, sliced): re-lay the weight for
+        the CUDA kernels that read it (gpu_packed.py); the buffers it came from are dropped."""
+        # Triton is imported here, on CUDA only, so that the CPU path never loads it.
+        if self.row_blocks is not None:
+            return  # each row block is a QuantizedLinear of its own, packed as the model's modules are
+        from pagoda_runtime.executor.quantization.gpu_packed import gpu_packed_weight
+
+        self.gpu_weight = gpu_packed_weight(self.weight)
+        self.qweight = self.scales = self.offsets = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The model's activations are already [tokens, features]: skipping the reshapes and the
         # packed weight's module call saves dispatch time that rivals the matmul's own at batch 1.
@@ -185,8 +182,10 @@ class QuantizedLinear(nn.Module):
             y = torch.cat([block(x2d) for block in self.row_blocks], dim=-1)
         elif self.cpu_weight is not None:
             y = self.cpu_weight.forward(x2d)
+        elif self.gpu_weight is not None:
+            y = self.gpu_weight.forward(x2d)
         else:
-            y = quantized_matmul(x2d, self.weight)
+            y = reference_matmul(x2d, self.weight)
         if self.bias is not None:
             y = y + self.bias
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
@@ -228,6 +227,20 @@ class DenseLinear(nn.Linear):
 
     def load_bias(self, bias: torch.Tensor, row_offset: int = 0) -> None:
         self.bias.data[row_offset : row_offset + bias.shape[0]] = bias.to(self.bias.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The tensor-core kernel takes 16-bit weights; float32 ones stay with cuBLAS.
+        if x.is_cuda and x.dim() == 2 and x.dtype == self.weight.dtype != torch.float32:
+            from pagoda_runtime.executor.quantization import dispatch
+
+            n, k = self.weight.shape
+            plan = dispatch.route("dense", x.shape[0], n, k)
+            if plan.path == "mma":
+                from pagoda_runtime.executor.quantization.triton_mma import dense_mma_weight, mma_matmul
+
+                y = mma_matmul(x, dense_mma_weight(self.weight), plan.config)
+                return y if self.bias is None else y + self.bias
+        return super().forward(x)
 
 
 def make_linear(

@@ -13,10 +13,12 @@ def linear_weight_bytes(model: nn.Module) -> int:
     """Stored bytes of every projection built by make_linear (packed weights, scales, offsets)."""
     total = 0
     for module in model.modules():
-        if isinstance(module, QuantizedLinear) and module.cpu_weight is not None:
-            total += sum(t.numel() * t.element_size() for t in module.cpu_weight.buffers())
-        elif isinstance(module, QuantizedLinear) and module.qweight is not None:
-            total += module.weight.nbytes
+        if isinstance(module, QuantizedLinear):
+            packed = module.cpu_weight if module.cpu_weight is not None else module.gpu_weight
+            if packed is not None:
+                total += sum(t.numel() * t.element_size() for t in packed.buffers())
+            elif module.qweight is not None:
+                total += module.weight.nbytes
         elif isinstance(module, DenseLinear):
             total += module.weight.numel() * module.weight.element_size()
     return total
@@ -25,7 +27,7 @@ def linear_weight_bytes(model: nn.Module) -> int:
 def model_weight_bytes(model: nn.Module) -> int:
     """Stored bytes of everything a checkpoint fills: parameters and packed buffers, but not derived
     buffers such as the rotary cos/sin table, which are not saved with the model. A layer packed for
-    the CPU kernels holds only its packed buffers, so no weight is counted twice."""
+    its kernels (CPU or GPU) holds only its packed buffers, so no weight is counted twice."""
     return sum(tensor.numel() * tensor.element_size() for tensor in model.state_dict().values())
 
 
