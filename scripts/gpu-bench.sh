@@ -14,7 +14,7 @@
 #   offline-1b  the same on the Llama-3.2-1B shape
 #   serve       Poisson rate sweep up to saturation against `serve --load-format dummy`
 #   profile     kernel vs wall time per decode step at batch 1, 32 and 256 (streaming text), and at
-#               256 again without async output processing
+#               256 again without async scheduling
 #   stretch     fp8 weights and fp8 KV cache, 1k in / 1k out
 #   kernels     the GEMV and paged-attention kernels alone (CUDA only)
 #   all         every part above, in that order
@@ -61,7 +61,7 @@ if $smoke; then
     offline=(--num-prompts 4 --min-len 4 --max-len 12 --hf-num-prompts 4 --hf-batch-size 4)
     rate=(--rates inf --num-prompts 4 --input-len 8 --output-len 8 --random-vocab-size 500)
     profile=(--batch-sizes 1,2 --steps 2 --input-len 8)
-    profile_sync=(--batch-sizes 2 --steps 2 --input-len 8)
+    profile_in_order=(--batch-sizes 2 --steps 2 --input-len 8)
     stretch=(--num-prompts 4 --min-len 8 --max-len 8)
 else
     shape=llama-3-8b small_shape=llama-3.2-1b
@@ -71,7 +71,7 @@ else
     offline=(--hf-num-prompts 256)
     rate=(--rates 4,8,16,32,64,inf --num-prompts 400)
     profile=(--batch-sizes 1,32,256)
-    profile_sync=(--batch-sizes 256)
+    profile_in_order=(--batch-sizes 256)
     stretch=(--min-len 1024 --max-len 1024)
 fi
 
@@ -95,10 +95,10 @@ run_part() {
             --result-json "$out/throughput_$small_shape.json" ;;
         serve) run -m pagoda_runtime.bench.sweeps rate --serve "--model $shape --load-format dummy" "${rate[@]}" \
             --out "$out" ;;
-        # Served requests stream text; the second run is the same step without async output processing.
+        # Served requests stream text; the second run is the same step without async scheduling.
         profile) run -m pagoda_runtime.bench.step_profile --shape "$shape" "${profile[@]}" --detokenize --out "$out" &&
-            run -m pagoda_runtime.bench.step_profile --shape "$shape" "${profile_sync[@]}" --detokenize \
-                --no-async-output-proc --name "sync_output_profile_$shape" --out "$out" ;;
+            run -m pagoda_runtime.bench.step_profile --shape "$shape" "${profile_in_order[@]}" --detokenize \
+                --no-async-scheduling --name "in_order_profile_$shape" --out "$out" ;;
         stretch) run -m pagoda_runtime.cli bench throughput --shape "$shape" --quantization fp8 --kv-cache-dtype fp8 \
             "${stretch[@]}" --result-json "$out/throughput_${shape}_fp8_fp8kv.json" ;;
         kernels) run -m pagoda_runtime.bench.quant_kernels --check && run -m pagoda_runtime.bench.quant_kernels --rows 4 &&

@@ -55,10 +55,10 @@ def test_every_part_runs_on_tiny_shapes_and_the_targets_read_its_results(tmp_pat
     assert latency["decode_tok_per_s"] > 0 and latency["speedup_vs_hf"] > 0
     speed = json.loads((out / "quantization_speed.json").read_text())
     assert [row["quantization"] for row in speed["rows"]] == ["none", "int8"]
-    # The profile part's second run: the same step with its text made before the next launch.
-    sync = json.loads((out / "sync_output_profile_tiny-llama_b2.json").read_text())
-    assert sync["async_output_proc"] is False and sync["detokenize"] is True
-    assert sync["host_parts_ms_median"]["overlapped"] == 0
+    # The profile part's second run: the same step with each step's tokens read before the next launch.
+    in_order = json.loads((out / "in_order_profile_tiny-llama_b2.json").read_text())
+    assert in_order["async_scheduling"] is False and in_order["detokenize"] is True
+    assert in_order["host_parts_ms_median"]["sample"] == 0
     rate = json.loads((out / "serve-rate-inf.json").read_text())
     assert rate["completed"] == 4 and rate["failed"] == 0
     rows = {row["target"]: row for row in json.loads((out / "targets.json").read_text())}
@@ -88,9 +88,11 @@ def test_targets_judge_only_their_own_shape(tmp_path):
     }
     (tmp_path / "latency_b1.json").write_text(json.dumps(results))
     profile = {"model": "llama-3-8b", "host_ms_median": 3.0, "step_wall_ms_median": 20.0}
+    profile["device_idle_share"] = 0.04
     (tmp_path / "step_profile_llama-3-8b_none_b256.json").write_text(json.dumps(profile))
     rows = {row["target"]: row["verdict"] for row in targets.check_all(tmp_path)}
     assert rows["batch-1 bf16 decode tok/s"] == "met"
     assert rows["batch-1 decode, fraction of roofline"] == "missed"
     assert rows["host share of a step at 256 sequences"] == "missed"
+    assert rows["GPU idle share of a step at 256 sequences"] == "met"
     assert rows["offline 8B, x transformers"] == "not measured"

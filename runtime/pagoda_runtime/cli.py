@@ -174,7 +174,7 @@ def _add_serve(sub) -> None:
         default=defaults.enable_prefix_caching,
     )
     p.add_argument("--enforce-eager", action="store_true", help="do not capture CUDA graphs")
-    add_async_output_flag(p)
+    add_async_scheduling_flag(p)
     _add_parallel(p)
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument(
@@ -198,18 +198,25 @@ def _add_serve(sub) -> None:
     p.add_argument("--log-level", default="INFO")
 
 
-def add_async_output_flag(p) -> None:
+def add_async_scheduling_flag(p) -> None:
+    p.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="schedule and launch each step before reading the previous step's tokens, and make their "
+        "text while the device runs (default: on a GPU; a CPU computes in the launch, so it gains nothing)",
+    )
     p.add_argument(
         "--disable-async-output-proc",
         action="store_true",
-        help="make each step's text before the next step starts; by default a GPU runs the next step "
-        "meanwhile (a CPU has nothing to overlap and never does)",
+        help="vLLM's older switch, kept: the same as --no-async-scheduling",
     )
 
 
-def async_output_proc(args: argparse.Namespace) -> bool | None:
-    """The EngineConfig value of --disable-async-output-proc: off, or the device's default."""
-    return False if args.disable_async_output_proc else None
+def async_scheduling(args: argparse.Namespace) -> bool | None:
+    """The EngineConfig value of --[no-]async-scheduling and --disable-async-output-proc: on, off,
+    or the device's default."""
+    return False if args.disable_async_output_proc else args.async_scheduling
 
 
 def _add_bench(sub) -> None:
@@ -245,7 +252,7 @@ def _add_offline_common(p) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--kv-cache-memory", type=float, default=0.9)
     p.add_argument("--enforce-eager", action="store_true")
-    add_async_output_flag(p)
+    add_async_scheduling_flag(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hf", action="store_true", help="also run transformers' generate and report the ratio")
     p.add_argument("--result-json", default=None)
@@ -288,7 +295,7 @@ def _bench_offline(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_memory=args.kv_cache_memory,
         enforce_eager=args.enforce_eager,
-        async_output_proc=async_output_proc(args),
+        async_scheduling=async_scheduling(args),
         seed=args.seed,
         hf=args.hf,
     )
@@ -327,7 +334,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         gpu_memory_utilization=args.gpu_memory_utilization,
         enable_prefix_caching=args.enable_prefix_caching,
         enforce_eager=args.enforce_eager,
-        async_output_proc=async_output_proc(args),
+        async_scheduling=async_scheduling(args),
         seed=args.seed,
         tensor_parallel_size=args.tensor_parallel_size,
     )

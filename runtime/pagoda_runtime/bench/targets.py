@@ -90,6 +90,13 @@ TARGETS = (
         at_least=False,
     ),
     Target(
+        "GPU idle share of a step at 256 sequences",
+        "step_profile_*_b256.json",
+        lambda data: data["device_idle_share"],
+        0.05,
+        at_least=False,
+    ),
+    Target(
         "fp8 + fp8 KV 1k/1k output tok/s (TensorRT-LLM 15,220)",
         "throughput_*_fp8_fp8kv.json",
         _results("output_tok_per_s"),

@@ -17,7 +17,7 @@ class OfflineConfig:
     max_num_batched_tokens: int = 8192
     kv_cache_memory: float = 0.9
     enforce_eager: bool = False
-    async_output_proc: bool | None = None  # None: the device's default (config.EngineConfig)
+    async_scheduling: bool | None = None  # None: the device's default (config.EngineConfig)
     seed: int = 0
     hf: bool = False
     result_json: str | None = None

@@ -97,9 +97,10 @@ class EngineConfig:
     gpu_memory_utilization: float | None = None
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
-    # Make each step's text while the device runs the next one (vLLM's async output processing);
-    # None: on where the device runs apart from the host (CUDA).
-    async_output_proc: bool | None = None
+    # Schedule and launch each step before the previous step's tokens are read, and make their
+    # text while the device runs (vLLM's async scheduling); None: on where the device runs apart
+    # from the host (CUDA).
+    async_scheduling: bool | None = None
     seed: int = 0
     # Ranks the model is split over (tensor_parallel.py); each rank's process builds the engine
     # parts with its own TensorParallel.

@@ -3,7 +3,9 @@
 Every step has a token budget. Running sequences go first, oldest first: a decoding sequence
 costs one token, one still in its prompt costs the next chunk that fits. Waiting sequences are
 then admitted first-come-first-served while the budget, `max_num_seqs` and free blocks allow.
-When a running sequence needs a block and none is free, the newest running sequence is preempted:
+A running sequence whose last token is still on the device (async scheduling) costs nothing: it
+only waits for the host to read it. When a running sequence needs a block and none is free, the
+newest running sequence is preempted:
 its blocks are freed and it waits at the front of the queue to be recomputed later. The oldest
 sequence can therefore always take every block, and admission refuses any request that could not
 run alone, so the scheduler never deadlocks and never drops a request. Plain Python, no torch.
@@ -71,8 +73,8 @@ class Scheduler:
         for seq in list(self.running):
             if budget == 0:
                 break
-            if seq.status != SequenceStatus.RUNNING:
-                continue  # preempted earlier in this loop
+            if seq.status != SequenceStatus.RUNNING or seq.last_token_sampled:
+                continue  # preempted earlier in this loop, or its last token is being sampled
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             while not self.block_manager.can_append(seq, num_new):
                 victim = self.running[-1]
@@ -102,6 +104,10 @@ class Scheduler:
     def _admit(self, seq: Sequence, budget: int) -> bool:
         """Give a waiting sequence its blocks: forked from its leader's prompt, found in the prefix
         cache, or new. False when it has to keep waiting."""
+        if seq.num_pending:
+            # Preempted while its last token was in flight: its prefill needs that token, which the
+            # host reads before the next schedule.
+            return False
         bm = self.block_manager
         leader = seq.leader
         if seq is not leader and seq.num_output_tokens == 0:
@@ -137,12 +143,16 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def update(self, batch: ScheduledBatch) -> None:
-        """Record that the batch ran: its tokens are now in the cache."""
+        """Record that the batch is launched: its tokens are in the cache for every later step (the
+        device runs steps in order), and each sequence that samples has one more token, pending
+        until the host reads it."""
+        cache_blocks = self.block_manager.cache_computed_blocks
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens, strict=True):
-            if seq.is_finished:
-                continue  # ended while the batch ran: its blocks are free already
-            seq.num_computed_tokens += num_new
-            self.block_manager.cache_computed_blocks(seq)
+            computed = seq.num_computed_tokens + num_new
+            if computed == seq.num_tokens:
+                seq.num_pending += 1
+            seq.num_computed_tokens = computed
+            cache_blocks(seq)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """End a sequence (stopped, length or aborted) and free its blocks at once."""

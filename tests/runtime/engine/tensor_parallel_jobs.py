@@ -72,8 +72,15 @@ def greedy_runs(tp, jobs: list[tuple[str, str, dict]], prompts: list[str] = PROM
                 config.num_hidden_layers, heads, config.head_dim, settings["block_size"], "float32"
             )
             settings["kv_cache_memory"] = kv_blocks * per_block
+        # Groups launch each step before reading the last (their input ids broadcast from rank 0's
+        # device), one process reads each step first: the ids must match across the two.
         engine_config = EngineConfig(
-            model=model, dtype="float32", device="cpu", tensor_parallel_size=tp.size, **settings
+            model=model,
+            dtype="float32",
+            device="cpu",
+            tensor_parallel_size=tp.size,
+            async_scheduling=tp.size > 1,
+            **settings,
         )
         if tp.is_driver:
             runs[name] = _drive(LLMEngine(engine_config, tp=tp), tp, name, prompts)

@@ -27,6 +27,7 @@ from pagoda_runtime.executor.kernels import (  # noqa: E402
     triton_paged_attention,
     triton_rmsnorm,
     triton_rotary_kv_write,
+    triton_sampling,
     triton_silu_mul,
 )
 from pagoda_runtime.executor.quantization import triton_gemm, triton_gemv  # noqa: E402
@@ -53,6 +54,7 @@ KERNELS = [
     (triton_rotary_kv_write, "_rotary_kv_write_kernel"),
     (triton_rmsnorm, "_rms_norm_kernel"),
     (triton_silu_mul, "_silu_and_mul_kernel"),
+    (triton_sampling, "_sample_kernel"),
     (triton_gemm, "_int4_gemm_kernel"),
     (triton_gemm, "_w8_gemm_kernel"),
     (triton_gemv, "_int4_gemv_kernel"),
@@ -125,6 +127,13 @@ def _launches() -> list:
     x = torch.randn(5, 576, dtype=torch.bfloat16)
     record("rms_norm", lambda: triton_rmsnorm.rms_norm(x, x[0], 1e-5, x))
     record("silu_and_mul", lambda: triton_silu_mul.silu_and_mul(x))
+    for vocab in (128256, 49152):  # Llama 3's vocabulary and the bundled model's
+        logits, rows = torch.empty(4, vocab), torch.arange(3)
+        params = (torch.ones(3), torch.zeros(3, dtype=torch.int32), torch.ones(3), torch.zeros(3))
+        seeds, out = torch.zeros(3, dtype=torch.int64), torch.zeros(4, dtype=torch.int64)
+        record(
+            f"sample vocab {vocab}", lambda a=(logits, rows, *params, seeds, out): triton_sampling.sample(*a)
+        )
     w = torch.randn(96, 64)
     for name, weight in [
         ("int4", quantize_int4(w, 32)),
