@@ -2,6 +2,8 @@
 token-by-token construction holds: for chunked prefills, decodes, forks, prefix-cache hits and,
 with async scheduling, tokens still on the device; decode batches padded to a CUDA graph's size."""
 
+import itertools
+
 import pytest
 import torch
 from pagoda_runtime import LLM, SamplingParams
@@ -124,6 +126,6 @@ def test_graph_sizes_step_by_8_then_by_16():
     assert graph_batch_sizes(20) == [1, 2, 4, 8, 16, 20]
     sizes = graph_batch_sizes(256)
     assert sizes[:6] == [1, 2, 4, 8, 16, 24] and sizes[-3:] == [224, 240, 256]
-    assert all(b - a == 8 for a, b in zip(sizes[3:], sizes[4:]) if b <= 128)
-    assert all(b - a == 16 for a, b in zip(sizes, sizes[1:]) if a >= 128)
+    assert all(b - a == 8 for a, b in itertools.pairwise(sizes[3:]) if b <= 128)
+    assert all(b - a == 16 for a, b in itertools.pairwise(sizes) if a >= 128)
     assert graph_batch_sizes(200)[-2:] == [192, 200]
