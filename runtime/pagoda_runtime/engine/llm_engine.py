@@ -22,7 +22,7 @@ from pagoda_runtime.engine.request_validation import RequestRejected, check_requ
 from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.engine.scheduler import ScheduledBatch
 from pagoda_runtime.engine.sequence import Sequence
-from pagoda_runtime.engine.stats import EngineStats, StepClock, StepShape, StepTiming
+from pagoda_runtime.engine.stats import EngineStats, StepClock, StepTiming
 from pagoda_runtime.engine.structured_outputs import StructuredOutputError
 from pagoda_runtime.executor.model_runner import LaunchedStep
 from pagoda_runtime.executor.sampler import SamplerOutput
@@ -177,7 +177,6 @@ class LLMEngine:
         clock.lap("schedule")
         if not batch.seqs:
             return []
-        shape = batch.shape()
         launched = self._launch(batch, None)
         clock.lap("launch")
         samples = launched.wait()
@@ -186,14 +185,13 @@ class LLMEngine:
         clock.lap("append")
         outputs = self._emit(sampled)
         clock.lap("emit")
-        self._record(clock, batch, shape)
+        self._record(clock, launched)
         return outputs
 
     def _step_overlapped(self) -> list[RequestOutput]:
         clock = StepClock()
         previous, self._in_flight = self._in_flight, None
         batch = self.scheduler.schedule()
-        shape = batch.shape()
         clock.lap("schedule")
         launched = self._launch(batch, previous) if batch.seqs else None
         clock.lap("launch")
@@ -210,8 +208,8 @@ class LLMEngine:
         self._in_flight = launched
         outputs = self._emit(sampled)
         clock.lap("emit")
-        if batch.seqs:
-            self._record(clock, batch, shape)
+        if launched is not None:
+            self._record(clock, launched)
         return outputs
 
     def _launch(self, batch: ScheduledBatch, in_flight: LaunchedStep | None) -> LaunchedStep:
@@ -267,7 +265,7 @@ class LLMEngine:
             outputs.append(output)
         return outputs
 
-    def _record(self, clock: StepClock, batch: ScheduledBatch, shape: StepShape) -> None:
+    def _record(self, clock: StepClock, launched: LaunchedStep) -> None:
         self.last_step_timing = clock.timing(
-            len(batch), shape, self.async_scheduling, prepare_s=self.runner.last_prepare_s
+            len(launched.batch), launched.shape, self.async_scheduling, prepare_s=self.runner.last_prepare_s
         )

@@ -28,6 +28,14 @@ class StepShape:
     context_tokens: int  # KV entries attention reads: every sequence's context up to its last new token
     attended_pairs: int  # (query, key) pairs attention scores, causal within a prefill chunk
 
+    @classmethod
+    def of(cls, starts, new, num_sampled: int) -> StepShape:
+        """The shape of a batch whose sequence i computes new[i] tokens after its first starts[i]
+        (numpy integer arrays: the model runner has them)."""
+        # Query j of a chunk sees the start tokens before it, itself and the chunk's earlier ones.
+        pairs = new * starts + new * (new + 1) // 2
+        return cls(int(new.sum()), num_sampled, int((starts + new).sum()), int(pairs.sum()))
+
 
 @dataclass(frozen=True)
 class StepTiming:

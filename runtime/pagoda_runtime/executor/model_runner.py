@@ -29,6 +29,7 @@ from pagoda_runtime.contract.quantization_selection import cpu_packed_kernels, c
 from pagoda_runtime.contract.sizing import kv_bytes_per_block, kv_heads_per_rank
 from pagoda_runtime.engine.scheduler import ScheduledBatch
 from pagoda_runtime.engine.sequence import Sequence
+from pagoda_runtime.engine.stats import StepShape
 from pagoda_runtime.executor.attention_metadata import AttentionMetadata
 from pagoda_runtime.executor.cpu_threads import configure_torch_threads
 from pagoda_runtime.executor.devices import Placement, dtype_name, resolve_dtype
@@ -82,6 +83,7 @@ class LaunchedStep:
     still to queue it (async scheduling, a batch whose sampling reads the previous step's tokens)."""
 
     batch: ScheduledBatch
+    shape: StepShape
     rows: list[int]  # indices into batch.seqs of the sequences that sample this step
     # How many output tokens each sampling row's sequence had before this step's: what min_tokens
     # and a seeded sample's noise count.
@@ -253,9 +255,11 @@ class ModelRunner:
         started = time.perf_counter()
         step, launched = self._prepare(batch, in_flight)
         self.last_prepare_s = time.perf_counter() - started
-        launched.logits, launched.greedy = self.run(step)
-        if launched.logits is None or not self.tp.is_driver:
-            return LaunchedStep(batch, [], [])
+        logits, greedy = self.run(step)
+        if logits is None or not self.tp.is_driver:
+            launched.rows, launched.output_index = [], []
+            return launched
+        launched.logits, launched.greedy = logits, greedy
         if in_flight is None or not any(uses_history(batch.seqs[i].params) for i in launched.rows):
             self.sample(launched)
         return launched
@@ -393,7 +397,8 @@ class ModelRunner:
         sampler_inputs = {
             k.removeprefix("sampler."): v for k, v in staged.items() if k.startswith("sampler.")
         }
-        return step, LaunchedStep(batch, rows.tolist(), output_index, sampler_inputs=sampler_inputs)
+        shape = StepShape.of(starts, news, rows.shape[0])
+        return step, LaunchedStep(batch, shape, rows.tolist(), output_index, sampler_inputs=sampler_inputs)
 
     @staticmethod
     def _rows_in(in_flight: LaunchedStep | None, seqs: list[Sequence]) -> np.ndarray:
