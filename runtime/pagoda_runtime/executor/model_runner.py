@@ -97,10 +97,6 @@ class LaunchedStep:
     def sampled(self) -> bool:
         return self.samples is not None or self.logits is None
 
-    def row_of(self) -> dict[int, int]:
-        """seq_id -> its row in the samples."""
-        return {self.batch.seqs[i].seq_id: k for k, i in enumerate(self.rows)}
-
     def wait(self) -> SamplerOutput:
         """The samples, once the device has computed them and copied them back."""
         return SamplerOutput([], []) if self.samples is None else self.samples.to_host()
@@ -339,11 +335,12 @@ class ModelRunner:
             for seq, first, start, end in zip(seqs, firsts, starts.tolist(), ends.tolist(), strict=True):
                 known_part = seq.token_ids[start:end]  # short of a last token still on the device
                 input_ids[first : first + len(known_part)] = known_part
-        lengths = np.array([len(seq.block_table) for seq in seqs])
+        block_tables = [seq.block_table for seq in seqs]
+        lengths = np.fromiter(map(len, block_tables), np.int64, n)
         width = int(lengths.max())
         tables = np.zeros((size, width), dtype=np.int32)
         tables[:n][np.arange(width) < lengths[:, None]] = np.fromiter(
-            itertools.chain.from_iterable(seq.block_table for seq in seqs), np.int32, int(lengths.sum())
+            itertools.chain.from_iterable(block_tables), np.int32, int(lengths.sum())
         )
         token_rows = np.arange(n) if decode else np.repeat(np.arange(n), news)
         real = positions[:num_tokens]

@@ -120,7 +120,7 @@ class Sampler:
         """What the device needs to sample these rows that the host knows at launch: the random
         rows and their parameters, and the logits the min_tokens rule masks (flat indices).
         output_index[i]: how many output tokens row i's sequence has before the one sampled."""
-        params = [seq.params for seq in seqs]
+        params = [seq.group.params for seq in seqs]
         random = [i for i, p in enumerate(params) if p.temperature != 0.0]
         chosen = [params[i] for i in random]
         seeds = np.empty(len(random), dtype=np.int64)

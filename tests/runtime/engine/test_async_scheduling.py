@@ -166,3 +166,39 @@ def test_outputs_are_the_same_in_both_orders(folder):
     for llm in (sync, overlapped):
         bm = llm.engine.block_manager
         assert bm.num_free_blocks == bm.num_blocks
+
+
+def test_preemption_prefix_caching_and_chunked_prefill_give_the_in_order_outputs(folder):
+    """A cache too small for the batch: sequences are preempted, some with a token in flight, and
+    recomputed; prompts arrive in chunks beside decodes and share cached blocks."""
+    block_bytes = make(folder, overlapped=False).engine.runner.kv_bytes_per_block
+
+    def small(overlapped: bool) -> LLM:
+        return LLM(
+            str(folder),
+            dtype="float32",
+            device="cpu",
+            block_size=4,
+            kv_cache_memory=40 * block_bytes,
+            max_num_batched_tokens=16,
+            async_scheduling=overlapped,
+        )
+
+    shared = "Once upon a time there was a fox. "
+    prompts = [shared + p for p in PROMPTS] * 2
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True),
+        SamplingParams(n=2, temperature=1.0, seed=2, max_tokens=25, ignore_eos=True),
+        SamplingParams(temperature=0.8, seed=3, max_tokens=28, min_tokens=10, frequency_penalty=0.4),
+        SamplingParams(temperature=0.0, max_tokens=26, ignore_eos=True, stop_token_ids=[7, 11]),
+    ] * 2
+    in_order, overlapped = small(False), small(True)
+    expected, got = in_order.generate(prompts, params), overlapped.generate(prompts, params)
+    for mine, theirs in zip(got, expected, strict=True):
+        assert [(o.token_ids, o.finish_reason) for o in mine.outputs] == [
+            (o.token_ids, o.finish_reason) for o in theirs.outputs
+        ]
+    stats = overlapped.engine.stats()
+    assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
+    bm = overlapped.engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks
