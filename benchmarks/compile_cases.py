@@ -14,6 +14,7 @@ from pagoda_runtime.executor.kernels import (
     triton_paged_attention,
     triton_rmsnorm,
     triton_rotary_kv_write,
+    triton_sampling,
     triton_silu_mul,
 )
 from pagoda_runtime.executor.kernels.lora_slots import lora_batch
@@ -163,6 +164,7 @@ KERNELS = [
     (triton_rotary_kv_write, "_rotary_kv_write_kernel"),
     (triton_rmsnorm, "_rms_norm_kernel"),
     (triton_silu_mul, "_silu_and_mul_kernel"),
+    (triton_sampling, "_sample_kernel"),
     (triton_mma, "_mma_kernel"),
     (triton_mma, "_dequantize_kernel"),
     (triton_moe, "_moe_gemm_kernel"),
@@ -198,6 +200,16 @@ def _small_cases() -> list:
     x = torch.randn(5, 576, dtype=torch.bfloat16)
     found.append(("rms_norm", lambda: triton_rmsnorm.rms_norm(x, x[0], 1e-5, x)))
     found.append(("silu_and_mul", lambda: triton_silu_mul.silu_and_mul(x)))
+    for vocab in (128256, 49152):  # Llama 3's vocabulary and the bundled model's
+        logits, rows = torch.empty(4, vocab), torch.arange(3)
+        params = (torch.ones(3), torch.zeros(3, dtype=torch.int32), torch.ones(3), torch.zeros(3))
+        seeds, out = torch.zeros(3, dtype=torch.int64), torch.zeros(4, dtype=torch.int64)
+        found.append(
+            (
+                f"sample vocab {vocab}",
+                lambda a=(logits, rows, *params, seeds, out): triton_sampling.sample(*a),
+            )
+        )
     found += _matmul_cases([("small", 96, 256)], (1, 3, 17, 40, 100), (torch.bfloat16, torch.float16))
     found += _matmul_cases([("small", 40, 64)], (3,), (torch.float32,))
     return found + _moe_cases() + _lora_cases()

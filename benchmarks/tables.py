@@ -55,6 +55,33 @@ def _waited_on_ms(row: dict) -> float:
     return parts["schedule"] + parts["prepare"] + parts["output"]
 
 
+def _step_parts(row: dict) -> dict[str, float]:
+    """A step profile's host parts in ms, from either format of its JSON: before async scheduling
+    the tokens' appending and their text were one part (`output`, and `overlapped` when made
+    while the next step ran)."""
+    parts = row["host_parts_ms_median"]
+    if "output" in parts:
+        tokens = parts["output"] + parts["overlapped"]
+        host = parts["schedule"] + parts["prepare"] + tokens
+        waited = parts["schedule"] + parts["prepare"] + parts["output"]
+    else:
+        tokens, host = parts["append"] + parts["sample"] + parts["emit"], parts["host"]
+        waited = 0.0 if row["async_scheduling"] else host
+    return {
+        "schedule": parts["schedule"],
+        "prepare": parts["prepare"],
+        "tokens": tokens,
+        "host": host,
+        "waited": waited,
+    }
+
+
+def _waited_on(row: dict) -> str:
+    if row.get("async_scheduling"):
+        return "none, while the device's step is longer"
+    return f"**{_step_parts(row)['waited']:.2f} ms**"
+
+
 def _mask_rows(loaded: list[dict]) -> list[dict]:
     (result,) = loaded
     return sorted(result["steps"], key=lambda r: (r["constrained"] > 0, r["constrained"], r["batch"]))
@@ -410,6 +437,32 @@ TABLES = [
         rows=lambda loaded: [
             {"order": "before the next launch", **loaded[0]},
             {"order": "while the next step runs (async output processing)", **loaded[1]},
+        ],
+    ),
+    Table(
+        "async-scheduling-cpu",
+        (
+            "cpu/host_overlap_before_in_order_b256.json",
+            "cpu/host_overlap_before_async_output_b256.json",
+            "cpu/host_overlap_after_in_order_b256.json",
+            "cpu/host_overlap_after_async_scheduling_b256.json",
+        ),
+        (
+            Column("engine", lambda r: r["engine"]),
+            Column("step order", lambda r: r["order"]),
+            Column("schedule", lambda r: f"{_step_parts(r)['schedule']:.2f} ms"),
+            Column("batch tensors", lambda r: f"{_step_parts(r)['prepare']:.2f} ms"),
+            Column("tokens and text", lambda r: f"{_step_parts(r)['tokens']:.2f} ms"),
+            Column("host per step", lambda r: f"{_step_parts(r)['host']:.2f} ms"),
+            Column("the device waits on", _waited_on),
+            Column("step (wall)", lambda r: f"{r['step_wall_ms_median']:.0f} ms"),
+            Column("load at start", lambda r: f"{r['load_average_before'][0]:.1f}"),
+        ),
+        rows=lambda loaded: [
+            {"engine": "before", "order": "in order", **loaded[0]},
+            {"engine": "before", "order": "async output processing", **loaded[1]},
+            {"engine": "after", "order": "in order", **loaded[2]},
+            {"engine": "after", "order": "async scheduling", **loaded[3]},
         ],
     ),
     Table(

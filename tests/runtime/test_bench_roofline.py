@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 from pagoda_runtime.bench import offline, roofline
@@ -13,9 +14,6 @@ from pagoda_runtime.contract import sizing
 from pagoda_runtime.contract.config import EngineConfig
 from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES, shape_config
 from pagoda_runtime.engine.llm_engine import LLMEngine
-from pagoda_runtime.engine.sampling_params import SamplingParams
-from pagoda_runtime.engine.scheduler import ScheduledBatch
-from pagoda_runtime.engine.sequence import Sequence, SequenceGroup
 from pagoda_runtime.engine.stats import StepShape
 from pagoda_runtime.loading.model_source import LoadedModel
 from pagoda_runtime.loading.random_model import bare_tokenizer, random_weights
@@ -86,22 +84,12 @@ def test_the_llama3_8b_batch1_bound_leaves_out_the_input_embedding():
     assert sizing.decode_weight_bytes(tied, "none") == sizing.weight_bytes(tied, "none")
 
 
-def _seq(prompt_len: int, computed: int, outputs: int = 0) -> Sequence:
-    group = SequenceGroup("r", list(range(prompt_len)), SamplingParams(max_tokens=8), 0.0)
-    seq = Sequence(group, 0)
-    seq.token_ids.extend(range(outputs))
-    seq.num_computed_tokens = computed
-    return seq
-
-
 def test_a_batch_reports_tokens_sampled_rows_context_and_causal_pairs():
-    batch = ScheduledBatch(
-        [_seq(10, 0), _seq(10, 4), _seq(6, 6, outputs=1)],
-        [10, 3, 1],  # a whole prompt; a middle chunk (positions 4-6 of 10); one decode token
-    )
+    # A whole prompt of 10; a middle chunk (positions 4-6 of 10); one decode token after 6.
+    starts, new = np.array([0, 4, 6]), np.array([10, 3, 1])
     # Pairs: 1 + 2 + ... + 10; the chunk's three queries see 4 cached keys each plus 1, 2, 3 of its
     # own; the decode token sees all 7.
-    assert batch.shape() == StepShape(
+    assert StepShape.of(starts, new, num_sampled=2) == StepShape(
         num_tokens=14, num_sampled=2, context_tokens=10 + 7 + 7, attended_pairs=55 + 18 + 7
     )
 

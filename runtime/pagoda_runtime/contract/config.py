@@ -107,11 +107,11 @@ class EngineConfig:
     )
     enable_prefix_caching: bool = setting(True, "reuse KV blocks of shared prompt prefixes")
     enforce_eager: bool = setting(False, "do not capture CUDA graphs")
-    async_output_proc: bool | None = setting(
+    async_scheduling: bool | None = setting(
         None,
-        "make each step's text while the device runs the next step (vLLM's async output "
-        "processing); default: on where the device runs apart from the host (a GPU), off on a CPU, "
-        "which has nothing to overlap",
+        "schedule and launch each step before reading the previous step's tokens, and make their text "
+        "while the device runs (vLLM's async scheduling); default: on where the device runs apart from "
+        "the host (a GPU), off on a CPU, which computes in the launch and gains nothing",
         off="--disable-async-output-proc",
     )
     seed: int = setting(

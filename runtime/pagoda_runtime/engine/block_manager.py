@@ -107,15 +107,22 @@ class BlockManager:
         child.num_computed_tokens = num_blocks * self.block_size
 
     def cache_computed_blocks(self, seq: Sequence) -> None:
-        """Publish the blocks of `seq` that are full and computed, so later prompts can reuse them."""
+        """Publish the blocks of `seq` that are full and computed, so later prompts can reuse them.
+        A block holding a token the host has not read yet (async scheduling) waits for a later
+        step: its hash needs the token."""
         if not self.enable_prefix_caching:
             return
-        num_full = seq.num_computed_tokens // self.block_size
+        num_full = min(seq.num_computed_tokens, len(seq.token_ids)) // self.block_size
+        # Back from the last full block to the last published one: blocks fill up in order, so a
+        # decode step looks at one block, not at all of them.
+        first = num_full
+        while first > 0 and self.blocks[seq.block_table[first - 1]].hash is None:
+            first -= 1
+        if first == num_full:
+            return
         self._extend_hashes(seq, num_full)
-        for i in range(num_full):
+        for i in range(first, num_full):
             block = self.blocks[seq.block_table[i]]
-            if block.hash is not None:
-                continue
             h = seq.block_hashes[i]
             if h in self._by_hash:
                 continue  # computed twice concurrently; the first copy stays the shared one

@@ -197,9 +197,10 @@ class LlamaForCausalLM(nn.Module):
         x, _ = self.norm(x, residual)
         return x
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 logits [tokens, vocab] on every rank (a collective under tensor parallelism)."""
-        return (self.embed_tokens if self.lm_head is None else self.lm_head).logits(hidden)
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Float32 logits [tokens, vocab] on every rank (a collective under tensor parallelism),
+        written into `out` when given (a CUDA graph's output buffer)."""
+        return (self.embed_tokens if self.lm_head is None else self.lm_head).logits(hidden, out)
 
     def _fused_parts(self) -> dict[str, tuple[str, int, slice]]:
         """Hugging Face projection -> (fused layer, its row offset there, the checkpoint rows this

@@ -56,9 +56,12 @@ class VocabParallel(nn.Module):
         x = nn.functional.embedding(torch.where(mine, local, 0), self.weight).to(self.dtype)
         return self.tp.all_reduce(x * mine.unsqueeze(-1).to(x.dtype))
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 logits [tokens, vocab] of the whole vocabulary, on every rank."""
-        local = nn.functional.linear(hidden.to(self.weight.dtype), self.weight).float()
-        if self.tp.size == 1:
-            return local
-        return self.tp.all_gather(local, dim=-1)[..., : self.vocab_size]
+    def logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Float32 logits [tokens, vocab] of the whole vocabulary, on every rank; into `out` when
+        given (the conversion to float32 writes there, so it costs no extra pass)."""
+        local = nn.functional.linear(hidden.to(self.weight.dtype), self.weight)
+        if self.tp.size > 1:
+            local = self.tp.all_gather(local.float(), dim=-1)[..., : self.vocab_size]
+        if out is None:
+            return local.float()
+        return out.copy_(local)

@@ -70,8 +70,15 @@ def greedy_runs(tp, jobs: list[tuple[str, str, dict]], prompts: list[str] = PROM
             arch = load_model_source(model).config.architecture.per_rank(tp.size)
             per_block = kv_bytes_per_block(arch, settings["block_size"], "float32")
             settings["kv_cache_memory"] = kv_blocks * per_block
+        # Groups launch each step before reading the last (their input ids broadcast from rank 0's
+        # device), one process reads each step first: the ids must match across the two.
         engine_config = EngineConfig(
-            model=model, dtype="float32", device="cpu", tensor_parallel_size=tp.size, **settings
+            model=model,
+            dtype="float32",
+            device="cpu",
+            tensor_parallel_size=tp.size,
+            async_scheduling=tp.size > 1,
+            **settings,
         )
         if tp.is_driver:
             runs[name] = _drive(LLMEngine(engine_config, tp=tp), tp, name, prompts)

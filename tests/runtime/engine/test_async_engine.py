@@ -11,11 +11,11 @@ from pagoda_runtime.engine.sampling_params import SamplingParams
 from tests.runtime.tiny_models import build_tiny_model
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["sync-output", "async-output"])
+@pytest.fixture(scope="module", params=[False, True], ids=["in-order", "async-scheduling"])
 def engine_config(tmp_path_factory, request):
     folder = build_tiny_model(tmp_path_factory.mktemp("tiny") / "llama3", "llama3")
     return EngineConfig(
-        model=str(folder), dtype="float32", device="cpu", block_size=4, async_output_proc=request.param
+        model=str(folder), dtype="float32", device="cpu", block_size=4, async_scheduling=request.param
     )
 
 

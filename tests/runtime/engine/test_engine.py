@@ -15,9 +15,9 @@ def folder(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "smollm", "smollm")
 
 
-# Every behaviour holds in both step orders: text made before the next step (the CPU's default)
-# and while the next step runs (async output processing, CUDA's default).
-@pytest.fixture(scope="module", params=[False, True], ids=["sync-output", "async-output"])
+# Every behaviour holds in both step orders: each step's tokens read before the next is scheduled
+# (the CPU's default), and the next step launched first (async scheduling, CUDA's default).
+@pytest.fixture(scope="module", params=[False, True], ids=["in-order", "async-scheduling"])
 def llm(folder, request):
     return LLM(
         str(folder),
@@ -25,7 +25,7 @@ def llm(folder, request):
         device="cpu",
         block_size=4,
         max_num_batched_tokens=32,
-        async_output_proc=request.param,
+        async_scheduling=request.param,
     )
 
 

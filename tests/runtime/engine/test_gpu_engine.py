@@ -1,8 +1,9 @@
 """On a CUDA GPU: CUDA-graph decode gives exactly the eager tokens in every batch bucket, float32
 greedy tokens equal transformers' on the same device for every tiny architecture, bfloat16 logits
 stay about as close to transformers' float32 ones as transformers' own bfloat16 model on the same
-inputs, an 8k context decodes through split-K exactly as transformers does, a decode step's launch
-never waits for the device, and a KV cache sized close to the card leaves room to serve."""
+inputs, an 8k context decodes through split-K exactly as transformers does, no launch or sampling
+waits for the device with async scheduling, the sampling kernel keeps seeded samples independent of
+the batch, and a KV cache sized close to the card leaves room to serve."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 from pagoda_runtime import LLM, SamplingParams
 from pagoda_runtime.engine.scoring import score
+from pagoda_runtime.engine.structured_outputs import StructuredOutputs
 from pagoda_runtime.executor.kernels.triton_paged_attention import max_splits
 from pagoda_runtime.executor.model_runner import graph_batch_sizes
 from transformers import AutoModelForCausalLM
@@ -126,34 +128,44 @@ def test_every_graph_bucket_replays_the_eager_tokens(tmp_path, monkeypatch):
     assert sorted(runner._graphs) == graph_batch_sizes(8) == [1, 2, 4, 8]
     replayed = []
     replay = runner._replay
-    monkeypatch.setattr(runner, "_replay", lambda ids, *a: replayed.append(ids.shape[0]) or replay(ids, *a))
+    # (real sequences, the bucket they were padded to) of each replay
+    monkeypatch.setattr(
+        runner,
+        "_replay",
+        lambda step: replayed.append((step.logits_rows.shape[0], step.meta.num_seqs)) or replay(step),
+    )
     prompts = [f"{p} {i}" for i, p in enumerate(PROMPTS * 2)][:8]
     for batch in range(1, 9):  # the buckets and every size between them, padded up to a bucket
         assert _token_ids(graphs, prompts[:batch]) == _token_ids(eager, prompts[:batch]), f"batch {batch}"
-    assert set(replayed) == set(range(1, 9))
+    assert {n for n, _ in replayed} == set(range(1, 9))
+    assert all(bucket == min(b for b in (1, 2, 4, 8) if b >= n) for n, bucket in replayed)
 
 
-def test_async_output_launches_decode_steps_without_waiting_and_changes_no_output(tmp_path, monkeypatch):
+def test_async_scheduling_launches_without_waiting_and_changes_no_output(tmp_path, monkeypatch):
     folder = build_tiny_model(tmp_path / "gqa", "gqa")
     kwargs = dict(dtype="float32", device="cuda", max_num_seqs=8, kv_cache_memory=2**26)
-    overlapped, in_order = LLM(str(folder), **kwargs), LLM(str(folder), async_output_proc=False, **kwargs)
-    assert overlapped.engine.async_output, "CUDA's default is async output processing"
+    overlapped, in_order = LLM(str(folder), **kwargs), LLM(str(folder), async_scheduling=False, **kwargs)
+    assert overlapped.engine.async_scheduling, "CUDA's default is async scheduling"
     runner = overlapped.engine.runner
-    launch = runner.launch
-    decode_launches = []
+    checked = []
 
-    def must_not_wait(batch):
-        if any(n != 1 for n in batch.num_new_tokens):
-            return launch(batch)
-        # Any wait for the device in a decode step's launch (a .item(), a pageable copy) raises here.
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            decode_launches.append(len(batch))
-            return launch(batch)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
+    def must_not_wait(fn, label):
+        def wrapped(*args):
+            if torch.cuda.get_sync_debug_mode() == 2:  # the sampling a launch queues itself
+                return fn(*args)
+            checked.append(label)
+            # Any wait for the device (a .item(), a pageable copy, a host scalar set through an
+            # index) raises here: prefills, decodes and held-back samplings alike.
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                return fn(*args)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
 
-    monkeypatch.setattr(runner, "launch", must_not_wait)
+        return wrapped
+
+    monkeypatch.setattr(runner, "launch", must_not_wait(runner.launch, "launch"))
+    monkeypatch.setattr(runner, "sample", must_not_wait(runner.sample, "sample"))
     params = [
         SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop=["e"]),
         SamplingParams(
@@ -161,13 +173,30 @@ def test_async_output_launches_decode_steps_without_waiting_and_changes_no_outpu
         ),
         SamplingParams(temperature=0.7, seed=4, max_tokens=12, repetition_penalty=1.2, min_tokens=6),
         SamplingParams(temperature=1.0, seed=5, max_tokens=12, presence_penalty=0.5, frequency_penalty=0.5),
+        SamplingParams(
+            temperature=0.0, max_tokens=12, structured_outputs=StructuredOutputs(regex="[a-z ]{2,30}")
+        ),
     ]
-    got, expected = overlapped.generate(PROMPTS[:4], params), in_order.generate(PROMPTS[:4], params)
-    assert decode_launches
+    got, expected = overlapped.generate(PROMPTS, params), in_order.generate(PROMPTS, params)
+    assert checked.count("launch") > 10 and "sample" in checked  # penalties and a grammar held back
     for mine, theirs in zip(got, expected, strict=True):
         assert [(o.text, o.token_ids, o.finish_reason) for o in mine.outputs] == [
             (o.text, o.token_ids, o.finish_reason) for o in theirs.outputs
         ]
+
+
+def test_the_sampling_kernel_draws_as_the_cpu_reference_does_through_the_engine(tmp_path):
+    """Seeded top-k/top-p/min-p requests: the CUDA engine's tokens come from the Triton kernel,
+    and a seeded request's tokens do not depend on the batch or on the step order."""
+    folder = build_tiny_model(tmp_path / "gqa", "gqa")
+    kwargs = dict(dtype="float32", device="cuda", max_num_seqs=8, kv_cache_memory=2**26)
+    llm = LLM(str(folder), **kwargs)
+    params = SamplingParams(temperature=0.8, top_k=30, top_p=0.9, min_p=0.02, seed=7, max_tokens=16)
+    alone = llm.generate(PROMPTS[0], params)[0].outputs[0].token_ids
+    crowd = llm.generate(PROMPTS, [params] + [SamplingParams(temperature=1.0, max_tokens=20)] * 4)
+    assert crowd[0].outputs[0].token_ids == alone
+    in_order = LLM(str(folder), async_scheduling=False, **kwargs)
+    assert in_order.generate(PROMPTS[0], params)[0].outputs[0].token_ids == alone
 
 
 # How much further from float32 Pagoda's bfloat16 logits may be than transformers' own bfloat16

@@ -40,11 +40,11 @@ def check_writes_go_to_private_blocks(llm):
     )
     launch = runner.launch
 
-    def checked(batch):
+    def checked(batch, in_flight):
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens, strict=True):
             for pos in range(seq.num_computed_tokens, seq.num_computed_tokens + num_new):
                 assert blocks[seq.block_table[pos // bs]].ref_count == 1
-        return launch(batch)
+        return launch(batch, in_flight)
 
     runner.launch = checked
 

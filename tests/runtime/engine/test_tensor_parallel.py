@@ -1,7 +1,8 @@
 """Tensor parallelism on the CPU (gloo): a model split over 2, 3 or 4 ranks computes what one
 process computes. The logits of a sharded forward pass match one process's; greedy ids match on
 every architecture variant, quantized (int8, GPTQ, GGUF) and on the bundled model, with prefix
-caching, chunked prefill and preemption all at work.
+caching, chunked prefill and preemption all at work, the groups with async scheduling (each
+step's input ids sent from rank 0's device) and one process without.
 
 Starting ranks costs seconds each (every one imports torch), so each group size is spawned once
 per module and runs all of its jobs (tensor_parallel_jobs.run_tasks)."""
