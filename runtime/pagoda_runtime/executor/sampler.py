@@ -128,10 +128,13 @@ class Sampler:
 
     def _mask_min_tokens(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         rows, ids = [], []
+        vocab = logits.shape[1]
         for i, seq in enumerate(seqs):
             p = seq.params
             if seq.num_output_tokens < p.min_tokens:
                 stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_token_ids))
+                # The engine refuses ids outside the vocabulary; one that got here cannot be sampled anyway.
+                stops = {t for t in stops if 0 <= t < vocab}
                 rows.extend([i] * len(stops))
                 ids.extend(stops)
         if not rows:
@@ -180,7 +183,8 @@ def _top_k_top_p(
     vocab = logits.shape[1]
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     rank = torch.arange(vocab, device=device)[None, :]
-    top_k = on_device([p.top_k if p.top_k > 0 else vocab for p in params], torch.int64)[:, None]
+    # top_k beyond the vocabulary is no limit (and may not fit the tensor).
+    top_k = on_device([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], torch.int64)[:, None]
     sorted_logits = sorted_logits.masked_fill(rank >= top_k, float("-inf"))
     probs = torch.softmax(sorted_logits, dim=-1)
     top_p = on_device([p.top_p for p in params], torch.float32)[:, None]

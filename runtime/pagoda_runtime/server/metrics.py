@@ -94,6 +94,11 @@ class _EngineStatsCollector:
             ),
             ("pagoda_prefix_cache_hits", "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits),
             ("pagoda_num_preemptions", "Sequences preempted for lack of KV cache.", stats.num_preemptions),
+            (
+                "pagoda_num_failed_steps",
+                "Engine steps that raised: their requests failed with an internal error, the rest went on.",
+                stats.num_failed_steps,
+            ),
         )
         for name, doc, value in counters:
             counter = CounterMetricFamily(name, doc, labels=["model_name"])
@@ -163,11 +168,12 @@ class ServerMetrics:
         for _ in range(num_tokens):
             child.observe(seconds / num_tokens)
 
-    def abandoned(self, generated_tokens: int, prompt_len: int) -> None:
-        """A request whose client went away before it finished, after generated_tokens (all samples)."""
+    def ended(self, generated_tokens: int, prompt_len: int, reason: str) -> None:
+        """A request that ended before the engine finished it, after generated_tokens (all samples):
+        "abort" when its client went away, "error" when a step that ran it failed."""
         self.prompt_tokens.labels(self.model_name).inc(prompt_len)
         self.generation_tokens.labels(self.model_name).inc(generated_tokens)
-        self.requests.labels(self.model_name, "abort").inc()
+        self.requests.labels(self.model_name, reason).inc()
 
     def finished(self, out: RequestOutput) -> None:
         name = self.model_name

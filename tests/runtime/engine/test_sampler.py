@@ -85,3 +85,11 @@ def test_logprobs_are_of_the_raw_distribution_with_the_chosen_token_included():
     raw = torch.log_softmax(row, -1)
     assert out.token_ids == [1]  # the penalty moved the choice ...
     assert out.logprobs[0] == {1: float(raw[1]), 0: float(raw[0])}  # ... but not the reported logprobs
+
+
+def test_ids_the_engine_would_refuse_cannot_break_a_step():
+    # The engine refuses stop ids outside the vocabulary; should one reach the sampler it is ignored,
+    # and a top_k beyond what an int64 holds is no limit.
+    row = logits_row({4: 3.0, 1: 1.0})
+    assert sample(SamplingParams(temperature=0.0, min_tokens=1, stop_token_ids=[10, 2**40]), row) == 4
+    assert sample(SamplingParams(top_k=2**63, min_p=0.5, seed=0), row) == 4
