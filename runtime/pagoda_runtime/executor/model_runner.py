@@ -29,7 +29,6 @@ from pagoda_runtime.executor.model import LlamaForCausalLM
 from pagoda_runtime.executor.quantization import QuantizedLinear
 from pagoda_runtime.executor.quantization.memory import decode_weight_bytes, model_weight_bytes
 from pagoda_runtime.executor.sampler import DeviceSamples, Sampler, SamplerOutput
-from pagoda_runtime.executor.vocab_parallel import VocabParallel
 from pagoda_runtime.parallel.step_broadcast import StepInputs, StepSender
 from pagoda_runtime.parallel.tensor_parallel import SINGLE_PROCESS, TensorParallel
 
@@ -121,8 +120,7 @@ class ModelRunner:
             for module in self.model.modules():
                 if isinstance(module, QuantizedLinear):
                     module.pack_for_cpu()
-                elif isinstance(module, VocabParallel):
-                    module.hold_in(vocab_dtype)
+            self.model.hold_vocabulary_in(vocab_dtype)
         self.model.eval()
         self.weight_bytes = model_weight_bytes(self.model)
         self.decode_weight_bytes = decode_weight_bytes(self.model)  # what one decode step reads
