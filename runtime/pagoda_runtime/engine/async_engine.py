@@ -7,7 +7,8 @@ at a time.
 
 A step that raises fails only the requests it ran (each stream gets `RequestFailed`, the server
 answers 500) and the loop goes on with the rest; only a broken device or tensor-parallel group
-(devices.is_device_failure) stops the loop for good, which `errored` reports to the liveness probe.
+(devices.is_device_failure), or any failed step of a group, whose ranks may then disagree on what
+ran, stops the loop for good, which `errored` reports to the liveness probe.
 """
 
 from __future__ import annotations
@@ -147,7 +148,8 @@ class AsyncLLMEngine:
                 try:
                     outputs = await loop.run_in_executor(self._executor, self.engine.step)
                 except Exception as error:
-                    if is_device_failure(error):
+                    # In a tensor-parallel group the ranks may no longer agree on what ran.
+                    if is_device_failure(error) or self.engine.runner.tp.size > 1:
                         raise
                     self._fail_step(error)
                     continue

@@ -78,22 +78,34 @@ def _json_or_text(arguments: str) -> Any:
         return arguments
 
 
-def _lone_surrogate_at(value: Any, path: str) -> str | None:
-    """Where a string holds a lone UTF-16 surrogate (JSON allows "\\ud800"; no tokenizer or
-    grammar engine can take it), or None."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
+def _valid(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _lone_surrogate_at(value: Any) -> str | None:
+    """Where a string, or an object's key, holds a lone UTF-16 surrogate (JSON allows "\\ud800"; no
+    tokenizer or grammar engine can take it), or None. The path shows such a key escaped, since the
+    error that names it must itself be valid text."""
+    pending: list[tuple[Any, str]] = [(value, "")]
+    while pending:
+        value, path = pending.pop()
+        if isinstance(value, str) and not _valid(value):
             return path
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            if (found := _lone_surrogate_at(item, f"{path}.{key}" if path else str(key))) is not None:
-                return found
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            if (found := _lone_surrogate_at(item, f"{path}.{i}")) is not None:
-                return found
+        children: list[tuple[Any, str]] = []
+        if isinstance(value, dict):
+            for key, item in value.items():
+                name = str(key) if _valid(str(key)) else str(key).encode("utf-8", "backslashreplace").decode()
+                where = f"{path}.{name}" if path else name
+                if name != str(key):
+                    return where
+                children.append((item, where))
+        elif isinstance(value, list):
+            children = [(item, f"{path}.{i}") for i, item in enumerate(value)]
+        pending.extend(reversed(children))  # the first in document order is reported
     return None
 
 
@@ -103,7 +115,7 @@ class ValidText(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _no_lone_surrogates(cls, data: Any) -> Any:
-        if (path := _lone_surrogate_at(data, "")) is not None:
+        if (path := _lone_surrogate_at(data)) is not None:
             raise PydanticCustomError(
                 "lone_surrogate",
                 "{param} contains a lone UTF-16 surrogate, which is not valid Unicode; send valid text",

@@ -20,6 +20,9 @@ import pytest
             "stop.0",
         ),
         ("/v1/completions", b'{"prompt": "x", "guided_regex": "\\ud800+"}', "guided_regex"),
+        # In a key and its value: the error names the key escaped (rendering it raw was a 500).
+        ("/v1/completions", b'{"prompt": "x", "logit_bias": {"\\ud800": "\\ud800"}}', "logit_bias.\\ud800"),
+        ("/v1/completions", b'{"\\udfff": 1, "prompt": "x"}', "\\udfff"),
     ],
 )
 def test_a_lone_surrogate_is_a_400_naming_where_it_is(fake, path, raw, param):
