@@ -8,7 +8,8 @@ perplexity 25.36; int8 25.41 (+0.2%, top-1 96.4%, KL 0.0025); fp8 25.56 (+0.8%, 
 almost every weight off its grid; the file's own Q4_1 blocks kept as int4 reproduce the reference
 (top-1 100%, KL below 1e-4: the packed matmul multiplies the very same dequantized values); an fp8
 KV cache 25.51 (+0.6%, top-1 95.5%, KL 0.0049); the CPU's `--dtype auto` path (packed int4 with
-bfloat16 activations, bfloat16 embedding and LM head) 25.35 (top-1 97.3%, KL 0.0006).
+bfloat16 activations, float16 embedding and LM head, float32 logits) 25.37 (top-1 98.4%, KL 0.0002;
+with bfloat16 logits it was 25.35, top-1 97.3%, KL 0.0006).
 Each bound leaves room for float noise while still
 failing if the variant breaks (a wrong nibble order or scale gives a perplexity in the thousands).
 Every variant also holds exactly the weight bytes sizing.py predicts for it, the figure the operator
