@@ -13,6 +13,7 @@ from pagoda_runtime.bench.workload import offline_engine
 from pagoda_runtime.contract import sizing
 from pagoda_runtime.contract.config import EngineConfig
 from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES, shape_config
+from pagoda_runtime.contract.quantization_selection import cpu_vocab_dtype
 from pagoda_runtime.engine.llm_engine import LLMEngine
 from pagoda_runtime.engine.stats import StepShape
 from pagoda_runtime.loading.model_source import LoadedModel
@@ -50,8 +51,10 @@ WEIGHT_BYTES = {
     (False, "none", "float32"): ((LINEAR + NORMS + 2 * VOCAB) * 4, (LINEAR + NORMS + VOCAB) * 4),
     # Tied: the one vocabulary matrix is the LM head, read whole.
     (True, "none", "float32"): ((LINEAR + NORMS + VOCAB) * 4, (LINEAR + NORMS + VOCAB) * 4),
-    # --dtype auto on the CPU holds the vocabulary in bfloat16.
+    # --dtype auto on the CPU holds the vocabulary in float16.
     (False, "none", "auto"): ((LINEAR + NORMS) * 4 + 2 * VOCAB * 2, (LINEAR + NORMS) * 4 + VOCAB * 2),
+    # Tied, the LM head keeps a packed float16 copy of its own for fbgemm: two matrices, one read.
+    (True, "none", "auto"): ((LINEAR + NORMS) * 4 + 2 * VOCAB * 2, (LINEAR + NORMS) * 4 + VOCAB * 2),
     # int8 packed for torch's CPU kernel: a byte a weight and a bf16 scale for each of the
     # 2 x (128 + 64 + 256 + 64) output rows, the packed layout replacing the loaded one.
     (False, "int8", "auto"): (
@@ -68,7 +71,7 @@ def test_a_decode_step_reads_every_weight_but_an_untied_input_embedding(tied, qu
     assert (runner.weight_bytes, runner.decode_weight_bytes) == (stored, read)
     # The estimate from the architecture alone follows the same rule.
     arch = runner.config.architecture
-    vocab_dtype = "bfloat16" if dtype == "auto" else None
+    vocab_dtype = cpu_vocab_dtype("cpu", dtype)
     assert sizing.decode_weight_bytes(arch, quantization, "float32", vocab_dtype=vocab_dtype) == read
 
 

@@ -22,10 +22,13 @@ def cpu_packed_kernels(dtype: str) -> bool:
 
 
 def cpu_vocab_dtype(device_type: str, dtype: str) -> str | None:
-    """The dtype the embedding and LM head matrix is held in where it is not the model's: bfloat16
-    on the CPU with the packed kernels, since the LM head reads the whole matrix every step (a
-    quarter of a batch-1 decode step of the bundled model in float32)."""
-    return "bfloat16" if device_type == "cpu" and cpu_packed_kernels(dtype) else None
+    """The dtype the embedding and LM head matrices are held in where it is not the model's:
+    float16 on the CPU with the packed kernels, since the LM head reads the whole matrix every step
+    (a quarter of a batch-1 decode step of the bundled model in float32). Float16, not bfloat16:
+    fbgemm's float16 GEMM takes float32 activations and returns float32 logits, where torch's
+    bfloat16 matmul on the CPU rounds them to bfloat16 (vocab_parallel.py); and float16 keeps three
+    more bits of each weight. The LM head is then held apart from the lookup table, tied or not."""
+    return "float16" if device_type == "cpu" and cpu_packed_kernels(dtype) else None
 
 
 def select_quantization(

@@ -316,7 +316,9 @@ def weight_bytes(
         linear = sum(fmt.linear_bytes(out, inp) for out, inp in arch.linear_shapes()) * arch.num_hidden_layers
     unquantized = arch.unquantized_parameters() * float_bytes
     if vocab_dtype is not None:
-        unquantized += arch.vocab_parameters() * (FLOAT_DTYPE_BYTES[vocab_dtype] - float_bytes)
+        # Held apart, tied or not: the lookup table and the LM head, each in vocab_dtype.
+        held = 2 * arch.vocab_size * arch.hidden_size * FLOAT_DTYPE_BYTES[vocab_dtype]
+        unquantized += held - arch.vocab_parameters() * float_bytes
     return int(linear + unquantized)
 
 
@@ -343,7 +345,8 @@ def decode_weight_bytes(
     stored = weight_bytes(arch, quantization, float_dtype, gguf_block, vocab_dtype)
     vocab_bytes = FLOAT_DTYPE_BYTES[vocab_dtype] if vocab_dtype else _float_bytes(quantization, float_dtype)
     embedding = arch.vocab_size * arch.hidden_size * vocab_bytes
-    return decode_read_bytes(stored, embedding, arch.tie_word_embeddings)
+    # A vocab_dtype holds the LM head apart from the lookup table even when tied (weight_bytes).
+    return decode_read_bytes(stored, embedding, arch.tie_word_embeddings and vocab_dtype is None)
 
 
 def kv_bytes_per_token(arch: ModelArchitecture, kv_dtype: str = "auto") -> int:

@@ -64,6 +64,7 @@ class LLMEngine:
             else engine_config.async_scheduling
         )
         self._in_flight: LaunchedStep | None = None  # launched, its tokens not yet read
+        self.num_failed_steps = 0  # steps that raised, whose requests fail_step ended
 
     # ---- requests ----------------------------------------------------------------------------
 
@@ -82,13 +83,7 @@ class LLMEngine:
             text, token_ids = prompt, self.tokenizer.encode(prompt)
         else:
             text, token_ids = None, list(prompt)
-        check_request(
-            token_ids,
-            params.max_tokens,
-            params.min_tokens,
-            self.model_config.architecture.vocab_size,
-            self.max_model_len,
-        )
+        check_request(token_ids, params, self.model_config.architecture.vocab_size, self.max_model_len)
         grammars = None
         if params.structured_outputs is not None:
             try:
@@ -141,6 +136,17 @@ class LLMEngine:
         request.metrics.finished_time = time.monotonic()
         return request.output(deltas)
 
+    def fail_step(self) -> list[str]:
+        """After step() raised: end the requests the step ran (every request, if none was running),
+        freeing their blocks, so that the engine goes on with the others; the ids it ended."""
+        in_flight, self._in_flight = self._in_flight, None
+        seqs = [*self.scheduler.running, *(in_flight.batch.seqs if in_flight is not None else ())]
+        failed = {seq.group.request_id for seq in seqs} & self.requests.keys() or set(self.requests)
+        for request_id in failed:
+            self.abort(request_id)
+        self.num_failed_steps += 1
+        return sorted(failed)
+
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
@@ -157,6 +163,7 @@ class LLMEngine:
             prefix_cache_queries=self.block_manager.prefix_queries,
             prefix_cache_hits=self.block_manager.prefix_hits,
             num_preemptions=self.scheduler.num_preemptions,
+            num_failed_steps=self.num_failed_steps,
         )
 
     # ---- one step ----------------------------------------------------------------------------

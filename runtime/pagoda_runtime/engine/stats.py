@@ -17,6 +17,7 @@ class EngineStats:
     prefix_cache_queries: int  # cumulative, in prompt tokens
     prefix_cache_hits: int  # cumulative, in prompt tokens
     num_preemptions: int  # cumulative
+    num_failed_steps: int = 0  # cumulative: steps that raised, failing only their own requests
 
 
 @dataclass(frozen=True)

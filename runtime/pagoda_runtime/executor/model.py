@@ -197,6 +197,13 @@ class LlamaForCausalLM(nn.Module):
         x, _ = self.norm(x, residual)
         return x
 
+    def hold_vocabulary_in(self, dtype: torch.dtype) -> None:
+        """On the CPU: the embedding and the LM head in 16 bits (VocabParallel.hold_in)."""
+        tied = self.lm_head is None
+        self.embed_tokens.hold_in(dtype, lookups=True, logits=tied)
+        if not tied:
+            self.lm_head.hold_in(dtype, lookups=False, logits=True)
+
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Float32 logits [tokens, vocab] on every rank (a collective under tensor parallelism),
         written into `out` when given (a CUDA graph's output buffer)."""

@@ -41,7 +41,6 @@ from pagoda_runtime.executor.quantization import QuantizedLinear
 from pagoda_runtime.executor.quantization.memory import decode_weight_bytes, model_weight_bytes
 from pagoda_runtime.executor.sampler import DeviceSamples, Sampler, SamplerOutput, uses_history
 from pagoda_runtime.executor.staging import Staging
-from pagoda_runtime.executor.vocab_parallel import VocabParallel
 from pagoda_runtime.parallel.step_broadcast import StepInputs, StepSender
 from pagoda_runtime.parallel.tensor_parallel import SINGLE_PROCESS, TensorParallel
 
@@ -150,8 +149,7 @@ class ModelRunner:
             for module in self.model.modules():
                 if isinstance(module, QuantizedLinear):
                     module.pack_for_cpu()
-                elif isinstance(module, VocabParallel):
-                    module.hold_in(vocab_dtype)
+            self.model.hold_vocabulary_in(vocab_dtype)
         if self.device.type == "cuda":
             for module in self.model.modules():
                 if isinstance(module, QuantizedLinear):
@@ -160,11 +158,11 @@ class ModelRunner:
         if self.kv_cache_dtype == FP8_KV_DTYPE:
             scales = kv_scales.calibrate(
                 self.model,
-                model_config.vocab_size,
+                model_config.architecture.vocab_size,
                 max_model_len,
                 self.block_size,
                 self.num_kv_heads,
-                model_config.head_dim,
+                model_config.architecture.head_dim,
                 self.dtype,
                 self.device,
             )
@@ -190,7 +188,7 @@ class ModelRunner:
             for _ in range(model_config.architecture.num_hidden_layers)
         ]
         self.sampler = Sampler(
-            self.device, model_config.vocab_size, model_config.eos_token_ids, engine_config.seed
+            self.device, model_config.architecture.vocab_size, model_config.eos_token_ids, engine_config.seed
         )
         self._staging = Staging(self.device)
         self._graphs: dict[int, _Graph] = {}

@@ -134,11 +134,14 @@ class Sampler:
         for i, p in enumerate(params):
             if output_index[i] < p.min_tokens:
                 stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_token_ids))
-                masked.extend(i * self.vocab_size + t for t in sorted(stops))
+                # The engine refuses ids outside the vocabulary; one that got here would index
+                # another row's logits.
+                masked.extend(i * self.vocab_size + t for t in sorted(stops) if 0 <= t < self.vocab_size)
         return {
             "random_rows": np.array(random, dtype=np.int64),
             "temperature": np.array([p.temperature for p in chosen], dtype=np.float32),
-            "top_k": np.array([p.top_k for p in chosen], dtype=np.int32),
+            # top_k beyond the vocabulary is no limit (and may not fit int32).
+            "top_k": np.array([min(p.top_k, self.vocab_size) for p in chosen], dtype=np.int32),
             "top_p": np.array([p.top_p for p in chosen], dtype=np.float32),
             "min_p": np.array([p.min_p for p in chosen], dtype=np.float32),
             "seeds": seeds,

@@ -137,3 +137,11 @@ def test_a_seeded_sample_draws_by_its_seed_index_and_position_alone():
     assert first == again  # the same position: the tokens before it do not matter
     assert len({at([1] * n) for n in range(12)}) > 1  # each position draws anew
     assert row_seed(11, 0, 3) != row_seed(11, 1, 3) != row_seed(12, 0, 3)
+
+
+def test_ids_the_engine_would_refuse_cannot_break_a_step():
+    # The engine refuses stop ids outside the vocabulary; should one reach the sampler it is ignored,
+    # and a top_k beyond what an int64 holds is no limit.
+    row = logits_row({4: 3.0, 1: 1.0})
+    assert sample(SamplingParams(temperature=0.0, min_tokens=1, stop_token_ids=[10, 2**40]), row) == 4
+    assert sample(SamplingParams(top_k=2**63, min_p=0.5, seed=0), row) == 4

@@ -9,8 +9,11 @@ per module and runs all of its jobs (tensor_parallel_jobs.run_tasks)."""
 
 from __future__ import annotations
 
+import multiprocessing
+
 import pytest
 import torch
+from pagoda_runtime import LLM
 from pagoda_runtime.contract.config import EngineConfig
 from pagoda_runtime.contract.sizing import kv_heads_per_rank
 from pagoda_runtime.engine.llm_engine import LLMEngine
@@ -18,6 +21,7 @@ from pagoda_runtime.executor.quantization import dequantize, quantize_int4, quan
 from pagoda_runtime.parallel.tensor_parallel import SINGLE_PROCESS, TensorParallel
 
 from tests.runtime.engine.tensor_parallel_jobs import (
+    GREEDY,
     PROMPTS,
     TINY_ENGINE,
     TINY_KV_BLOCKS,
@@ -157,3 +161,18 @@ def test_a_row_parallel_shard_never_cuts_a_quantization_group():
         grouped.columns(slice(0, 48))
     per_row = quantize_int8(weight)  # one scale per row: any slice keeps it
     assert per_row.columns(slice(0, 48)).group_size == 48
+
+
+@pytest.mark.slow
+def test_the_offline_llm_splits_over_ranks_as_serve_does(models):
+    folder = next(f for name, f, _ in models["tiny"] if name == "gqa")
+    whole = LLM(folder, dtype="float32", device="cpu", **TINY_ENGINE).generate(PROMPTS, GREEDY)
+    llm = LLM(folder, dtype="float32", device="cpu", tensor_parallel_size=2, **TINY_ENGINE)
+    try:
+        assert llm.engine.runner.tp.size == 2
+        split = llm.generate(PROMPTS, GREEDY)
+        assert [o.outputs[0].token_ids for o in split] == [o.outputs[0].token_ids for o in whole]
+    finally:
+        llm.shutdown()
+    # The spawned rank has exited (finish joined it after the stop).
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("pagoda-rank")]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from pagoda_runtime.contract.config import ModelConfig
+from pagoda_runtime.contract.sizing import ModelArchitecture
 from pagoda_runtime.executor.kernels import build_cos_sin_cache, reference, triton_paged_attention
 from pagoda_runtime.executor.kernels.triton_paged_attention import paged_attention
 from pagoda_runtime.executor.kernels.triton_rmsnorm import rms_norm
@@ -81,8 +82,7 @@ def test_paged_attention_reads_queries_from_a_fused_qkv_view() -> None:
 
 
 def _cos_sin_cache(head_dim: int) -> torch.Tensor:
-    config = ModelConfig(
-        architecture="llama",
+    architecture = ModelArchitecture(
         vocab_size=8,
         hidden_size=9 * head_dim,
         intermediate_size=8,
@@ -90,11 +90,10 @@ def _cos_sin_cache(head_dim: int) -> torch.Tensor:
         num_attention_heads=9,
         num_key_value_heads=3,
         head_dim=head_dim,
-        rms_norm_eps=1e-5,
-        rope_theta=100000.0,
         max_position_embeddings=2048,
         tie_word_embeddings=True,
     )
+    config = ModelConfig("llama", architecture, rms_norm_eps=1e-5, rope_theta=100000.0)
     return build_cos_sin_cache(config, 2048, DEVICE, torch.float32)
 
 

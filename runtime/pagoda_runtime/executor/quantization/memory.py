@@ -7,6 +7,7 @@ from torch import nn
 
 from pagoda_runtime.contract.sizing import decode_read_bytes
 from pagoda_runtime.executor.quantization.linear import DenseLinear, QuantizedLinear
+from pagoda_runtime.executor.vocab_parallel import VocabParallel
 
 
 def linear_weight_bytes(model: nn.Module) -> int:
@@ -27,13 +28,21 @@ def linear_weight_bytes(model: nn.Module) -> int:
 def model_weight_bytes(model: nn.Module) -> int:
     """Stored bytes of everything a checkpoint fills: parameters and packed buffers, but not derived
     buffers such as the rotary cos/sin table, which are not saved with the model. A layer packed for
+<<<<<<< HEAD
     its kernels (CPU or GPU) holds only its packed buffers, so no weight is counted twice."""
     return sum(tensor.numel() * tensor.element_size() for tensor in model.state_dict().values())
+=======
+    the CPU kernels holds only its packed buffers, so no weight is counted twice; an LM head packed
+    for fbgemm (vocab_parallel.py) is counted beside its lookup table."""
+    stored = sum(tensor.numel() * tensor.element_size() for tensor in model.state_dict().values())
+    return stored + sum(m.head_bytes for m in model.modules() if isinstance(m, VocabParallel))
+>>>>>>> robust
 
 
 def decode_weight_bytes(model: nn.Module) -> int:
     """Bytes of weights one decode step of `model` (a LlamaForCausalLM) reads, as stored: the rule
     is sizing.decode_read_bytes, which sizing.decode_weight_bytes applies to the estimate."""
-    embedding = model.embed_tokens.weight
-    tied = model.lm_head is None
-    return decode_read_bytes(model_weight_bytes(model), embedding.numel() * embedding.element_size(), tied)
+    embedding = model.embed_tokens
+    # Tied: the LM head reads the lookup table itself, unless it keeps a packed copy of its own.
+    tied = model.lm_head is None and not embedding.head_bytes
+    return decode_read_bytes(model_weight_bytes(model), embedding.weight.nbytes, tied)
