@@ -28,15 +28,10 @@ def linear_weight_bytes(model: nn.Module) -> int:
 def model_weight_bytes(model: nn.Module) -> int:
     """Stored bytes of everything a checkpoint fills: parameters and packed buffers, but not derived
     buffers such as the rotary cos/sin table, which are not saved with the model. A layer packed for
-<<<<<<< HEAD
-    its kernels (CPU or GPU) holds only its packed buffers, so no weight is counted twice."""
-    return sum(tensor.numel() * tensor.element_size() for tensor in model.state_dict().values())
-=======
-    the CPU kernels holds only its packed buffers, so no weight is counted twice; an LM head packed
-    for fbgemm (vocab_parallel.py) is counted beside its lookup table."""
+    its kernels (CPU or GPU) holds only its packed buffers, so no weight is counted twice; an LM head
+    packed for fbgemm (vocab_parallel.py) is counted beside its lookup table."""
     stored = sum(tensor.numel() * tensor.element_size() for tensor in model.state_dict().values())
     return stored + sum(m.head_bytes for m in model.modules() if isinstance(m, VocabParallel))
->>>>>>> robust
 
 
 def decode_weight_bytes(model: nn.Module) -> int:
