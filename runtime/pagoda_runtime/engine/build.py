@@ -21,8 +21,9 @@ from pagoda_runtime.engine.scheduler import Scheduler
 from pagoda_runtime.engine.tokenizer import Tokenizer
 from pagoda_runtime.executor.devices import Placement, resolve_placement
 from pagoda_runtime.executor.model_runner import ModelRunner
+from pagoda_runtime.executor.models import weight_shapes
 from pagoda_runtime.loading.load_progress import LOAD_PROGRESS
-from pagoda_runtime.loading.model_source import LoadedModel, expected_weight_shapes, load_model_source
+from pagoda_runtime.loading.model_source import LoadedModel, load_model_source
 from pagoda_runtime.loading.random_model import random_model
 from pagoda_runtime.parallel.tensor_parallel import SINGLE_PROCESS, TensorParallel
 
@@ -89,7 +90,7 @@ def build_engine(
     arch = loaded.config.architecture
     sliced = check_tensor_parallel(arch, tp.size, quantization, loaded.group_size)
     limit = engine_config.max_model_len or arch.max_position_embeddings
-    weights = LOAD_PROGRESS.track(loaded.weights, len(expected_weight_shapes(arch)), arch.num_hidden_layers)
+    weights = LOAD_PROGRESS.track(loaded.weights, len(weight_shapes(loaded.config)), arch.num_hidden_layers)
     runner = ModelRunner(loaded.config, weights, engine_config, placement, limit, quantization, tp)
     block_manager = BlockManager(
         runner.num_blocks, engine_config.block_size, engine_config.enable_prefix_caching

@@ -25,11 +25,9 @@ from pagoda_runtime.executor.cpu_threads import configure_torch_threads
 from pagoda_runtime.executor.devices import Placement, dtype_name, host_list_on, resolve_dtype
 from pagoda_runtime.executor.kernels import get_attention_ops
 from pagoda_runtime.executor.kernels.reference import FP8_KV_DTYPE
-from pagoda_runtime.executor.model import LlamaForCausalLM
-from pagoda_runtime.executor.quantization import QuantizedLinear
+from pagoda_runtime.executor.models import build_model
 from pagoda_runtime.executor.quantization.memory import decode_weight_bytes, model_weight_bytes
 from pagoda_runtime.executor.sampler import DeviceSamples, Sampler, SamplerOutput
-from pagoda_runtime.executor.vocab_parallel import VocabParallel
 from pagoda_runtime.parallel.step_broadcast import StepInputs, StepSender
 from pagoda_runtime.parallel.tensor_parallel import SINGLE_PROCESS, TensorParallel
 
@@ -106,7 +104,7 @@ class ModelRunner:
         self.block_size = engine_config.block_size
         self.max_model_len = max_model_len
         self.max_blocks_per_seq = -(-max_model_len // self.block_size)
-        self.model = LlamaForCausalLM(
+        self.model = build_model(
             model_config,
             get_attention_ops(self.device),
             max_model_len,
@@ -117,12 +115,7 @@ class ModelRunner:
         )
         self.model.load_weights(weights)
         if self.device.type == "cpu" and cpu_packed_kernels(engine_config.dtype):
-            vocab_dtype = resolve_dtype(cpu_vocab_dtype("cpu", engine_config.dtype), self.device)
-            for module in self.model.modules():
-                if isinstance(module, QuantizedLinear):
-                    module.pack_for_cpu()
-                elif isinstance(module, VocabParallel):
-                    module.hold_in(vocab_dtype)
+            self.model.pack_for_cpu(resolve_dtype(cpu_vocab_dtype("cpu", engine_config.dtype), self.device))
         self.model.eval()
         self.weight_bytes = model_weight_bytes(self.model)
         self.decode_weight_bytes = decode_weight_bytes(self.model)  # what one decode step reads

@@ -30,7 +30,7 @@ def model_weight_bytes(model: nn.Module) -> int:
 
 
 def decode_weight_bytes(model: nn.Module) -> int:
-    """Bytes of weights one decode step of `model` (a LlamaForCausalLM) reads, as stored: the rule
+    """Bytes of weights one decode step of `model` (a CausalLM) reads, as stored: the rule
     is sizing.decode_read_bytes, which sizing.decode_weight_bytes applies to the estimate."""
     embedding = model.embed_tokens.weight
     tied = model.lm_head is None
