@@ -4,6 +4,11 @@ turns a scheduled batch into flat tensors, runs the model and samples.
 On CUDA, decode-only steps replay CUDA graphs captured once per batch-size bucket (1, 2, 4, 8, ...
 up to max_num_seqs): the batch is padded to its bucket, padding tokens write to no slot (slot -1),
 and the attention metadata lives in static buffers that each replay refills.
+
+A model with sliding-window layers shorter than the context keeps their KV in a pool of its own
+(sizing.kv_pools; the block manager frees the blocks behind each window), so a step carries a
+second block table and slot mapping for those layers; where every layer slides there is one pool,
+the window one.
 """
 
 from __future__ import annotations
@@ -17,7 +22,13 @@ import torch
 
 from pagoda_runtime.contract.config import KV_CACHE_DTYPES, EngineConfig, ModelConfig
 from pagoda_runtime.contract.quantization_selection import cpu_packed_kernels, cpu_vocab_dtype
-from pagoda_runtime.contract.sizing import kv_bytes_per_block, kv_heads_per_rank
+from pagoda_runtime.contract.sizing import (
+    KVPools,
+    kv_bytes_per_block,
+    kv_heads_per_rank,
+    kv_layer_bytes_per_token,
+    kv_pools,
+)
 from pagoda_runtime.engine.scheduler import ScheduledBatch
 from pagoda_runtime.engine.sequence import Sequence
 from pagoda_runtime.executor.attention_metadata import AttentionMetadata
@@ -119,22 +130,28 @@ class ModelRunner:
         self.model.eval()
         self.weight_bytes = model_weight_bytes(self.model)
         self.decode_weight_bytes = decode_weight_bytes(self.model)  # what one decode step reads
+        arch = model_config.architecture
+        pools = self._kv_pools(engine_config)
         # Rank 0's block manager hands out block ids for every rank's cache: all hold as many.
-        self.num_blocks = tp.agree_min(
-            self._num_blocks(engine_config.kv_cache_memory, engine_config.gpu_memory_utilization),
-            self.device,
+        self.pools = KVPools(
+            tp.agree_min(pools.full_blocks, self.device), tp.agree_min(pools.window_blocks, self.device)
         )
+        # The blocks of the pool every layer without its own window uses (the window pool's where
+        # every layer slides): what the block manager's tables (Sequence.block_table) name.
+        self.num_blocks = self.pools.full_blocks or self.pools.window_blocks
+        # Layers whose window keeps its KV in the window pool (the second table of a hybrid model).
+        self.windowed = self.pools.window_blocks > 0 and self.pools.full_blocks > 0
         self.kv_caches = [
             torch.empty(
                 2,
-                self.num_blocks,
+                self._layer_blocks(layer),
                 self.block_size,
                 self.num_kv_heads,
-                model_config.architecture.head_dim,
+                arch.head_dim,
                 device=self.device,
                 dtype=self.kv_cache_dtype,
             )
-            for _ in range(model_config.architecture.num_hidden_layers)
+            for layer in range(arch.num_hidden_layers)
         ]
         self.sampler = Sampler(self.device, model_config.eos_token_ids, engine_config.seed)
         self._graphs: dict[int, _Graph] = {}
@@ -162,7 +179,48 @@ class ModelRunner:
         """Keys and values of one token in every layer of this rank's cache, at the cache's dtype."""
         return self.kv_bytes_per_block // self.block_size
 
-    def _num_blocks(self, kv_cache_memory: float, gpu_memory_utilization: float | None) -> int:
+    @property
+    def kv_cache_bytes(self) -> int:
+        """What the KV caches of every layer occupy on this rank."""
+        return sum(cache.numel() * cache.element_size() for cache in self.kv_caches)
+
+    @property
+    def window(self) -> int | None:
+        """The sliding window whose layers keep only their window's blocks, None where none does."""
+        return self.config.architecture.sliding_window if self.pools.window_blocks else None
+
+    def _layer_blocks(self, layer: int) -> int:
+        if self.pools.window_blocks and self.config.architecture.layer_window(layer) is not None:
+            return self.pools.window_blocks
+        return self.pools.full_blocks
+
+    def _kv_pools(self, engine_config: EngineConfig) -> KVPools:
+        rank_slice = self.config.architecture.per_rank(self.tp.size)
+        budget = self._kv_budget(engine_config.kv_cache_memory, engine_config.gpu_memory_utilization)
+        pools = kv_pools(
+            rank_slice,
+            budget,
+            self.block_size,
+            self.max_model_len,
+            engine_config.max_num_seqs,
+            engine_config.max_num_batched_tokens,
+            self.kv_cache_dtype_name,
+        )
+        if pools.full_blocks or pools.window_blocks:
+            return pools
+        layer_block = self.block_size * kv_layer_bytes_per_token(rank_slice, self.kv_cache_dtype_name)
+        raise ValueError(
+            f"the KV cache budget of {budget} bytes holds no block of {layer_block} bytes per layer; "
+            f"raise {self._budget_flag(engine_config)}"
+        )
+
+    @staticmethod
+    def _budget_flag(engine_config: EngineConfig) -> str:
+        if engine_config.gpu_memory_utilization is not None:
+            return "--gpu-memory-utilization"
+        return "--kv-cache-memory"
+
+    def _kv_budget(self, kv_cache_memory: float, gpu_memory_utilization: float | None) -> int:
         if self.device.type == "cuda":
             # Loading leaves its transients (random draws, float copies of quantized weights) cached
             # by torch's allocator, which mem_get_info counts as used: give them back first.
@@ -185,13 +243,9 @@ class ModelRunner:
             budget = int(free * kv_cache_memory)
         else:
             budget = CPU_KV_CACHE_BYTES
-        num_blocks = budget // self.kv_bytes_per_block
-        if num_blocks < 1:
-            raise ValueError(
-                f"the KV cache budget of {budget} bytes holds no block of {self.kv_bytes_per_block} bytes; "
-                f"raise {flag}"
-            )
-        return num_blocks
+        if budget < 1:
+            raise ValueError(f"the KV cache budget is {budget} bytes; raise {flag}")
+        return budget
 
     # ---- one step ----------------------------------------------------------------------------
 
@@ -259,18 +313,24 @@ class ModelRunner:
             query_start.append(query_start[-1] + num_new)
             seq_lens.append(end)
         width = max(len(seq.block_table) for seq in batch.seqs)
-        tables: list[int] = []
-        for seq in batch.seqs:
-            tables += seq.block_table
-            tables += [0] * (width - len(seq.block_table))
         meta = AttentionMetadata(
             slot_mapping=self._tensor(slots, torch.int64),
             query_start_loc=self._tensor(query_start, torch.int32),
             seq_lens=self._tensor(seq_lens, torch.int32),
-            block_tables=self._tensor(tables, torch.int32).view(len(batch.seqs), width),
+            block_tables=self._tables([seq.block_table for seq in batch.seqs], width),
             max_query_len=max(batch.num_new_tokens),
             max_seq_len=max(seq_lens),
         )
+        if self.windowed:
+            meta.window_block_tables = self._tables([seq.window_block_table for seq in batch.seqs], width)
+            meta.window_slot_mapping = self._tensor(
+                [
+                    seq.window_block_table[p // bs] * bs + p % bs
+                    for seq, num_new in zip(batch.seqs, batch.num_new_tokens, strict=True)
+                    for p in range(seq.num_computed_tokens, seq.num_computed_tokens + num_new)
+                ],
+                torch.int64,
+            )
         if sampling_rows is None:
             rows = list(range(len(input_ids)))
         else:
@@ -286,6 +346,13 @@ class ModelRunner:
     def _tensor(self, data: list[int], dtype: torch.dtype) -> torch.Tensor:
         return host_list_on(self.device, data, dtype)
 
+    def _tables(self, tables: list[list[int]], width: int) -> torch.Tensor:
+        flat: list[int] = []
+        for table in tables:
+            flat += table
+            flat += [0] * (width - len(table))
+        return self._tensor(flat, torch.int32).view(len(tables), width)
+
     # ---- CUDA graphs -------------------------------------------------------------------------
 
     def _capture_graphs(self, max_num_seqs: int) -> None:
@@ -300,6 +367,9 @@ class ModelRunner:
             "seq_lens": torch.ones(largest, dtype=torch.int32, device=device),
             "block_tables": torch.zeros(largest, self.max_blocks_per_seq, dtype=torch.int32, device=device),
         }
+        if self.windowed:
+            self._static["window_slot_mapping"] = torch.full((largest,), -1, dtype=torch.int64, device=device)
+            self._static["window_block_tables"] = torch.zeros_like(self._static["block_tables"])
         # Largest first, so that the smaller graphs fit in the memory pool the largest reserved.
         for size in reversed(sizes):
             meta = self._static_meta(size)
@@ -318,7 +388,7 @@ class ModelRunner:
 
     def _static_meta(self, size: int) -> AttentionMetadata:
         s = self._static
-        return AttentionMetadata(
+        meta = AttentionMetadata(
             slot_mapping=s["slot_mapping"][:size],
             query_start_loc=s["query_start_loc"][: size + 1],
             seq_lens=s["seq_lens"][:size],
@@ -327,6 +397,10 @@ class ModelRunner:
             # The kernels size their loops from this; a graph must cover every length it replays.
             max_seq_len=self.max_model_len,
         )
+        if self.windowed:
+            meta.window_slot_mapping = s["window_slot_mapping"][:size]
+            meta.window_block_tables = s["window_block_tables"][:size]
+        return meta
 
     def _replay(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
@@ -343,5 +417,9 @@ class ModelRunner:
         s["seq_lens"][:n] = meta.seq_lens
         width = meta.block_tables.shape[1]
         s["block_tables"][:n, :width] = meta.block_tables
+        if self.windowed:
+            s["window_slot_mapping"].fill_(-1)
+            s["window_slot_mapping"][:n] = meta.window_slot_mapping
+            s["window_block_tables"][:n, :width] = meta.window_block_tables
         self._graphs[size].graph.replay()
         return self._graphs[size].hidden[:n]

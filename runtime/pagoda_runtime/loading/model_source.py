@@ -305,7 +305,8 @@ def config_from_gguf(gguf: GGUFFile, tokenizer: Tokenizer) -> ModelConfig:
 
 
 def hf_name_of_gguf(name: str, layer_names: dict[str, str]) -> str | None:
-    """The Hugging Face name of GGUF tensor `name`; layer_names: the family's per-layer names."""
+    """The Hugging Face name of GGUF tensor `name`; layer_names: the family's per-layer names. The
+    name of a tensor holding every expert of a layer has {} where the expert's index goes."""
     if name in _GGUF_GLOBAL_NAMES:
         return _GGUF_GLOBAL_NAMES[name]
     parts = name.split(".", 2)
@@ -325,39 +326,72 @@ def unpermute_rotary(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     )
 
 
+def _gguf_sources(gguf: GGUFFile, layer_names: dict[str, str]) -> dict[str, tuple[str, int | None]]:
+    """Hugging Face name -> (the GGUF tensor holding it, its expert's index in a merged tensor)."""
+    sources = {}
+    for name, info in gguf.tensors.items():
+        hf = hf_name_of_gguf(name, layer_names)
+        if hf is not None and "{}" in hf:
+            sources |= {hf.format(e): (name, e) for e in range(info.shape[0])}
+        elif hf is not None:
+            sources[hf] = (name, None)
+    return sources
+
+
 def _load_gguf(path: Path, dtype: torch.dtype) -> LoadedModel:
     gguf = GGUFFile(path)
     tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata, str(path))
     config = config_from_gguf(gguf, tokenizer)
     layout = family_of(config).gguf
-    layer_names = _GGUF_LAYER_NAMES | layout.layer_names
-    gguf_name = {hf: name for name in gguf.tensors if (hf := hf_name_of_gguf(name, layer_names))}
-    found = {hf: gguf.tensors[name].shape for hf, name in gguf_name.items()}
+    sources = _gguf_sources(gguf, _GGUF_LAYER_NAMES | layout.layer_names)
+    found = {
+        hf: gguf.tensors[name].shape[1:] if expert is not None else gguf.tensors[name].shape
+        for hf, (name, expert) in sources.items()
+    }
     expected = weight_shapes(config)
     _check_shapes(found, expected, lambda name: path, f"the {config.model_type} metadata of {path}")
     packed = {
-        hf for hf in expected if is_projection(hf) and is_packable(gguf.tensors[gguf_name[hf]].ggml_type)
+        hf for hf in expected if is_projection(hf) and is_packable(gguf.tensors[sources[hf][0]].ggml_type)
     }
     permuted_heads = {}
     if gguf.metadata["general.architecture"] in layout.permuted_qk:
         permuted_heads = {".self_attn.q_proj.": config.architecture.num_attention_heads}
         permuted_heads[".self_attn.k_proj."] = config.architecture.num_key_value_heads
+    transform = layout.tensor or (lambda hf, tensor: tensor)
+
+    def whole(name: str, keep_packed: bool) -> Weight:
+        info = gguf.tensors[name]
+        if not keep_packed:
+            return gguf.dequantize(name)
+        rows = info.num_elements // info.shape[-1]
+        return gguf_to_packed(gguf.raw_bytes(name), info.ggml_type, (rows, info.shape[-1]))
 
     def weights() -> Iterator[tuple[str, Weight]]:
+        merged: dict[str, Weight] = {}  # the merged expert tensors of the layer being read
         for hf in expected:
-            info = gguf.tensors[gguf_name[hf]]
+            name, expert = sources[hf]
+            if expert is None:
+                weight = whole(name, hf in packed)
+            else:
+                if name not in merged:
+                    layer = name.rsplit(".", 2)[0]
+                    merged = {n: w for n, w in merged.items() if n.startswith(layer + ".")}
+                    merged[name] = whole(name, hf in packed)
+                weight = merged[name]
+                rows = gguf.tensors[name].shape[1]
+                weight = (
+                    weight.rows(slice(expert * rows, (expert + 1) * rows)) if hf in packed else weight[expert]
+                )
             heads = next((n for part, n in permuted_heads.items() if part in hf), None)
             if hf in packed:
-                weight = gguf_to_packed(gguf.raw_bytes(info.name), info.ggml_type, info.shape)
                 # Whole rows move, so the blocks are un-permuted without touching their values.
                 order = unpermute_rotary(torch.arange(weight.out_features), heads) if heads else None
                 yield hf, weight if order is None else weight.rows(order)
             else:
-                tensor = gguf.dequantize(info.name)
-                yield hf, (unpermute_rotary(tensor, heads) if heads else tensor).to(dtype)
+                yield hf, transform(hf, (unpermute_rotary(weight, heads) if heads else weight).to(dtype))
 
     if not packed:
         return LoadedModel(config, weights(), tokenizer)
     # The ggml type ids grow with the block's size: Q4_0 < Q4_1 < Q8_0.
-    largest = max(gguf.tensors[gguf_name[hf]].ggml_type for hf in packed)
+    largest = max(gguf.tensors[sources[hf][0]].ggml_type for hf in packed)
     return LoadedModel(config, weights(), tokenizer, "gguf", BLOCK_NAMES[largest])

@@ -124,6 +124,18 @@ def _launches() -> list:
                     b.q, b.kv_cache, b.meta, 0.1, num_splits=s
                 ),
             )
+        if head_dim == 128:
+            # Sliding-window layers and soft-capped scores (Gemma 2 and 3, Mistral): a window shorter
+            # than the contexts, with split-K decode and with prefill chunks, at Gemma 3's head dims.
+            for window_head_dim in (128, 256):
+                for seqs, splits in [([(40, 1), (17, 1)], 4), ([(40, 30), (9, 1)], None)]:
+                    batch = make_paged_batch(seqs, 8, 2, window_head_dim, 16, dtype=dtype)
+                    record(
+                        f"attention window 16 softcap 50 {dtype} head_dim {window_head_dim} splits {splits}",
+                        lambda b=batch, s=splits: triton_paged_attention.paged_attention(
+                            b.q, b.kv_cache, b.meta, 0.1, window=16, softcap=50.0, num_splits=s
+                        ),
+                    )
         cos_sin = torch.randn(64, head_dim)
         record(
             f"rotary_write_kv {dtype} into {kv_dtype}",

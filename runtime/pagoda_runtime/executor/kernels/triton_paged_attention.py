@@ -10,6 +10,12 @@ Split-K (flash-decoding): when a decode batch has too few (sequence, kv head) pa
 GPU, each program takes one of NUM_SPLITS contiguous key ranges and writes a partial output and
 its log-sum-exp; a second kernel merges the splits. NUM_SPLITS depends only on the batch size,
 never on context lengths, so a captured CUDA graph stays valid as sequences grow.
+
+Sliding window (HAS_WINDOW): a query at position p sees the keys p - window + 1 .. p. A tile's
+key walk starts at its first query's window, so the blocks wholly before it are never read (their
+table entries may name no block: the block manager released them), and keys before a query's own
+window are masked. Soft-cap (HAS_SOFTCAP): scores become softcap * tanh(scores / softcap) before
+the mask (Gemma 2).
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ def _paged_attention_kernel(
     partial_out_ptr,
     partial_lse_ptr,
     qk_scale,
+    window,
+    softcap,
     stride_qt,
     stride_qh,
     stride_bt,
@@ -57,6 +65,8 @@ def _paged_attention_kernel(
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q // GROUP_PAD  # query tokens per tile
     seq = tl.program_id(0)
@@ -81,8 +91,11 @@ def _paged_attention_kernel(
     query_pos = prefix_len + token
 
     kv_end = tl.minimum(context_len, prefix_len + (tile + 1) * BLOCK_M)  # causal: no key past the tile
-    per_split = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    kv_lo = split * per_split
+    kv_begin = 0
+    if HAS_WINDOW:
+        kv_begin = tl.maximum(prefix_len + tile * BLOCK_M - window + 1, 0)
+    per_split = tl.cdiv(tl.cdiv(kv_end - kv_begin, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    kv_lo = kv_begin + split * per_split
     kv_hi = tl.minimum(kv_end, kv_lo + per_split)
 
     m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
@@ -99,7 +112,14 @@ def _paged_attention_kernel(
         kv_mask = key_valid[:, None] & dim_valid[None, :]
         k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(q.dtype)
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        if HAS_SOFTCAP:
+            # qk_scale carries log2(e): cap the natural-log scores (tanh through sigmoid), then
+            # return to base 2.
+            tanh = 2.0 * tl.sigmoid(2.0 * 0.6931471805599453 * scores / softcap) - 1.0
+            scores = tanh * softcap * 1.4426950408889634
         allowed = key_valid[None, :] & (keys[None, :] <= query_pos[:, None])
+        if HAS_WINDOW:
+            allowed &= keys[None, :] > query_pos[:, None] - window
         scores = tl.where(allowed, scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
         # A row with no allowed key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
@@ -173,10 +193,14 @@ def paged_attention(
     kv_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
     num_splits: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of q [T, H, D] over kv_cache [2, blocks, block_size, Hkv, D] -> [T, H, D].
 
+    window: each query sees only the `window` keys up to its own (a sliding-window layer);
+    softcap: scores soft-capped by tanh (Gemma 2);
     num_splits: KV splits per (sequence, kv head); by default split-K for decode-only batches
     that would leave the GPU idle, one split otherwise.
     """
@@ -213,6 +237,8 @@ def paged_attention(
         partial_out,
         partial_lse,
         scale * LOG2E,
+        window or 0,
+        softcap or 0.0,
         q.stride(0),
         q.stride(1),
         meta.block_tables.stride(0),
@@ -227,6 +253,8 @@ def paged_attention(
         BLOCK_N=64 if head_dim <= 128 else 32,
         NUM_SPLITS=num_splits,
         DOT_PRECISION=dot_precision(q.dtype),
+        HAS_WINDOW=window is not None,
+        HAS_SOFTCAP=softcap is not None,
         num_warps=4,
     )
     if num_splits > 1:

@@ -2,9 +2,11 @@
 (or the tied embedding), and filling them from a checkpoint's Hugging Face-named tensors.
 
 A family subclasses CausalLM and builds its layers (`make_layer`); where it differs from the Llama
-layout elsewhere (an embedding scale, fused checkpoint tensors, soft-capped logits) it overrides
-the one method that says so. The embedding and the LM head are vocabulary-parallel
-(vocab_parallel.py); the rotary table is whole on every rank.
+layout elsewhere (an embedding scale, fused checkpoint tensors, a second rotary table) it overrides
+the one method that says so. What the config alone decides is done here for every family: final
+logits soft-capped where final_logit_softcapping is set, and each head's q and k rows reordered
+for a partial rotary embedding (kernels/rope_cache.rotary_row_order). The embedding and the LM head
+are vocabulary-parallel (vocab_parallel.py); the rotary table is whole on every rank.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from torch import nn
 from pagoda_runtime.contract.config import ModelConfig
 from pagoda_runtime.executor.attention_metadata import AttentionMetadata
 from pagoda_runtime.executor.kernels import AttentionOps, build_cos_sin_cache
+from pagoda_runtime.executor.kernels.rope_cache import rotary_row_order
 from pagoda_runtime.executor.models.layers import RMSNorm
 from pagoda_runtime.executor.quantization import PackedWeight, QuantizedLinear
 from pagoda_runtime.executor.vocab_parallel import VocabParallel
@@ -56,6 +59,7 @@ class CausalLM(nn.Module):
         self.register_buffer(
             "cos_sin_cache", build_cos_sin_cache(config, max_position, device, dtype), persistent=False
         )
+        self._rotary_rows = rotary_row_order(config)
 
     # ---- what a family builds ------------------------------------------------------------------
 
@@ -103,13 +107,22 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits [tokens, vocab] on every rank (a collective under tensor parallelism)."""
-        return (self.embed_tokens if self.lm_head is None else self.lm_head).logits(hidden)
+        logits = (self.embed_tokens if self.lm_head is None else self.lm_head).logits(hidden)
+        cap = self.config.final_logit_softcapping
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def pack_for_cpu(self, vocab_dtype: torch.dtype) -> None:
         """Hand the quantized projections to torch's CPU kernels and hold the vocabulary matrices
-        in vocab_dtype (quantization_selection.cpu_packed_kernels says when)."""
+        in vocab_dtype (quantization_selection.cpu_packed_kernels says when). Experts stay in the
+        grouped kernel's layout (a module with `grouped_experts`)."""
+        grouped = {
+            id(m)
+            for owner in self.modules()
+            if getattr(owner, "grouped_experts", False)
+            for m in owner.modules()
+        }
         for module in self.modules():
-            if isinstance(module, QuantizedLinear):
+            if isinstance(module, QuantizedLinear) and id(module) not in grouped:
                 module.pack_for_cpu()
             elif isinstance(module, VocabParallel):
                 module.hold_in(vocab_dtype)
@@ -153,8 +166,15 @@ class CausalLM(nn.Module):
             )
 
     def _load_tensor(self, hf_name: str, name: str, tensor: Weight, fused: dict, params: dict) -> None:
+        block, experts, expert_tensor = name.partition(".experts.")
+        if experts:
+            expert, _, rest = expert_tensor.partition(".")
+            self.get_submodule(block).load_expert(int(expert), rest, tensor)
+            return
         module_path, _, leaf = name.rpartition(".")
         owner, _, proj = module_path.rpartition(".")
+        if self._rotary_rows is not None and proj in ("q_proj", "k_proj"):
+            tensor = self._rotary_order(tensor)
         target, offset, rows = fused.get(proj, (proj, 0, slice(None)))
         projection = self._projection(f"{owner}.{target}") if owner.startswith("layers.") else None
         if projection is not None:
@@ -173,6 +193,17 @@ class CausalLM(nn.Module):
             raise ValueError(
                 f"the checkpoint holds {hf_name!r}, which a {self.config.model_type} model has no place for"
             )
+
+    def _rotary_order(self, tensor: Weight) -> Weight:
+        """q or k rows (or biases), head by head, in the order the partial rotary table rotates."""
+        head_dim = self.config.architecture.head_dim
+        heads = (
+            tensor.shape[0] // head_dim
+            if isinstance(tensor, torch.Tensor)
+            else tensor.out_features // head_dim
+        )
+        order = (torch.arange(heads)[:, None] * head_dim + self._rotary_rows[None, :]).flatten()
+        return tensor.rows(order) if isinstance(tensor, PackedWeight) else tensor[order]
 
     def _projection(self, path: str) -> nn.Module | None:
         try:

@@ -67,3 +67,35 @@ def check_activation(raw: dict[str, Any], key: str, expected: str, family: str) 
             f"asks for {key}={raw.get(key)!r}, mlp_bias={raw.get('mlp_bias', False)}; Pagoda's {family} "
             f"models have the {expected} MLP without bias"
         )
+
+
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def layer_types(raw: dict[str, Any], num_layers: int, family: str, per_layer: bool) -> dict[str, Any]:
+    """The ModelArchitecture fields sliding_window and layer_types a config implies.
+
+    per_layer: the Qwen2/Qwen3 rule, where use_sliding_window turns the window on and layers from
+    max_window_layers on slide (or config.json lists layer_types); otherwise a sliding_window
+    applies to every layer (Mistral, Mixtral, Phi-3) unless layer_types says which.
+    """
+    window = raw.get("sliding_window")
+    if per_layer and not raw.get("use_sliding_window", False):
+        window = None
+    if not window:
+        return {}
+    types = raw.get("layer_types")
+    if types is None and per_layer:
+        first = raw.get("max_window_layers", 0)
+        types = [LAYER_TYPES[i >= first] for i in range(num_layers)]
+    if types is None:
+        return {"sliding_window": window}
+    unknown = sorted(set(types) - set(LAYER_TYPES))
+    if unknown or len(types) != num_layers:
+        raise ConfigError(
+            f"has layer_types {unknown or types!r}; a {family} model needs one of {', '.join(LAYER_TYPES)} "
+            f"for each of its {num_layers} layers"
+        )
+    if "sliding_attention" not in types:
+        return {}
+    return {"sliding_window": window, "layer_types": tuple(types)}

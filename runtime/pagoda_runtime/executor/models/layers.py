@@ -44,7 +44,9 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     """Self-attention of one layer over its paged KV cache.
 
-    qk_norm: the per-head norm q and k go through before rotation (Qwen3, Gemma 3), or None.
+    qk_norm: the per-head norm q and k go through before rotation (Qwen3, Gemma 3), or None. The
+    layer's sliding window (passed per layer: Gemma's layers alternate), its softmax scale and its
+    logit soft-cap come from the config.
     """
 
     def __init__(
@@ -66,7 +68,9 @@ class Attention(nn.Module):
         self.num_kv_heads = kv_heads_per_rank(arch.num_key_value_heads, tp.size)
         self.head_dim = arch.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.scale = self.head_dim**-0.5
+        self.scale = config.attention_scale
+        self.window = arch.layer_window(layer)
+        self.softcap = config.attn_logit_softcapping
         self.qkv_proj = make_linear(
             arch.hidden_size,
             self.q_size + 2 * self.kv_size,
@@ -102,12 +106,14 @@ class Attention(nn.Module):
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q, _ = self.q_norm(q)
-            k, _ = self.k_norm(k)
+            # Over each head's dimensions, heads as rows.
+            q = self.q_norm(q.reshape(-1, self.head_dim))[0].view(-1, self.num_heads, self.head_dim)
+            k = self.k_norm(k.reshape(-1, self.head_dim))[0].view(-1, self.num_kv_heads, self.head_dim)
+        meta = meta.for_window(self.window)
         q = self.ops.rotary_write_kv(
             positions, q, k, v, cos_sin_cache, kv_cache, meta.slot_mapping, meta.derived
         )
-        out = self.ops.attention(q, kv_cache, meta, self.scale)
+        out = self.ops.attention(q, kv_cache, meta, self.scale, window=self.window, softcap=self.softcap)
         return self.tp.all_reduce(self.o_proj(out.reshape(-1, self.q_size)))
 
 

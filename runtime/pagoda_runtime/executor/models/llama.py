@@ -17,6 +17,7 @@ from pagoda_runtime.executor.models.hf_config import (
     ConfigError,
     architecture_fields,
     check_activation,
+    layer_types,
     rope_parameters,
     rope_scaling,
 )
@@ -47,15 +48,16 @@ def config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
     model_type = MODEL_TYPES[architecture]
     check_activation(raw, "hidden_act", "silu", "Llama")
     fields = architecture_fields(raw, "Llama")
-    sliding = raw.get("sliding_window")
-    if sliding and (model_type == "mistral" or raw.get("use_sliding_window", False)):
-        # Attention is only full-context up to the window; capping the context keeps it exact.
-        fields["max_position_embeddings"] = min(fields["max_position_embeddings"], sliding)
+    # Mistral's sliding_window applies to every layer; Qwen2's to the layers use_sliding_window and
+    # max_window_layers name. Llama has none.
+    windows = {}
+    if model_type != "llama":
+        windows = layer_types(raw, fields["num_hidden_layers"], "Llama", per_layer=model_type == "qwen2")
     rope = rope_parameters(raw)
     return ModelConfig(
         model_type=model_type,
         architecture=ModelArchitecture(
-            **fields, attention_bias=model_type == "qwen2" or raw.get("attention_bias", False)
+            **fields, attention_bias=model_type == "qwen2" or raw.get("attention_bias", False), **windows
         ),
         rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
         rope_theta=rope.get("rope_theta", 10000.0),

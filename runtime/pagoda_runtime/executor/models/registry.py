@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagoda_runtime.contract.config import ModelConfig
-from pagoda_runtime.executor.models import llama
-from pagoda_runtime.executor.models.decoder import CausalLM
+from pagoda_runtime.executor.models import gemma, llama, moe, phi3, qwen3
+from pagoda_runtime.executor.models.decoder import CausalLM, Weight
 
 Shapes = dict[str, tuple[int, ...]]
 
@@ -31,6 +31,9 @@ class GGUFLayout:
     # The architectures whose q and k rows llama.cpp's converter interleaves per head for its RoPE
     # (its LLaMA converter); the loader undoes it.
     permuted_qk: tuple[str, ...] = ()
+    # (Hugging Face name, tensor as stored) -> the tensor the model takes, where llama.cpp stores it
+    # otherwise.
+    tensor: Callable[[str, Weight], Weight] | None = None
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,8 @@ class Family:
     config_from_hf: Callable[[dict[str, Any], str], ModelConfig]
     weight_shapes: Callable[[ModelConfig], Shapes]
     gguf: GGUFLayout | None = None
+    # How the projections can be held (README's table): float, quantized online, or as stored.
+    quantizations: tuple[str, ...] = ("none", "int8", "int4", "fp8", "awq", "gptq", "gguf")
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -54,6 +59,61 @@ FAMILIES: tuple[Family, ...] = (
         config_from_hf=llama.config_from_hf,
         weight_shapes=llama.weight_shapes,
         gguf=GGUFLayout(("llama", "qwen2"), llama.config_from_gguf, permuted_qk=("llama",)),
+    ),
+    Family(
+        name="Qwen3",
+        architectures=("Qwen3ForCausalLM",),
+        model_types=("qwen3",),
+        model=qwen3.Qwen3ForCausalLM,
+        config_from_hf=qwen3.config_from_hf,
+        weight_shapes=qwen3.weight_shapes,
+        gguf=GGUFLayout(("qwen3",), qwen3.config_from_gguf, qwen3.GGUF_NAMES),
+    ),
+    Family(
+        name="Qwen3-MoE",
+        architectures=("Qwen3MoeForCausalLM",),
+        model_types=("qwen3_moe",),
+        model=moe.Qwen3MoeForCausalLM,
+        config_from_hf=moe.qwen3_moe_config_from_hf,
+        weight_shapes=moe.weight_shapes,
+        gguf=GGUFLayout(("qwen3moe",), moe.qwen3_moe_config_from_gguf, moe.QWEN3_MOE_GGUF_NAMES),
+        quantizations=("none", "int8", "int4", "fp8", "gguf"),
+    ),
+    Family(
+        name="Mixtral",
+        architectures=("MixtralForCausalLM",),
+        model_types=("mixtral",),
+        model=moe.MixtralForCausalLM,
+        config_from_hf=moe.mixtral_config_from_hf,
+        weight_shapes=moe.weight_shapes,
+        quantizations=("none", "int8", "int4", "fp8"),
+    ),
+    Family(
+        name="Gemma 2",
+        architectures=("Gemma2ForCausalLM",),
+        model_types=("gemma2",),
+        model=gemma.Gemma2ForCausalLM,
+        config_from_hf=gemma.config_from_hf,
+        weight_shapes=gemma.weight_shapes,
+        gguf=GGUFLayout(("gemma2",), gemma.config_from_gguf, gemma.GGUF_NAMES, tensor=gemma.gguf_tensor),
+    ),
+    Family(
+        name="Gemma 3 (text)",
+        architectures=("Gemma3ForCausalLM",),
+        model_types=("gemma3_text",),
+        model=gemma.Gemma3ForCausalLM,
+        config_from_hf=gemma.config_from_hf,
+        weight_shapes=gemma.weight_shapes,
+        gguf=GGUFLayout(("gemma3",), gemma.config_from_gguf, gemma.GGUF_NAMES, tensor=gemma.gguf_tensor),
+    ),
+    Family(
+        name="Phi-3 / Phi-4-mini",
+        architectures=("Phi3ForCausalLM",),
+        model_types=("phi3",),
+        model=phi3.Phi3ForCausalLM,
+        config_from_hf=phi3.config_from_hf,
+        weight_shapes=phi3.weight_shapes,
+        gguf=GGUFLayout(("phi3",), phi3.config_from_gguf, phi3.GGUF_NAMES),
     ),
 )
 
