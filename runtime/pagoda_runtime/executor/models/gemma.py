@@ -81,6 +81,11 @@ class Gemma2ForCausalLM(CausalLM):
 
     def __init__(self, config: ModelConfig, ops: AttentionOps, max_position: int, *args, **kwargs) -> None:
         super().__init__(config, ops, max_position, *args, **kwargs)
+        # sqrt(hidden) rounded to the model's dtype, as transformers rounds it; a Python number, so
+        # that a CUDA graph captures no host-to-device copy.
+        self.embed_scale = float(
+            torch.tensor(config.architecture.hidden_size**0.5, dtype=self.embed_tokens.dtype)
+        )
         local = None
         if config.local_rope_theta is not None:
             table = self.cos_sin_cache
@@ -104,8 +109,7 @@ class Gemma2ForCausalLM(CausalLM):
         return self.cos_sin_cache
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
-        return x * torch.tensor(self.config.architecture.hidden_size**0.5, dtype=x.dtype, device=x.device)
+        return self.embed_tokens(input_ids) * self.embed_scale
 
     def checkpoint_shapes(self) -> dict[str, tuple[int, ...]]:
         return weight_shapes(self.config)
