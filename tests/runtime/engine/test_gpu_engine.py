@@ -56,7 +56,9 @@ def test_graphs_equal_eager_and_transformers_in_float32(tmp_path, variant):
     with_graphs = _token_ids(graphs, PROMPTS)
     eager = _token_ids(LLM(str(folder), enforce_eager=True, **kwargs), PROMPTS)
     assert with_graphs == eager
-    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).cuda().eval()
+    # Eager attention: transformers' SDPA path leaves out Gemma 2's attention soft-cap.
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
+    reference = reference.cuda().eval()
     for prompt_ids, ids in zip(
         (o.prompt_token_ids for o in graphs.generate(PROMPTS, GREEDY)), with_graphs, strict=True
     ):
@@ -194,11 +196,13 @@ def test_bfloat16_logits_stay_as_close_to_transformers_float32_as_its_own_bfloat
     ids = llm.get_tokenizer().encode(" ".join(PROMPTS))
     logits = score(llm.engine, ids).float()
     inputs = torch.tensor([ids], device="cuda")
+    # Eager attention: transformers' SDPA path leaves out Gemma 2's attention soft-cap.
+    eager = dict(attn_implementation="eager")
     with torch.inference_mode():
-        reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).cuda().eval()
+        reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **eager).cuda().eval()
         expected = reference(inputs).logits[0].float()
         del reference
-        theirs = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).cuda().eval()
+        theirs = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, **eager).cuda().eval()
         their_logits = theirs(inputs).logits[0].float()
     ours, their_error = _relative_error(logits, expected), _relative_error(their_logits, expected)
     assert ours < BF16_MARGIN * their_error, (
