@@ -318,14 +318,20 @@ def weight_bytes(
     if float_dtype not in FLOAT_DTYPE_BYTES:
         raise ValueError(f"unknown dtype {float_dtype!r}; use one of {', '.join(FLOAT_DTYPE_BYTES)}")
     float_bytes = _float_bytes(quantization, float_dtype)
-    fmt = WeightFormat(bits=8 * float_bytes) if quantization == "none" else WEIGHT_FORMATS[quantization]
-    if quantization == "gguf" and gguf_block is not None:
-        fmt = GGUF_BLOCK_FORMATS[gguf_block]
+    fmt = _linear_format(quantization, float_dtype, gguf_block)
     linear = sum(fmt.linear_bytes(out, inp) * count for out, inp, count in arch.linear_shapes())
     unquantized = arch.unquantized_parameters() * float_bytes
     if vocab_dtype is not None:
         unquantized += arch.vocab_parameters() * (FLOAT_DTYPE_BYTES[vocab_dtype] - float_bytes)
     return int(linear + unquantized)
+
+
+def _linear_format(quantization: str, float_dtype: str, gguf_block: str | None) -> WeightFormat:
+    if quantization == "none":
+        return WeightFormat(bits=8 * _float_bytes(quantization, float_dtype))
+    if quantization == "gguf" and gguf_block is not None:
+        return GGUF_BLOCK_FORMATS[gguf_block]
+    return WEIGHT_FORMATS[quantization]
 
 
 def _float_bytes(quantization: str, float_dtype: str) -> int:
@@ -347,8 +353,15 @@ def decode_weight_bytes(
     vocab_dtype: str | None = None,
 ) -> int:
     """decode_read_bytes of weight_bytes' estimate (same arguments): the weight traffic that bounds
-    batch-1 decode at memory bandwidth / these bytes tokens per second."""
+    batch-1 decode at memory bandwidth / these bytes tokens per second. A token reads only the
+    experts it is routed to."""
     stored = weight_bytes(arch, quantization, float_dtype, gguf_block, vocab_dtype)
+    if arch.num_sparse_layers:
+        fmt = _linear_format(quantization, float_dtype, gguf_block)
+        width, hidden = arch.moe_intermediate_size, arch.hidden_size
+        expert = 2 * fmt.linear_bytes(width, hidden) + fmt.linear_bytes(hidden, width)
+        idle = arch.num_experts - arch.num_experts_per_tok
+        stored -= int(expert * idle * arch.num_sparse_layers)
     vocab_bytes = FLOAT_DTYPE_BYTES[vocab_dtype] if vocab_dtype else _float_bytes(quantization, float_dtype)
     embedding = arch.vocab_size * arch.hidden_size * vocab_bytes
     return decode_read_bytes(stored, embedding, arch.tie_word_embeddings)

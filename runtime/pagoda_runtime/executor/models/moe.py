@@ -108,6 +108,15 @@ class SparseMoE(nn.Module):
         part = tensor.rows(self.rows) if isinstance(tensor, PackedWeight) else tensor[self.rows]
         self.experts_gate_up.load(part, expert * width + offsets[name])
 
+    def idle_expert_bytes(self) -> int:
+        """Bytes of the experts one token is not routed to: what a batch-1 step does not read."""
+        stored = sum(
+            t.numel() * t.element_size()
+            for projection in (self.experts_gate_up, self.experts_down)
+            for t in projection.state_dict().values()
+        )
+        return stored * (self.num_experts - self.top_k) // self.num_experts
+
     def _experts(self, projection: nn.Module, rows: int) -> ExpertWeights:
         if isinstance(projection, QuantizedLinear):
             return PackedExperts(projection.weight, self.num_experts)

@@ -31,7 +31,11 @@ def model_weight_bytes(model: nn.Module) -> int:
 
 def decode_weight_bytes(model: nn.Module) -> int:
     """Bytes of weights one decode step of `model` (a CausalLM) reads, as stored: the rule
-    is sizing.decode_read_bytes, which sizing.decode_weight_bytes applies to the estimate."""
+    is sizing.decode_read_bytes, which sizing.decode_weight_bytes applies to the estimate; a token
+    reads only the experts it is routed to (idle_expert_bytes of a mixture-of-experts layer)."""
     embedding = model.embed_tokens.weight
     tied = model.lm_head is None
-    return decode_read_bytes(model_weight_bytes(model), embedding.numel() * embedding.element_size(), tied)
+    idle = sum(m.idle_expert_bytes() for m in model.modules() if hasattr(m, "idle_expert_bytes"))
+    return decode_read_bytes(
+        model_weight_bytes(model) - idle, embedding.numel() * embedding.element_size(), tied
+    )
