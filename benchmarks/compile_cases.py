@@ -186,6 +186,20 @@ def _small_cases() -> list:
                     f"prefill {dtype} cache {kv_dtype}": (2, 70, 30, dtype, kv_dtype, None),
                 }
             )
+            # Sliding-window layers with soft-capped scores (Gemma 2 and 3, Mistral): a window shorter
+            # than the contexts, in split decode and in prefill chunks, at Gemma's head dims.
+            for head_dim in (128, 256):
+                for query_len, splits in ((1, 4), (30, None)):
+                    q, cache, meta = decode_batch(2, 70, dtype, kv_dtype, query_len, head_dim)
+                    found.append(
+                        (
+                            f"window 16 softcap 50 head_dim {head_dim} query {query_len} {dtype} "
+                            f"cache {kv_dtype}",
+                            lambda q=q, c=cache, m=meta, s=splits: triton_paged_attention.paged_attention(
+                                q, c, m, 0.1, window=16, softcap=50.0, num_splits=s
+                            ),
+                        )
+                    )
             q, cache, meta = decode_batch(2, 20, dtype, kv_dtype)
             k = torch.randn(2, KV_HEADS, HEAD_DIM, dtype=dtype)
             cos_sin = torch.randn(64, HEAD_DIM)

@@ -16,10 +16,17 @@ SMS = 132  # H100 SXM / H200
 LLAMA3_8B_LAYERS = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
 
 
-def decode_batch(batch: int, context: int, dtype=torch.bfloat16, kv_dtype=None, query_len: int = 1):
+def decode_batch(
+    batch: int,
+    context: int,
+    dtype=torch.bfloat16,
+    kv_dtype=None,
+    query_len: int = 1,
+    head_dim: int = HEAD_DIM,
+):
     """q, a small cache and metadata shaped like `batch` sequences of `context` tokens: the
     compiled code depends on the shapes' constants and dtypes only, not on the cache's size."""
-    cache = torch.zeros(2, 4, BLOCK_SIZE, KV_HEADS, HEAD_DIM, dtype=kv_dtype or dtype)
+    cache = torch.zeros(2, 4, BLOCK_SIZE, KV_HEADS, head_dim, dtype=kv_dtype or dtype)
     width = math.ceil(context / BLOCK_SIZE)
     meta = AttentionMetadata(
         slot_mapping=torch.zeros(batch * query_len, dtype=torch.int64),
@@ -29,4 +36,4 @@ def decode_batch(batch: int, context: int, dtype=torch.bfloat16, kv_dtype=None, 
         max_query_len=query_len,
         max_seq_len=context,
     )
-    return torch.randn(batch * query_len, HEADS, HEAD_DIM, dtype=dtype), cache, meta
+    return torch.randn(batch * query_len, HEADS, head_dim, dtype=dtype), cache, meta

@@ -335,7 +335,7 @@ def _labelled(label: str, fn: Callable) -> Callable:
 @contextmanager
 def labelled_parts(engine: LLMEngine) -> Iterator[None]:
     """Wrap every part of a step in a profiler label (PARTS); the originals come back on exit."""
-    import pagoda_runtime.executor.model as model_module
+    import pagoda_runtime.executor.models.layers as model_module
 
     undo: list[Callable[[], None]] = []
 

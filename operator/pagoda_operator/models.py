@@ -22,7 +22,7 @@ from pagoda_runtime.contract.sources import COMMIT_PATTERN
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from pagoda_operator.parallelism import FAMILY_SPLIT_RULES, MAX_GPUS_PER_POD, MAX_NODES, RANKS_PER_POD_CEL
+from pagoda_operator.parallelism import MAX_GPUS_PER_POD, MAX_NODES, RANKS_PER_POD_CEL
 from pagoda_operator.rules import IS_GGUF_SOURCE, Rule, cel_validations, enforce
 
 GROUP = "pagoda.dev"
@@ -629,7 +629,6 @@ class InferenceServiceSpec(Spec):
             "parallelism.nodes above 1 needs model.cache.accessMode ReadWriteMany: a ReadWriteOnce cache "
             "holds every pod on the one node its volume is attached to",
         ),
-        *FAMILY_SPLIT_RULES,
         Rule(
             "self.variants.all(v, self.variants.exists_one(w, w.name == v.name))",
             lambda s: len({v.name for v in s.variants}) == len(s.variants),

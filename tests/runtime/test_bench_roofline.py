@@ -29,9 +29,10 @@ VOCAB = 512 * 64  # the embedding, and the LM head when untied
 def _engine(tied: bool, quantization: str = "none", dtype: str = "float32") -> LLMEngine:
     tiny = shape_config("tiny-llama")
     arch = dataclasses.replace(tiny.architecture, tie_word_embeddings=tied)
+    config = dataclasses.replace(tiny, architecture=arch)
     loaded = LoadedModel(
-        dataclasses.replace(tiny, architecture=arch),
-        random_weights(arch, torch.device("cpu"), torch.float32),
+        config,
+        random_weights(config, torch.device("cpu"), torch.float32),
         bare_tokenizer(arch.vocab_size),
     )
     engine_config = EngineConfig(

@@ -113,7 +113,7 @@ class Scheduler:
             if leader.status == SequenceStatus.RUNNING:
                 # The last prompt token is recomputed, partial block included: it yields this
                 # sample's own first logits, and the leader keeps sole ownership of its partial block.
-                shared = (seq.num_prompt_tokens - 1) // bm.block_size
+                shared = bm.forkable_blocks(leader, (seq.num_prompt_tokens - 1) // bm.block_size)
                 remaining = seq.num_tokens - shared * bm.block_size
                 if not bm.can_admit(seq, [], min(remaining, budget)):
                     return False

@@ -52,6 +52,9 @@ class Sequence:
         self.max_num_tokens: int | None = min((n for n in ends if n is not None), default=None)
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
+        # Of a model whose sliding-window layers keep their KV in a pool of their own: those
+        # layers' blocks (engine/window_block_manager.py).
+        self.window_block_table: list[int] = []
         # Chained prefix hashes of this sequence's full blocks, extended as blocks fill up.
         self.block_hashes: list[int] = []
         self.num_computed_tokens = 0  # tokens whose keys and values are in the cache

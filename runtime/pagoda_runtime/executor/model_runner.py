@@ -10,6 +10,11 @@ On CUDA, decode-only steps replay CUDA graphs captured once per batch-size bucke
 every 8 up to 128 and every 16 beyond, up to max_num_seqs): the forward, the LM head and the
 greedy argmax. The batch is padded to its bucket, padding tokens write to no slot (slot -1), and
 the attention metadata lives in static buffers that each replay refills.
+
+A model with sliding-window layers shorter than the context keeps their KV in a pool of its own
+(sizing.kv_pools; the block manager frees the blocks behind each window), so a step carries a
+second block table and slot mapping for those layers; where every layer slides there is one pool,
+the window one.
 """
 
 from __future__ import annotations
@@ -26,7 +31,13 @@ import torch
 
 from pagoda_runtime.contract.config import KV_CACHE_DTYPES, EngineConfig, ModelConfig
 from pagoda_runtime.contract.quantization_selection import cpu_packed_kernels, cpu_vocab_dtype
-from pagoda_runtime.contract.sizing import kv_bytes_per_block, kv_heads_per_rank
+from pagoda_runtime.contract.sizing import (
+    KVPools,
+    kv_bytes_per_block,
+    kv_heads_per_rank,
+    kv_layer_bytes_per_token,
+    kv_pools,
+)
 from pagoda_runtime.engine.scheduler import ScheduledBatch
 from pagoda_runtime.engine.sequence import Sequence
 from pagoda_runtime.engine.stats import StepShape
@@ -36,8 +47,7 @@ from pagoda_runtime.executor.cpu_threads import configure_torch_threads
 from pagoda_runtime.executor.devices import Placement, dtype_name, resolve_dtype
 from pagoda_runtime.executor.kernels import get_attention_ops
 from pagoda_runtime.executor.kernels.reference import FP8_KV_DTYPE
-from pagoda_runtime.executor.model import LlamaForCausalLM
-from pagoda_runtime.executor.quantization import QuantizedLinear
+from pagoda_runtime.executor.models import build_model
 from pagoda_runtime.executor.quantization.memory import decode_weight_bytes, model_weight_bytes
 from pagoda_runtime.executor.sampler import DeviceSamples, Sampler, SamplerOutput, uses_history
 from pagoda_runtime.executor.staging import Staging
@@ -134,7 +144,7 @@ class ModelRunner:
         self.block_size = engine_config.block_size
         self.max_model_len = max_model_len
         self.max_blocks_per_seq = -(-max_model_len // self.block_size)
-        self.model = LlamaForCausalLM(
+        self.model = build_model(
             model_config,
             get_attention_ops(self.device),
             max_model_len,
@@ -145,15 +155,9 @@ class ModelRunner:
         )
         self.model.load_weights(weights)
         if self.device.type == "cpu" and cpu_packed_kernels(engine_config.dtype):
-            vocab_dtype = resolve_dtype(cpu_vocab_dtype("cpu", engine_config.dtype), self.device)
-            for module in self.model.modules():
-                if isinstance(module, QuantizedLinear):
-                    module.pack_for_cpu()
-            self.model.hold_vocabulary_in(vocab_dtype)
+            self.model.pack_for_cpu(resolve_dtype(cpu_vocab_dtype("cpu", engine_config.dtype), self.device))
         if self.device.type == "cuda":
-            for module in self.model.modules():
-                if isinstance(module, QuantizedLinear):
-                    module.pack_for_gpu()
+            self.model.pack_for_gpu()
         self.model.eval()
         if self.kv_cache_dtype == FP8_KV_DTYPE:
             scales = kv_scales.calibrate(
@@ -170,22 +174,28 @@ class ModelRunner:
                 layer.self_attn.kv_scales = layer_scales
         self.weight_bytes = model_weight_bytes(self.model)
         self.decode_weight_bytes = decode_weight_bytes(self.model)  # what one decode step reads
+        arch = model_config.architecture
+        pools = self._kv_pools(engine_config)
         # Rank 0's block manager hands out block ids for every rank's cache: all hold as many.
-        self.num_blocks = tp.agree_min(
-            self._num_blocks(engine_config.kv_cache_memory, engine_config.gpu_memory_utilization),
-            self.device,
+        self.pools = KVPools(
+            tp.agree_min(pools.full_blocks, self.device), tp.agree_min(pools.window_blocks, self.device)
         )
+        # The blocks of the pool every layer without its own window uses (the window pool's where
+        # every layer slides): what the block manager's tables (Sequence.block_table) name.
+        self.num_blocks = self.pools.full_blocks or self.pools.window_blocks
+        # Layers whose window keeps its KV in the window pool (the second table of a hybrid model).
+        self.windowed = self.pools.window_blocks > 0 and self.pools.full_blocks > 0
         self.kv_caches = [
             torch.empty(
                 2,
-                self.num_blocks,
+                self._layer_blocks(layer),
                 self.block_size,
                 self.num_kv_heads,
-                model_config.architecture.head_dim,
+                arch.head_dim,
                 device=self.device,
                 dtype=self.kv_cache_dtype,
             )
-            for _ in range(model_config.architecture.num_hidden_layers)
+            for layer in range(arch.num_hidden_layers)
         ]
         self.sampler = Sampler(
             self.device, model_config.architecture.vocab_size, model_config.eos_token_ids, engine_config.seed
@@ -217,7 +227,48 @@ class ModelRunner:
         """Keys and values of one token in every layer of this rank's cache, at the cache's dtype."""
         return self.kv_bytes_per_block // self.block_size
 
-    def _num_blocks(self, kv_cache_memory: float, gpu_memory_utilization: float | None) -> int:
+    @property
+    def kv_cache_bytes(self) -> int:
+        """What the KV caches of every layer occupy on this rank."""
+        return sum(cache.numel() * cache.element_size() for cache in self.kv_caches)
+
+    @property
+    def window(self) -> int | None:
+        """The sliding window whose layers keep only their window's blocks, None where none does."""
+        return self.config.architecture.sliding_window if self.pools.window_blocks else None
+
+    def _layer_blocks(self, layer: int) -> int:
+        if self.pools.window_blocks and self.config.architecture.layer_window(layer) is not None:
+            return self.pools.window_blocks
+        return self.pools.full_blocks
+
+    def _kv_pools(self, engine_config: EngineConfig) -> KVPools:
+        rank_slice = self.config.architecture.per_rank(self.tp.size)
+        budget = self._kv_budget(engine_config.kv_cache_memory, engine_config.gpu_memory_utilization)
+        pools = kv_pools(
+            rank_slice,
+            budget,
+            self.block_size,
+            self.max_model_len,
+            engine_config.max_num_seqs,
+            engine_config.max_num_batched_tokens,
+            self.kv_cache_dtype_name,
+        )
+        if pools.full_blocks or pools.window_blocks:
+            return pools
+        layer_block = self.block_size * kv_layer_bytes_per_token(rank_slice, self.kv_cache_dtype_name)
+        raise ValueError(
+            f"the KV cache budget of {budget} bytes holds no block of {layer_block} bytes per layer; "
+            f"raise {self._budget_flag(engine_config)}"
+        )
+
+    @staticmethod
+    def _budget_flag(engine_config: EngineConfig) -> str:
+        if engine_config.gpu_memory_utilization is not None:
+            return "--gpu-memory-utilization"
+        return "--kv-cache-memory"
+
+    def _kv_budget(self, kv_cache_memory: float, gpu_memory_utilization: float | None) -> int:
         if self.device.type == "cuda":
             # Loading leaves its transients (random draws, float copies of quantized weights) cached
             # by torch's allocator, which mem_get_info counts as used: give them back first.
@@ -240,13 +291,9 @@ class ModelRunner:
             budget = int(free * kv_cache_memory)
         else:
             budget = CPU_KV_CACHE_BYTES
-        num_blocks = budget // self.kv_bytes_per_block
-        if num_blocks < 1:
-            raise ValueError(
-                f"the KV cache budget of {budget} bytes holds no block of {self.kv_bytes_per_block} bytes; "
-                f"raise {flag}"
-            )
-        return num_blocks
+        if budget < 1:
+            raise ValueError(f"the KV cache budget is {budget} bytes; raise {flag}")
+        return budget
 
     # ---- one step ----------------------------------------------------------------------------
 
@@ -350,16 +397,11 @@ class ModelRunner:
                 known_part = seq.token_ids[start:end]  # short of a last token still on the device
                 input_ids[first : first + len(known_part)] = known_part
         block_tables = [seq.block_table for seq in seqs]
-        lengths = np.fromiter(map(len, block_tables), np.int64, n)
-        width = int(lengths.max())
-        tables = np.zeros((size, width), dtype=np.int32)
-        tables[:n][np.arange(width) < lengths[:, None]] = np.fromiter(
-            itertools.chain.from_iterable(block_tables), np.int32, int(lengths.sum())
-        )
+        window_tables = [seq.window_block_table for seq in seqs] if self.windowed else []
+        width = max(map(len, block_tables + window_tables))
         token_rows = np.arange(n) if decode else np.repeat(np.arange(n), news)
         real = positions[:num_tokens]
-        slots = np.full(padded_tokens, -1, dtype=np.int64)
-        slots[:num_tokens] = tables[token_rows, real // bs].astype(np.int64) * bs + real % bs
+        tables, slots = _tables_and_slots(block_tables, size, width, token_rows, real, bs, padded_tokens)
         seq_lens = np.ones(size, dtype=np.int32)
         seq_lens[:n] = ends
         logits_rows = np.arange(num_tokens) if every_logit else query_start[1:][rows].astype(np.int64) - 1
@@ -382,6 +424,10 @@ class ModelRunner:
             "gather_to": gather_to,
             "gather_from": gather_from,
         }
+        if self.windowed:
+            arrays["window_block_tables"], arrays["window_slot_mapping"] = _tables_and_slots(
+                window_tables, size, width, token_rows, real, bs, padded_tokens
+            )
         if not every_logit:
             arrays |= {f"sampler.{k}": v for k, v in self.sampler.host_arrays(sampling, output_index).items()}
         staged = self._staging.to_device(arrays)
@@ -398,6 +444,9 @@ class ModelRunner:
             max_query_len=int(news.max()),
             max_seq_len=int(ends.max()),
         )
+        if self.windowed:
+            meta.window_block_tables = staged["window_block_tables"]
+            meta.window_slot_mapping = staged["window_slot_mapping"]
         step = StepInputs(
             staged["input_ids"],
             staged["positions"],
@@ -423,6 +472,13 @@ class ModelRunner:
         row_of = {seq.seq_id: k for k, seq in enumerate(sampled)}
         return np.array([row_of[seq.seq_id] for seq in seqs], dtype=np.int64)
 
+    def _tables(self, tables: list[list[int]], width: int) -> torch.Tensor:
+        flat: list[int] = []
+        for table in tables:
+            flat += table
+            flat += [0] * (width - len(table))
+        return self._tensor(flat, torch.int32).view(len(tables), width)
+
     # ---- CUDA graphs -------------------------------------------------------------------------
 
     def _capture_graphs(self, max_num_seqs: int) -> None:
@@ -440,7 +496,10 @@ class ModelRunner:
             "seq_lens": torch.ones(largest, dtype=torch.int32, device=device),
             "block_tables": torch.zeros(largest, self.max_blocks_per_seq, dtype=torch.int32, device=device),
         }
-        logits = torch.empty(largest, self.config.vocab_size, dtype=torch.float32, device=device)
+        if self.windowed:
+            self._static["window_slot_mapping"] = torch.full((largest,), -1, dtype=torch.int64, device=device)
+            self._static["window_block_tables"] = torch.zeros_like(self._static["block_tables"])
+        logits = torch.empty(largest, self.config.architecture.vocab_size, dtype=torch.float32, device=device)
         greedy = torch.empty(largest, dtype=torch.int64, device=device)
         # Largest first, so that the smaller graphs fit in the memory pool the largest reserved.
         for size in reversed(sizes):
@@ -466,7 +525,7 @@ class ModelRunner:
 
     def _static_meta(self, size: int) -> AttentionMetadata:
         s = self._static
-        return AttentionMetadata(
+        meta = AttentionMetadata(
             slot_mapping=s["slot_mapping"][:size],
             query_start_loc=s["query_start_loc"][: size + 1],
             seq_lens=s["seq_lens"][:size],
@@ -475,6 +534,10 @@ class ModelRunner:
             # The kernels size their loops from this; a graph must cover every length it replays.
             max_seq_len=self.max_model_len,
         )
+        if self.windowed:
+            meta.window_slot_mapping = s["window_slot_mapping"][:size]
+            meta.window_block_tables = s["window_block_tables"][:size]
+        return meta
 
     def _replay(self, step: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """Replay the graph of the step's (padded) batch size; the logits and argmax of its rows
@@ -489,7 +552,33 @@ class ModelRunner:
         s["slot_mapping"][:size].copy_(meta.slot_mapping)
         s["seq_lens"][:size].copy_(meta.seq_lens)
         s["block_tables"][:size, : meta.block_tables.shape[1]].copy_(meta.block_tables)
+        if self.windowed:
+            s["window_slot_mapping"][:size].copy_(meta.window_slot_mapping)
+            width = meta.window_block_tables.shape[1]
+            s["window_block_tables"][:size, :width].copy_(meta.window_block_tables)
         graph = self._graphs[size]
         graph.graph.replay()
         rows = step.logits_rows.shape[0]
         return graph.logits[:rows], graph.greedy[:rows]
+
+
+def _tables_and_slots(
+    block_tables: list[list[int]],
+    size: int,
+    width: int,
+    token_rows: np.ndarray,
+    positions: np.ndarray,
+    block_size: int,
+    padded_tokens: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The block tables as one [size, width] array (zeros past each table and for padding rows),
+    and each token's cache slot (-1 for padding tokens)."""
+    lengths = np.fromiter(map(len, block_tables), np.int64, len(block_tables))
+    tables = np.zeros((size, width), dtype=np.int32)
+    tables[: len(block_tables)][np.arange(width) < lengths[:, None]] = np.fromiter(
+        itertools.chain.from_iterable(block_tables), np.int32, int(lengths.sum())
+    )
+    slots = np.full(padded_tokens, -1, dtype=np.int64)
+    pages = tables[token_rows, positions // block_size].astype(np.int64)
+    slots[: positions.shape[0]] = pages * block_size + positions % block_size
+    return tables, slots

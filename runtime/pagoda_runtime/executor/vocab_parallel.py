@@ -31,7 +31,7 @@ class VocabParallel(nn.Module):
         self.dtype = dtype  # of the activations: lookups come out in it, whatever the matrix is held in
         self.rows = tp.part(padded_vocab_size(vocab_size, tp.size), "vocabulary rows")
         shape = (self.rows.stop - self.rows.start, hidden_size)
-        # Uninitialized: the checkpoint fills it (see LlamaForCausalLM.load_weights).
+        # Uninitialized: the checkpoint fills it (see CausalLM.load_weights).
         self.weight = nn.Parameter(torch.empty(shape, device=device, dtype=dtype), requires_grad=False)
         # On the CPU's 16-bit path: the LM head packed for fbgemm's float16 GEMM (hold_in).
         self._packed_head: torch.ScriptObject | None = None

@@ -13,7 +13,7 @@ from pagoda_runtime.executor.kernels.triton_rmsnorm import rms_norm
 from pagoda_runtime.executor.kernels.triton_rotary_kv_write import rotary_write_kv
 from pagoda_runtime.executor.kernels.triton_silu_mul import silu_and_mul
 
-from .paged_batch import dense_attention, make_paged_batch, relative_error
+from .paged_batch import dense_attention, make_paged_batch, relative_error, release_outside_window
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 MIXED = [(37, 1), (20, 20), (50, 13), (1, 1), (16, 1), (70, 2)]
@@ -52,6 +52,21 @@ def test_split_k_decode_merges_in_the_last_split_to_the_same_result(num_splits: 
         )
         assert relative_error(out, dense_attention(batch, 0.125)) < 1e-5
     assert not triton_paged_attention._ARRIVALS[torch.device(DEVICE)][-1].any()
+
+
+@pytest.mark.parametrize("num_splits", [None, 3])
+def test_a_sliding_window_never_reads_the_blocks_behind_it_and_soft_caps_the_scores(num_splits) -> None:
+    # Decode rows and prefill chunks whose windows start mid-block, ahead of released blocks.
+    seqs = [(70, 1), (45, 13), (9, 1), (90, 30), (20, 20)]
+    batch = _written(make_paged_batch(seqs, 8, 2, 64, 8, device=DEVICE, seed=11))
+    release_outside_window(batch, 21)
+    expected = dense_attention(batch, 0.125, window=21, softcap=2.0)
+    out = paged_attention(
+        batch.q, batch.kv_cache, batch.meta, 0.125, window=21, softcap=2.0, num_splits=num_splits
+    )
+    assert relative_error(out, expected) < 1e-5
+    ref = reference.attention(batch.q, batch.kv_cache, batch.meta, 0.125, window=21, softcap=2.0)
+    assert relative_error(ref, expected) < 1e-5
 
 
 def test_split_k_over_prefill_chunks() -> None:

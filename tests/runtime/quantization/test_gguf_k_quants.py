@@ -33,7 +33,7 @@ K_SIZES = {"hidden_size": 256, "intermediate_size": 512}
 @pytest.fixture(scope="module")
 def k_folder(tmp_path_factory):
     # smollm is a llama with tied embeddings: the file's q/k rows are permuted and come back whole.
-    return build_tiny_model(tmp_path_factory.mktemp("k") / "smollm", "smollm", sizes=K_SIZES)
+    return build_tiny_model(tmp_path_factory.mktemp("k") / "smollm", "smollm", overrides=K_SIZES)
 
 
 def _layer(engine: LLMEngine, index: int, name: str) -> QuantizedLinear:

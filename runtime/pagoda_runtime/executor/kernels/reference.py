@@ -49,7 +49,9 @@ def rotary(
     derived: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q [T, H, D] and k [T, Hkv, D] in place, rotate_half style; returns (q, k)."""
-    cos, sin = _per_step(derived, "rotary_cos_sin", lambda: _cos_sin(positions, cos_sin_cache))
+    # Keyed by the table too: Gemma 3's local and global layers rotate with tables of their own.
+    key = f"rotary_cos_sin/{cos_sin_cache.data_ptr()}"
+    cos, sin = _per_step(derived, key, lambda: _cos_sin(positions, cos_sin_cache))
     half = q.shape[-1] // 2
     for x in (q, k):
         xf = x.float()  # x itself when it is float32, then rotated in place
@@ -117,19 +119,25 @@ def _kept_slots(slot_mapping: torch.Tensor) -> tuple[torch.Tensor | None, torch.
     return keep, slot_mapping[keep]
 
 
-def _slots(block_table: torch.Tensor, context_lens: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Cache slots of key positions 0..max(context_lens)-1 for each row of block_table [S, W]."""
-    positions = torch.arange(int(context_lens.max()), device=block_table.device)
-    pages = block_table[:, positions // block_size].long()
+def _slots(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Cache slots of key `positions` [S, L] of each row of block_table [S, W]."""
+    pages = torch.gather(block_table, 1, positions // block_size).long()
     return pages * block_size + positions % block_size
 
 
 def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """q [.., Hkv, G*M, D], k/v [.., Hkv, L, D], mask broadcastable to the scores (True = attend),
-    or None where every key is attended."""
+    or None where every key is attended; softcap: scores = softcap * tanh(scores / softcap)."""
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32), v)
@@ -142,25 +150,31 @@ def _gathered(cache: torch.Tensor, slots: torch.Tensor, scale: torch.Tensor | No
     return values if scale is None else values * scale[:, None]
 
 
-def _plan(meta: AttentionMetadata, block_size: int) -> tuple:
+def _plan(meta: AttentionMetadata, block_size: int, window: int | None) -> tuple:
     """The gather slots and masks of a step: (decode rows, their slots, their mask) and for each
-    prefill chunk (start, end, slots, mask). The same for every layer, so built once per step."""
-    return _per_step(meta.derived, "attention_plan", lambda: _build_plan(meta, block_size))
+    prefill chunk (start, end, slots, mask). The same for every layer of a window, so built once per
+    step and window."""
+    return _per_step(meta.derived, f"attention_plan/{window}", lambda: _build_plan(meta, block_size, window))
 
 
-def _build_plan(meta: AttentionMetadata, block_size: int) -> tuple:
+def _build_plan(meta: AttentionMetadata, block_size: int, window: int | None) -> tuple:
+    """With a window, only the keys some query of the row still sees are gathered: a block wholly
+    before the window is never read (its table entry may no longer name a block)."""
     device = meta.query_start_loc.device
     starts = meta.query_start_loc.tolist()
     query_lens = meta.query_start_loc.diff()
     decode = None
     rows = torch.nonzero(query_lens == 1).flatten()
     if rows.numel():
-        lens = meta.seq_lens[rows]
-        slots = _slots(meta.block_tables[rows], lens, block_size)
-        mask = torch.arange(slots.shape[1], device=device)[None, :] < lens[:, None]
+        lens = meta.seq_lens[rows].long()
+        first = torch.zeros_like(lens) if window is None else (lens - window).clamp(min=0)
+        width = int((lens - first).max())
+        positions = first[:, None] + torch.arange(width, device=device)[None, :]
+        mask = positions < lens[:, None]
         # Padding positions read a real key of their own sequence: the rest of the cache may hold
         # NaN garbage, and a zero probability times NaN is still NaN.
-        slots = torch.where(mask, slots, slots[:, :1])
+        positions = torch.where(mask, positions, first[:, None])
+        slots = _slots(meta.block_tables[rows], positions, block_size)
         # Ops saved in every layer: a step of decode rows only needs no gather and scatter of its
         # rows, and one whose rows have one context length (batch 1 always) no mask.
         all_rows = rows.numel() == meta.query_start_loc.shape[0] - 1 == int(meta.query_start_loc[-1])
@@ -173,10 +187,15 @@ def _build_plan(meta: AttentionMetadata, block_size: int) -> tuple:
     for i in torch.nonzero(query_lens > 1).flatten().tolist():
         start, end = starts[i], starts[i + 1]
         context_len = int(meta.seq_lens[i])
-        slots = _slots(meta.block_tables[i : i + 1], meta.seq_lens[i : i + 1], block_size)[0]
-        key_pos = torch.arange(context_len, device=device)
-        query_pos = torch.arange(context_len - (end - start), context_len, device=device)
-        prefills.append((start, end, slots, key_pos[None, :] <= query_pos[:, None]))
+        first_query = context_len - (end - start)
+        first_key = 0 if window is None else max(0, first_query - window + 1)
+        key_pos = torch.arange(first_key, context_len, device=device)
+        slots = _slots(meta.block_tables[i : i + 1], key_pos[None, :], block_size)[0]
+        query_pos = torch.arange(first_query, context_len, device=device)
+        causal = key_pos[None, :] <= query_pos[:, None]
+        if window is not None:
+            causal &= key_pos[None, :] > query_pos[:, None] - window
+        prefills.append((start, end, slots, causal))
     return decode, prefills
 
 
@@ -186,9 +205,14 @@ def attention(
     meta: AttentionMetadata,
     scale: float,
     kv_scales: torch.Tensor | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of q [T, H, D] over the paged cache; returns [T, H, D] in q's dtype.
     kv_scales [2, Hkv]: what the stored keys and values were divided by, or None.
+
+    window: each query sees only the `window` keys up to its own position (a sliding-window layer);
+    softcap: the scores are soft-capped by tanh before the mask (Gemma 2).
 
     Decode rows of the batch are done together (one gather, one padded batch); each prefill chunk
     is done alone, since padding chunks of different lengths to one shape wastes more than it saves.
@@ -198,7 +222,7 @@ def attention(
     group = num_heads // num_kv_heads
     key_cache = kv_cache[0].flatten(0, 1)
     value_cache = kv_cache[1].flatten(0, 1)
-    decode, prefills = _plan(meta, block_size)
+    decode, prefills = _plan(meta, block_size, window)
     k_scale, v_scale = (None, None) if kv_scales is None else kv_scales
     out = torch.empty_like(q)
 
@@ -207,7 +231,7 @@ def attention(
         k = _gathered(key_cache, slots, k_scale).permute(0, 2, 1, 3)  # [S, Hkv, L, D]
         v = _gathered(value_cache, slots, v_scale).permute(0, 2, 1, 3)
         qd = (q if rows is None else q[rows]).float().view(-1, num_kv_heads, group, head_dim)
-        o = _attend(qd, k, v, mask, scale).reshape(-1, num_heads, head_dim).to(q.dtype)
+        o = _attend(qd, k, v, mask, scale, softcap).reshape(-1, num_heads, head_dim).to(q.dtype)
         if rows is None:
             return o
         out[rows] = o
@@ -219,7 +243,8 @@ def attention(
         # [M, H, D] -> [Hkv, G*M, D], rows ordered (head in group, token).
         qp = q[start:end].float().view(query_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
         qp = qp.reshape(num_kv_heads, group * query_len, head_dim)
-        o = _attend(qp, k, v, causal.repeat(group, 1), scale).view(num_kv_heads, group, query_len, head_dim)
+        o = _attend(qp, k, v, causal.repeat(group, 1), scale, softcap)
+        o = o.view(num_kv_heads, group, query_len, head_dim)
         out[start:end] = o.permute(2, 0, 1, 3).reshape(query_len, num_heads, head_dim).to(q.dtype)
     return out
 
@@ -243,3 +268,9 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """SiLU(gate) * up for gate_up [T, 2 * I] holding gate in the first half."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate).mul_(up)
+
+
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """GELU(gate) * up, GELU tanh-approximated (Gemma's GeGLU), for gate_up as silu_and_mul's."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh").mul_(up)

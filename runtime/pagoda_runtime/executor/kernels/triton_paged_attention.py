@@ -20,6 +20,12 @@ inside the kernel, from its context: one split per MIN_SPLIT_TOKENS keys (no spl
 that), the others return at once. A sequence with one split writes its output directly; with
 several, each writes a partial output and its log-sum-exp, and the last one to finish (an atomic
 arrival counter per sequence, kv head and tile, which it resets) merges them: no second kernel.
+
+Sliding window (HAS_WINDOW): a query at position p sees the keys p - window + 1 .. p. A tile's
+key walk (and so its splits) starts at its first query's window, so the blocks wholly before it
+are never read (their table entries may name no block: the block manager released them), and keys
+before a query's own window are masked. Soft-cap (HAS_SOFTCAP): scores become softcap * tanh(scores / softcap) before
+the mask (Gemma 2).
 """
 
 from __future__ import annotations
@@ -69,10 +75,14 @@ def _attend_keys(
     k_cache_ptr,
     v_cache_ptr,
     qk_scale,
+    window,
+    softcap,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
     FP8_ASM: tl.constexpr,
     INTERPRETED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -86,7 +96,14 @@ def _attend_keys(
     kv_mask = key_valid[:, None] & dim_valid[None, :]
     k = _widened(tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0), q.dtype, FP8_ASM, INTERPRETED)
     scores = dot(q, tl.trans(k), None, INTERPRETED, DOT_PRECISION) * qk_scale
+    if HAS_SOFTCAP:
+        # qk_scale carries log2(e): cap the natural-log scores (tanh through sigmoid), then return
+        # to base 2.
+        tanh = 2.0 * tl.sigmoid(2.0 * 0.6931471805599453 * scores / softcap) - 1.0
+        scores = tanh * softcap * LOG2E
     allowed = key_valid[None, :] & (keys[None, :] <= query_pos[:, None])
+    if HAS_WINDOW:
+        allowed &= keys[None, :] > query_pos[:, None] - window
     scores = tl.where(allowed, scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, axis=1))
     # A row with no allowed key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
@@ -115,6 +132,8 @@ def _paged_attention_kernel(
     partial_lse_ptr,
     arrivals_ptr,
     qk_scale,
+    window,
+    softcap,
     stride_qt,
     stride_qh,
     stride_bt,
@@ -135,6 +154,8 @@ def _paged_attention_kernel(
     NUM_STAGES: tl.constexpr,
     INTERPRETED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q // GROUP_PAD  # query tokens per tile
     seq = tl.program_id(0)
@@ -148,14 +169,18 @@ def _paged_attention_kernel(
     context_len = tl.load(seq_lens_ptr + seq)
     prefix_len = context_len - query_len
     kv_end = tl.minimum(context_len, prefix_len + (tile + 1) * BLOCK_M)  # causal: no key past the tile
+    kv_begin = 0
+    if HAS_WINDOW:
+        kv_begin = tl.maximum(prefix_len + tile * BLOCK_M - window + 1, 0)
     # This sequence's splits: one per MIN_SPLIT_TOKENS keys, at most NUM_SPLITS, whole key tiles
     # each; num_splits is recomputed from the rounded size so that none is left empty.
-    wanted = tl.minimum(NUM_SPLITS, tl.cdiv(kv_end, MIN_SPLIT_TOKENS))
-    per_split = tl.cdiv(tl.cdiv(kv_end, wanted), BLOCK_N) * BLOCK_N
-    num_splits = tl.cdiv(kv_end, per_split)
+    span = kv_end - kv_begin
+    wanted = tl.minimum(NUM_SPLITS, tl.cdiv(span, MIN_SPLIT_TOKENS))
+    per_split = tl.cdiv(tl.cdiv(span, wanted), BLOCK_N) * BLOCK_N
+    num_splits = tl.cdiv(span, per_split)
     if split >= num_splits:
         return
-    kv_lo = split * per_split
+    kv_lo = kv_begin + split * per_split
     kv_hi = tl.minimum(kv_end, kv_lo + per_split)
 
     rows = tl.arange(0, BLOCK_Q)
@@ -179,16 +204,18 @@ def _paged_attention_kernel(
         while start < kv_hi:
             m_i, l_i, acc = _attend_keys(
                 q, m_i, l_i, acc, start, kv_hi, query_pos, seq, kv_head, dims, dim_valid,
-                block_tables_ptr, stride_bt, k_cache_ptr, v_cache_ptr, qk_scale,
-                NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N, FP8_ASM, INTERPRETED, DOT_PRECISION,
+                block_tables_ptr, stride_bt, k_cache_ptr, v_cache_ptr, qk_scale, window, softcap,
+                NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N, HAS_WINDOW, HAS_SOFTCAP, FP8_ASM,
+                INTERPRETED, DOT_PRECISION,
             )  # fmt: skip
             start += BLOCK_N
     else:
         for start in tl.range(kv_lo, kv_hi, BLOCK_N, num_stages=NUM_STAGES):
             m_i, l_i, acc = _attend_keys(
                 q, m_i, l_i, acc, start, kv_hi, query_pos, seq, kv_head, dims, dim_valid,
-                block_tables_ptr, stride_bt, k_cache_ptr, v_cache_ptr, qk_scale,
-                NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N, FP8_ASM, INTERPRETED, DOT_PRECISION,
+                block_tables_ptr, stride_bt, k_cache_ptr, v_cache_ptr, qk_scale, window, softcap,
+                NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N, HAS_WINDOW, HAS_SOFTCAP, FP8_ASM,
+                INTERPRETED, DOT_PRECISION,
             )  # fmt: skip
     if KV_SCALED:
         acc = acc * tl.load(kv_scales_ptr + NUM_KV_HEADS + kv_head)
@@ -300,6 +327,8 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     kv_scales: torch.Tensor | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
     num_splits: int | None = None,
     min_split_tokens: int = MIN_SPLIT_TOKENS,
 ) -> torch.Tensor:
@@ -309,6 +338,8 @@ def paged_attention(
     fp8 cache's scales), or None. num_splits: the most KV splits per (sequence, kv head, query
     tile); by default enough for a decode-only batch to fill the GPU, one otherwise. Each sequence
     uses one split per min_split_tokens keys of its context, up to that.
+    window: each query sees only the `window` keys up to its own (a sliding-window layer);
+    softcap: scores soft-capped by tanh (Gemma 2).
     """
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
@@ -348,6 +379,8 @@ def paged_attention(
         partial_lse,
         arrivals,
         scale * LOG2E,
+        window or 0,
+        softcap or 0.0,
         q.stride(0),
         q.stride(1),
         meta.block_tables.stride(0),
@@ -368,6 +401,8 @@ def paged_attention(
         NUM_STAGES=stages,
         INTERPRETED=INTERPRETED,
         DOT_PRECISION=dot_precision(q.dtype),
+        HAS_WINDOW=window is not None,
+        HAS_SOFTCAP=softcap is not None,
         num_warps=4,
     )
     return out

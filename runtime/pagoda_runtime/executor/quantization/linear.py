@@ -259,7 +259,7 @@ def make_linear(
     if method not in QUANTIZATION_METHODS:
         raise ValueError(f"unknown quantization {method!r}; use one of {', '.join(QUANTIZATION_METHODS)}")
     if method == "none":
-        # Uninitialized: the checkpoint fills every weight (see LlamaForCausalLM.load_weights).
+        # Uninitialized: the checkpoint fills every weight (see CausalLM.load_weights).
         device = torch.get_default_device() if device is None else device  # skip_init needs one
         layer = skip_init(DenseLinear, in_features, out_features, bias=bias, device=device, dtype=dtype)
         layer.requires_grad_(False)

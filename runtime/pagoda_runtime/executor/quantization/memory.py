@@ -35,9 +35,11 @@ def model_weight_bytes(model: nn.Module) -> int:
 
 
 def decode_weight_bytes(model: nn.Module) -> int:
-    """Bytes of weights one decode step of `model` (a LlamaForCausalLM) reads, as stored: the rule
-    is sizing.decode_read_bytes, which sizing.decode_weight_bytes applies to the estimate."""
+    """Bytes of weights one decode step of `model` (a CausalLM) reads, as stored: the rule is
+    sizing.decode_read_bytes, which sizing.decode_weight_bytes applies to the estimate; a token
+    reads only the experts it is routed to (idle_expert_bytes of a mixture-of-experts layer)."""
     embedding = model.embed_tokens
     # Tied: the LM head reads the lookup table itself, unless it keeps a packed copy of its own.
     tied = model.lm_head is None and not embedding.head_bytes
-    return decode_read_bytes(model_weight_bytes(model), embedding.weight.nbytes, tied)
+    idle = sum(m.idle_expert_bytes() for m in model.modules() if hasattr(m, "idle_expert_bytes"))
+    return decode_read_bytes(model_weight_bytes(model) - idle, embedding.weight.nbytes, tied)
