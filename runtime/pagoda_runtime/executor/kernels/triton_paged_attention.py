@@ -24,8 +24,8 @@ arrival counter per sequence, kv head and tile, which it resets) merges them: no
 Sliding window (HAS_WINDOW): a query at position p sees the keys p - window + 1 .. p. A tile's
 key walk (and so its splits) starts at its first query's window, so the blocks wholly before it
 are never read (their table entries may name no block: the block manager released them), and keys
-before a query's own window are masked. Soft-cap (HAS_SOFTCAP): scores become softcap * tanh(scores / softcap) before
-the mask (Gemma 2).
+before a query's own window are masked. Soft-cap (HAS_SOFTCAP): scores become
+softcap * tanh(scores / softcap) before the mask (Gemma 2).
 """
 
 from __future__ import annotations
