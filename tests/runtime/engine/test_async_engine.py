@@ -108,10 +108,10 @@ def fail_steps_running(engine: AsyncLLMEngine, request_id: str, error: Exception
     """Make every step that runs `request_id` raise `error` before it computes anything."""
     launch = engine.engine.runner.launch
 
-    def launch_or_fail(batch):
+    def launch_or_fail(batch, in_flight=None):
         if any(seq.group.request_id == request_id for seq in batch.seqs):
             raise error
-        return launch(batch)
+        return launch(batch, in_flight)
 
     engine.engine.runner.launch = launch_or_fail
 
