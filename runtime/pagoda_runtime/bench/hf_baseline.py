@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import gc
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
@@ -19,14 +19,27 @@ from pagoda_runtime.contract.config import ModelConfig
 from pagoda_runtime.contract.model_catalogue import shape_config
 from pagoda_runtime.executor.devices import resolve_device, resolve_dtype
 
+_DENSE_FIELDS = (
+    "num_hidden_layers",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+)
+
 
 def hf_config(config: ModelConfig, **overrides):
     """transformers' config for the same architecture; `overrides` go to its constructor."""
     from transformers import LlamaConfig, Qwen2Config
 
-    # The architecture's fields are transformers' own names; Qwen2 always has q, k and v biases.
-    architecture = asdict(config.architecture)
-    attention_bias = architecture.pop("attention_bias")
+    # The architecture's fields are transformers' own names; these two families use the dense
+    # decoder's (no windows, experts or layer types); Qwen2 always has q, k and v biases.
+    architecture = {name: getattr(config.architecture, name) for name in _DENSE_FIELDS}
+    attention_bias = config.architecture.attention_bias
     common = dict(
         **architecture,
         rms_norm_eps=config.rms_norm_eps,
