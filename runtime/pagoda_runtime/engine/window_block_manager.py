@@ -228,6 +228,10 @@ class HybridBlockManager(BlockManager):
         super().cache_computed_blocks(seq)
         self.window_pool.cache_computed_blocks(_WindowTable(seq))
 
+    def trim(self, seq: Sequence) -> None:
+        self.window_pool.trim(_WindowTable(seq))
+        super().trim(seq)
+
     def free(self, seq: Sequence) -> None:
         self.window_pool.free(_WindowTable(seq))
         super().free(seq)
