@@ -48,7 +48,6 @@ def generate_two(sample, target, generator):
     tokens, emitted = verify(sample, rows, drafts, generator)
     first, second = tokens[:, 0], tokens[:, 1].clone()
     again = emitted == 1
-    m = int(again.sum())
     more = ((first[again] + 1) % VOCAB)[:, None]
     rows = torch.stack([target.next[first[again]], target.next[more[:, 0]]], 1)
     second[again] = verify(sample, rows, more, generator)[0][:, 0]
