@@ -103,8 +103,8 @@ def test_n_samples_prefix_caching_and_preemption_keep_greedy_outputs(folder):
     plain = make(folder, False, kv_cache_memory=40 * block_bytes, max_num_batched_tokens=16)
     speculative = make(folder, True, kv_cache_memory=40 * block_bytes, max_num_batched_tokens=16)
     shared = "Once upon a time there was a fox. "
-    prompts = [shared + p for p in PROMPTS[:4]]
-    params = [SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, n=1 + i % 2) for i in range(4)]
+    prompts = [shared + p for p in PROMPTS]
+    params = [SamplingParams(temperature=0.0, max_tokens=36, ignore_eos=True, n=1 + i % 2) for i in range(5)]
     assert outputs(speculative, prompts, params) == outputs(plain, prompts, params)
     stats = speculative.engine.stats()
     assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
@@ -112,12 +112,16 @@ def test_n_samples_prefix_caching_and_preemption_keep_greedy_outputs(folder):
     assert all_free(speculative)
 
 
-def test_sampled_requests_run_and_seeded_ones_repeat(pair):
-    _, speculative = pair
+def test_sampled_requests_follow_their_truncation_and_seeded_ones_repeat(pair):
+    plain, speculative = pair
     params = SamplingParams(temperature=0.9, top_k=20, top_p=0.9, seed=5, max_tokens=30, ignore_eos=True)
     first = speculative.generate(PROMPTS[0], params)[0].outputs[0].token_ids
     again = speculative.generate(PROMPTS[0], params)[0].outputs[0].token_ids
     assert first == again and len(first) == 30
+    # top_k = 1 leaves the verifier one token per position: the greedy output, drafts or not.
+    only_top = SamplingParams(temperature=1.0, top_k=1, max_tokens=30, ignore_eos=True)
+    greedy = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    assert outputs(speculative, PROMPTS[:2], only_top) == outputs(plain, PROMPTS[:2], greedy)
     assert all_free(speculative)
 
 
