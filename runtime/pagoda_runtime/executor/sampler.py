@@ -259,19 +259,22 @@ class Sampler:
             scaled = logits[random] / staged["temperature"][:, None]
             kept = truncation_mask(scaled, staged["top_k"], staged["top_p"], staged["min_p"])
         target = target_probs(logits, random, staged["temperature"], kept)
-        uniform = torch.zeros(rows)
-        noise = torch.ones(rows, vocab)
+        # Greedy rows need no draws: their p is a point mass, so u = 0 and noise 1 decide alike.
+        uniform = torch.zeros(rows, device=logits.device)
+        noise = torch.ones(rows, vocab, device=logits.device)
         chosen = [p for p in params if p.temperature != 0.0]
-        for k, row in enumerate(random.tolist()):
-            generator = self.generator
-            if chosen[k].seed is not None:
-                generator = torch.Generator().manual_seed(int(staged["seeds"][k]))
-            uniform[row] = torch.rand(1, generator=generator)
-            noise[row].exponential_(generator=generator)
+        if chosen:
+            drawn_u, drawn_noise = torch.empty(len(chosen)), torch.empty(len(chosen), vocab)
+            for k, p in enumerate(chosen):
+                generator = self.generator
+                if p.seed is not None:
+                    generator = torch.Generator().manual_seed(int(staged["seeds"][k]))
+                drawn_u[k] = torch.rand(1, generator=generator)
+                drawn_noise[k].exponential_(generator=generator)
+            uniform[random] = drawn_u.to(logits.device)
+            noise[random] = drawn_noise.to(logits.device)
         draft_tokens = host_list_on(logits.device, drafts.row_tokens(), torch.int64)
-        return rejection_sample(
-            target, draft_tokens, drafts.widths, uniform.to(logits.device), noise.to(logits.device)
-        )
+        return rejection_sample(target, draft_tokens, drafts.widths, uniform, noise)
 
     def _penalize(
         self, logits: torch.Tensor, seqs: list[Sequence], output_index: list[int], prefixes: list[list[int]]
