@@ -125,6 +125,19 @@ def test_sampled_requests_follow_their_truncation_and_seeded_ones_repeat(pair):
     assert all_free(speculative)
 
 
+@pytest.mark.parametrize("variant", ["mistral_window", "qwen3_window"])
+def test_sliding_window_models_keep_greedy_outputs(tmp_path, variant):
+    """Windows of 8 tokens over blocks of 4: drafted blocks are rolled back in the window pool too,
+    and only read tokens' blocks enter the prefix cache."""
+    folder = build_tiny_model(tmp_path / variant, variant)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[0]]
+    speculative = make(folder, True)
+    assert outputs(speculative, prompts, params) == outputs(make(folder, False), prompts, params)
+    assert speculative.engine.stats().spec_decode.num_drafts > 0
+    assert all_free(speculative)
+
+
 def test_async_scheduling_is_refused_with_speculation(folder):
     with pytest.raises(ValueError, match="--async-scheduling cannot be combined with --speculative-config"):
         make(folder, True, async_scheduling=True)
