@@ -96,10 +96,10 @@ def test_logprobs_of_emitted_tokens_match_the_targets(pair):
         assert all(mine[t] == pytest.approx(theirs[t], abs=1e-4) for t in mine)
 
 
-def test_n_samples_prefix_caching_and_preemption_keep_greedy_outputs(folder):
+def test_n_samples_prefix_caching_and_preemption_keep_greedy_outputs(folder, pair):
     """A cache too small for the batch: sequences, some holding drafted blocks, are preempted and
     recomputed; prompts share a cached prefix; n = 2 forks the prompt."""
-    block_bytes = make(folder, False).engine.runner.kv_bytes_per_block
+    block_bytes = pair[0].engine.runner.kv_bytes_per_block
     plain = make(folder, False, kv_cache_memory=40 * block_bytes, max_num_batched_tokens=16)
     speculative = make(folder, True, kv_cache_memory=40 * block_bytes, max_num_batched_tokens=16)
     shared = "Once upon a time there was a fox. "
