@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 from pagoda_runtime.contract import names
-from pagoda_runtime.engine.stats import EngineStats
+from pagoda_runtime.engine.stats import EngineStats, SpecDecodeCounts
 from pagoda_runtime.server.metrics import ServerMetrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,13 +39,14 @@ def _exported() -> set[str]:
         prefix_cache_queries=4,
         prefix_cache_hits=3,
         num_preemptions=0,
+        spec_decode=SpecDecodeCounts(1, 3, 2, (1, 1, 0)),
     )
     registry = ServerMetrics("m", lambda: stats).registry
-    return {family.name for family in registry.collect() if family.name.startswith("pagoda_")}
+    return {family.name for family in registry.collect() if family.name.startswith(("pagoda_", "vllm:"))}
 
 
 def test_the_server_exports_every_shared_metric_name_and_no_other():
-    assert _exported() == set(names.METRICS)
+    assert _exported() == set(names.METRICS + names.SPEC_DECODE_METRICS)
 
 
 def test_the_monitoring_manifests_ask_for_exported_metrics_and_labels():

@@ -12,6 +12,7 @@ from pagoda_runtime.contract.bundled import BUNDLED_MODEL_NAME
 from pagoda_runtime.contract.flags import setting
 from pagoda_runtime.contract.names import LWS_GROUP_SIZE, LWS_VARIABLES
 from pagoda_runtime.contract.sizing import ModelArchitecture
+from pagoda_runtime.contract.speculative import SpeculativeConfig, parse_speculative_config
 
 # How the decoder projections are held; --quantization auto picks one from the checkpoint
 # (quantization_selection.py).
@@ -140,6 +141,13 @@ class EngineConfig:
         "while the device runs (vLLM's async scheduling); default: on where the device runs apart from "
         "the host (a GPU), off on a CPU, which computes in the launch and gains nothing",
         off="--disable-async-output-proc",
+    )
+    speculative_config: SpeculativeConfig | None = setting(
+        None,
+        'vLLM\'s speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
+        '"prompt_lookup_max": 4}\': n-gram prompt lookup drafts tokens that one step verifies, the output '
+        "distribution unchanged (docs/architecture.md#speculative-decoding); default: off",
+        parse=parse_speculative_config,
     )
     seed: int = setting(
         0, "seed of the sampler (for requests without a seed of their own) and of random weights"

@@ -44,6 +44,12 @@ TIME_TO_FIRST_TOKEN = "pagoda_time_to_first_token_seconds"
 INTER_TOKEN_LATENCY = "pagoda_inter_token_latency_seconds"
 E2E_REQUEST_LATENCY = "pagoda_e2e_request_latency_seconds"
 REQUEST_QUEUE_TIME = "pagoda_request_queue_time_seconds"
+# Speculative decoding's counters, exported only while it is on, under vLLM's own names (no
+# Pagoda-named copy: the names dashboards for speculative decoding already query).
+SPEC_DECODE_DRAFTS = "vllm:spec_decode_num_drafts"
+SPEC_DECODE_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+SPEC_DECODE_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens"
+SPEC_DECODE_ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 METRICS = (
     REQUESTS_WAITING,
     REQUESTS_RUNNING,
@@ -61,8 +67,15 @@ METRICS = (
     E2E_REQUEST_LATENCY,
     REQUEST_QUEUE_TIME,
 )
+SPEC_DECODE_METRICS = (
+    SPEC_DECODE_DRAFTS,
+    SPEC_DECODE_DRAFT_TOKENS,
+    SPEC_DECODE_ACCEPTED_TOKENS,
+    SPEC_DECODE_ACCEPTED_PER_POSITION,
+)
 
 # Label keys of those metrics, which dashboards group by.
 MODEL_NAME_LABEL = "model_name"  # the first --served-model-name
 FINISH_REASON_LABEL = "finish_reason"  # of REQUESTS_FINISHED: stop, length, abort
 REJECT_REASON_LABEL = "reason"  # of REQUESTS_REJECTED: draining, not_ready, queue_full
+POSITION_LABEL = "position"  # of SPEC_DECODE_ACCEPTED_PER_POSITION: the draft position, from 0

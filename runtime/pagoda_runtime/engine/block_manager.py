@@ -129,6 +129,14 @@ class BlockManager:
         for i in range(first, num_full):
             self._publish(seq, i)
 
+    def trim(self, seq: Sequence) -> None:
+        """Give back the blocks past `seq`'s computed tokens: those a verify step took for draft
+        tokens the target rejected (never published: their tokens were not the sequence's)."""
+        keep = -(-seq.num_computed_tokens // self.block_size)
+        for block_id in reversed(seq.block_table[keep:]):
+            self._release(block_id)
+        del seq.block_table[keep:]
+
     def free(self, seq: Sequence) -> None:
         # Released tail first, so that eviction takes the ends of prefixes before their starts.
         for block_id in reversed(seq.block_table):

@@ -17,6 +17,7 @@ from pagoda_runtime.contract.quantization_selection import cpu_vocab_dtype, sele
 from pagoda_runtime.contract.sizing import check_tensor_parallel, weight_bytes
 from pagoda_runtime.engine.block_manager import BlockManager
 from pagoda_runtime.engine.memory_report import MemoryReport
+from pagoda_runtime.engine.ngram_proposer import NgramProposer
 from pagoda_runtime.engine.scheduler import Scheduler
 from pagoda_runtime.engine.tokenizer import Tokenizer
 from pagoda_runtime.engine.window_block_manager import make_block_manager
@@ -134,7 +135,14 @@ def build_engine(
         tokenizer=loaded.tokenizer,
         runner=runner,
         block_manager=block_manager,
-        scheduler=Scheduler(block_manager, engine_config.max_num_seqs, engine_config.max_num_batched_tokens),
+        scheduler=Scheduler(
+            block_manager,
+            engine_config.max_num_seqs,
+            engine_config.max_num_batched_tokens,
+            None
+            if engine_config.speculative_config is None
+            else NgramProposer(engine_config.speculative_config),
+        ),
         max_model_len=max_model_len,
         memory=memory,
     )

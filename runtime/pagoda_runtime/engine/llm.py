@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from pagoda_runtime.contract.config import EngineConfig
+from pagoda_runtime.contract.speculative import parse_speculative_config
 from pagoda_runtime.engine.llm_engine import LLMEngine
 from pagoda_runtime.engine.outputs import RequestOutput
 from pagoda_runtime.engine.sampling_params import SamplingParams
@@ -45,6 +46,9 @@ class LLM:
         max_model_len: int | None = None,
         **engine_kwargs,
     ) -> None:
+        speculative = engine_kwargs.get("speculative_config")
+        if speculative is not None:
+            engine_kwargs["speculative_config"] = parse_speculative_config(speculative)
         config = EngineConfig(
             model=str(model),
             dtype=dtype,

@@ -7,6 +7,11 @@ sampled token to its request's stop rules (request_state.py) and returns a Reque
 on CUDA) a step is scheduled and launched before the tokens of the step before it are read, so
 the host's work never stands between two steps on the device. What the loop runs on is built
 once by engine_build.py; scoring a text is scoring.py.
+
+With speculative decoding (--speculative-config) a step may emit several tokens of a sequence:
+the ones of its draft the target accepted and the target's own after them. The proposer drafts
+from the tokens the host has read, so speculation runs with async scheduling off: each step's
+tokens are read before the next is scheduled.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from pagoda_runtime.engine.request_validation import RequestRejected, check_requ
 from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.engine.scheduler import ScheduledBatch
 from pagoda_runtime.engine.sequence import Sequence
-from pagoda_runtime.engine.stats import EngineStats, StepClock, StepTiming
+from pagoda_runtime.engine.stats import EngineStats, SpecDecodeCounts, StepClock, StepTiming
 from pagoda_runtime.engine.structured_outputs import StructuredOutputError
 from pagoda_runtime.executor.model_runner import LaunchedStep
 from pagoda_runtime.executor.sampler import SamplerOutput
@@ -58,10 +63,21 @@ class LLMEngine:
         self.last_step_timing: StepTiming | None = None
         # Launch each step before reading the last one's tokens where the device runs apart from
         # the host; a CPU computes the forward in the launch itself, so there is nothing to hide.
+        speculative = engine_config.speculative_config is not None
+        if speculative and engine_config.async_scheduling:
+            raise ValueError(
+                "--async-scheduling cannot be combined with --speculative-config: drafts are made from "
+                "the tokens the host has read; leave --async-scheduling unset"
+            )
         self.async_scheduling = (
-            self.runner.device.type == "cuda"
+            self.runner.device.type == "cuda" and not speculative
             if engine_config.async_scheduling is None
             else engine_config.async_scheduling
+        )
+        self.spec_decode = (
+            SpecDecodeCounts.empty(engine_config.speculative_config.num_speculative_tokens)
+            if speculative
+            else None
         )
         self._in_flight: LaunchedStep | None = None  # launched, its tokens not yet read
         self.num_failed_steps = 0  # steps that raised, whose requests fail_step ended
@@ -164,6 +180,7 @@ class LLMEngine:
             prefix_cache_hits=self.block_manager.prefix_hits,
             num_preemptions=self.scheduler.num_preemptions,
             num_failed_steps=self.num_failed_steps,
+            spec_decode=self.spec_decode,
         )
 
     # ---- one step ----------------------------------------------------------------------------
@@ -232,36 +249,56 @@ class LLMEngine:
     def _append_tokens(self, launched: LaunchedStep, samples: SamplerOutput) -> list[SampledToken]:
         """Append a step's tokens: after this the scheduler knows which sequences go on. A
         sequence that ended after the step was launched (aborted, or stopped by the tokens of
-        the step before) drops its token."""
+        the step before) drops its token; one that verified a draft appends the tokens the target
+        accepted and its own after them, up to the first that ends it."""
         batch = launched.batch
         now = time.monotonic()
         eos = self.model_config.eos_token_ids
+        widths = [1] * len(launched.rows) if launched.drafts is None else launched.drafts.widths
+        emitted = samples.num_emitted or widths
         sampled = []
-        for row, token, logprobs in zip(launched.rows, samples.token_ids, samples.logprobs, strict=True):
-            seq: Sequence = batch.seqs[row]
+        first = 0
+        for width, count in zip(widths, emitted, strict=True):
+            seq: Sequence = batch.seqs[launched.rows[first]]
+            rows = range(first, first + count)
+            first += width
             if seq.is_finished:
                 continue
+            if width > 1:
+                self.scheduler.accept(seq, width - 1, count - 1)
+                self.spec_decode = self.spec_decode.add(width - 1, count - 1)
             request = self.requests[seq.group.request_id]
-            appended = request.append_token(seq, token, logprobs, eos)
-            if appended.finish_reason is not None:
-                self.scheduler.finish(seq, appended.finish_reason)
+            for row in rows:
+                appended = request.append_token(seq, samples.token_ids[row], samples.logprobs[row], eos)
+                sampled.append(appended)
+                if appended.finish_reason is not None:
+                    self.scheduler.finish(seq, appended.finish_reason)
+                    break
             request.metrics.first_token_time = request.metrics.first_token_time or now
             request.metrics.last_token_time = now
-            sampled.append(appended)
         return sampled
 
     def _emit(self, sampled: list[SampledToken]) -> list[RequestOutput]:
         """The tokens' text and stop strings, and one output per request they changed."""
         deltas: dict[str, list[CompletionOutput]] = {}
+        ended: dict[int, int] = {}  # seq_id -> tokens after the one whose stop string ended it
         for appended in sampled:
             seq = appended.seq
+            if seq.seq_id in ended:
+                ended[seq.seq_id] += 1
+                continue
             delta = appended.request.append_text(appended)
             if delta.finish_reason is not None:
+                ended[seq.seq_id] = 0
                 if seq.is_finished:
                     seq.finish_reason = delta.finish_reason  # a stop string outranks the length limit
                 else:
                     self.scheduler.finish(seq, delta.finish_reason)
             deltas.setdefault(appended.request.request_id, []).append(delta)
+        for appended in sampled:
+            # Tokens a verify step emitted after a stop string ended their sequence are not its.
+            if ended.get(appended.seq.seq_id):
+                appended.request.drop_tokens(appended.seq, ended.pop(appended.seq.seq_id))
         now = time.monotonic()
         outputs = []
         for request_id, request_deltas in deltas.items():

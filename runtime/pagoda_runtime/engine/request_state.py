@@ -108,6 +108,13 @@ class Request:
             reason = "length"
         return SampledToken(self, seq, token, logprobs, reason)
 
+    def drop_tokens(self, seq: Sequence, count: int) -> None:
+        """Take back the last `count` tokens appended to a finished sequence: those a verify step
+        emitted after the token whose stop string ended it."""
+        del seq.token_ids[-count:]
+        if self.logprobs[seq.index] is not None:
+            del self.logprobs[seq.index][-count:]
+
     def append_text(self, sampled: SampledToken) -> CompletionOutput:
         """The token's text delta, and its stop string if it completed one: a stop string
         outranks a grammar's end and the length limit in the returned finish_reason."""

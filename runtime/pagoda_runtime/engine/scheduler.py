@@ -9,6 +9,10 @@ newest running sequence is preempted:
 its blocks are freed and it waits at the front of the queue to be recomputed later. The oldest
 sequence can therefore always take every block, and admission refuses any request that could not
 run alone, so the scheduler never deadlocks and never drops a request. Plain Python, no torch.
+
+With speculative decoding a decoding sequence may carry a draft (ngram_proposer.py): it costs
+1 + the draft's length of the budget, all verified in one step, and `accept` rolls it back to
+what the target accepted.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from pagoda_runtime.engine.block_manager import BlockManager
+from pagoda_runtime.engine.ngram_proposer import NgramProposer
 from pagoda_runtime.engine.sequence import Sequence, SequenceStatus
 
 
@@ -24,6 +29,8 @@ from pagoda_runtime.engine.sequence import Sequence, SequenceStatus
 class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)  # per sequence, tokens computed this step
+    # Index in `seqs` -> the draft tokens that sequence's step verifies after its last token.
+    drafts: dict[int, list[int]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -35,12 +42,20 @@ class ScheduledBatch:
     def samples(self, i: int) -> bool:
         """Whether sequence i's last token is computed this step, so a new token is sampled for it."""
         seq = self.seqs[i]
-        return seq.num_computed_tokens + self.num_new_tokens[i] == seq.num_tokens
+        ends = seq.num_computed_tokens + self.num_new_tokens[i]
+        return ends == seq.num_tokens + len(self.drafts.get(i, ()))
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        proposer: NgramProposer | None = None,
+    ) -> None:
         self.block_manager = block_manager
+        self.proposer = proposer  # speculative decoding's, None when off
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -70,6 +85,10 @@ class Scheduler:
                 continue  # preempted earlier in this loop, or its last token is being sampled
             computed = seq.num_computed_tokens
             num_new = min(seq.num_tokens - computed, budget)
+            draft = None
+            if self.proposer is not None and seq.num_tokens - computed == 1:
+                draft = self.proposer.propose(seq, budget - 1)
+                num_new += len(draft)
             if -(-(computed + num_new) // block_size) > len(seq.block_table):
                 while not bm.can_append(seq, num_new):
                     victim = self.running[-1]
@@ -80,6 +99,8 @@ class Scheduler:
                 if seq.status is not running:
                     continue
                 bm.append(seq, num_new)
+            if draft:
+                batch.drafts[len(seqs)] = draft
             seqs.append(seq)
             new_tokens.append(num_new)
             budget -= num_new
@@ -147,6 +168,15 @@ class Scheduler:
                 seq.num_pending += 1
             seq.num_computed_tokens += num_new
             cache_blocks(seq)
+
+    def accept(self, seq: Sequence, num_draft: int, num_accepted: int) -> None:
+        """A verify step's outcome, read by the host: of the `num_draft` tokens drafted and computed
+        for `seq`, the first `num_accepted` are its own, and with the target's token after them
+        they are pending until appended. The rejected ones' KV slots are rolled back: the
+        sequence's computed length, and the blocks past it."""
+        seq.num_pending += num_accepted
+        seq.num_computed_tokens -= num_draft - num_accepted
+        self.block_manager.trim(seq)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """End a sequence (stopped, length or aborted) and free its blocks at once."""

@@ -44,7 +44,8 @@ class Sequence:
         self.index = index
         self.token_ids = list(group.prompt_token_ids)  # the tokens the host knows
         self.num_prompt_tokens = len(self.token_ids)
-        # Sampled in a launched step, not yet read by the host (at most one: one step is in flight).
+        # Sampled in a launched step, not yet read by the host: one (one step is in flight), or the
+        # tokens a verify step emitted while the engine appends them (Scheduler.accept).
         self.num_pending = 0
         # The length at which the sample ends (max_tokens, or the context), whatever it samples.
         max_tokens = group.params.max_tokens

@@ -10,6 +10,37 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class SpecDecodeCounts:
+    """Speculative decoding's tallies since start, as vLLM counts them: drafts verified, draft
+    tokens in them, of those accepted, and accepted at each draft position (the first token of a
+    draft, the second, ...)."""
+
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    accepted_per_position: tuple[int, ...]
+
+    @classmethod
+    def empty(cls, num_positions: int) -> SpecDecodeCounts:
+        return cls(0, 0, 0, (0,) * num_positions)
+
+    def add(self, num_draft: int, num_accepted: int) -> SpecDecodeCounts:
+        """With one more draft of `num_draft` tokens, the first `num_accepted` accepted."""
+        per_position = tuple(n + (i < num_accepted) for i, n in enumerate(self.accepted_per_position))
+        return SpecDecodeCounts(
+            self.num_drafts + 1,
+            self.num_draft_tokens + num_draft,
+            self.num_accepted_tokens + num_accepted,
+            per_position,
+        )
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted draft tokens per draft token, None before the first draft."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
+
+@dataclass(frozen=True)
 class EngineStats:
     num_waiting: int  # requests with no sample running
     num_running: int  # requests with at least one sample running
@@ -18,6 +49,7 @@ class EngineStats:
     prefix_cache_hits: int  # cumulative, in prompt tokens
     num_preemptions: int  # cumulative
     num_failed_steps: int = 0  # cumulative: steps that raised, failing only their own requests
+    spec_decode: SpecDecodeCounts | None = None  # None where speculative decoding is off
 
 
 @dataclass(frozen=True)

@@ -120,7 +120,8 @@ class WindowBlockManager(BlockManager):
     def cache_computed_blocks(self, seq: Sequence) -> None:
         if not self.enable_prefix_caching:
             return
-        num_full = seq.num_computed_tokens // self.block_size
+        # Computed but not read (a pending token, a verify step's draft tokens): not hashable yet.
+        num_full = min(seq.num_computed_tokens, len(seq.token_ids)) // self.block_size
         self._extend_hashes(seq, num_full)
         for i in range(num_full):
             if seq.block_table[i] != NO_BLOCK:
@@ -227,6 +228,10 @@ class HybridBlockManager(BlockManager):
     def cache_computed_blocks(self, seq: Sequence) -> None:
         super().cache_computed_blocks(seq)
         self.window_pool.cache_computed_blocks(_WindowTable(seq))
+
+    def trim(self, seq: Sequence) -> None:
+        self.window_pool.trim(_WindowTable(seq))
+        super().trim(seq)
 
     def free(self, seq: Sequence) -> None:
         self.window_pool.free(_WindowTable(seq))

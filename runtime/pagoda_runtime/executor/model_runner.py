@@ -49,6 +49,7 @@ from pagoda_runtime.executor.kernels import get_attention_ops
 from pagoda_runtime.executor.kernels.reference import FP8_KV_DTYPE
 from pagoda_runtime.executor.models import build_model
 from pagoda_runtime.executor.quantization.memory import decode_weight_bytes, model_weight_bytes
+from pagoda_runtime.executor.rejection_sampler import Drafts
 from pagoda_runtime.executor.sampler import DeviceSamples, Sampler, SamplerOutput, uses_history
 from pagoda_runtime.executor.staging import Staging
 from pagoda_runtime.parallel.step_broadcast import StepInputs, StepSender
@@ -94,10 +95,13 @@ class LaunchedStep:
 
     batch: ScheduledBatch
     shape: StepShape
-    rows: list[int]  # indices into batch.seqs of the sequences that sample this step
-    # How many output tokens each sampling row's sequence had before this step's: what min_tokens
+    # Indices into batch.seqs of the sequences that sample this step, one per logits row: a
+    # sequence verifying a draft has a row per drafted position and one after them.
+    rows: list[int]
+    # How many output tokens each sampling row's sequence had before this row's: what min_tokens
     # and a seeded sample's noise count.
     output_index: list[int]
+    drafts: Drafts | None = None  # of a step that verifies drafts (speculative decoding)
     logits: torch.Tensor | None = None  # of the sampling rows; None on every rank but 0
     greedy: torch.Tensor | None = None  # their argmax, when a CUDA graph computed it
     sampler_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -326,7 +330,12 @@ class ModelRunner:
         """Queue the sampling of a launched step's rows."""
         seqs = [launched.batch.seqs[i] for i in launched.rows]
         launched.samples = self.sampler(
-            launched.logits, seqs, launched.output_index, launched.sampler_inputs, launched.greedy
+            launched.logits,
+            seqs,
+            launched.output_index,
+            launched.sampler_inputs,
+            launched.greedy,
+            launched.drafts,
         )
 
     @torch.inference_mode()
@@ -370,8 +379,11 @@ class ModelRunner:
         starts = np.array([seq.num_computed_tokens for seq in seqs], dtype=np.int64)
         known = np.array([len(seq.token_ids) for seq in seqs], dtype=np.int64)
         pending = np.array([seq.num_pending for seq in seqs], dtype=np.int64)
+        drafted = np.zeros(n, dtype=np.int64)  # draft tokens each sequence verifies
+        for i, draft in batch.drafts.items():
+            drafted[i] = len(draft)
         ends = starts + news
-        rows = np.flatnonzero(ends == known + pending)
+        rows = np.flatnonzero(ends == known + pending + drafted)
         num_tokens = int(news.sum())
         decode = num_tokens == n
         graph = None
@@ -393,9 +405,13 @@ class ModelRunner:
             np.cumsum(news, out=query_start[1:])
             positions = np.repeat(starts - query_start[:-1], news) + np.arange(num_tokens)
             firsts = query_start[:-1].tolist()
-            for seq, first, start, end in zip(seqs, firsts, starts.tolist(), ends.tolist(), strict=True):
+            for i, (seq, first, start, end) in enumerate(
+                zip(seqs, firsts, starts.tolist(), ends.tolist(), strict=True)
+            ):
                 known_part = seq.token_ids[start:end]  # short of a last token still on the device
                 input_ids[first : first + len(known_part)] = known_part
+                if i in batch.drafts:
+                    input_ids[first + len(known_part) : first + news[i]] = batch.drafts[i]
         block_tables = [seq.block_table for seq in seqs]
         window_tables = [seq.window_block_table for seq in seqs] if self.windowed else []
         width = max(map(len, block_tables + window_tables))
@@ -404,14 +420,25 @@ class ModelRunner:
         tables, slots = _tables_and_slots(block_tables, size, width, token_rows, real, bs, padded_tokens)
         seq_lens = np.ones(size, dtype=np.int32)
         seq_lens[:n] = ends
-        logits_rows = np.arange(num_tokens) if every_logit else query_start[1:][rows].astype(np.int64) - 1
+        # A verifying sequence's logits rows: its last known token's and each draft token's.
+        widths = drafted[rows] + 1
+        row_seqs = np.repeat(rows, widths)
+        row_offsets = np.arange(row_seqs.shape[0]) - np.repeat(np.cumsum(widths) - widths, widths)
+        logits_rows = (
+            np.arange(num_tokens)
+            if every_logit
+            else np.repeat(query_start[1:][rows].astype(np.int64) - widths, widths) + row_offsets
+        )
         # A sequence whose last input token was sampled by the step in flight.
-        waiting = np.flatnonzero(ends > known)
+        waiting = np.flatnonzero(ends > known + drafted)
         gather_to = (query_start[waiting] + known[waiting] - starts[waiting]).astype(np.int64)
         gather_from = self._rows_in(in_flight, [seqs[i] for i in waiting.tolist()])
-        sampling = [seqs[i] for i in rows.tolist()]
+        sampling = [seqs[i] for i in row_seqs.tolist()]
         output_index = (
-            ends[rows] - np.array([seq.num_prompt_tokens for seq in sampling], dtype=np.int64)
+            ends[row_seqs]
+            - drafted[row_seqs]
+            - np.array([seq.num_prompt_tokens for seq in sampling], dtype=np.int64)
+            + row_offsets
         ).tolist()
         arrays = {
             "input_ids": input_ids,
@@ -457,8 +484,12 @@ class ModelRunner:
         sampler_inputs = {
             k.removeprefix("sampler."): v for k, v in staged.items() if k.startswith("sampler.")
         }
-        shape = StepShape.of(starts, news, rows.shape[0])
-        return step, LaunchedStep(batch, shape, rows.tolist(), output_index, sampler_inputs=sampler_inputs)
+        shape = StepShape.of(starts, news, row_seqs.shape[0])
+        drafts = Drafts([batch.drafts.get(i, []) for i in rows.tolist()]) if batch.drafts else None
+        launched = LaunchedStep(
+            batch, shape, row_seqs.tolist(), output_index, drafts, sampler_inputs=sampler_inputs
+        )
+        return step, launched
 
     @staticmethod
     def _rows_in(in_flight: LaunchedStep | None, seqs: list[Sequence]) -> np.ndarray:

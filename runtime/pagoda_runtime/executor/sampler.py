@@ -7,6 +7,9 @@ random rows (kernels/triton_sampling.py); elsewhere `truncated_race`, its refere
 sample's noise comes from a seed derived from its seed, its index among the request's samples
 and its position, so its tokens depend on nothing else in the batch and are the same whenever
 it is sampled. Logprobs come from the raw model distribution, before any of this, as in vLLM.
+A verify step (speculative decoding) has a row per drafted position and per sequence's bonus
+position; its processed logits become the distributions rejection_sampler.py accepts drafts
+against, each row's penalties counting the draft tokens before it.
 
 What the host knows when a step is launched (which rows draw, their parameters, the min_tokens
 mask) goes over with the step's inputs in one copy (`host_arrays`, staging.py); penalties and
@@ -29,6 +32,7 @@ from pagoda_runtime.engine.outputs import TokenLogprobs
 from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.engine.sequence import Sequence
 from pagoda_runtime.executor.devices import host_list_on
+from pagoda_runtime.executor.rejection_sampler import Drafts, rejection_sample, target_probs
 
 # Odd 64-bit constant (the golden ratio's) that spreads one seed over the samples of a request.
 _SEED_STRIDE = 0x9E3779B97F4A7C15
@@ -57,8 +61,10 @@ def uses_history(params: SamplingParams) -> bool:
 
 @dataclass
 class SamplerOutput:
-    token_ids: list[int]
+    token_ids: list[int]  # one per row
     logprobs: list[TokenLogprobs | None]
+    # Of a verify step: per sequence, how many of its rows' tokens are emitted.
+    num_emitted: list[int] | None = None
 
 
 @dataclass
@@ -72,12 +78,17 @@ class DeviceSamples:
     chosen: torch.Tensor | None = None
     top_values: torch.Tensor | None = None
     top_ids: torch.Tensor | None = None
+    emitted: torch.Tensor | None = None  # of a verify step: per sequence, the rows emitted
     _host: list[torch.Tensor] | None = None
     _copied: torch.cuda.Event | None = None
 
     def start_copy(self) -> None:
         """Queue the copies to the host (on CUDA; a CPU has them already)."""
-        parts = [t for t in (self.tokens, self.chosen, self.top_values, self.top_ids) if t is not None]
+        parts = [
+            t
+            for t in (self.tokens, self.emitted, self.chosen, self.top_values, self.top_ids)
+            if t is not None
+        ]
         if self.tokens.device.type != "cuda":
             self._host = parts
             return
@@ -91,10 +102,11 @@ class DeviceSamples:
         if self._copied is not None:
             self._copied.synchronize()
         token_ids = self._host[0].tolist()
+        emitted = None if self.emitted is None else self._host[1].tolist()
         logprobs: list[TokenLogprobs | None] = [None] * len(token_ids)
         if self.chosen is None:
-            return SamplerOutput(token_ids, logprobs)
-        chosen, top_values, top_ids = (t.tolist() for t in self._host[1:])
+            return SamplerOutput(token_ids, logprobs, emitted)
+        chosen, top_values, top_ids = (t.tolist() for t in self._host[-3:])
         for i, p in enumerate(self.params):
             if p.logprobs is None:
                 continue
@@ -102,7 +114,7 @@ class DeviceSamples:
             for token, value in zip(top_ids[i][: p.logprobs], top_values[i][: p.logprobs], strict=True):
                 entry.setdefault(token, value)
             logprobs[i] = entry
-        return SamplerOutput(token_ids, logprobs)
+        return SamplerOutput(token_ids, logprobs, emitted)
 
 
 class Sampler:
@@ -155,14 +167,17 @@ class Sampler:
         output_index: list[int],
         staged: dict[str, torch.Tensor],
         greedy: torch.Tensor | None = None,
+        drafts: Drafts | None = None,
     ) -> DeviceSamples:
         """Queue the sampling of one token per row of `logits` [rows, vocab]; `staged`: host_arrays
-        on the device; `greedy`: the rows' argmax when the forward computed it (a CUDA graph)."""
+        on the device; `greedy`: the rows' argmax when the forward computed it (a CUDA graph);
+        `drafts`: of a verify step, whose rows are its sequences' drafted and bonus positions."""
         params = [seq.params for seq in seqs]
         raw_logprobs = None
         if any(p.logprobs is not None for p in params):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
-        processed = self._penalize(logits, seqs, output_index)
+        prefixes = drafts.row_prefixes() if drafts is not None else [[]] * len(seqs)
+        processed = self._penalize(logits, seqs, output_index, prefixes)
         masked = staged["min_tokens_masked"]
         if processed is logits and (masked.shape[0] or self._grammar.constrains(seqs)):
             processed = logits.clone()  # the masks below write in place
@@ -171,13 +186,16 @@ class Sampler:
             # it from the host first, which waits for the device.
             processed.view(-1).index_fill_(0, masked, float("-inf"))
         processed = self._grammar(processed, seqs)
-        if greedy is None or processed is not logits:
+        emitted = None
+        if drafts is not None:
+            tokens, emitted = self._verify(processed, params, staged, drafts)
+        elif greedy is None or processed is not logits:
             tokens = processed.argmax(dim=-1)
         else:
             tokens = greedy.clone() if staged["random_rows"].shape[0] else greedy
-        if staged["random_rows"].shape[0]:
+        if drafts is None and staged["random_rows"].shape[0]:
             self._sample(processed, [p for p in params if p.temperature != 0.0], staged, tokens)
-        samples = DeviceSamples(tokens, params)
+        samples = DeviceSamples(tokens, params, emitted=emitted)
         if raw_logprobs is not None:
             top_n = max(p.logprobs or 0 for p in params)
             samples.chosen = raw_logprobs.gather(1, tokens[:, None])[:, 0]
@@ -224,7 +242,45 @@ class Sampler:
             truncates=any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in params),
         )
 
-    def _penalize(self, logits: torch.Tensor, seqs: list[Sequence], output_index: list[int]) -> torch.Tensor:
+    def _verify(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        staged: dict[str, torch.Tensor],
+        drafts: Drafts,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rejection-sample a verify step's rows (rejection_sampler.py): its tokens and, per
+        sequence, how many are emitted. The draws come from the host generators (a seeded row's
+        from its own seed), so a seeded sample repeats itself."""
+        rows, vocab = logits.shape
+        random = staged["random_rows"]
+        kept = None
+        if random.shape[0]:
+            scaled = logits[random] / staged["temperature"][:, None]
+            kept = truncation_mask(scaled, staged["top_k"], staged["top_p"], staged["min_p"])
+        target = target_probs(logits, random, staged["temperature"], kept)
+        # Greedy rows need no draws: their p is a point mass, so u = 0 and noise 1 decide alike.
+        uniform = torch.zeros(rows, device=logits.device)
+        noise = torch.ones(rows, vocab, device=logits.device)
+        chosen = [p for p in params if p.temperature != 0.0]
+        if chosen:
+            drawn_u, drawn_noise = torch.empty(len(chosen)), torch.empty(len(chosen), vocab)
+            for k, p in enumerate(chosen):
+                generator = self.generator
+                if p.seed is not None:
+                    generator = torch.Generator().manual_seed(int(staged["seeds"][k]))
+                drawn_u[k] = torch.rand(1, generator=generator)
+                drawn_noise[k].exponential_(generator=generator)
+            uniform[random] = drawn_u.to(logits.device)
+            noise[random] = drawn_noise.to(logits.device)
+        draft_tokens = host_list_on(logits.device, drafts.row_tokens(), torch.int64)
+        return rejection_sample(target, draft_tokens, drafts.widths, uniform, noise)
+
+    def _penalize(
+        self, logits: torch.Tensor, seqs: list[Sequence], output_index: list[int], prefixes: list[list[int]]
+    ) -> torch.Tensor:
+        """The penalties of each row, counting the output before it: the sequence's first
+        output_index tokens, of which the last len(prefix) are a verify step's draft tokens."""
         params = [seq.params for seq in seqs]
         if all(p.repetition_penalty == 1.0 for p in params) and all(
             p.presence_penalty == 0.0 and p.frequency_penalty == 0.0 for p in params
@@ -242,8 +298,8 @@ class Sampler:
             return counted.view(batch, vocab)
 
         outputs = [
-            seq.token_ids[seq.num_prompt_tokens : seq.num_prompt_tokens + n]
-            for seq, n in zip(seqs, output_index, strict=True)
+            seq.token_ids[seq.num_prompt_tokens : seq.num_prompt_tokens + n - len(prefix)] + prefix
+            for seq, n, prefix in zip(seqs, output_index, prefixes, strict=True)
         ]
         output_counts = counts(outputs)
         prompt_seen = counts([list(seq.group.prompt_token_ids) for seq in seqs]) > 0
@@ -272,10 +328,18 @@ def truncated_race(
     tokens renormalized, keeps a token while the tokens above it hold less than top_p; min_p keeps
     the tokens at least min_p times as probable as the most probable one."""
     x = logits / temperature[:, None]
-    m = x.amax(dim=-1, keepdim=True)
-    score = (x - m) + gumbel
+    score = (x - x.amax(dim=-1, keepdim=True)) + gumbel
     if not truncates:
         return score.argmax(dim=-1)
+    return torch.where(truncation_mask(x, top_k, top_p, min_p), score, float("-inf")).argmax(dim=-1)
+
+
+def truncation_mask(
+    x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+) -> torch.Tensor:
+    """The tokens top-k, top-p and min-p keep of each row of temperature-scaled logits `x`, as
+    truncated_race describes them."""
+    m = x.amax(dim=-1, keepdim=True)
     vocab = x.shape[1]
     k = torch.where((top_k > 0) & (top_k < vocab), top_k, vocab).long()
     ordered = x.sort(dim=-1, descending=True).values
@@ -288,5 +352,4 @@ def truncated_race(
     # For each token, how many are strictly larger, and so the mass above it, ties included.
     larger = torch.searchsorted((-ordered).contiguous(), (-x).contiguous(), side="left")
     above = prefix.gather(1, larger)
-    inside = kept & (above < top_p[:, None] * kept_mass) & (e >= min_p[:, None])
-    return torch.where(inside, score, float("-inf")).argmax(dim=-1)
+    return kept & (above < top_p[:, None] * kept_mass) & (e >= min_p[:, None])

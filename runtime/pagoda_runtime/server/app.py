@@ -96,12 +96,22 @@ def build_app(
 
     @app.get("/v1/info")
     async def info() -> JSONResponse:
-        """What the loaded model occupies (quantization, weight bytes beside sizing's, KV cache)."""
+        """What the loaded model occupies (quantization, weight bytes beside sizing's, KV cache), and
+        with speculative decoding on, its tallies and acceptance rate."""
         if state.engine is None:
             message = "The model is still loading; retry shortly."
             raise APIError(503, message, code="not_ready", retry_after=LOADING_RETRY_AFTER_S)
-        memory = state.engine.memory.to_json()
-        return JSONResponse({"served_model_name": settings.served_model_name, **memory})
+        body = {"served_model_name": settings.served_model_name, **state.engine.memory.to_json()}
+        spec = state.engine.stats().spec_decode
+        if spec is not None:
+            body["speculative_decoding"] = {
+                "num_drafts": spec.num_drafts,
+                "num_draft_tokens": spec.num_draft_tokens,
+                "num_accepted_tokens": spec.num_accepted_tokens,
+                "accepted_per_position": list(spec.accepted_per_position),
+                "acceptance_rate": spec.acceptance_rate,
+            }
+        return JSONResponse(body)
 
     @app.get(LIVE_PATH)
     async def live() -> JSONResponse:

@@ -28,6 +28,7 @@ from pagoda_runtime.contract.names import (
     INTER_TOKEN_LATENCY,
     KV_CACHE_USAGE,
     MODEL_NAME_LABEL,
+    POSITION_LABEL,
     PREEMPTIONS,
     PREFIX_CACHE_HITS,
     PREFIX_CACHE_QUERIES,
@@ -38,6 +39,10 @@ from pagoda_runtime.contract.names import (
     REQUESTS_REJECTED,
     REQUESTS_RUNNING,
     REQUESTS_WAITING,
+    SPEC_DECODE_ACCEPTED_PER_POSITION,
+    SPEC_DECODE_ACCEPTED_TOKENS,
+    SPEC_DECODE_DRAFT_TOKENS,
+    SPEC_DECODE_DRAFTS,
     TIME_TO_FIRST_TOKEN,
 )
 from pagoda_runtime.engine.outputs import RequestOutput
@@ -121,10 +126,26 @@ class _EngineStatsCollector:
                 stats.num_failed_steps,
             ),
         )
+        spec = stats.spec_decode
+        if spec is not None:
+            counters += (
+                (SPEC_DECODE_DRAFTS, "Drafts verified (speculative decoding).", spec.num_drafts),
+                (SPEC_DECODE_DRAFT_TOKENS, "Draft tokens verified.", spec.num_draft_tokens),
+                (SPEC_DECODE_ACCEPTED_TOKENS, "Draft tokens accepted.", spec.num_accepted_tokens),
+            )
         for name, doc, value in counters:
             counter = CounterMetricFamily(name, doc, labels=[MODEL_NAME_LABEL])
             counter.add_metric([self.model_name], value)
             yield counter
+        if spec is not None:
+            per_position = CounterMetricFamily(
+                SPEC_DECODE_ACCEPTED_PER_POSITION,
+                "Draft tokens accepted at each position of their draft.",
+                labels=[MODEL_NAME_LABEL, POSITION_LABEL],
+            )
+            for position, accepted in enumerate(spec.accepted_per_position):
+                per_position.add_metric([self.model_name, str(position)], accepted)
+            yield per_position
 
 
 class ServerMetrics:

@@ -16,7 +16,7 @@ from pagoda_runtime.engine.memory_report import MemoryReport
 from pagoda_runtime.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from pagoda_runtime.engine.request_validation import check_request
 from pagoda_runtime.engine.sampling_params import SamplingParams
-from pagoda_runtime.engine.stats import EngineStats
+from pagoda_runtime.engine.stats import EngineStats, SpecDecodeCounts
 
 SCRIPT = "the quick brown fox jumps over the lazy dog. " * 20
 EOS = 0
@@ -61,6 +61,7 @@ class _Request:
 class FakeEngine:
     def __init__(self, max_model_len: int = 512, step_s: float = 0.005, max_running: int = 64) -> None:
         self.tokenizer = FakeTokenizer()
+        self.spec_decode: SpecDecodeCounts | None = None  # a test sets it to serve speculation's tallies
         self.vocab_size = FakeTokenizer.vocab_size
         self.memory = MemoryReport(
             model="fake-model",
@@ -110,6 +111,7 @@ class FakeEngine:
             prefix_cache_queries=0,
             prefix_cache_hits=0,
             num_preemptions=0,
+            spec_decode=self.spec_decode,
         )
 
     async def abort(self, request_id: str) -> None:

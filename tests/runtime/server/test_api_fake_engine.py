@@ -8,6 +8,7 @@ import threading
 
 from fastapi.testclient import TestClient
 from pagoda_runtime.engine.protocol import ServingEngine
+from pagoda_runtime.engine.stats import SpecDecodeCounts
 from pagoda_runtime.logs import JsonFormatter, RequestIdFilter, request_id_var
 
 from .conftest import MODEL, fake_app, wait_ready
@@ -229,6 +230,25 @@ def test_info_reports_the_variant_and_its_memory(fake):
         "num_kv_blocks": 10,
         "kv_cache_bytes": 2560,
     }
+
+
+def test_speculative_decoding_tallies_reach_info_and_metrics_under_vllms_names(fake):
+    client, engine = fake
+    assert "vllm:spec_decode" not in client.get("/metrics").text  # off: not exported
+    engine.spec_decode = SpecDecodeCounts(4, 12, 9, (4, 3, 2))
+    assert client.get("/v1/info").json()["speculative_decoding"] == {
+        "num_drafts": 4,
+        "num_draft_tokens": 12,
+        "num_accepted_tokens": 9,
+        "accepted_per_position": [4, 3, 2],
+        "acceptance_rate": 0.75,
+    }
+    metrics = client.get("/metrics").text
+    assert f'vllm:spec_decode_num_drafts_total{{model_name="{MODEL}"}} 4.0' in metrics
+    assert f'vllm:spec_decode_num_draft_tokens_total{{model_name="{MODEL}"}} 12.0' in metrics
+    assert f'vllm:spec_decode_num_accepted_tokens_total{{model_name="{MODEL}"}} 9.0' in metrics
+    per_position = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+    assert f'{per_position}{{model_name="{MODEL}",position="2"}} 2.0' in metrics
 
 
 def test_api_key_guards_v1_only():

@@ -1,0 +1,55 @@
+"""N-gram prompt lookup: draft tokens for speculative decoding from the sequence's own tokens.
+
+Text that quotes its context (a summary citing its source, an edit of given code, a JSON echo of
+its input) repeats long runs of earlier tokens. The sequence's last n tokens (the longest n from
+prompt_lookup_max down to prompt_lookup_min that occurred before) are looked up in its earlier
+tokens, and the up to K tokens that followed that occurrence are the draft: no model, a few
+microseconds of numpy per sequence. The target verifies the draft in its next step
+(executor/rejection_sampler.py), so a wrong guess costs a query position, never a wrong token.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from pagoda_runtime.contract.speculative import SpeculativeConfig
+from pagoda_runtime.engine.sequence import Sequence
+
+
+def ngram_lookup(token_ids: list[int], k: int, lookup_max: int, lookup_min: int) -> list[int]:
+    """Up to k tokens that followed an earlier occurrence of the longest suffix n-gram of
+    `token_ids` (lookup_max >= n >= lookup_min), [] where none occurred. Of several occurrences the
+    latest one with k tokens after it wins (the nearest context), else the earliest (the most
+    tokens after it)."""
+    length = len(token_ids)
+    if length < lookup_min + 1 or k < 1:
+        return []
+    tokens = np.asarray(token_ids, dtype=np.int64)
+    for n in range(min(lookup_max, length - 1), lookup_min - 1, -1):
+        # Windows starting before the suffix itself: an occurrence with at least one token after it.
+        windows = sliding_window_view(tokens[: length - 1], n)
+        starts = np.flatnonzero((windows == tokens[length - n :]).all(axis=1))
+        if starts.shape[0] == 0:
+            continue
+        full = starts[starts + n + k <= length]
+        start = int(full[-1] if full.shape[0] else starts[0]) + n
+        return token_ids[start : start + k]
+    return []
+
+
+class NgramProposer:
+    def __init__(self, config: SpeculativeConfig) -> None:
+        self.config = config
+
+    def propose(self, seq: Sequence, most: int) -> list[int]:
+        """The draft of a decoding sequence whose tokens the host knows: at most `most` tokens (what
+        the step's budget leaves), none past its max_tokens or context (the target's own token
+        after an accepted draft is the last one), none for a grammar-constrained sample (its
+        grammar would have to vet every drafted token)."""
+        if seq.grammar is not None or seq.num_pending:
+            return []
+        k = min(self.config.num_speculative_tokens, most)
+        if seq.max_num_tokens is not None:
+            k = min(k, seq.max_num_tokens - seq.num_tokens - 1)
+        return ngram_lookup(seq.token_ids, k, self.config.prompt_lookup_max, self.config.prompt_lookup_min)

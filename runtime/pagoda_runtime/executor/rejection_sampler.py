@@ -1,0 +1,99 @@
+"""Speculative decoding's verification: which drafted tokens the target keeps, and the token after.
+
+A sequence that speculates runs its last token and its K draft tokens through the target in one
+step, which yields K + 1 distributions p_0 .. p_K, p_j the target's for the token after draft
+token j - 1 (the sampler's own: penalties, the min_tokens mask, temperature, top-k, top-p and
+min-p applied as when it samples, `target_probs`). Draft token x_j is accepted with probability
+min(1, p_j(x_j) / q_j(x_j)); at the first rejection the position is resampled from the residual
+max(0, p_j - q_j), normalized; when every draft token is accepted one more token is drawn from
+p_K. Whatever q is, each emitted token is then distributed exactly as the target would have
+sampled it (Leviathan et al., 2023; Chen et al., 2023). The n-gram proposer's q is a point mass
+(q(x) = 1): acceptance is p(x), the residual p without x. A greedy row's p is the point mass on
+its argmax, so greedy decoding keeps exactly the target's own tokens.
+
+Rows are flat: sequence s owns widths[s] consecutive rows (its K drafted positions, then the
+bonus one); `draft_tokens` holds each row's draft token, -1 on the bonus rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class Drafts:
+    """The draft tokens a verify step checks, one list per sequence that samples in it (empty for
+    a sequence that does not speculate)."""
+
+    tokens: list[list[int]]
+
+    @property
+    def widths(self) -> list[int]:
+        """Each sequence's rows: one per draft token, and the bonus one."""
+        return [len(d) + 1 for d in self.tokens]
+
+    def row_tokens(self) -> list[int]:
+        """Each row's draft token, -1 on the bonus rows."""
+        return [t for draft in self.tokens for t in (*draft, -1)]
+
+    def row_prefixes(self) -> list[list[int]]:
+        """Each row's draft tokens before it: the history that row's distribution follows."""
+        return [draft[:j] for draft in self.tokens for j in range(len(draft) + 1)]
+
+
+def target_probs(
+    logits: torch.Tensor,
+    random_rows: torch.Tensor,
+    temperature: torch.Tensor,
+    kept: torch.Tensor,
+) -> torch.Tensor:
+    """The distribution [rows, vocab] the sampler draws each row from: the argmax's point mass on
+    greedy rows; on `random_rows`, softmax(logits / temperature) over the tokens `kept` (the
+    top-k/top-p/min-p mask of those rows)."""
+    probs = torch.zeros_like(logits)
+    probs.scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
+    if random_rows.shape[0]:
+        scaled = logits[random_rows] / temperature[:, None]
+        probs[random_rows] = torch.softmax(torch.where(kept, scaled, float("-inf")), dim=-1)
+    return probs
+
+
+def rejection_sample(
+    target: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    widths: list[int],
+    uniform: torch.Tensor,
+    noise: torch.Tensor,
+    draft_probs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's token and each sequence's count of emitted tokens (its accepted draft tokens
+    and the one after them). target: p [rows, vocab]; draft_tokens [rows] (-1: bonus row);
+    uniform [rows] in [0, 1) for the acceptance tests; noise [rows, vocab] Exp(1) draws for the
+    residual (argmax of residual / noise picks a token with probability proportional to it);
+    draft_probs: q [rows, vocab], None for a point-mass draft. A row's token is its draft token
+    where accepted, the residual's draw elsewhere; rows past a sequence's first rejection are
+    not emitted."""
+    drafted = draft_tokens >= 0
+    x = draft_tokens.clamp(min=0)[:, None]
+    q = torch.zeros_like(target).scatter_(1, x, 1.0) if draft_probs is None else draft_probs
+    q = q * drafted[:, None]
+    p_x, q_x = target.gather(1, x)[:, 0], q.gather(1, x)[:, 0]
+    # u < p / q, written so that q = 0 (a token the draft could not have drawn) never divides.
+    accepted = drafted & (uniform * q_x < p_x)
+    residual = (target - q).clamp(min=0)
+    tokens = torch.where(accepted, draft_tokens, (residual / noise).argmax(dim=-1))
+    return tokens, emitted_counts(accepted, widths)
+
+
+def emitted_counts(accepted: torch.Tensor, widths: list[int]) -> torch.Tensor:
+    """Per sequence: 1 + the length of its run of accepted rows from its first one (the bonus row
+    is never accepted, so the run ends within the sequence)."""
+    seq = np.repeat(np.arange(len(widths)), widths)
+    position = np.arange(len(seq)) - np.repeat(np.cumsum(widths) - widths, widths)
+    grid = torch.zeros(len(widths), max(widths), dtype=torch.bool, device=accepted.device)
+    index = torch.as_tensor(seq, device=accepted.device), torch.as_tensor(position, device=accepted.device)
+    grid[index] = ~accepted
+    return grid.int().argmax(dim=-1) + 1

@@ -1,0 +1,38 @@
+"""On a CUDA GPU: n-gram speculative decoding gives the target's own greedy tokens, its verify steps
+(eager, several query positions over the paged cache) mixed with CUDA-graph decode steps, and
+seeded sampling under speculation repeats itself."""
+
+from __future__ import annotations
+
+import pytest
+from pagoda_runtime import LLM, SamplingParams
+
+from tests.runtime.tiny_models import build_tiny_model
+
+pytestmark = pytest.mark.gpu
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog. The",
+    "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return",
+    "Hello, world! How are",
+    "Once upon a time",
+]
+
+
+# float32: a verify step runs its positions as a prefill chunk, whose bfloat16 rounding may
+# differ from the decode kernel's and flip a near-tie.
+def test_speculation_keeps_greedy_tokens_on_the_gpu(tmp_path):
+    folder = build_tiny_model(tmp_path / "llama3", "llama3")
+    kwargs = dict(dtype="float32", device="cuda", block_size=16, max_num_seqs=8, kv_cache_memory=2**26)
+    greedy = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    plain = LLM(str(folder), **kwargs).generate(PROMPTS, greedy)
+    speculative = LLM(str(folder), speculative_config=NGRAM, **kwargs)
+    got = speculative.generate(PROMPTS, greedy)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in plain]
+    assert speculative.engine.stats().spec_decode.num_drafts > 0
+    seeded = SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=32, ignore_eos=True)
+    first = speculative.generate(PROMPTS, seeded)
+    assert [o.outputs[0].token_ids for o in speculative.generate(PROMPTS, seeded)] == [
+        o.outputs[0].token_ids for o in first
+    ]

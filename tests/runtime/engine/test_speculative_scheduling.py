@@ -1,0 +1,50 @@
+"""A drafted decode step in the scheduler: it costs 1 + K of the budget, takes the blocks its draft
+needs, and `accept` rolls the sequence back to what the target accepted, blocks included."""
+
+from pagoda_runtime.contract.speculative import SpeculativeConfig
+from pagoda_runtime.engine.block_manager import BlockManager
+from pagoda_runtime.engine.ngram_proposer import NgramProposer
+from pagoda_runtime.engine.sampling_params import SamplingParams
+from pagoda_runtime.engine.scheduler import Scheduler
+from pagoda_runtime.engine.sequence import Sequence, SequenceGroup
+
+# "1 2 3" repeats: after "... 1 2" the lookup drafts "3 1 2 3".
+PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]
+
+
+def decoding(scheduler):
+    """A sequence whose prompt is computed and whose first output token (3) has been read."""
+    group = SequenceGroup("r", PROMPT, SamplingParams(max_tokens=20), 0.0)
+    group.seqs = [Sequence(group, 0)]
+    seq = group.seqs[0]
+    scheduler.add(seq)
+    scheduler.update(scheduler.schedule())
+    seq.append_read_token(3)
+    return seq
+
+
+def test_a_draft_costs_its_tokens_and_a_rejection_gives_its_blocks_back():
+    bm = BlockManager(num_blocks=16, block_size=4)
+    proposer = NgramProposer(SpeculativeConfig("ngram", 4, 3, 1))
+    scheduler = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, proposer=proposer)
+    seq = decoding(scheduler)
+    assert (seq.num_computed_tokens, len(seq.block_table)) == (8, 2)
+    batch = scheduler.schedule()
+    assert batch.drafts == {0: [1, 2, 3, 1]} and batch.num_new_tokens == [5]
+    assert len(seq.block_table) == 4 and batch.samples(0)  # positions 8..12 need blocks 2 and 3
+    scheduler.update(batch)
+    free = bm.num_free_blocks
+    scheduler.accept(seq, 4, 1)  # "1" accepted, "2 3 1" rejected; the target's own token pending
+    assert seq.num_computed_tokens == 10 and seq.num_pending == 2
+    assert len(seq.block_table) == 3 and bm.num_free_blocks == free + 1
+
+
+def test_the_budget_caps_the_draft():
+    bm = BlockManager(num_blocks=16, block_size=4)
+    proposer = NgramProposer(SpeculativeConfig("ngram", 4, 3, 1))
+    scheduler = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, proposer=proposer)
+    seq = decoding(scheduler)
+    scheduler.max_num_batched_tokens = 3
+    batch = scheduler.schedule()
+    assert batch.drafts == {0: [1, 2]} and batch.num_new_tokens == [3]
+    assert seq.num_computed_tokens == 8
