@@ -134,7 +134,12 @@ def build_engine(
         tokenizer=loaded.tokenizer,
         runner=runner,
         block_manager=block_manager,
-        scheduler=Scheduler(block_manager, engine_config.max_num_seqs, engine_config.max_num_batched_tokens),
+        scheduler=Scheduler(
+            block_manager,
+            engine_config.max_num_seqs,
+            engine_config.max_num_batched_tokens,
+            engine_config.scheduling_policy,
+        ),
         max_model_len=max_model_len,
         memory=memory,
     )

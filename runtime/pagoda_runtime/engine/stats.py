@@ -18,6 +18,8 @@ class EngineStats:
     prefix_cache_hits: int  # cumulative, in prompt tokens
     num_preemptions: int  # cumulative
     num_failed_steps: int = 0  # cumulative: steps that raised, failing only their own requests
+    # num_waiting split by the requests' priority: (priority, count) pairs, lowest priority value first.
+    waiting_by_priority: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
