@@ -151,7 +151,10 @@ class Scheduler:
             and seq.num_output_tokens == 0
             and (
                 leader.status == SequenceStatus.WAITING
-                or (leader.status == SequenceStatus.RUNNING and leader.num_computed_tokens < seq.num_prompt_tokens)
+                or (
+                    leader.status == SequenceStatus.RUNNING
+                    and leader.num_computed_tokens < seq.num_prompt_tokens
+                )
             )
         )
 
@@ -162,17 +165,16 @@ class Scheduler:
             return False
         bm = self.block_manager
         leader = seq.leader
-        if seq is not leader and seq.num_output_tokens == 0:
-            if leader.status == SequenceStatus.RUNNING:
-                # The last prompt token is recomputed, partial block included: it yields this
-                # sample's own first logits, and the leader keeps sole ownership of its partial block.
-                shared = bm.forkable_blocks(leader, (seq.num_prompt_tokens - 1) // bm.block_size)
-                remaining = seq.num_tokens - shared * bm.block_size
-                if not bm.can_admit(seq, [], min(remaining, budget)):
-                    return False
-                bm.fork(leader, seq, shared)
-                bm.append(seq, min(remaining, budget))
-                return True
+        if seq is not leader and seq.num_output_tokens == 0 and leader.status == SequenceStatus.RUNNING:
+            # The last prompt token is recomputed, partial block included: it yields this
+            # sample's own first logits, and the leader keeps sole ownership of its partial block.
+            shared = bm.forkable_blocks(leader, (seq.num_prompt_tokens - 1) // bm.block_size)
+            remaining = seq.num_tokens - shared * bm.block_size
+            if not bm.can_admit(seq, [], min(remaining, budget)):
+                return False
+            bm.fork(leader, seq, shared)
+            bm.append(seq, min(remaining, budget))
+            return True
         prefix = bm.find_prefix(seq)
         num_new = min(seq.num_tokens - len(prefix) * bm.block_size, budget)
         if not bm.can_admit(seq, prefix, num_new):

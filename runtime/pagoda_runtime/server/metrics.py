@@ -132,7 +132,6 @@ class _EngineStatsCollector:
             counter.add_metric([self.model_name], value)
             yield counter
 
-
     def _waiting_by_priority(self, counts: tuple[tuple[int, int], ...]) -> Metric:
         gauge = GaugeMetricFamily(
             REQUESTS_WAITING_BY_PRIORITY,

@@ -62,7 +62,9 @@ def test_an_equal_priority_request_waits_for_a_free_place():
 def test_memory_pressure_preempts_the_lowest_priority_running_sequence(policy):
     # Three one-block prompts and one block to spare: at the third step each needs a second block,
     # so the first takes the spare and the second makes room by preempting one of the others.
-    sim = Simulation(num_blocks=4, block_size=4, max_num_seqs=8, budget=64, prefix_caching=False, policy=policy)
+    sim = Simulation(
+        num_blocks=4, block_size=4, max_num_seqs=8, budget=64, prefix_caching=False, policy=policy
+    )
     low = sim.add([1, 2, 3], 8, priority=2, arrival=0.0).seqs[0]
     high = sim.add([4, 5, 6], 8, priority=0, arrival=1.0).seqs[0]
     middle = sim.add([7, 8, 9], 8, priority=1, arrival=2.0).seqs[0]
@@ -78,7 +80,9 @@ def test_memory_pressure_preempts_the_lowest_priority_running_sequence(policy):
 
 
 def test_among_equal_priorities_the_latest_arrival_is_preempted():
-    sim = Simulation(num_blocks=4, block_size=4, max_num_seqs=8, budget=64, prefix_caching=False, policy="priority")
+    sim = Simulation(
+        num_blocks=4, block_size=4, max_num_seqs=8, budget=64, prefix_caching=False, policy="priority"
+    )
     seqs = [sim.add([i, i, i], 8, priority=1, arrival=float(i)).seqs[0] for i in range(3)]
     for _ in range(3):
         sim.step()
@@ -119,7 +123,9 @@ def test_random_prioritized_workload_under_memory_pressure_finishes_everything(o
     groups = []
     for i in range(30):
         prompt = [rng.randrange(50) for _ in range(rng.randint(1, 30))]
-        group = sim.add(prompt, rng.randint(1, 20), n=rng.choice([1, 1, 2]), priority=rng.randrange(3), arrival=i)
+        group = sim.add(
+            prompt, rng.randint(1, 20), n=rng.choice([1, 1, 2]), priority=rng.randrange(3), arrival=i
+        )
         groups.append(group)
         if i % 3 == 0:
             sim.step()

@@ -25,7 +25,14 @@ class Simulation:
     scheduling); its input for a token still in flight comes from the simulated device."""
 
     def __init__(
-        self, num_blocks, block_size, max_num_seqs, budget, prefix_caching=True, overlapped=False, policy="fcfs"
+        self,
+        num_blocks,
+        block_size,
+        max_num_seqs,
+        budget,
+        prefix_caching=True,
+        overlapped=False,
+        policy="fcfs",
     ):
         self.bm = BlockManager(num_blocks, block_size, prefix_caching)
         self.scheduler = Scheduler(self.bm, max_num_seqs, budget, policy)
