@@ -9,7 +9,9 @@ the batch taken and more requests queued behind them (loaded). Interactive reque
 lowest). Under fcfs neither sends a priority. TTFT is the time from sending a streamed request to
 its first text chunk, measured by the client. The issue's bar: under the priority policy the
 loaded interactive TTFT p95 stays within 2x of the idle one. The machine's load average is
-recorded before and after, since the CPU is shared.
+recorded before and after, since the CPU is shared; on a machine with more runnable threads than
+cores, run it with OMP_NUM_THREADS=1 (the server inherits it): torch's threads otherwise wait on each
+other's descheduled peers and a 36-token request takes seconds.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import platform
 import random
 import statistics
 import subprocess
+import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -111,14 +114,17 @@ async def _measure(url: str, args, policy: str) -> dict:
                         batch_done.append(time.perf_counter())
 
         workers = [asyncio.create_task(batch_client()) for _ in range(args.batch_clients)]
-        # Saturated: every place of the batch taken and requests queued behind them.
-        deadline = time.monotonic() + 300
+        # Saturated and in its steady state: a batch request has finished (so the batch's
+        # requests are at staggered points, not all in their first prefill), every place of the
+        # batch is taken and requests are queued behind them.
+        deadline = time.monotonic() + 600
         while (
-            await _metric(client, "pagoda_num_requests_running") < args.max_num_seqs
+            not batch_done
+            or await _metric(client, "pagoda_num_requests_running") < args.max_num_seqs
             or await _metric(client, "pagoda_num_requests_waiting") < 1
         ):
             if time.monotonic() > deadline:
-                raise RuntimeError("the batch load did not saturate the server within 300 s")
+                raise RuntimeError("the batch load did not saturate the server within 600 s")
             await asyncio.sleep(0.2)
         started = time.perf_counter()
         probes = args.probes if by_priority else args.fcfs_probes
@@ -200,7 +206,8 @@ def main() -> int:
         print(json.dumps({k: v for k, v in result.items() if k not in ("idle", "loaded")}), flush=True)
     priority = next((r for r in results if r["policy"] == "priority"), None)
     report = {
-        "command": "python -m benchmarks.priority_ttft",
+        "command": " ".join(["python -m benchmarks.priority_ttft", *sys.argv[1:]]),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "device": f"CPU: {_cpu_name()}, {os.cpu_count()} cores",
         "model": "smollm2-135m (bundled)",
