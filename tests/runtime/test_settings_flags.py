@@ -20,7 +20,7 @@ SERVE_OPTIONS = {
     "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--block-size",
     "--kv-cache-memory", "--gpu-memory-utilization", "--enable-prefix-caching",
     "--no-enable-prefix-caching", "--enforce-eager", "--async-scheduling", "--no-async-scheduling",
-    "--disable-async-output-proc", "--seed", "--tensor-parallel-size", "-tp",
+    "--disable-async-output-proc", "--scheduling-policy", "--seed", "--tensor-parallel-size", "-tp",
     "--served-model-name", "--host", "--port", "--api-key", "--max-queue", "--drain-timeout",
     "--canary-interval", "--tool-call-parser", "--chat-template", "--allowed-origins",
     "--allowed-methods", "--allowed-headers", "--allow-credentials", "--metrics-compat",
