@@ -167,6 +167,12 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/cpu/priority_ttft.json")
     parser.add_argument("--policies", nargs="+", default=["priority", "fcfs"], choices=["priority", "fcfs"])
     parser.add_argument("--max-num-seqs", type=int, default=8)
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=8192,
+        help="the server's step budget (its default 8192); lower bounds how long one step runs",
+    )
     parser.add_argument("--batch-clients", type=int, default=16, help="closed-loop batch clients")
     parser.add_argument("--batch-prompt", type=int, default=128, help="tokens")
     parser.add_argument("--batch-tokens", type=int, default=64, help="output tokens of a batch request")
@@ -190,6 +196,8 @@ def main() -> int:
             "cpu",
             "--max-num-seqs",
             str(args.max_num_seqs),
+            "--max-num-batched-tokens",
+            str(args.max_num_batched_tokens),
             "--max-model-len",
             "512",
             "--kv-cache-memory",

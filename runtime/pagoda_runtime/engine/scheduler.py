@@ -85,8 +85,9 @@ class Scheduler:
         bm = self.block_manager
         block_size = bm.block_size
         running = SequenceStatus.RUNNING
-        if self.by_priority:
-            self._make_room(budget)
+        # Kept from the running sequences for the best waiting one when it outranks some of them.
+        reserved = self._make_room(budget) if self.by_priority else 0
+        budget -= reserved
         # Once per running sequence per step, so kept to plain arithmetic: a decode step needs a new
         # block only when its token starts one.
         for seq in list(self.running):
@@ -109,6 +110,7 @@ class Scheduler:
             seqs.append(seq)
             new_tokens.append(num_new)
             budget -= num_new
+        budget += reserved
         while self.waiting and budget > 0 and not preempted and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if not self._admit(seq, budget):
@@ -125,18 +127,21 @@ class Scheduler:
             budget -= num_new
         return batch
 
-    def _make_room(self, budget: int) -> None:
+    def _make_room(self, budget: int) -> int:
         """Priority policy: preempt the worst-ranked running sequences while the best waiting one
-        outranks them and could not start beside them. Its prefix-cache hits are not counted, so
-        this may free a little more than it needed."""
+        outranks them and could not start beside them (its prefix-cache hits are not counted, so
+        this may free a little more than it needed). Returns the tokens of the step's budget to keep
+        for that sequence's first chunk, so that the prompt chunks of running sequences ranked below
+        it do not take the whole budget; every running sequence keeps at least one token."""
         while self.waiting and self.running:
             head, worst = self.waiting[0], self.running[-1]
             if _rank(worst) < _rank(head) or self._must_wait(head):
-                return
+                return 0
             num_new = min(head.num_tokens - head.num_computed_tokens, budget)
             if len(self.running) < self.max_num_seqs and self.block_manager.can_admit(head, [], num_new):
-                return
+                return min(num_new, max(0, budget - len(self.running)))
             self._preempt(worst)
+        return 0
 
     def _must_wait(self, seq: Sequence) -> bool:
         """Whether a waiting sequence cannot start now, however much room there is."""
