@@ -71,7 +71,8 @@ def test_a_full_queue_sheds_its_lowest_priority_request_for_a_more_urgent_one():
 
     with TestClient(app) as client:
         wait_ready(client)
-        running = threading.Thread(target=post, args=("batch-running", 5, 40))
+        # Long enough (5 s) to hold its place through the checks below on a loaded machine.
+        running = threading.Thread(target=post, args=("batch-running", 5, 250))
         running.start()
         _until(lambda: len(engine.running) == 1)
         queued = threading.Thread(target=post, args=("batch-queued", 5, 2))
