@@ -261,6 +261,23 @@ def _per_weight(report: dict) -> str:
     return f"{report['instructions_per_weight']:.2f}" if "instructions_per_weight" in report else "-"
 
 
+def _p50_p95(phase: dict) -> str:
+    return f"{phase['ttft_p50_ms']:,.0f} / {phase['ttft_p95_ms']:,.0f}"
+
+
+def _loaded_over_idle(row: dict) -> str:
+    return f"{row['loaded_over_idle_p50']:.2f}x, **{row['loaded_over_idle_p95']:.2f}x**"
+
+
+def _priority_rows(loaded: list[dict]) -> list[dict]:
+    """priority_ttft.py's runs, one row per policy, with the step budget each server ran with."""
+    return [
+        {**result, "max_num_batched_tokens": run["settings"].get("max_num_batched_tokens", 8192)}
+        for run in loaded
+        for result in run["results"]
+    ]
+
+
 TABLES = [
     Table(
         "serving-cpu",
@@ -529,5 +546,23 @@ TABLES = [
             ("cold-start-node-cpu", "cold_start_node.json"),
             ("cold-start-node-synthetic-cpu", "cold_start_node_synthetic.json"),
         )
+    ),
+    Table(
+        "priority-ttft-cpu",
+        ("cpu/priority_ttft.json", "cpu/priority_ttft_chunked.json"),
+        (
+            Column("policy", lambda r: r["policy"]),
+            Column("step budget (tokens)", lambda r: str(r["max_num_batched_tokens"])),
+            Column("idle TTFT p50 / p95 (ms)", lambda r: _p50_p95(r["idle"])),
+            Column("loaded TTFT p50 / p95 (ms)", lambda r: _p50_p95(r["loaded"])),
+            Column("loaded / idle p50, p95", _loaded_over_idle),
+            Column("interactive requests (idle, loaded)", lambda r: f"{r['idle']['n']}, {r['loaded']['n']}"),
+            Column(
+                "batch requests done while probing",
+                lambda r: f"{r['batch_requests_completed_while_probing']}",
+            ),
+            Column("preemptions", lambda r: f"{r['preemptions']:.0f}"),
+        ),
+        rows=_priority_rows,
     ),
 ]

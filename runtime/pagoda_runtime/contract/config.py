@@ -25,6 +25,9 @@ KV_CACHE_DTYPES = ("auto", "fp8")
 # auto: read the checkpoint --model names; dummy: random weights of the model shape --model names
 # (model_catalogue.SHAPES), vLLM's flag of the same name.
 LOAD_FORMATS = ("auto", "dummy")
+# vLLM's --scheduling-policy: fcfs serves in arrival order; priority by each request's `priority`
+# (lower first, with ageing: engine/priority.py).
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 # Hugging Face rope_scaling types the rotary table (kernels/rope_cache.py) implements.
@@ -123,6 +126,12 @@ class EngineConfig:
     max_num_seqs: int = setting(256, "most sequences batched together per step")
     max_num_batched_tokens: int = setting(
         8192, "token budget of one engine step (prompt chunks and decoded tokens together)"
+    )
+    scheduling_policy: str = setting(
+        "fcfs",
+        "fcfs: requests are served in arrival order; priority: by the request field priority (lower "
+        "first, ties by arrival, waiting time ages a request up: docs/architecture.md#priority-scheduling)",
+        choices=SCHEDULING_POLICIES,
     )
     block_size: int = setting(16, "tokens per KV cache block")
     kv_cache_memory: float = setting(

@@ -30,6 +30,8 @@ METRICS_PATH = "/metrics"
 # Prometheus families as the server registers them (counters are scraped with a _total suffix,
 # histograms with _bucket, _sum and _count).
 REQUESTS_WAITING = "pagoda_num_requests_waiting"  # the queue depth each variant's HPA targets
+# The same queue split by the requests' priority, for an HPA that scales on interactive demand only.
+REQUESTS_WAITING_BY_PRIORITY = "pagoda_num_requests_waiting_by_priority"
 REQUESTS_RUNNING = "pagoda_num_requests_running"
 KV_CACHE_USAGE = "pagoda_kv_cache_usage_ratio"
 PREFIX_CACHE_QUERIES = "pagoda_prefix_cache_queries"
@@ -52,6 +54,7 @@ SPEC_DECODE_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens"
 SPEC_DECODE_ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 METRICS = (
     REQUESTS_WAITING,
+    REQUESTS_WAITING_BY_PRIORITY,
     REQUESTS_RUNNING,
     KV_CACHE_USAGE,
     PREFIX_CACHE_QUERIES,
@@ -77,5 +80,8 @@ SPEC_DECODE_METRICS = (
 # Label keys of those metrics, which dashboards group by.
 MODEL_NAME_LABEL = "model_name"  # the first --served-model-name
 FINISH_REASON_LABEL = "finish_reason"  # of REQUESTS_FINISHED: stop, length, abort
-REJECT_REASON_LABEL = "reason"  # of REQUESTS_REJECTED: draining, not_ready, queue_full
+REJECT_REASON_LABEL = "reason"  # of REQUESTS_REJECTED: draining, not_ready, queue_full, shed
+# Of REQUESTS_WAITING_BY_PRIORITY: the request field priority ("0" always; past the few most urgent
+# values, "other").
+PRIORITY_LABEL = "priority"
 POSITION_LABEL = "position"  # of SPEC_DECODE_ACCEPTED_PER_POSITION: the draft position, from 0

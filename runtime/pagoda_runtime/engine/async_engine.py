@@ -72,6 +72,10 @@ class AsyncLLMEngine:
     def memory(self) -> MemoryReport:
         return self.engine.memory
 
+    @property
+    def scheduling_policy(self) -> str:
+        return self.engine.engine_config.scheduling_policy
+
     def stats(self) -> EngineStats:
         return self.engine.stats()
 
@@ -90,7 +94,12 @@ class AsyncLLMEngine:
         self._apply_pending()
 
     async def generate(
-        self, prompt: str | list[int], params: SamplingParams, request_id: str, internal: bool = False
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str,
+        internal: bool = False,
+        priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
         if self.errored is not None:
             raise RequestFailed(f"the engine stopped after an error: {self.errored}") from self.errored
@@ -98,7 +107,7 @@ class AsyncLLMEngine:
             raise RuntimeError("the engine is not started; await engine.start() first")
         if request_id in self._streams:
             raise RequestRejected(f"A request with id {request_id!r} is already running; use a unique id.")
-        request = self.engine.make_request(request_id, prompt, params, internal=internal)
+        request = self.engine.make_request(request_id, prompt, params, internal=internal, priority=priority)
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = queue
         self._new.append(request)

@@ -139,9 +139,10 @@ def build_engine(
             block_manager,
             engine_config.max_num_seqs,
             engine_config.max_num_batched_tokens,
-            None
+            proposer=None
             if engine_config.speculative_config is None
             else NgramProposer(engine_config.speculative_config),
+            policy=engine_config.scheduling_policy,
         ),
         max_model_len=max_model_len,
         memory=memory,

@@ -112,8 +112,10 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion; the outputs come back in the order of the prompts."""
+        """Run every prompt to completion; the outputs come back in the order of the prompts.
+        `priority`: one per prompt, as vLLM takes it (lower first; needs scheduling_policy="priority")."""
         if isinstance(prompts, str) or (prompts and all(isinstance(t, int) for t in prompts)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -123,12 +125,15 @@ class LLM:
             raise ValueError(
                 f"got {len(params)} sampling params for {len(prompts)} prompts; pass one or one each"
             )
+        priority = [0] * len(prompts) if priority is None else list(priority)
+        if len(priority) != len(prompts):
+            raise ValueError(f"got {len(priority)} priorities for {len(prompts)} prompts; pass one each")
         request_ids = [f"offline-{next(self._ids)}" for _ in prompts]
         # All validated before any is queued, so that a bad prompt leaves nothing behind. Only the
         # final outputs are returned, and those hold each sample whole whatever the output kind.
         requests = [
-            self.engine.make_request(request_id, prompt, replace(p, output_kind="delta"))
-            for request_id, prompt, p in zip(request_ids, prompts, params, strict=True)
+            self.engine.make_request(request_id, prompt, replace(p, output_kind="delta"), priority=rank)
+            for request_id, prompt, p, rank in zip(request_ids, prompts, params, priority, strict=True)
         ]
         for request in requests:
             self.engine.add(request)

@@ -17,13 +17,14 @@ tokens are read before the next is scheduled.
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 from pagoda_runtime.contract.config import EngineConfig
 from pagoda_runtime.engine.build import build_engine
 from pagoda_runtime.engine.grammar_mask import GrammarCompiler
 from pagoda_runtime.engine.outputs import CompletionOutput, RequestOutput
 from pagoda_runtime.engine.request_state import Request, SampledToken
-from pagoda_runtime.engine.request_validation import RequestRejected, check_request
+from pagoda_runtime.engine.request_validation import RequestRejected, check_priority, check_request
 from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.engine.scheduler import ScheduledBatch
 from pagoda_runtime.engine.sequence import Sequence
@@ -91,10 +92,13 @@ class LLMEngine:
         params: SamplingParams,
         arrival_time: float | None = None,
         internal: bool = False,
+        priority: int = 0,
     ) -> Request:
         """Check and tokenize without touching the engine's state (safe while a step runs); raises
-        RequestRejected for a request that cannot run here."""
+        RequestRejected for a request that cannot run here. `priority`: lower is served first under
+        the priority policy (engine/priority.py)."""
         self._check_unique(request_id)
+        check_priority(priority, self.engine_config.scheduling_policy)
         if isinstance(prompt, str):
             text, token_ids = prompt, self.tokenizer.encode(prompt)
         else:
@@ -118,6 +122,7 @@ class LLMEngine:
             self.max_model_len,
             internal,
             grammars,
+            priority,
         )
 
     def add(self, request: Request) -> None:
@@ -132,8 +137,9 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
+        priority: int = 0,
     ) -> None:
-        self.add(self.make_request(request_id, prompt, params, arrival_time))
+        self.add(self.make_request(request_id, prompt, params, arrival_time, priority=priority))
 
     def _check_unique(self, request_id: str) -> None:
         if request_id in self.requests:
@@ -171,10 +177,12 @@ class LLMEngine:
         # snapshots (list() of a dict or list is atomic under the GIL), never live iterators.
         requests = [r for r in list(self.requests.values()) if not r.internal]
         running_ids = {seq.group.request_id for seq in list(self.scheduler.running)}
-        num_running = sum(1 for r in requests if r.request_id in running_ids)
+        waiting = Counter(r.group.priority for r in requests if r.request_id not in running_ids)
+        num_running = len(requests) - waiting.total()
         return EngineStats(
-            num_waiting=len(requests) - num_running,
+            num_waiting=waiting.total(),
             num_running=num_running,
+            waiting_by_priority=tuple(sorted(waiting.items())),
             kv_cache_usage=self.block_manager.usage,
             prefix_cache_queries=self.block_manager.prefix_queries,
             prefix_cache_hits=self.block_manager.prefix_hits,

@@ -58,6 +58,11 @@ class ServingEngine(Protocol):
     def memory(self) -> MemoryReport: ...
 
     @property
+    def scheduling_policy(self) -> str:
+        """fcfs or priority (contract.config.SCHEDULING_POLICIES)."""
+        ...
+
+    @property
     def errored(self) -> BaseException | None:
         """Why the engine loop stopped; None while it runs."""
         ...
@@ -72,10 +77,16 @@ class ServingEngine(Protocol):
     async def shutdown(self) -> None: ...
 
     def generate(
-        self, prompt: str | list[int], params: SamplingParams, request_id: str, internal: bool = False
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str,
+        internal: bool = False,
+        priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
         """Cumulative outputs of one request until it finishes; `internal` ones (the readiness
-        canary) are left out of stats()."""
+        canary) are left out of stats(). `priority`: lower first under the priority policy; a
+        non-zero one under fcfs is rejected (request_validation.check_priority)."""
         ...
 
     async def abort(self, request_id: str) -> None: ...

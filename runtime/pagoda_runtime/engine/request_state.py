@@ -45,13 +45,14 @@ class Request:
         max_model_len: int | None = None,
         internal: bool = False,
         grammars: list | None = None,
+        priority: int = 0,
     ) -> None:
         """grammars: one llguidance matcher per sample of a constrained request (grammar_mask.py)."""
         self.prompt = prompt
         # The server's own readiness canaries: served like any request, but not counted in the
         # load metrics that autoscaling and users read.
         self.internal = internal
-        self.group = SequenceGroup(request_id, prompt_token_ids, params, arrival_time)
+        self.group = SequenceGroup(request_id, prompt_token_ids, params, arrival_time, priority=priority)
         self.group.seqs = [Sequence(self.group, i, max_model_len) for i in range(params.n)]
         for seq, grammar in zip(self.group.seqs, grammars or (), strict=False):
             seq.grammar = grammar

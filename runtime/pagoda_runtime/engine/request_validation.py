@@ -21,8 +21,21 @@ class RequestRejected(ValueError):
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
-        self.param = param  # the request field at fault: "prompt", "max_tokens", "min_tokens", or None
+        self.param = param  # the request field at fault: "prompt", "max_tokens", "priority", ... or None
         self.code = code  # "context_length_exceeded", or None
+
+
+def check_priority(priority: object, policy: str) -> None:
+    """Raises RequestRejected unless `priority` is an integer the scheduling policy honours: as in
+    vLLM, a priority other than the default 0 needs --scheduling-policy priority."""
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise RequestRejected(f"priority must be an integer, got {priority!r}.", param="priority")
+    if priority != 0 and policy != "priority":
+        raise RequestRejected(
+            f"priority {priority} is only honoured under --scheduling-policy priority, and this server "
+            f"schedules by {policy}; remove the field or start the server with that policy.",
+            param="priority",
+        )
 
 
 def first_out_of_vocabulary(token_ids: Sequence[int], vocab_size: int) -> int | None:

@@ -13,15 +13,24 @@ run alone, so the scheduler never deadlocks and never drops a request. Plain Pyt
 With speculative decoding a decoding sequence may carry a draft (ngram_proposer.py): it costs
 1 + the draft's length of the budget, all verified in one step, and `accept` rolls it back to
 what the target accepted.
+
+Under the priority policy the waiting and the running sequences are both kept in rank order
+(engine/priority.py: priority, then arrival, with ageing) instead: "oldest" above reads "best
+ranked", a preempted sequence waits at its rank, and the victim of a preemption is the worst-ranked
+running sequence. A waiting sequence that outranks the worst running one also preempts it when it
+could not start beside it (no free slot of max_num_seqs, or too few free blocks for its first
+chunk), so a high-priority request never waits for a low-priority one to finish.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from dataclasses import dataclass, field
 
 from pagoda_runtime.engine.block_manager import BlockManager
 from pagoda_runtime.engine.ngram_proposer import NgramProposer
+from pagoda_runtime.engine.priority import rank
 from pagoda_runtime.engine.sequence import Sequence, SequenceStatus
 
 
@@ -46,6 +55,10 @@ class ScheduledBatch:
         return ends == seq.num_tokens + len(self.drafts.get(i, ()))
 
 
+def _rank(seq: Sequence) -> tuple[float, int]:
+    return rank(seq.group.priority, seq.group.arrival_time), seq.seq_id
+
+
 class Scheduler:
     def __init__(
         self,
@@ -53,17 +66,23 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         proposer: NgramProposer | None = None,
+        policy: str = "fcfs",
     ) -> None:
+        """policy: one of contract.config.SCHEDULING_POLICIES."""
         self.block_manager = block_manager
         self.proposer = proposer  # speculative decoding's, None when off
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.by_priority = policy == "priority"
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0  # cumulative
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        if self.by_priority:
+            bisect.insort(self.waiting, seq, key=_rank)
+        else:
+            self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -76,6 +95,9 @@ class Scheduler:
         bm = self.block_manager
         block_size = bm.block_size
         running = SequenceStatus.RUNNING
+        # Kept from the running sequences for the best waiting one when it outranks some of them.
+        reserved = self._make_room(budget) if self.by_priority else 0
+        budget -= reserved
         # Once per running sequence per step, so kept to plain arithmetic: a decode step needs a new
         # block only when its token starts one.
         for seq in list(self.running):
@@ -104,12 +126,16 @@ class Scheduler:
             seqs.append(seq)
             new_tokens.append(num_new)
             budget -= num_new
+        budget += reserved
         while self.waiting and budget > 0 and not preempted and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if not self._admit(seq, budget):
                 break
             self.waiting.popleft()
-            self.running.append(seq)
+            if self.by_priority:
+                bisect.insort(self.running, seq, key=_rank)
+            else:
+                self.running.append(seq)
             seq.status = SequenceStatus.RUNNING
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             batch.seqs.append(seq)
@@ -117,30 +143,59 @@ class Scheduler:
             budget -= num_new
         return batch
 
-    def _admit(self, seq: Sequence, budget: int) -> bool:
-        """Give a waiting sequence its blocks: forked from its leader's prompt, found in the prefix
-        cache, or new. False when it has to keep waiting."""
+    def _make_room(self, budget: int) -> int:
+        """Priority policy: preempt the worst-ranked running sequences while the best waiting one
+        outranks them and could not start beside them (its prefix-cache hits are not counted, so
+        this may free a little more than it needed). Returns the tokens of the step's budget to keep
+        for that sequence's first chunk, so that the prompt chunks of running sequences ranked below
+        it do not take the whole budget; every running sequence keeps at least one token."""
+        while self.waiting and self.running:
+            head, worst = self.waiting[0], self.running[-1]
+            if _rank(worst) < _rank(head) or self._must_wait(head):
+                return 0
+            num_new = min(head.num_tokens - head.num_computed_tokens, budget)
+            if len(self.running) < self.max_num_seqs and self.block_manager.can_admit(head, [], num_new):
+                return min(num_new, max(0, budget - len(self.running)))
+            self._preempt(worst)
+        return 0
+
+    def _must_wait(self, seq: Sequence) -> bool:
+        """Whether a waiting sequence cannot start now, however much room there is."""
         if seq.num_pending:
             # Preempted while its last token was in flight: its prefill needs that token, which the
             # host reads before the next schedule.
+            return True
+        leader = seq.leader
+        # A sample whose prompt is being computed right now shares it once it is there.
+        return (
+            seq is not leader
+            and seq.num_output_tokens == 0
+            and (
+                leader.status == SequenceStatus.WAITING
+                or (
+                    leader.status == SequenceStatus.RUNNING
+                    and leader.num_computed_tokens < seq.num_prompt_tokens
+                )
+            )
+        )
+
+    def _admit(self, seq: Sequence, budget: int) -> bool:
+        """Give a waiting sequence its blocks: forked from its leader's prompt, found in the prefix
+        cache, or new. False when it has to keep waiting."""
+        if self._must_wait(seq):
             return False
         bm = self.block_manager
         leader = seq.leader
-        if seq is not leader and seq.num_output_tokens == 0:
-            if leader.status == SequenceStatus.WAITING or (
-                leader.status == SequenceStatus.RUNNING and leader.num_computed_tokens < seq.num_prompt_tokens
-            ):
-                return False  # its prompt is being computed right now: share it once it is there
-            if leader.status == SequenceStatus.RUNNING:
-                # The last prompt token is recomputed, partial block included: it yields this
-                # sample's own first logits, and the leader keeps sole ownership of its partial block.
-                shared = bm.forkable_blocks(leader, (seq.num_prompt_tokens - 1) // bm.block_size)
-                remaining = seq.num_tokens - shared * bm.block_size
-                if not bm.can_admit(seq, [], min(remaining, budget)):
-                    return False
-                bm.fork(leader, seq, shared)
-                bm.append(seq, min(remaining, budget))
-                return True
+        if seq is not leader and seq.num_output_tokens == 0 and leader.status == SequenceStatus.RUNNING:
+            # The last prompt token is recomputed, partial block included: it yields this
+            # sample's own first logits, and the leader keeps sole ownership of its partial block.
+            shared = bm.forkable_blocks(leader, (seq.num_prompt_tokens - 1) // bm.block_size)
+            remaining = seq.num_tokens - shared * bm.block_size
+            if not bm.can_admit(seq, [], min(remaining, budget)):
+                return False
+            bm.fork(leader, seq, shared)
+            bm.append(seq, min(remaining, budget))
+            return True
         prefix = bm.find_prefix(seq)
         num_new = min(seq.num_tokens - len(prefix) * bm.block_size, budget)
         if not bm.can_admit(seq, prefix, num_new):
@@ -156,7 +211,10 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        if self.by_priority:
+            bisect.insort(self.waiting, seq, key=_rank)
+        else:
+            self.waiting.appendleft(seq)
 
     def update(self, batch: ScheduledBatch) -> None:
         """Record that the batch is launched: its tokens are in the cache for every later step (the

@@ -35,6 +35,7 @@ class SequenceGroup:
     params: SamplingParams
     arrival_time: float
     seqs: list[Sequence] = field(default_factory=list)
+    priority: int = 0  # lower is served first under the priority policy (engine/priority.py)
 
 
 class Sequence:

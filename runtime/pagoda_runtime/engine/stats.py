@@ -50,6 +50,8 @@ class EngineStats:
     num_preemptions: int  # cumulative
     num_failed_steps: int = 0  # cumulative: steps that raised, failing only their own requests
     spec_decode: SpecDecodeCounts | None = None  # None where speculative decoding is off
+    # num_waiting split by the requests' priority: (priority, count) pairs, lowest priority value first.
+    waiting_by_priority: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,10 @@
 
 Refusals here are cheap and early, and each says what the client can do: 404 for a model this
 server does not serve, 503 with Retry-After while draining or loading, 429 with Retry-After when
-the waiting queue is full. Whether the request itself fits the model is the engine's to say
-(request_validation.py), and generation.py turns its refusal into a 400.
+the waiting queue is full. Under the priority policy a full queue still admits a request that
+outranks a queued one, which is shed in its place (shedding.py). Whether the request itself fits
+the model is the engine's to say (request_validation.py), and generation.py turns its refusal into
+a 400.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ def check_model(state: ServerState, model: str | None) -> None:
         )
 
 
-def admit(state: ServerState) -> ServingEngine:
-    """The engine, if this request may enter it now; otherwise 503 (draining, loading) or 429 (queue full)."""
+async def admit(state: ServerState, priority: int = 0) -> ServingEngine:
+    """The engine, if this request (of `priority`) may enter it now; otherwise 503 (draining,
+    loading) or 429 (queue full)."""
     if state.drain.draining:
         state.drain.refused += 1
         state.metrics.reject("draining")
@@ -54,8 +57,13 @@ def admit(state: ServerState) -> ServingEngine:
         message = "The model is still loading; retry shortly." if engine is None else "The engine has failed."
         raise APIError(503, message, code="not_ready", retry_after=LOADING_RETRY_AFTER_S)
     # The server's own count of accepted requests, not the engine's: requests that arrived during
-    # an engine step are not in the engine yet, and a burst must not slip through that gap.
-    if state.drain.in_flight >= max_in_flight(state.settings):
+    # an engine step are not in the engine yet, and a burst must not slip through that gap. Shed
+    # requests count until their 429 is out, but their places are taken already.
+    if state.drain.in_flight - state.queued.num_shed >= max_in_flight(state.settings):
+        victim = state.queued.shed_for(priority) if engine.scheduling_policy == "priority" else None
+        if victim is not None:
+            await engine.abort(victim)  # its own generate() answers its client (generation.py)
+            return engine
         state.metrics.reject("queue_full")
         waiting = state.drain.in_flight - state.settings.max_num_seqs
         raise APIError(

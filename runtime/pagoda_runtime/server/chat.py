@@ -79,7 +79,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
             "tool_choice required or a named function already fixes the output; drop the other constraint.",
             param="tool_choice",
         )
-    engine = admit(state)
+    engine = await admit(state, body.priority)
     ids = chat_prompt_ids(body.messages, engine.tokenizer, body.tools)
     limit_field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     top_n = body.top_logprobs or 0
@@ -173,5 +173,5 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
             yield chunk([], usage=usage(out))
 
     fields = {"prompt": "messages", "max_tokens": limit_field}
-    outputs = generate(state, engine, ids, params, request_id, fields)
+    outputs = generate(state, engine, ids, params, request_id, fields, priority=body.priority)
     return await respond(request, state, outputs, whole, stream if body.stream else None)

@@ -38,7 +38,7 @@ def prompt_token_ids(
 async def create_completion(body: CompletionRequest, request: Request):
     state: ServerState = request.app.state.pagoda
     check_model(state, body.model)
-    engine = admit(state)
+    engine = await admit(state, body.priority)
     ids = prompt_token_ids(body.prompt, engine.tokenizer)
     params = sampling_params(body, body.max_tokens, body.logprobs, structured_outputs(body))
     request_id = f"cmpl-{uuid.uuid4().hex}"
@@ -88,5 +88,5 @@ async def create_completion(body: CompletionRequest, request: Request):
                 CompletionResponse(id=request_id, created=created, model=model, choices=[], usage=usage(out))
             )
 
-    outputs = generate(state, engine, ids, params, request_id)
+    outputs = generate(state, engine, ids, params, request_id, priority=body.priority)
     return await respond(request, state, outputs, whole, stream if body.stream else None)

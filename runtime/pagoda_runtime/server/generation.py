@@ -22,6 +22,7 @@ from pagoda_runtime.engine.protocol import RequestFailed, RequestRejected, Servi
 from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.engine.structured_outputs import StructuredOutputs
 from pagoda_runtime.server import sse
+from pagoda_runtime.server.admission import QUEUE_FULL_RETRY_AFTER_S
 from pagoda_runtime.server.errors import APIError, error_body
 from pagoda_runtime.server.protocol import SamplingFields, UsageInfo
 from pagoda_runtime.server.state import ServerState
@@ -78,17 +79,36 @@ async def generate(
     params: SamplingParams,
     request_id: str,
     fields: Mapping[str, str] | None = None,
+    priority: int = 0,
 ) -> AsyncIterator[RequestOutput]:
     """The engine's outputs for one request, observed for metrics; aborted if left unfinished.
 
     A request the engine rejects becomes a 400 naming the field at fault; `fields` renames the
-    engine's field names ("prompt", "max_tokens") to the ones this endpoint's request used.
+    engine's field names ("prompt", "max_tokens") to the ones this endpoint's request used. Until
+    its first output the request is queued, and a full queue may shed it for a more urgent one
+    (shedding.py): then its answer is a 429 instead of that output.
     """
     finished = refused = failed = False
     last_token_at = None
     generated = 0
+    queued = True
+    # Entered in the same turn of the event loop as engine.generate() queues the request, so that a
+    # request the server may shed is always one the engine can abort.
+    state.queued.enter(request_id, priority)
     try:
-        async for out in engine.generate(prompt_ids, params, request_id):
+        async for out in engine.generate(prompt_ids, params, request_id, priority=priority):
+            if queued:
+                queued = False
+                if state.queued.leave(request_id):
+                    refused = True
+                    state.metrics.reject("shed")
+                    raise APIError(
+                        429,
+                        "The request queue is full and this request was shed for a higher-priority one; "
+                        "retry after a short wait.",
+                        code="shed",
+                        retry_after=QUEUE_FULL_RETRY_AFTER_S,
+                    )
             now = time.monotonic()
             per_sample = [len(d.token_ids) for d in out.delta or ()]
             generated += sum(per_sample)
@@ -116,6 +136,7 @@ async def generate(
             code="internal_error",
         ) from exc
     finally:
+        state.queued.leave(request_id)
         if not (finished or refused or failed):
             await engine.abort(request_id)
             state.metrics.ended(generated, len(prompt_ids), "abort")

@@ -32,6 +32,7 @@ from pagoda_runtime.contract.names import (
     PREEMPTIONS,
     PREFIX_CACHE_HITS,
     PREFIX_CACHE_QUERIES,
+    PRIORITY_LABEL,
     PROMPT_TOKENS,
     REJECT_REASON_LABEL,
     REQUEST_QUEUE_TIME,
@@ -39,6 +40,7 @@ from pagoda_runtime.contract.names import (
     REQUESTS_REJECTED,
     REQUESTS_RUNNING,
     REQUESTS_WAITING,
+    REQUESTS_WAITING_BY_PRIORITY,
     SPEC_DECODE_ACCEPTED_PER_POSITION,
     SPEC_DECODE_ACCEPTED_TOKENS,
     SPEC_DECODE_DRAFT_TOKENS,
@@ -86,6 +88,9 @@ _REQUEST_BUCKETS = (
     240.0,
     480.0,
 )
+# Priority values with a series of their own, most urgent first; clients choose priorities, so
+# the rest share one series ("other") to keep the number of series bounded.
+MAX_PRIORITY_SERIES = 8
 # A request with any aborted sample was aborted; otherwise "length" says it was cut short.
 _FINISH_PRIORITY = ("abort", "length", "stop")
 
@@ -112,6 +117,7 @@ class _EngineStatsCollector:
             gauge = GaugeMetricFamily(name, doc, labels=[MODEL_NAME_LABEL])
             gauge.add_metric([self.model_name], value)
             yield gauge
+        yield self._waiting_by_priority(stats.waiting_by_priority)
         counters = (
             (
                 PREFIX_CACHE_QUERIES,
@@ -146,6 +152,21 @@ class _EngineStatsCollector:
             for position, accepted in enumerate(spec.accepted_per_position):
                 per_position.add_metric([self.model_name, str(position)], accepted)
             yield per_position
+
+    def _waiting_by_priority(self, counts: tuple[tuple[int, int], ...]) -> Metric:
+        gauge = GaugeMetricFamily(
+            REQUESTS_WAITING_BY_PRIORITY,
+            "Requests waiting to be scheduled, by the request field priority (lower is more urgent).",
+            labels=[MODEL_NAME_LABEL, PRIORITY_LABEL],
+        )
+        # The default priority always has a series, so a query on it never finds none.
+        by_priority = sorted({0: 0, **dict(counts)}.items())
+        for priority, count in by_priority[:MAX_PRIORITY_SERIES]:
+            gauge.add_metric([self.model_name, str(priority)], count)
+        if len(by_priority) > MAX_PRIORITY_SERIES:
+            rest = sum(count for _, count in by_priority[MAX_PRIORITY_SERIES:])
+            gauge.add_metric([self.model_name, "other"], rest)
+        return gauge
 
 
 class ServerMetrics:

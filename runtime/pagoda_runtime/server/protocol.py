@@ -147,6 +147,9 @@ class SamplingFields(ValidText):
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0)
     min_tokens: int = Field(default=0, ge=0, le=INT32_MAX)
     ignore_eos: bool = False
+    # Lower is served first under --scheduling-policy priority (engine/priority.py); strict, so that
+    # 1.5 or "1" is a 400 rather than a silently rounded or parsed priority.
+    priority: Int64 = Field(default=0, strict=True)
     stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
     response_format: ResponseFormat | None = None

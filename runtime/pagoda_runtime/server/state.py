@@ -8,6 +8,7 @@ from pagoda_runtime.engine.protocol import EngineStats, ServingEngine
 from pagoda_runtime.server.drain import Drain
 from pagoda_runtime.server.health import Health
 from pagoda_runtime.server.metrics import ServerMetrics
+from pagoda_runtime.server.shedding import QueuedRequests
 
 
 class ServerState:
@@ -17,6 +18,7 @@ class ServerState:
         self.load_error: str | None = None
         self.drain = Drain(settings.drain_timeout)
         self.health = Health(settings.canary_interval, settings.canary_timeout)
+        self.queued = QueuedRequests()  # admitted, no output yet: what a full queue may shed
         self.metrics = ServerMetrics(settings.served_model_name, self.engine_stats)
 
     def engine_stats(self) -> EngineStats | None:

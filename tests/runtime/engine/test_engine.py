@@ -195,3 +195,26 @@ def test_token_ids_outside_the_vocabulary_are_refused_by_field(llm):
         llm.generate([[1, -1]], SamplingParams(max_tokens=2))
     assert refused.value.param == "prompt"
     assert not llm.engine.has_unfinished()
+
+
+def test_priority_policy_serves_lower_priorities_first(folder):
+    llm = LLM(str(folder), dtype="float32", device="cpu", max_num_seqs=1, scheduling_policy="priority")
+    outputs = llm.generate(PROMPTS[:3], SamplingParams(max_tokens=2, ignore_eos=True), priority=[2, 0, 1])
+    started = [out.metrics.first_scheduled_time for out in outputs]
+    assert started[1] < started[2] < started[0]
+    engine = llm.engine
+    engine.add_request("low", PROMPTS[0], SamplingParams(max_tokens=2), priority=3)
+    engine.add_request("high", PROMPTS[1], SamplingParams(max_tokens=2), priority=-1)
+    assert engine.stats().waiting_by_priority == ((-1, 1), (3, 1))
+    while engine.has_unfinished():
+        engine.step()
+
+
+def test_priority_without_the_priority_policy_is_refused_by_field(llm):
+    with pytest.raises(ValueError, match="--scheduling-policy priority") as refused:
+        llm.generate(PROMPTS[0], SamplingParams(max_tokens=2), priority=[1])
+    assert refused.value.param == "priority"
+    with pytest.raises(ValueError, match="must be an integer") as refused:
+        llm.generate(PROMPTS[0], SamplingParams(max_tokens=2), priority=[0.5])
+    assert refused.value.param == "priority"
+    assert not llm.engine.has_unfinished()

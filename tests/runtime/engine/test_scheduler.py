@@ -24,17 +24,27 @@ class Simulation:
     """overlapped: each step is scheduled before the tokens of the step before are read (async
     scheduling); its input for a token still in flight comes from the simulated device."""
 
-    def __init__(self, num_blocks, block_size, max_num_seqs, budget, prefix_caching=True, overlapped=False):
+    def __init__(
+        self,
+        num_blocks,
+        block_size,
+        max_num_seqs,
+        budget,
+        prefix_caching=True,
+        overlapped=False,
+        policy="fcfs",
+    ):
         self.bm = BlockManager(num_blocks, block_size, prefix_caching)
-        self.scheduler = Scheduler(self.bm, max_num_seqs, budget)
+        self.scheduler = Scheduler(self.bm, max_num_seqs, budget, policy)
         self.budget = budget
         self.overlapped = overlapped
         self.cache: dict[int, tuple[int, int]] = {}  # slot -> (position, token)
         self.groups: list[SequenceGroup] = []
         self.in_flight: dict[Sequence, int] = {}  # sampled on the device, not read yet
 
-    def add(self, prompt, max_tokens, n=1):
-        group = SequenceGroup(f"r{len(self.groups)}", prompt, SamplingParams(n=n, max_tokens=max_tokens), 0.0)
+    def add(self, prompt, max_tokens, n=1, priority=0, arrival=0.0):
+        params = SamplingParams(n=n, max_tokens=max_tokens)
+        group = SequenceGroup(f"r{len(self.groups)}", prompt, params, arrival, priority=priority)
         group.seqs = [Sequence(group, i) for i in range(n)]
         self.groups.append(group)
         for seq in group.seqs:

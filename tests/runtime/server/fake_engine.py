@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from pagoda_runtime.engine.memory_report import MemoryReport
 from pagoda_runtime.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from pagoda_runtime.engine.request_validation import check_request
+from pagoda_runtime.engine.request_validation import check_priority, check_request
 from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.engine.stats import EngineStats, SpecDecodeCounts
 
@@ -55,11 +56,19 @@ class FakeTokenizer:
 class _Request:
     params: SamplingParams
     prompt_ids: list[int]
+    priority: int = 0
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class FakeEngine:
-    def __init__(self, max_model_len: int = 512, step_s: float = 0.005, max_running: int = 64) -> None:
+    def __init__(
+        self,
+        max_model_len: int = 512,
+        step_s: float = 0.005,
+        max_running: int = 64,
+        scheduling_policy: str = "fcfs",
+    ) -> None:
+        self.scheduling_policy = scheduling_policy
         self.tokenizer = FakeTokenizer()
         self.spec_decode: SpecDecodeCounts | None = None  # a test sets it to serve speculation's tallies
         self.vocab_size = FakeTokenizer.vocab_size
@@ -86,6 +95,7 @@ class FakeEngine:
         # Of client requests, not canaries.
         self.seen_prompts: list[list[int]] = []
         self.seen_params: list[SamplingParams] = []
+        self.seen_priorities: list[int] = []
         self.script = SCRIPT  # what every sample "generates", from its index on
         self._ticker: asyncio.Task | None = None
 
@@ -103,9 +113,12 @@ class FakeEngine:
 
     def stats(self) -> EngineStats:
         running = [r for r in self.running if r not in self.internal_ids]
-        waiting = sum(1 for r in self.requests if r not in self.internal_ids) - len(running)
+        waiting = Counter(
+            r.priority for i, r in self.requests.items() if i not in self.internal_ids and i not in running
+        )
         return EngineStats(
-            num_waiting=waiting,
+            num_waiting=waiting.total(),
+            waiting_by_priority=tuple(sorted(waiting.items())),
             num_running=len(running),
             kv_cache_usage=len(running) / 64,
             prefix_cache_queries=0,
@@ -125,16 +138,20 @@ class FakeEngine:
             self.aborted_ids.append(request_id)
             request.aborted.set()
 
-    async def generate(self, prompt, params: SamplingParams, request_id: str, internal: bool = False):
+    async def generate(
+        self, prompt, params: SamplingParams, request_id: str, internal: bool = False, priority: int = 0
+    ):
         if internal:
             self.internal_ids.add(request_id)
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        check_priority(priority, self.scheduling_policy)
         check_request(ids, params, FakeTokenizer.vocab_size, self.max_model_len)
         max_tokens = params.max_tokens or self.max_model_len - len(ids)
         if not internal:
             self.seen_prompts.append(ids)
             self.seen_params.append(params)
-        request = _Request(params, ids)
+            self.seen_priorities.append(priority)
+        request = _Request(params, ids, priority)
         self.requests[request_id] = request
         metrics = RequestMetrics(arrival_time=time.monotonic())
         outputs = [

@@ -132,6 +132,7 @@ _sampling = {
     "repetition_penalty": st.floats(0.01, 2),
     "min_tokens": st.integers(0, 3),
     "ignore_eos": st.booleans(),
+    "priority": st.one_of(st.integers(-3, 3), boundary_ints),
     "stop_token_ids": _token_ids,
     "include_stop_str_in_output": st.booleans(),
     "response_format": _response_format,

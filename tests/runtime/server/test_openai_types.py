@@ -33,8 +33,9 @@ from pagoda_runtime.server.tools import FunctionDefinition, NamedToolChoice, Too
 
 from .test_tools_api import CALL, END, WEATHER
 
-# vLLM's sampling and structured-output extensions, which OpenAI's API does not have.
+# vLLM's sampling, scheduling and structured-output extensions, which OpenAI's API does not have.
 VLLM_EXTENSIONS = {
+    "priority",
     "top_k",
     "min_p",
     "repetition_penalty",

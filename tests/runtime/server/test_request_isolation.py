@@ -23,10 +23,10 @@ class StepFailures(FakeEngine):
         super().__init__()
         self.after = after
 
-    async def generate(self, prompt, params, request_id, internal=False):
+    async def generate(self, prompt, params, request_id, internal=False, priority=0):
         doomed = not internal and self.tokenizer.encode(DOOMED) == list(prompt)[: len(DOOMED)]
         sent = 0
-        async for out in super().generate(prompt, params, request_id, internal):
+        async for out in super().generate(prompt, params, request_id, internal, priority):
             if doomed and sent == self.after:
                 raise RequestFailed("a step that ran this request failed: IndexError")
             yield out
