@@ -159,9 +159,9 @@ def _llama_cpp_q4_k_m_linear_bytes(arch):
     wider = [i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2 for i in range(n)]
     names = ["q", "k", "v", "o", "gate", "up", "down"]
     return sum(
-        GGUF_BLOCK_FORMATS["Q6_K" if name in ("v", "down") and wider[layer] else "Q4_K"].linear_bytes(*shape)
+        GGUF_BLOCK_FORMATS["Q6_K" if name in ("v", "down") and wider[layer] else "Q4_K"].linear_bytes(out, inp)
         for layer in range(n)
-        for name, shape in zip(names, arch.linear_shapes(), strict=True)
+        for name, (out, inp, _) in zip(names, arch.linear_shapes(), strict=True)
     )
 
 
@@ -243,9 +243,9 @@ def test_grouped_quantization_splits_row_parallel_inputs_at_group_boundaries():
 def test_a_mixture_of_experts_counts_every_expert():
     # Mixtral-8x7B's published count, experts and routers included.
     assert KNOWN_ARCHITECTURES["mixtral-8x7b"].num_parameters() == 46_702_792_704
-    # Qwen3-30B-A3B: 30,532,122,624 published, of which its q/k norms (48 x 2 x 128) are not shape.
+    # Qwen3-30B-A3B's published count, its per-head q/k norms (48 x 2 x 128) included.
     moe = KNOWN_ARCHITECTURES["qwen3-30b-a3b"]
-    assert moe.num_parameters() == 30_532_122_624 - 48 * 2 * 128
+    assert moe.num_parameters() == 30_532_122_624
     # About 3B of them are active per token: 8 of 128 experts.
     assert 3.0e9 < moe.active_linear_parameters() + moe.vocab_parameters() / 2 < 3.5e9
 

@@ -6,7 +6,7 @@ everywhere else; nothing inside the engine parses strings.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pagoda_runtime.contract.bundled import BUNDLED_MODEL_NAME
 from pagoda_runtime.contract.flags import setting
@@ -49,6 +49,12 @@ class RopeScaling:
     attention_factor: float | None = None  # LongRoPE's cos/sin scale; None: from factor
 
 
+# The norm weights of families whose decoder layers hold more than Llama's two: (norms of
+# hidden_size per layer, per-head query and key norms). Set on the architecture here, the one place
+# every family's config (config.json, GGUF, the catalogue) passes, so that sizing counts them.
+_FAMILY_NORMS = {"gemma2": (4, False), "gemma3_text": (4, True), "qwen3": (2, True), "qwen3_moe": (2, True)}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """What the runtime builds a model from: its architecture (the shape, all that sizing reads) and
@@ -84,6 +90,12 @@ class ModelConfig:
         """Dimensions of each head that are rotated: the first rotary_dim, in pairs
         (i, i + rotary_dim / 2)."""
         return int(self.architecture.head_dim * self.partial_rotary_factor)
+
+    def __post_init__(self) -> None:
+        if self.model_type in _FAMILY_NORMS:
+            per_layer, qk_norm = _FAMILY_NORMS[self.model_type]
+            architecture = replace(self.architecture, norms_per_layer=per_layer, qk_norm=qk_norm)
+            object.__setattr__(self, "architecture", architecture)
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,15 @@ class ModelArchitecture:
     mlp_only_layers: tuple[int, ...] = _shape_field(
         "Layers of a mixture-of-experts model whose MLP is dense, intermediate_size wide.", default=()
     )
+    norms_per_layer: int = _shape_field(
+        "RMSNorms of hidden_size in each decoder layer: 2 (Llama), 4 (Gemma 2 and 3, before and after "
+        "attention and MLP).",
+        minimum=1,
+        default=2,
+    )
+    qk_norm: bool = _shape_field(
+        "Whether each layer normalizes its queries and keys per head (Qwen3, Gemma 3).", default=False
+    )
 
     def __post_init__(self) -> None:
         # Reports and specs carry JSON lists; the architecture stays hashable (sizing caches by it).
@@ -197,7 +206,9 @@ class ModelArchitecture:
         """Embeddings, LM head, norms, attention biases and expert routers: kept in 16 bits by every
         variant."""
         embeddings = self.vocab_parameters()
-        norms = (2 * self.num_hidden_layers + 1) * self.hidden_size
+        norms = (self.norms_per_layer * self.num_hidden_layers + 1) * self.hidden_size
+        if self.qk_norm:
+            norms += 2 * self.head_dim * self.num_hidden_layers
         biases = self.q_size + 2 * self.kv_size if self.attention_bias else 0
         routers = self.num_sparse_layers * self.num_experts * self.hidden_size
         return embeddings + norms + biases * self.num_hidden_layers + routers
