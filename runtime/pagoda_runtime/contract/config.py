@@ -151,7 +151,9 @@ class EngineConfig:
         f"({', '.join(LWS_VARIABLES)} set) they span the group's pods, N / {LWS_GROUP_SIZE} per pod",
         short="-tp",
     )
-    enable_lora: bool = setting(False, "serve LoRA adapters of the model (--lora-modules, /v1/load_lora_adapter)")
+    enable_lora: bool = setting(
+        False, "serve LoRA adapters of the model (--lora-modules, /v1/load_lora_adapter)"
+    )
     lora_modules: tuple[str, ...] = setting(
         (),
         "LoRA adapters served from the start, each name=path (a PEFT folder) or vLLM's JSON "

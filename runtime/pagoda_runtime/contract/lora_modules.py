@@ -23,8 +23,11 @@ def parse_lora_module(word: str) -> LoraModule:
         except json.JSONDecodeError as exc:
             raise ValueError(f"--lora-modules entry {word!r} is not valid JSON ({exc}); {usage}") from exc
         unknown = set(raw) - {"name", "path", "base_model_name"} if isinstance(raw, dict) else set()
-        if not isinstance(raw, dict) or unknown or not isinstance(raw.get("name"), str) or not isinstance(
-            raw.get("path"), str
+        if (
+            not isinstance(raw, dict)
+            or unknown
+            or not isinstance(raw.get("name"), str)
+            or not isinstance(raw.get("path"), str)
         ):
             raise ValueError(f"--lora-modules entry {word!r} needs string fields name and path only; {usage}")
         module = LoraModule(raw["name"], raw["path"], raw.get("base_model_name"))

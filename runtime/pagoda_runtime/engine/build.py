@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass
 
 from pagoda_runtime.contract.config import EngineConfig, ModelConfig
+from pagoda_runtime.contract.lora_modules import parse_lora_module
 from pagoda_runtime.contract.quantization_selection import cpu_vocab_dtype, select_quantization
 from pagoda_runtime.contract.sizing import check_tensor_parallel, weight_bytes
 from pagoda_runtime.engine.block_manager import BlockManager
@@ -61,6 +62,7 @@ def build_engine(
             f"this process is a rank of a tensor-parallel group of {tp.size}, but the engine is "
             f"configured for {engine_config.tensor_parallel_size}; start one process per rank"
         )
+    _check_lora_settings(engine_config)
     placement = resolve_placement(engine_config.device, engine_config.dtype)
     if loaded is None and engine_config.load_format == "dummy":
         LOAD_PROGRESS.phase(f"drawing random weights of the {engine_config.model} shape")
@@ -95,6 +97,10 @@ def build_engine(
     limit = engine_config.max_model_len or arch.max_position_embeddings
     weights = LOAD_PROGRESS.track(loaded.weights, len(weight_shapes(loaded.config)), arch.num_hidden_layers)
     runner = ModelRunner(loaded.config, weights, engine_config, placement, limit, quantization, tp)
+    if runner.loras is not None:
+        for word in engine_config.lora_modules:
+            module = parse_lora_module(word)
+            runner.loras.add(module.name, module.path, module.base_model_name)
     # Where every layer slides, a sequence holds only its window: the context is not bounded by the
     # cache, as long as one window fits (make_block_manager checks it).
     capacity = runner.pools.full_blocks * engine_config.block_size if runner.pools.full_blocks else limit
@@ -134,7 +140,12 @@ def build_engine(
         tokenizer=loaded.tokenizer,
         runner=runner,
         block_manager=block_manager,
-        scheduler=Scheduler(block_manager, engine_config.max_num_seqs, engine_config.max_num_batched_tokens),
+        scheduler=Scheduler(
+            block_manager,
+            engine_config.max_num_seqs,
+            engine_config.max_num_batched_tokens,
+            engine_config.max_loras if engine_config.enable_lora else None,
+        ),
         max_model_len=max_model_len,
         memory=memory,
     )
@@ -164,6 +175,23 @@ def build_engine(
         layout,
     )
     return parts
+
+
+def _check_lora_settings(engine_config: EngineConfig) -> None:
+    if not engine_config.enable_lora:
+        if engine_config.lora_modules:
+            raise ValueError("--lora-modules needs --enable-lora")
+        return
+    if engine_config.tensor_parallel_size > 1:
+        raise ValueError(
+            "--enable-lora does not run with --tensor-parallel-size above 1 yet; serve adapters on one GPU"
+        )
+    for flag, value in (
+        ("--max-loras", engine_config.max_loras),
+        ("--max-lora-rank", engine_config.max_lora_rank),
+    ):
+        if value < 1:
+            raise ValueError(f"{flag} must be at least 1, got {value}")
 
 
 def _cap_context(limit: int, capacity: int, engine_config: EngineConfig) -> int:

@@ -21,11 +21,13 @@ from pagoda_runtime.engine.request_state import Request, SampledToken
 from pagoda_runtime.engine.request_validation import RequestRejected, check_request
 from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.engine.scheduler import ScheduledBatch
-from pagoda_runtime.engine.sequence import Sequence
+from pagoda_runtime.engine.sequence import LoraRequest, Sequence
 from pagoda_runtime.engine.stats import EngineStats, StepClock, StepTiming
 from pagoda_runtime.engine.structured_outputs import StructuredOutputError
+from pagoda_runtime.executor.lora_manager import LoraManager, LoraNotFound
 from pagoda_runtime.executor.model_runner import LaunchedStep
 from pagoda_runtime.executor.sampler import SamplerOutput
+from pagoda_runtime.loading.lora_adapter import LoraAdapterError
 from pagoda_runtime.loading.model_source import LoadedModel
 from pagoda_runtime.parallel.tensor_parallel import SINGLE_PROCESS, TensorParallel
 
@@ -75,9 +77,11 @@ class LLMEngine:
         params: SamplingParams,
         arrival_time: float | None = None,
         internal: bool = False,
+        lora_name: str | None = None,
     ) -> Request:
         """Check and tokenize without touching the engine's state (safe while a step runs); raises
-        RequestRejected for a request that cannot run here."""
+        RequestRejected for a request that cannot run here. `lora_name`: a served LoRA adapter the
+        request runs with, held until the request ends."""
         self._check_unique(request_id)
         if isinstance(prompt, str):
             text, token_ids = prompt, self.tokenizer.encode(prompt)
@@ -92,7 +96,7 @@ class LLMEngine:
                 message = f"Invalid structured output: {exc}."
                 raise RequestRejected(message, param="structured_outputs") from exc
         arrival = time.monotonic() if arrival_time is None else arrival_time
-        return Request(
+        request = Request(
             request_id,
             text,
             token_ids,
@@ -103,8 +107,53 @@ class LLMEngine:
             internal,
             grammars,
         )
+        if lora_name is not None:
+            request.group.lora = self._acquire_lora(lora_name)
+        return request
+
+    def _acquire_lora(self, name: str) -> LoraRequest:
+        loras = self.runner.loras
+        if loras is None:
+            raise RequestRejected(
+                f"The model {name!r} names a LoRA adapter, but this server runs without --enable-lora.",
+                param="model",
+            )
+        try:
+            return loras.acquire(name)
+        except LoraNotFound as exc:
+            raise RequestRejected(f"{exc}", param="model", code="model_not_found") from exc
+
+    def _forget(self, request_id: str) -> None:
+        """The request has ended: the engine lets it go, and its adapter."""
+        self.release(self.requests.pop(request_id))
+
+    def release(self, request: Request) -> None:
+        """Let go of the adapter of a request made (make_request) that ended or will never run."""
+        if request.group.lora is not None:
+            self.runner.loras.release(request.group.lora)
+
+    # ---- LoRA adapters -----------------------------------------------------------------------
+
+    def add_lora(self, name: str, path: str, parent: str | None = None) -> None:
+        """Serve the PEFT adapter folder `path` as `name`; LoraAdapterError when it cannot run here."""
+        self._loras().add(name, path, parent)
+
+    def remove_lora(self, name: str) -> None:
+        """Stop serving `name` (LoraNotFound if it is not served); requests running with it finish."""
+        self._loras().remove(name)
+
+    def lora_adapters(self) -> dict[str, str | None]:
+        """Served adapter name -> its declared base model name (None: the served model)."""
+        return {} if self.runner.loras is None else self.runner.loras.served()
+
+    def _loras(self) -> LoraManager:
+        if self.runner.loras is None:
+            raise LoraAdapterError("LoRA adapters are not enabled; start the server with --enable-lora")
+        return self.runner.loras
 
     def add(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            self.release(request)
         self._check_unique(request.request_id)
         self.requests[request.request_id] = request
         for seq in request.seqs:
@@ -125,9 +174,10 @@ class LLMEngine:
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """End a request now, freeing its blocks; returns its final output, or None if unknown."""
-        request = self.requests.pop(request_id, None)
+        request = self.requests.get(request_id)
         if request is None:
             return None
+        self._forget(request_id)
         deltas = []
         for seq in request.seqs:
             if not seq.is_finished:
@@ -268,7 +318,7 @@ class LLMEngine:
             output = self.requests[request_id].output(request_deltas)
             if output.finished:
                 output.metrics.finished_time = now
-                del self.requests[request_id]
+                self._forget(request_id)
             outputs.append(output)
         return outputs
 

@@ -2,7 +2,8 @@
 
 Every step has a token budget. Running sequences go first, oldest first: a decoding sequence
 costs one token, one still in its prompt costs the next chunk that fits. Waiting sequences are
-then admitted first-come-first-served while the budget, `max_num_seqs` and free blocks allow.
+then admitted first-come-first-served while the budget, `max_num_seqs` and free blocks allow, and,
+with LoRA, while the running sequences use no more than `max_loras` adapters.
 A running sequence whose last token is still on the device (async scheduling) costs nothing: it
 only waits for the host to read it. When a running sequence needs a block and none is free, the
 newest running sequence is preempted:
@@ -39,9 +40,17 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_loras: int | None = None,
+    ) -> None:
+        """max_loras: the most LoRA adapters running at once (the device's slots); None without LoRA."""
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
+        self.max_loras = max_loras
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -83,10 +92,16 @@ class Scheduler:
             seqs.append(seq)
             new_tokens.append(num_new)
             budget -= num_new
+        adapters = self.running_adapters() if self.max_loras is not None else set()
         while self.waiting and budget > 0 and not preempted and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            lora = seq.group.lora
+            if lora is not None and lora.lora_int_id not in adapters and len(adapters) >= self.max_loras:
+                break  # every adapter slot is taken by running sequences: wait for one to finish
             if not self._admit(seq, budget):
                 break
+            if lora is not None:
+                adapters.add(lora.lora_int_id)
             self.waiting.popleft()
             self.running.append(seq)
             seq.status = SequenceStatus.RUNNING
@@ -95,6 +110,10 @@ class Scheduler:
             batch.num_new_tokens.append(num_new)
             budget -= num_new
         return batch
+
+    def running_adapters(self) -> set[int]:
+        """The lora_int_ids of the running sequences' adapters."""
+        return {seq.group.lora.lora_int_id for seq in self.running if seq.group.lora is not None}
 
     def _admit(self, seq: Sequence, budget: int) -> bool:
         """Give a waiting sequence its blocks: forked from its leader's prompt, found in the prefix

@@ -46,8 +46,11 @@ from pagoda_runtime.executor.attention_metadata import AttentionMetadata
 from pagoda_runtime.executor.cpu_threads import configure_torch_threads
 from pagoda_runtime.executor.devices import Placement, dtype_name, resolve_dtype
 from pagoda_runtime.executor.kernels import get_attention_ops
+from pagoda_runtime.executor.kernels.lora_slots import lora_batch
 from pagoda_runtime.executor.kernels.reference import FP8_KV_DTYPE
+from pagoda_runtime.executor.lora_manager import LoraManager
 from pagoda_runtime.executor.models import build_model
+from pagoda_runtime.executor.models.lora_layers import attach_lora
 from pagoda_runtime.executor.quantization.memory import decode_weight_bytes, model_weight_bytes
 from pagoda_runtime.executor.sampler import DeviceSamples, Sampler, SamplerOutput, uses_history
 from pagoda_runtime.executor.staging import Staging
@@ -159,6 +162,12 @@ class ModelRunner:
         if self.device.type == "cuda":
             self.model.pack_for_gpu()
         self.model.eval()
+        # The adapters' device slots come before the KV cache, which gets what they leave.
+        self.loras: LoraManager | None = None
+        if engine_config.enable_lora:
+            slots = attach_lora(self.model, engine_config.max_loras, engine_config.max_lora_rank, self.dtype)
+            max_cpu_loras = engine_config.max_cpu_loras or engine_config.max_loras
+            self.loras = LoraManager(slots, model_config, engine_config.max_loras, max_cpu_loras)
         if self.kv_cache_dtype == FP8_KV_DTYPE:
             scales = kv_scales.calibrate(
                 self.model,
@@ -350,7 +359,15 @@ class ModelRunner:
         if step.replayable:
             return self._replay(step)
         self.last_graph_batch = None
-        hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
+        if step.lora_slots is None:
+            hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
+        else:
+            slots = self.loras.slots
+            slots.batch = lora_batch(step.lora_slots, slots.num_slots)
+            try:
+                hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
+            finally:
+                slots.batch = None
         if step.logits_rows.shape[0] == 0:
             return None, None
         return self.model.compute_logits(hidden[step.logits_rows]), None
@@ -374,8 +391,16 @@ class ModelRunner:
         rows = np.flatnonzero(ends == known + pending)
         num_tokens = int(news.sum())
         decode = num_tokens == n
+        seq_slots = self._lora_slots(seqs)
         graph = None
-        if decode and not every_logit and rows.shape[0] == n and n <= self._max_graph_size:
+        # The graphs are captured without adapters: a step with adapter tokens runs eagerly.
+        if (
+            seq_slots is None
+            and decode
+            and not every_logit
+            and rows.shape[0] == n
+            and n <= self._max_graph_size
+        ):
             graph = self._graph_sizes[bisect.bisect_left(self._graph_sizes, n)]
         size = graph or n  # sequences, padding included
         padded_tokens = num_tokens + size - n
@@ -424,6 +449,8 @@ class ModelRunner:
             "gather_to": gather_to,
             "gather_from": gather_from,
         }
+        if seq_slots is not None:
+            arrays["lora_slots"] = seq_slots[token_rows]
         if self.windowed:
             arrays["window_block_tables"], arrays["window_slot_mapping"] = _tables_and_slots(
                 window_tables, size, width, token_rows, real, bs, padded_tokens
@@ -453,12 +480,24 @@ class ModelRunner:
             meta,
             staged["logits_rows"],
             replayable=graph is not None,
+            lora_slots=staged.get("lora_slots"),
         )
         sampler_inputs = {
             k.removeprefix("sampler."): v for k, v in staged.items() if k.startswith("sampler.")
         }
         shape = StepShape.of(starts, news, rows.shape[0])
         return step, LaunchedStep(batch, shape, rows.tolist(), output_index, sampler_inputs=sampler_inputs)
+
+    def _lora_slots(self, seqs: list[Sequence]) -> np.ndarray | None:
+        """Each sequence's adapter slot (-1: the base model), its adapters put in slots first; None
+        when no sequence has an adapter."""
+        if self.loras is None:
+            return None
+        adapters = {seq.group.lora.lora_int_id for seq in seqs if seq.group.lora is not None}
+        if not adapters:
+            return None
+        self.loras.activate(adapters)
+        return np.array([self.loras.slot_of(seq.group.lora) for seq in seqs], dtype=np.int32)
 
     @staticmethod
     def _rows_in(in_flight: LaunchedStep | None, seqs: list[Sequence]) -> np.ndarray:
