@@ -17,6 +17,7 @@ from pagoda_runtime.contract.lora_modules import parse_lora_module
 from pagoda_runtime.contract.quantization_selection import cpu_vocab_dtype, select_quantization
 from pagoda_runtime.contract.sizing import check_tensor_parallel, weight_bytes
 from pagoda_runtime.engine.block_manager import BlockManager
+from pagoda_runtime.engine.lora_manager import LoraManager
 from pagoda_runtime.engine.memory_report import MemoryReport
 from pagoda_runtime.engine.scheduler import Scheduler
 from pagoda_runtime.engine.tokenizer import Tokenizer
@@ -44,6 +45,7 @@ class EngineParts:
     scheduler: Scheduler
     max_model_len: int  # the model's limit or --max-model-len, capped to what the KV cache holds
     memory: MemoryReport
+    loras: LoraManager | None  # with --enable-lora
 
 
 def build_engine(
@@ -97,10 +99,13 @@ def build_engine(
     limit = engine_config.max_model_len or arch.max_position_embeddings
     weights = LOAD_PROGRESS.track(loaded.weights, len(weight_shapes(loaded.config)), arch.num_hidden_layers)
     runner = ModelRunner(loaded.config, weights, engine_config, placement, limit, quantization, tp)
-    if runner.loras is not None:
+    loras = None
+    if runner.lora_slots is not None:
+        max_cpu_loras = engine_config.max_cpu_loras or engine_config.max_loras
+        loras = LoraManager(runner.lora_slots, loaded.config, engine_config.max_loras, max_cpu_loras)
         for word in engine_config.lora_modules:
             module = parse_lora_module(word)
-            runner.loras.add(module.name, module.path, module.base_model_name)
+            loras.add(module.name, module.path, module.base_model_name)
     # Where every layer slides, a sequence holds only its window: the context is not bounded by the
     # cache, as long as one window fits (make_block_manager checks it).
     capacity = runner.pools.full_blocks * engine_config.block_size if runner.pools.full_blocks else limit
@@ -148,6 +153,7 @@ def build_engine(
         ),
         max_model_len=max_model_len,
         memory=memory,
+        loras=loras,
     )
     if not tp.is_driver:
         return parts

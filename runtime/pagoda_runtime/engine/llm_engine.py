@@ -16,7 +16,9 @@ import time
 from pagoda_runtime.contract.config import EngineConfig
 from pagoda_runtime.engine.build import build_engine
 from pagoda_runtime.engine.grammar_mask import GrammarCompiler
+from pagoda_runtime.engine.lora_manager import LoraManager
 from pagoda_runtime.engine.outputs import CompletionOutput, RequestOutput
+from pagoda_runtime.engine.protocol import LoraAdapterError, LoraNotFound
 from pagoda_runtime.engine.request_state import Request, SampledToken
 from pagoda_runtime.engine.request_validation import RequestRejected, check_request
 from pagoda_runtime.engine.sampling_params import SamplingParams
@@ -24,10 +26,8 @@ from pagoda_runtime.engine.scheduler import ScheduledBatch
 from pagoda_runtime.engine.sequence import LoraRequest, Sequence
 from pagoda_runtime.engine.stats import EngineStats, StepClock, StepTiming
 from pagoda_runtime.engine.structured_outputs import StructuredOutputError
-from pagoda_runtime.executor.lora_manager import LoraManager, LoraNotFound
 from pagoda_runtime.executor.model_runner import LaunchedStep
 from pagoda_runtime.executor.sampler import SamplerOutput
-from pagoda_runtime.loading.lora_adapter import LoraAdapterError
 from pagoda_runtime.loading.model_source import LoadedModel
 from pagoda_runtime.parallel.tensor_parallel import SINGLE_PROCESS, TensorParallel
 
@@ -53,6 +53,7 @@ class LLMEngine:
         self.scheduler = parts.scheduler
         self.max_model_len = parts.max_model_len
         self.memory = parts.memory
+        self.loras = parts.loras
         self.requests: dict[str, Request] = {}
         self.grammars = GrammarCompiler(
             self.tokenizer, self.model_config.architecture.vocab_size, self.model_config.eos_token_ids
@@ -112,7 +113,7 @@ class LLMEngine:
         return request
 
     def _acquire_lora(self, name: str) -> LoraRequest:
-        loras = self.runner.loras
+        loras = self.loras
         if loras is None:
             raise RequestRejected(
                 f"The model {name!r} names a LoRA adapter, but this server runs without --enable-lora.",
@@ -130,7 +131,7 @@ class LLMEngine:
     def release(self, request: Request) -> None:
         """Let go of the adapter of a request made (make_request) that ended or will never run."""
         if request.group.lora is not None:
-            self.runner.loras.release(request.group.lora)
+            self.loras.release(request.group.lora)
 
     # ---- LoRA adapters -----------------------------------------------------------------------
 
@@ -144,12 +145,12 @@ class LLMEngine:
 
     def lora_adapters(self) -> dict[str, str | None]:
         """Served adapter name -> its declared base model name (None: the served model)."""
-        return {} if self.runner.loras is None else self.runner.loras.served()
+        return {} if self.loras is None else self.loras.served()
 
     def _loras(self) -> LoraManager:
-        if self.runner.loras is None:
+        if self.loras is None:
             raise LoraAdapterError("LoRA adapters are not enabled; start the server with --enable-lora")
-        return self.runner.loras
+        return self.loras
 
     def add(self, request: Request) -> None:
         if request.request_id in self.requests:
@@ -275,6 +276,8 @@ class LLMEngine:
             metrics = self.requests[seq.group.request_id].metrics
             if metrics.first_scheduled_time is None:
                 metrics.first_scheduled_time = now
+        if self.loras is not None:
+            batch.lora_slots = self.loras.slots_for(batch.seqs)
         launched = self.runner.launch(batch, in_flight)
         self.scheduler.update(batch)
         return launched

@@ -17,7 +17,27 @@ from pagoda_runtime.engine.request_validation import RequestRejected
 from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.engine.stats import EngineStats
 
-__all__ = ["ChatTokenizer", "EngineStats", "RequestFailed", "RequestRejected", "ServingEngine"]
+__all__ = [
+    "ChatTokenizer",
+    "EngineStats",
+    "LoraAdapterError",
+    "LoraNotFound",
+    "RequestFailed",
+    "RequestRejected",
+    "ServingEngine",
+]
+
+
+class LoraAdapterError(ValueError):
+    """A LoRA adapter that cannot be served here (its folder, its fit to the model, its name taken);
+    the message says why and what to do. The server answers 400."""
+
+
+class LoraNotFound(KeyError):
+    """No served LoRA adapter has this name; the server answers 404."""
+
+    def __str__(self) -> str:
+        return f"The LoRA adapter '{self.args[0]}' is not loaded."
 
 
 class RequestFailed(RuntimeError):

@@ -25,6 +25,9 @@ from pagoda_runtime.engine.sequence import Sequence, SequenceStatus
 class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)  # per sequence, tokens computed this step
+    # Per sequence, its LoRA adapter's device slot (-1: the base model), set by the engine once the
+    # adapters are in slots; None when no sequence has an adapter.
+    lora_slots: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.seqs)

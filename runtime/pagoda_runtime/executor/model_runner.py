@@ -48,9 +48,8 @@ from pagoda_runtime.executor.devices import Placement, dtype_name, resolve_dtype
 from pagoda_runtime.executor.kernels import get_attention_ops
 from pagoda_runtime.executor.kernels.lora_slots import lora_batch
 from pagoda_runtime.executor.kernels.reference import FP8_KV_DTYPE
-from pagoda_runtime.executor.lora_manager import LoraManager
 from pagoda_runtime.executor.models import build_model
-from pagoda_runtime.executor.models.lora_layers import attach_lora
+from pagoda_runtime.executor.models.lora_layers import LoraSlots, attach_lora
 from pagoda_runtime.executor.quantization.memory import decode_weight_bytes, model_weight_bytes
 from pagoda_runtime.executor.sampler import DeviceSamples, Sampler, SamplerOutput, uses_history
 from pagoda_runtime.executor.staging import Staging
@@ -162,12 +161,13 @@ class ModelRunner:
         if self.device.type == "cuda":
             self.model.pack_for_gpu()
         self.model.eval()
-        # The adapters' device slots come before the KV cache, which gets what they leave.
-        self.loras: LoraManager | None = None
+        # The LoRA adapters' device slots (filled by engine/lora_manager.py) come before the KV
+        # cache, which gets what they leave.
+        self.lora_slots: LoraSlots | None = None
         if engine_config.enable_lora:
-            slots = attach_lora(self.model, engine_config.max_loras, engine_config.max_lora_rank, self.dtype)
-            max_cpu_loras = engine_config.max_cpu_loras or engine_config.max_loras
-            self.loras = LoraManager(slots, model_config, engine_config.max_loras, max_cpu_loras)
+            self.lora_slots = attach_lora(
+                self.model, engine_config.max_loras, engine_config.max_lora_rank, self.dtype
+            )
         if self.kv_cache_dtype == FP8_KV_DTYPE:
             scales = kv_scales.calibrate(
                 self.model,
@@ -362,7 +362,7 @@ class ModelRunner:
         if step.lora_slots is None:
             hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
         else:
-            slots = self.loras.slots
+            slots = self.lora_slots
             slots.batch = lora_batch(step.lora_slots, slots.num_slots)
             try:
                 hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
@@ -391,7 +391,7 @@ class ModelRunner:
         rows = np.flatnonzero(ends == known + pending)
         num_tokens = int(news.sum())
         decode = num_tokens == n
-        seq_slots = self._lora_slots(seqs)
+        seq_slots = None if batch.lora_slots is None else np.array(batch.lora_slots, dtype=np.int32)
         graph = None
         # The graphs are captured without adapters: a step with adapter tokens runs eagerly.
         if (
@@ -487,17 +487,6 @@ class ModelRunner:
         }
         shape = StepShape.of(starts, news, rows.shape[0])
         return step, LaunchedStep(batch, shape, rows.tolist(), output_index, sampler_inputs=sampler_inputs)
-
-    def _lora_slots(self, seqs: list[Sequence]) -> np.ndarray | None:
-        """Each sequence's adapter slot (-1: the base model), its adapters put in slots first; None
-        when no sequence has an adapter."""
-        if self.loras is None:
-            return None
-        adapters = {seq.group.lora.lora_int_id for seq in seqs if seq.group.lora is not None}
-        if not adapters:
-            return None
-        self.loras.activate(adapters)
-        return np.array([self.loras.slot_of(seq.group.lora) for seq in seqs], dtype=np.int32)
 
     @staticmethod
     def _rows_in(in_flight: LaunchedStep | None, seqs: list[Sequence]) -> np.ndarray:

@@ -24,6 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from pagoda_runtime.contract.config import ModelConfig
+from pagoda_runtime.engine.protocol import LoraAdapterError
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -32,10 +33,6 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 _KEY = re.compile(
     r"^base_model\.model\.(?:model\.)?layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight$"
 )
-
-
-class LoraAdapterError(ValueError):
-    """An adapter that cannot run on this model; the message says why and what to do."""
 
 
 @dataclass(frozen=True)

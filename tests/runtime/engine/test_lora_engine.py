@@ -6,8 +6,8 @@ adapters that cannot run on the model refused with a sentence saying why."""
 
 import pytest
 from pagoda_runtime import LLM, SamplingParams
+from pagoda_runtime.engine.protocol import LoraAdapterError
 from pagoda_runtime.engine.request_validation import RequestRejected
-from pagoda_runtime.loading.lora_adapter import LoraAdapterError
 
 from tests.runtime.engine.hf_reference import hf_greedy
 from tests.runtime.tiny_lora import build_tiny_adapter, merged_reference
@@ -91,7 +91,7 @@ def test_each_adapter_alone_and_mixed_matches_merged_transformers(family):
 def test_fewer_slots_than_adapters_swaps_least_recently_used(family):
     base, adapters, models = family
     llm = _llm(base, adapters, max_loras=1, max_cpu_loras=2)
-    loras = llm.engine.runner.loras
+    loras = llm.engine.loras
     names = list(adapters)
     outputs = llm.generate([PROMPTS[0]] * 3, GREEDY, lora_name=names)
     assert [o.outputs[0].token_ids for o in outputs] == [_expected(models, llm, n, PROMPTS[0]) for n in names]
@@ -106,7 +106,7 @@ def test_fewer_slots_than_adapters_swaps_least_recently_used(family):
 def test_least_recently_used_slot_is_swapped_out(family):
     base, adapters, _ = family
     llm = _llm(base, adapters, max_loras=2)
-    loras = llm.engine.runner.loras
+    loras = llm.engine.loras
     a, b, c = adapters
     for name in (a, b, a, c):
         llm.generate(PROMPTS[0], SamplingParams(max_tokens=1), lora_name=name)

@@ -17,7 +17,7 @@ experts layer's MLP takes no adapter (only its attention does).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -26,7 +26,6 @@ from pagoda_runtime.executor.kernels.lora import add_lora
 from pagoda_runtime.executor.kernels.lora_slots import LoraBatch
 from pagoda_runtime.executor.kernels.lora_weights import stack_lora_weights
 from pagoda_runtime.executor.models.layers import Attention, GatedMLP
-from pagoda_runtime.loading.lora_adapter import LoraAdapter, LoraAdapterError
 
 # The fused projection's attribute -> the Hugging Face modules of its output parts, in order.
 _PARTS = {
@@ -50,16 +49,20 @@ class LoraSlots:
         self.projections: list[LoraProjection] = []
         self.model: nn.Module | None = None
 
-    def slot_weights(self, adapter: LoraAdapter) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The adapter as this rank's tensors of one slot, one (A [parts, R, in], B [out, R]) per
-        projection in `projections` order, in host memory (pinned where a GPU copies from it)."""
+    def slot_weights(
+        self, name: str, adapter: Mapping[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """An adapter's (layer, Hugging Face module) -> (A [r, in], B [out, r]) as this rank's tensors
+        of one slot, one (A [parts, R, in], B [out, R]) per projection in `projections` order, in
+        host memory (pinned where a GPU copies from it). ValueError for a module the model cannot
+        take an adapter on."""
         model = self.model
         layers_with_mlp = {p.layer for p in self.projections if p.attribute in ("gate_up_proj", "down_proj")}
-        for layer, module in adapter.weights:
+        for layer, module in adapter:
             if module in ("gate_proj", "up_proj", "down_proj") and layer not in layers_with_mlp:
-                raise LoraAdapterError(
-                    f"LoRA adapter {adapter.name!r} trains layer {layer}'s {module}, but that layer's MLP is "
-                    "a mixture of experts, which takes no adapter; train the adapter on attention only"
+                raise ValueError(
+                    f"LoRA adapter {name!r} trains layer {layer}'s {module}, but that layer's MLP is a "
+                    "mixture of experts, which takes no adapter; train the adapter on attention only"
                 )
         fused = model._fused_parts()
         tp = model.tp
@@ -69,7 +72,7 @@ class LoraSlots:
         for proj in self.projections:
             parts = []
             for module in _PARTS[proj.attribute]:
-                weights = adapter.weights.get((proj.layer, module))
+                weights = adapter.get((proj.layer, module))
                 if weights is None:
                     parts.append(None)
                     continue

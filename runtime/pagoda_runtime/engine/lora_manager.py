@@ -24,16 +24,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from pagoda_runtime.contract.config import ModelConfig
-from pagoda_runtime.engine.sequence import LoraRequest
+from pagoda_runtime.engine.protocol import LoraAdapterError, LoraNotFound
+from pagoda_runtime.engine.sequence import LoraRequest, Sequence
 from pagoda_runtime.executor.models.lora_layers import LoraSlots
-from pagoda_runtime.loading.lora_adapter import LoraAdapter, LoraAdapterError, load_lora_adapter
-
-
-class LoraNotFound(KeyError):
-    """No served adapter has this name."""
-
-    def __str__(self) -> str:
-        return f"The LoRA adapter '{self.args[0]}' is not loaded."
+from pagoda_runtime.loading.lora_adapter import LoraAdapter, load_lora_adapter
 
 
 @dataclass
@@ -82,11 +76,10 @@ class LoraManager:
         here or the name is taken."""
         with self._lock:
             self._check_free(name)
-        adapter = self._read(name, path, self.model_config, self.slots.max_rank)
-        weights = self.slots.slot_weights(adapter)
+        weights, scaling = self._read_slot_weights(name, path)
         with self._lock:
             self._check_free(name)
-            entry = _Adapter(LoraRequest(name, next(self._ids)), path, parent, adapter.scaling)
+            entry = _Adapter(LoraRequest(name, next(self._ids)), path, parent, scaling)
             self._served[name] = self._held[entry.lora.lora_int_id] = entry
             self.num_reads += 1
             self._keep_in_host(entry.lora.lora_int_id, weights)
@@ -141,8 +134,7 @@ class LoraManager:
                 weights = self._host.get(lora_id)
             read = weights is None
             if read:
-                adapter = self._read(entry.lora.lora_name, entry.path, self.model_config, self.slots.max_rank)
-                weights = self.slots.slot_weights(adapter)
+                weights, _ = self._read_slot_weights(entry.lora.lora_name, entry.path)
             with self._lock:
                 self.num_reads += read
                 self._keep_in_host(lora_id, weights)
@@ -153,9 +145,14 @@ class LoraManager:
                 self._device[lora_id] = slot
                 self.num_swaps += 1
 
-    def slot_of(self, lora: LoraRequest | None) -> int:
-        """The device slot of an activated adapter; -1 for the base model."""
-        return -1 if lora is None else self._device[lora.lora_int_id]
+    def slots_for(self, seqs: list[Sequence]) -> list[int] | None:
+        """Each sequence's adapter slot (-1: the base model), its adapters put in device slots first;
+        None when no sequence has an adapter."""
+        adapters = {seq.group.lora.lora_int_id for seq in seqs if seq.group.lora is not None}
+        if not adapters:
+            return None
+        self.activate(adapters)
+        return [-1 if seq.group.lora is None else self._device[seq.group.lora.lora_int_id] for seq in seqs]
 
     @property
     def resident(self) -> list[str]:
@@ -163,7 +160,14 @@ class LoraManager:
         with self._lock:
             return [self._held[i].lora.lora_name for i in self._device]
 
-    # ---- internals (under the lock) ----------------------------------------------------------
+    # ---- internals (under the lock, but for reading) -------------------------------------------
+
+    def _read_slot_weights(self, name: str, path: str) -> tuple[list, float]:
+        adapter = self._read(name, path, self.model_config, self.slots.max_rank)
+        try:
+            return self.slots.slot_weights(name, adapter.weights), adapter.scaling
+        except ValueError as exc:
+            raise LoraAdapterError(str(exc)) from exc
 
     def _check_free(self, name: str) -> None:
         if name in self._served:
