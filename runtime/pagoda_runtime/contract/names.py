@@ -44,6 +44,10 @@ TIME_TO_FIRST_TOKEN = "pagoda_time_to_first_token_seconds"
 INTER_TOKEN_LATENCY = "pagoda_inter_token_latency_seconds"
 E2E_REQUEST_LATENCY = "pagoda_e2e_request_latency_seconds"
 REQUEST_QUEUE_TIME = "pagoda_request_queue_time_seconds"
+# With --enable-lora: vLLM's lora_requests_info (its labels below, the value the scrape's time),
+# which gateways with LoRA affinity read, and finished requests per adapter.
+LORA_REQUESTS_INFO = "pagoda_lora_requests_info"
+LORA_REQUESTS = "pagoda_lora_requests"
 METRICS = (
     REQUESTS_WAITING,
     REQUESTS_RUNNING,
@@ -60,9 +64,16 @@ METRICS = (
     INTER_TOKEN_LATENCY,
     E2E_REQUEST_LATENCY,
     REQUEST_QUEUE_TIME,
+    LORA_REQUESTS_INFO,
+    LORA_REQUESTS,
 )
 
 # Label keys of those metrics, which dashboards group by.
 MODEL_NAME_LABEL = "model_name"  # the first --served-model-name
 FINISH_REASON_LABEL = "finish_reason"  # of REQUESTS_FINISHED: stop, length, abort
 REJECT_REASON_LABEL = "reason"  # of REQUESTS_REJECTED: draining, not_ready, queue_full
+LORA_NAME_LABEL = "lora_name"  # of LORA_REQUESTS
+# Of LORA_REQUESTS_INFO, as vLLM names them: adapter names comma-separated, and --max-loras.
+MAX_LORA_LABEL = "max_lora"
+RUNNING_LORA_ADAPTERS_LABEL = "running_lora_adapters"
+WAITING_LORA_ADAPTERS_LABEL = "waiting_lora_adapters"

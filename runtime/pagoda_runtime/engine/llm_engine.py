@@ -207,6 +207,10 @@ class LLMEngine:
         requests = [r for r in list(self.requests.values()) if not r.internal]
         running_ids = {seq.group.request_id for seq in list(self.scheduler.running)}
         num_running = sum(1 for r in requests if r.request_id in running_ids)
+        adapters: dict[bool, set[str]] = {True: set(), False: set()}
+        for r in requests:
+            if r.group.lora is not None:
+                adapters[r.request_id in running_ids].add(r.group.lora.lora_name)
         return EngineStats(
             num_waiting=len(requests) - num_running,
             num_running=num_running,
@@ -215,6 +219,9 @@ class LLMEngine:
             prefix_cache_hits=self.block_manager.prefix_hits,
             num_preemptions=self.scheduler.num_preemptions,
             num_failed_steps=self.num_failed_steps,
+            running_lora_adapters=tuple(sorted(adapters[True])),
+            waiting_lora_adapters=tuple(sorted(adapters[False])),
+            max_lora=0 if self.loras is None else self.loras.max_loras,
         )
 
     # ---- one step ----------------------------------------------------------------------------

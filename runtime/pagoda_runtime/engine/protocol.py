@@ -92,10 +92,27 @@ class ServingEngine(Protocol):
     async def shutdown(self) -> None: ...
 
     def generate(
-        self, prompt: str | list[int], params: SamplingParams, request_id: str, internal: bool = False
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str,
+        internal: bool = False,
+        lora_name: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Cumulative outputs of one request until it finishes; `internal` ones (the readiness
-        canary) are left out of stats()."""
+        canary) are left out of stats(). `lora_name`: a served LoRA adapter to run with."""
+        ...
+
+    def lora_adapters(self) -> dict[str, str | None]:
+        """Served LoRA adapter name -> the base model name it declared (None: the served model)."""
+        ...
+
+    async def add_lora(self, name: str, path: str) -> None:
+        """Serve a PEFT adapter folder as `name`; LoraAdapterError when it cannot be served."""
+        ...
+
+    async def remove_lora(self, name: str) -> None:
+        """Stop serving `name` (LoraNotFound if it is not served); its running requests finish."""
         ...
 
     async def abort(self, request_id: str) -> None: ...

@@ -18,6 +18,11 @@ class EngineStats:
     prefix_cache_hits: int  # cumulative, in prompt tokens
     num_preemptions: int  # cumulative
     num_failed_steps: int = 0  # cumulative: steps that raised, failing only their own requests
+    # LoRA, as vLLM's lora_requests_info reports it: the adapters of the running and of the waiting
+    # requests, and --max-loras (0: LoRA is off).
+    running_lora_adapters: tuple[str, ...] = ()
+    waiting_lora_adapters: tuple[str, ...] = ()
+    max_lora: int = 0
 
 
 @dataclass(frozen=True)

@@ -78,17 +78,19 @@ async def generate(
     params: SamplingParams,
     request_id: str,
     fields: Mapping[str, str] | None = None,
+    lora_name: str | None = None,
 ) -> AsyncIterator[RequestOutput]:
     """The engine's outputs for one request, observed for metrics; aborted if left unfinished.
 
     A request the engine rejects becomes a 400 naming the field at fault; `fields` renames the
     engine's field names ("prompt", "max_tokens") to the ones this endpoint's request used.
+    `lora_name`: the LoRA adapter the request's model names, None for the base model.
     """
     finished = refused = failed = False
     last_token_at = None
     generated = 0
     try:
-        async for out in engine.generate(prompt_ids, params, request_id):
+        async for out in engine.generate(prompt_ids, params, request_id, lora_name=lora_name):
             now = time.monotonic()
             per_sample = [len(d.token_ids) for d in out.delta or ()]
             generated += sum(per_sample)
@@ -100,12 +102,14 @@ async def generate(
                 last_token_at = now
             if out.finished:
                 finished = True
-                state.metrics.finished(out)
+                state.metrics.finished(out, lora_name)
             yield out
     except RequestRejected as exc:
         refused = True
         param = (fields or {}).get(exc.param, exc.param)
-        raise APIError(400, exc.message, param=param, code=exc.code) from exc
+        # An adapter unloaded between the request's arrival and the engine: as unknown as any model.
+        status = 404 if exc.code == "model_not_found" else 400
+        raise APIError(status, exc.message, param=param, code=exc.code) from exc
     except RequestFailed as exc:
         failed = True
         state.metrics.ended(generated, len(prompt_ids), "error")
