@@ -100,7 +100,9 @@ class LoraSlots:
         """Copy an adapter's slot tensors (slot_weights) into device slot `slot`. Ordered on the
         device after every step launched before, so a step still running keeps what it read."""
         for proj, (lora_a, lora_b) in zip(self.projections, weights, strict=True):
-            proj.lora_a[:, slot].copy_(lora_a, non_blocking=True)
+            # Part by part: each is one contiguous block of the slot layout, a single copy.
+            for part in range(lora_a.shape[0]):
+                proj.lora_a[part, slot].copy_(lora_a[part], non_blocking=True)
             proj.lora_b[slot].copy_(lora_b, non_blocking=True)
         self.scaling[slot] = scaling
 
