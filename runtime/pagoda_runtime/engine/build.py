@@ -57,6 +57,7 @@ def build_engine(
     """`loaded`: a model already in memory instead of `engine_config.model`; `tp`: this process's
     rank of engine_config.tensor_parallel_size. Every rank builds the same parts (its slice of the
     model, its KV heads' cache); only rank 0 samples."""
+    _check_lora_settings(engine_config)
     if engine_config.max_num_batched_tokens < 1 or engine_config.max_num_seqs < 1:
         raise ValueError("--max-num-batched-tokens and --max-num-seqs must both be at least 1")
     if tp.size != engine_config.tensor_parallel_size:
@@ -64,7 +65,6 @@ def build_engine(
             f"this process is a rank of a tensor-parallel group of {tp.size}, but the engine is "
             f"configured for {engine_config.tensor_parallel_size}; start one process per rank"
         )
-    _check_lora_settings(engine_config)
     placement = resolve_placement(engine_config.device, engine_config.dtype)
     if loaded is None and engine_config.load_format == "dummy":
         LOAD_PROGRESS.phase(f"drawing random weights of the {engine_config.model} shape")

@@ -5,9 +5,15 @@ than adapters, least recently used first; an adapter unloaded while a request ru
 adapters that cannot run on the model refused with a sentence saying why."""
 
 import pytest
+import torch
 from pagoda_runtime import LLM, SamplingParams
+from pagoda_runtime.contract.config import EngineConfig
+from pagoda_runtime.engine.build import build_engine
 from pagoda_runtime.engine.protocol import LoraAdapterError
 from pagoda_runtime.engine.request_validation import RequestRejected
+from pagoda_runtime.engine.sequence import Sequence, SequenceGroup
+from pagoda_runtime.executor.kernels.lora_slots import lora_batch
+from pagoda_runtime.loading.lora_adapter import load_lora_adapter
 
 from tests.runtime.engine.hf_reference import hf_greedy
 from tests.runtime.tiny_lora import build_tiny_adapter, merged_reference
@@ -190,3 +196,70 @@ def test_lora_modules_at_start_up(family):
         )
     with pytest.raises(ValueError, match="--lora-modules needs --enable-lora"):
         LLM(model=str(base), **_engine_kwargs(lora_modules=(f"{name}={folder}",)))
+
+
+def test_prefix_cache_is_keyed_by_adapter(family):
+    base, adapters, expected = family
+    llm = _llm(base, adapters, max_loras=3)
+    block_manager = llm.engine.block_manager
+    prompt = PROMPTS[1]  # several full blocks of 4 tokens
+    names = [None, "full8", "full8", "rs16", None]
+    hits = []
+    for name in names:
+        before = block_manager.prefix_hits
+        output = llm.generate(prompt, GREEDY, lora_name=name)[0]
+        hits.append(block_manager.prefix_hits - before)
+        assert output.outputs[0].token_ids == _expected(expected, llm, name, prompt), name
+    # Only a request with the same adapter as an earlier one (or the base model again) reuses blocks.
+    assert hits[0] == hits[1] == hits[3] == 0 and hits[2] > 0 and hits[4] > 0
+
+
+def test_quantized_base_takes_the_delta_on_its_output(family):
+    base, adapters, _ = family
+    llm = _llm(base, {"full8": adapters["full8"]}, quantization="int8")
+    engine = llm.engine
+    attn = engine.runner.model.layers[0].self_attn
+    assert type(attn.qkv_proj).__name__ == "QuantizedLinear"
+    lora = engine.loras.acquire("full8")
+    slot = engine.loras.slots_for([_seq_with(lora)])[0]
+    adapter = load_lora_adapter("full8", adapters["full8"], engine.model_config, 16)
+    a, b = adapter.weights[(0, "q_proj")]
+    x = torch.randn(3, attn.qkv_proj.in_features)
+    slots = engine.runner.lora_slots
+    base_out = attn.qkv_proj(x)
+    slots.batch = lora_batch(torch.tensor([slot, -1, slot], dtype=torch.int32), slots.num_slots)
+    try:
+        out = attn.qkv_lora(base_out.clone(), x)
+    finally:
+        slots.batch = None
+    delta = adapter.scaling * (x @ a.t() @ b.t())
+    torch.testing.assert_close(out[[0, 2], : attn.q_size], base_out[[0, 2], : attn.q_size] + delta[[0, 2]])
+    torch.testing.assert_close(out[1], base_out[1])  # the base model's token is left alone
+
+
+def _seq_with(lora):
+    group = SequenceGroup("q", [1], SamplingParams(), 0.0, lora=lora)
+    return Sequence(group, 0)
+
+
+def test_tensor_parallel_lora_is_refused_up_front(family):
+    base, _, _ = family
+    with pytest.raises(ValueError, match="--enable-lora does not run with --tensor-parallel-size"):
+        build_engine(EngineConfig(model=str(base), enable_lora=True, tensor_parallel_size=2))
+
+
+@pytest.mark.gpu
+def test_adapters_on_the_gpu_match_merged_transformers(family):
+    """The Triton shrink and expand kernels in the model, float32 on CUDA, mixed with the base."""
+    base, adapters, expected = family
+    llm = LLM(
+        model=str(base), dtype="float32", device="cuda", enable_lora=True, max_loras=3, max_lora_rank=16
+    )
+    for name, folder in adapters.items():
+        llm.add_lora(name, str(folder))
+    names = [None, *adapters]
+    outputs = llm.generate(
+        [p for _ in names for p in PROMPTS], GREEDY, lora_name=[n for n in names for _ in PROMPTS]
+    )
+    tokens = [o.outputs[0].token_ids for o in outputs]
+    assert tokens == [_expected(expected, llm, n, p) for n in names for p in PROMPTS]
