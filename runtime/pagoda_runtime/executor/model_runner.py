@@ -9,7 +9,9 @@ device, so the host never waits between two launches.
 On CUDA, decode-only steps replay CUDA graphs captured once per batch-size bucket (1, 2, 4, 8, then
 every 8 up to 128 and every 16 beyond, up to max_num_seqs): the forward, the LM head and the
 greedy argmax. The batch is padded to its bucket, padding tokens write to no slot (slot -1), and
-the attention metadata lives in static buffers that each replay refills.
+the attention metadata lives in static buffers that each replay refills. With LoRA the graphs
+also take each token's adapter slot from a static buffer, so a decode step of any adapters
+replays them.
 
 A model with sliding-window layers shorter than the context keeps their KV in a pool of its own
 (sizing.kv_pools; the block manager frees the blocks behind each window), so a step carries a
@@ -393,14 +395,7 @@ class ModelRunner:
         decode = num_tokens == n
         seq_slots = None if batch.lora_slots is None else np.array(batch.lora_slots, dtype=np.int32)
         graph = None
-        # The graphs are captured without adapters: a step with adapter tokens runs eagerly.
-        if (
-            seq_slots is None
-            and decode
-            and not every_logit
-            and rows.shape[0] == n
-            and n <= self._max_graph_size
-        ):
+        if decode and not every_logit and rows.shape[0] == n and n <= self._max_graph_size:
             graph = self._graph_sizes[bisect.bisect_left(self._graph_sizes, n)]
         size = graph or n  # sequences, padding included
         padded_tokens = num_tokens + size - n
@@ -450,7 +445,8 @@ class ModelRunner:
             "gather_from": gather_from,
         }
         if seq_slots is not None:
-            arrays["lora_slots"] = seq_slots[token_rows]
+            arrays["lora_slots"] = np.full(padded_tokens, -1, dtype=np.int32)
+            arrays["lora_slots"][:num_tokens] = seq_slots[token_rows]
         if self.windowed:
             arrays["window_block_tables"], arrays["window_slot_mapping"] = _tables_and_slots(
                 window_tables, size, width, token_rows, real, bs, padded_tokens
@@ -527,6 +523,11 @@ class ModelRunner:
         if self.windowed:
             self._static["window_slot_mapping"] = torch.full((largest,), -1, dtype=torch.int64, device=device)
             self._static["window_block_tables"] = torch.zeros_like(self._static["block_tables"])
+        lora = self.lora_slots
+        if lora is not None:
+            # Each token's adapter slot, -1 for the base model's and the padding: the graphs take
+            # the adapters' deltas whatever the batch's adapters (kernels/triton_lora.py).
+            self._static["lora_slots"] = torch.full((largest,), -1, dtype=torch.int32, device=device)
         logits = torch.empty(largest, self.config.architecture.vocab_size, dtype=torch.float32, device=device)
         greedy = torch.empty(largest, dtype=torch.int64, device=device)
         # Largest first, so that the smaller graphs fit in the memory pool the largest reserved.
@@ -535,7 +536,13 @@ class ModelRunner:
             args = (self._static["input_ids"][:size], self._static["positions"][:size], self.kv_caches, meta)
 
             def forward(args=args, size=size) -> None:
-                hidden = self.model(*args)
+                if lora is not None:
+                    lora.batch = lora_batch(self._static["lora_slots"][:size], lora.num_slots)
+                try:
+                    hidden = self.model(*args)
+                finally:
+                    if lora is not None:
+                        lora.batch = None
                 torch.argmax(self.model.compute_logits(hidden, out=logits[:size]), dim=-1, out=greedy[:size])
 
             forward()  # warm-up: Triton compiles outside the capture
@@ -584,6 +591,11 @@ class ModelRunner:
             s["window_slot_mapping"][:size].copy_(meta.window_slot_mapping)
             width = meta.window_block_tables.shape[1]
             s["window_block_tables"][:size, :width].copy_(meta.window_block_tables)
+        if "lora_slots" in s:
+            if step.lora_slots is None:
+                s["lora_slots"][:size].fill_(-1)
+            else:
+                s["lora_slots"][:size].copy_(step.lora_slots)
         graph = self._graphs[size]
         graph.graph.replay()
         rows = step.logits_rows.shape[0]
