@@ -250,10 +250,18 @@ def test_tensor_parallel_lora_is_refused_up_front(family):
 
 @pytest.mark.gpu
 def test_adapters_on_the_gpu_match_merged_transformers(family):
-    """The Triton shrink and expand kernels in the model, float32 on CUDA, mixed with the base."""
+    """The Triton shrink and expand kernels in the model, float32 on CUDA, mixed with the base; the
+    decode steps replay the CUDA graphs (8 sequences: one bucket)."""
     base, adapters, expected = family
     llm = LLM(
-        model=str(base), dtype="float32", device="cuda", enable_lora=True, max_loras=3, max_lora_rank=16
+        model=str(base),
+        dtype="float32",
+        device="cuda",
+        max_num_seqs=8,
+        kv_cache_memory=2**26,
+        enable_lora=True,
+        max_loras=3,
+        max_lora_rank=16,
     )
     for name, folder in adapters.items():
         llm.add_lora(name, str(folder))
@@ -263,3 +271,4 @@ def test_adapters_on_the_gpu_match_merged_transformers(family):
     )
     tokens = [o.outputs[0].token_ids for o in outputs]
     assert tokens == [_expected(expected, llm, n, p) for n in names for p in PROMPTS]
+    assert llm.engine.runner.last_graph_batch == 8
