@@ -40,6 +40,7 @@ def _exported() -> set[str]:
         prefix_cache_hits=3,
         num_preemptions=0,
         spec_decode=SpecDecodeCounts(1, 3, 2, (1, 1, 0)),
+        max_lora=2,  # LoRA's families are exported with --enable-lora only
     )
     registry = ServerMetrics("m", lambda: stats).registry
     return {family.name for family in registry.collect() if family.name.startswith(("pagoda_", "vllm:"))}

@@ -10,6 +10,7 @@ import pytest
 from pagoda_runtime.cli import engine_config, parser, server_settings
 from pagoda_runtime.contract.config import EngineConfig
 from pagoda_runtime.contract.flags import add_flags, from_args, to_args
+from pagoda_runtime.contract.lora_modules import LoraModule, parse_lora_module
 from pagoda_runtime.contract.serve_settings import DistributedSettings, ServerSettings
 
 from benchmarks import step_profile
@@ -26,7 +27,8 @@ SERVE_OPTIONS = {
     "--canary-interval", "--tool-call-parser", "--chat-template", "--allowed-origins",
     "--allowed-methods", "--allowed-headers", "--allow-credentials", "--metrics-compat",
     "--termination-log", "--log-format", "--log-level", "--pipeline-parallel-size", "-pp",
-    "--distributed-port", "--distributed-timeout",
+    "--distributed-port", "--distributed-timeout", "--enable-lora", "--lora-modules", "--max-loras",
+    "--max-lora-rank", "--max-cpu-loras",
 }  # fmt: skip
 
 
@@ -93,6 +95,11 @@ def test_settings_written_as_arguments_read_back_the_same():
         enforce_eager=True,
         async_scheduling=False,
         tensor_parallel_size=2,
+        enable_lora=True,
+        lora_modules=("a=/adapters/a", '{"name": "b", "path": "/adapters/b"}'),
+        max_loras=4,
+        max_lora_rank=64,
+        max_cpu_loras=8,
     )
     server = ServerSettings(
         served_model_names=("main", "alias"),
@@ -130,3 +137,23 @@ def test_a_parser_may_take_a_few_flags_with_its_own_defaults():
     add_flags(p, EngineConfig, ("quantization", "max_num_seqs"), quantization="none")
     assert {a.dest for a in p._actions} == {"help", "quantization", "max_num_seqs"}
     assert from_args(EngineConfig, p.parse_args([])) == EngineConfig(quantization="none")
+
+
+@pytest.mark.parametrize(
+    ("word", "message"),
+    [
+        ("no-equals-sign", "has no '='"),
+        ("=/path", "empty name or path"),
+        ('{"name": "a"', "not valid JSON"),
+        ('{"name": "a", "path": "/p", "rank": 8}', "needs string fields name and path only"),
+    ],
+)
+def test_a_bad_lora_module_is_refused_with_its_form(word, message):
+    with pytest.raises(ValueError, match=message):
+        parse_lora_module(word)
+
+
+def test_lora_modules_take_vllm_forms():
+    assert parse_lora_module("a=/adapters/a") == LoraModule("a", "/adapters/a")
+    word = '{"name": "b", "path": "/adapters/b", "base_model_name": "llama"}'
+    assert parse_lora_module(word) == LoraModule("b", "/adapters/b", "llama")

@@ -159,7 +159,9 @@ def _llama_cpp_q4_k_m_linear_bytes(arch):
     wider = [i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2 for i in range(n)]
     names = ["q", "k", "v", "o", "gate", "up", "down"]
     return sum(
-        GGUF_BLOCK_FORMATS["Q6_K" if name in ("v", "down") and wider[layer] else "Q4_K"].linear_bytes(out, inp)
+        GGUF_BLOCK_FORMATS["Q6_K" if name in ("v", "down") and wider[layer] else "Q4_K"].linear_bytes(
+            out, inp
+        )
         for layer in range(n)
         for name, (out, inp, _) in zip(names, arch.linear_shapes(), strict=True)
     )

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 from pagoda_runtime.contract.bundled import BUNDLED_MODEL_NAME
 from pagoda_runtime.contract.flags import setting
+from pagoda_runtime.contract.lora_modules import checked_lora_module
 from pagoda_runtime.contract.names import LWS_GROUP_SIZE, LWS_VARIABLES
 from pagoda_runtime.contract.sizing import ModelArchitecture
 from pagoda_runtime.contract.speculative import SpeculativeConfig, parse_speculative_config
@@ -178,4 +179,19 @@ class EngineConfig:
         "ranks (GPUs) the model is split over, one process each; under LeaderWorkerSet "
         f"({', '.join(LWS_VARIABLES)} set) they span the group's pods, N / {LWS_GROUP_SIZE} per pod",
         short="-tp",
+    )
+    enable_lora: bool = setting(
+        False, "serve LoRA adapters of the model (--lora-modules, /v1/load_lora_adapter)"
+    )
+    lora_modules: tuple[str, ...] = setting(
+        (),
+        "LoRA adapters served from the start, each name=path (a PEFT folder) or vLLM's JSON "
+        '{"name": ..., "path": ..., "base_model_name": ...}; a request names one as its model',
+        many=True,
+        parse=checked_lora_module,
+    )
+    max_loras: int = setting(1, "LoRA adapters resident on the device at once, hence in one step")
+    max_lora_rank: int = setting(16, "largest LoRA rank an adapter may have")
+    max_cpu_loras: int | None = setting(
+        None, "LoRA adapters kept in host memory, least recently used evicted (default: --max-loras)"
     )

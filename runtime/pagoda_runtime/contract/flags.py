@@ -120,7 +120,7 @@ def _owner(name: str, settings: tuple[Any, ...]) -> Any:
 
 def _words(cls: type, name: str, value: Any) -> list[str]:
     flag, field, spelled = flag_of(cls, name), _fields(cls)[name], option(cls, name)
-    if value is None or (value is False and _is_switch(field)):
+    if value is None or (value is False and _is_switch(field)) or (flag.many and value == ()):
         return []
     if isinstance(value, bool):
         return [spelled if value else "--no-" + spelled.removeprefix("--")]

@@ -52,6 +52,10 @@ SPEC_DECODE_DRAFTS = "vllm:spec_decode_num_drafts"
 SPEC_DECODE_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 SPEC_DECODE_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens"
 SPEC_DECODE_ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+# With --enable-lora: vLLM's lora_requests_info (its labels below, the value the scrape's time),
+# which gateways with LoRA affinity read, and finished requests per adapter.
+LORA_REQUESTS_INFO = "pagoda_lora_requests_info"
+LORA_REQUESTS = "pagoda_lora_requests"
 METRICS = (
     REQUESTS_WAITING,
     REQUESTS_WAITING_BY_PRIORITY,
@@ -69,6 +73,8 @@ METRICS = (
     INTER_TOKEN_LATENCY,
     E2E_REQUEST_LATENCY,
     REQUEST_QUEUE_TIME,
+    LORA_REQUESTS_INFO,
+    LORA_REQUESTS,
 )
 SPEC_DECODE_METRICS = (
     SPEC_DECODE_DRAFTS,
@@ -85,3 +91,8 @@ REJECT_REASON_LABEL = "reason"  # of REQUESTS_REJECTED: draining, not_ready, que
 # values, "other").
 PRIORITY_LABEL = "priority"
 POSITION_LABEL = "position"  # of SPEC_DECODE_ACCEPTED_PER_POSITION: the draft position, from 0
+LORA_NAME_LABEL = "lora_name"  # of LORA_REQUESTS
+# Of LORA_REQUESTS_INFO, as vLLM names them: adapter names comma-separated, and --max-loras.
+MAX_LORA_LABEL = "max_lora"
+RUNNING_LORA_ADAPTERS_LABEL = "running_lora_adapters"
+WAITING_LORA_ADAPTERS_LABEL = "waiting_lora_adapters"

@@ -93,6 +93,16 @@ class AsyncLLMEngine:
         self.abort_all()
         self._apply_pending()
 
+    def lora_adapters(self) -> dict[str, str | None]:
+        return self.engine.lora_adapters()
+
+    async def add_lora(self, name: str, path: str) -> None:
+        # Reading the folder takes a while; the manager is safe to change while a step runs.
+        await asyncio.get_running_loop().run_in_executor(None, self.engine.add_lora, name, path)
+
+    async def remove_lora(self, name: str) -> None:
+        self.engine.remove_lora(name)
+
     async def generate(
         self,
         prompt: str | list[int],
@@ -100,6 +110,7 @@ class AsyncLLMEngine:
         request_id: str,
         internal: bool = False,
         priority: int = 0,
+        lora_name: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         if self.errored is not None:
             raise RequestFailed(f"the engine stopped after an error: {self.errored}") from self.errored
@@ -107,7 +118,9 @@ class AsyncLLMEngine:
             raise RuntimeError("the engine is not started; await engine.start() first")
         if request_id in self._streams:
             raise RequestRejected(f"A request with id {request_id!r} is already running; use a unique id.")
-        request = self.engine.make_request(request_id, prompt, params, internal=internal, priority=priority)
+        request = self.engine.make_request(
+            request_id, prompt, params, internal=internal, priority=priority, lora_name=lora_name
+        )
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = queue
         self._new.append(request)

@@ -1,9 +1,11 @@
 """The KV-cache block pool: block tables, reference counts and the prefix cache.
 
 A full block is identified by a chained hash of (its parent's hash, its token ids), so equal
-prefixes map to equal hashes whatever follows them. Blocks shared by several sequences carry a
-reference count; a block whose count drops to zero keeps its contents and its hash, and sits in
-a least-recently-freed queue until either a new prefix hits it or the pool needs it back.
+prefixes map to equal hashes whatever follows them; the chain of a request with a LoRA adapter
+starts from the adapter's id, as its keys and values differ from the base model's. Blocks shared
+by several sequences carry a reference count; a block whose count drops to zero keeps its contents
+and its hash, and sits in a least-recently-freed queue until either a new prefix hits it or the
+pool needs it back.
 Plain Python: no torch, so it can be read and tested alone.
 """
 
@@ -25,6 +27,11 @@ class Block:
 
 def chain_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
     return hash((parent, token_ids))
+
+
+def _chain_root(seq: Sequence) -> int | None:
+    lora = seq.group.lora
+    return None if lora is None else hash(("lora", lora.lora_int_id))
 
 
 class BlockManager:
@@ -150,7 +157,8 @@ class BlockManager:
         bs = self.block_size
         while len(seq.block_hashes) < num_full_blocks:
             i = len(seq.block_hashes)
-            parent = seq.block_hashes[-1] if seq.block_hashes else None
+            # A request's adapter roots its chain: two adapters never share KV blocks.
+            parent = seq.block_hashes[-1] if seq.block_hashes else _chain_root(seq)
             seq.block_hashes.append(chain_hash(parent, tuple(seq.token_ids[i * bs : (i + 1) * bs])))
 
     def _publish(self, seq: Sequence, i: int) -> None:

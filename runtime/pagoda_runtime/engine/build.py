@@ -13,9 +13,11 @@ import logging
 from dataclasses import dataclass
 
 from pagoda_runtime.contract.config import EngineConfig, ModelConfig
+from pagoda_runtime.contract.lora_modules import parse_lora_module
 from pagoda_runtime.contract.quantization_selection import cpu_vocab_dtype, select_quantization
 from pagoda_runtime.contract.sizing import check_tensor_parallel, weight_bytes
 from pagoda_runtime.engine.block_manager import BlockManager
+from pagoda_runtime.engine.lora_manager import LoraManager
 from pagoda_runtime.engine.memory_report import MemoryReport
 from pagoda_runtime.engine.ngram_proposer import NgramProposer
 from pagoda_runtime.engine.scheduler import Scheduler
@@ -44,6 +46,7 @@ class EngineParts:
     scheduler: Scheduler
     max_model_len: int  # the model's limit or --max-model-len, capped to what the KV cache holds
     memory: MemoryReport
+    loras: LoraManager | None  # with --enable-lora
 
 
 def build_engine(
@@ -55,6 +58,7 @@ def build_engine(
     """`loaded`: a model already in memory instead of `engine_config.model`; `tp`: this process's
     rank of engine_config.tensor_parallel_size. Every rank builds the same parts (its slice of the
     model, its KV heads' cache); only rank 0 samples."""
+    _check_lora_settings(engine_config)
     if engine_config.max_num_batched_tokens < 1 or engine_config.max_num_seqs < 1:
         raise ValueError("--max-num-batched-tokens and --max-num-seqs must both be at least 1")
     if tp.size != engine_config.tensor_parallel_size:
@@ -96,6 +100,13 @@ def build_engine(
     limit = engine_config.max_model_len or arch.max_position_embeddings
     weights = LOAD_PROGRESS.track(loaded.weights, len(weight_shapes(loaded.config)), arch.num_hidden_layers)
     runner = ModelRunner(loaded.config, weights, engine_config, placement, limit, quantization, tp)
+    loras = None
+    if runner.lora_slots is not None:
+        max_cpu_loras = engine_config.max_cpu_loras or engine_config.max_loras
+        loras = LoraManager(runner.lora_slots, loaded.config, engine_config.max_loras, max_cpu_loras)
+        for word in engine_config.lora_modules:
+            module = parse_lora_module(word)
+            loras.add(module.name, module.path, module.base_model_name)
     # Where every layer slides, a sequence holds only its window: the context is not bounded by the
     # cache, as long as one window fits (make_block_manager checks it).
     capacity = runner.pools.full_blocks * engine_config.block_size if runner.pools.full_blocks else limit
@@ -143,9 +154,11 @@ def build_engine(
             if engine_config.speculative_config is None
             else NgramProposer(engine_config.speculative_config),
             policy=engine_config.scheduling_policy,
+            max_loras=engine_config.max_loras if engine_config.enable_lora else None,
         ),
         max_model_len=max_model_len,
         memory=memory,
+        loras=loras,
     )
     if not tp.is_driver:
         return parts
@@ -173,6 +186,23 @@ def build_engine(
         layout,
     )
     return parts
+
+
+def _check_lora_settings(engine_config: EngineConfig) -> None:
+    if not engine_config.enable_lora:
+        if engine_config.lora_modules:
+            raise ValueError("--lora-modules needs --enable-lora")
+        return
+    if engine_config.tensor_parallel_size > 1:
+        raise ValueError(
+            "--enable-lora does not run with --tensor-parallel-size above 1 yet; serve adapters on one GPU"
+        )
+    for flag, value in (
+        ("--max-loras", engine_config.max_loras),
+        ("--max-lora-rank", engine_config.max_lora_rank),
+    ):
+        if value < 1:
+            raise ValueError(f"{flag} must be at least 1, got {value}")
 
 
 def _cap_context(limit: int, capacity: int, engine_config: EngineConfig) -> int:

@@ -82,6 +82,13 @@ class LLM:
         if self._stop_ranks is not None:
             self._stop_ranks()
 
+    def add_lora(self, name: str, path: str) -> None:
+        """Serve the PEFT LoRA adapter folder `path` as `name` (the engine runs with enable_lora)."""
+        self.engine.add_lora(name, path)
+
+    def remove_lora(self, name: str) -> None:
+        self.engine.remove_lora(name)
+
     def get_tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
 
@@ -113,9 +120,12 @@ class LLM:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
         priority: Sequence[int] | None = None,
+        lora_name: str | None | Sequence[str | None] = None,
     ) -> list[RequestOutput]:
         """Run every prompt to completion; the outputs come back in the order of the prompts.
-        `priority`: one per prompt, as vLLM takes it (lower first; needs scheduling_policy="priority")."""
+        `priority`: one per prompt, as vLLM takes it (lower first; needs scheduling_policy="priority").
+        `lora_name`: the LoRA adapter (add_lora) all prompts or each prompt runs with; None: the base
+        model."""
         if isinstance(prompts, str) or (prompts and all(isinstance(t, int) for t in prompts)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -128,13 +138,28 @@ class LLM:
         priority = [0] * len(prompts) if priority is None else list(priority)
         if len(priority) != len(prompts):
             raise ValueError(f"got {len(priority)} priorities for {len(prompts)} prompts; pass one each")
+        loras = (
+            [lora_name] * len(prompts) if lora_name is None or isinstance(lora_name, str) else list(lora_name)
+        )
+        if len(loras) != len(prompts):
+            raise ValueError(f"got {len(loras)} LoRA names for {len(prompts)} prompts; pass one or one each")
         request_ids = [f"offline-{next(self._ids)}" for _ in prompts]
         # All validated before any is queued, so that a bad prompt leaves nothing behind. Only the
         # final outputs are returned, and those hold each sample whole whatever the output kind.
-        requests = [
-            self.engine.make_request(request_id, prompt, replace(p, output_kind="delta"), priority=rank)
-            for request_id, prompt, p, rank in zip(request_ids, prompts, params, priority, strict=True)
-        ]
+        requests = []
+        try:
+            for request_id, prompt, p, rank, lora in zip(
+                request_ids, prompts, params, priority, loras, strict=True
+            ):
+                requests.append(
+                    self.engine.make_request(
+                        request_id, prompt, replace(p, output_kind="delta"), priority=rank, lora_name=lora
+                    )
+                )
+        except BaseException:
+            for request in requests:
+                self.engine.release(request)
+            raise
         for request in requests:
             self.engine.add(request)
         finished: dict[str, RequestOutput] = {}

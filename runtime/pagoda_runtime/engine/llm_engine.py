@@ -22,12 +22,14 @@ from collections import Counter
 from pagoda_runtime.contract.config import EngineConfig
 from pagoda_runtime.engine.build import build_engine
 from pagoda_runtime.engine.grammar_mask import GrammarCompiler
+from pagoda_runtime.engine.lora_manager import LoraManager
 from pagoda_runtime.engine.outputs import CompletionOutput, RequestOutput
+from pagoda_runtime.engine.protocol import LoraAdapterError, LoraNotFound
 from pagoda_runtime.engine.request_state import Request, SampledToken
 from pagoda_runtime.engine.request_validation import RequestRejected, check_priority, check_request
 from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.engine.scheduler import ScheduledBatch
-from pagoda_runtime.engine.sequence import Sequence
+from pagoda_runtime.engine.sequence import LoraRequest, Sequence
 from pagoda_runtime.engine.stats import EngineStats, SpecDecodeCounts, StepClock, StepTiming
 from pagoda_runtime.engine.structured_outputs import StructuredOutputError
 from pagoda_runtime.executor.model_runner import LaunchedStep
@@ -57,6 +59,7 @@ class LLMEngine:
         self.scheduler = parts.scheduler
         self.max_model_len = parts.max_model_len
         self.memory = parts.memory
+        self.loras = parts.loras
         self.requests: dict[str, Request] = {}
         self.grammars = GrammarCompiler(
             self.tokenizer, self.model_config.architecture.vocab_size, self.model_config.eos_token_ids
@@ -93,10 +96,12 @@ class LLMEngine:
         arrival_time: float | None = None,
         internal: bool = False,
         priority: int = 0,
+        lora_name: str | None = None,
     ) -> Request:
         """Check and tokenize without touching the engine's state (safe while a step runs); raises
         RequestRejected for a request that cannot run here. `priority`: lower is served first under
-        the priority policy (engine/priority.py)."""
+        the priority policy (engine/priority.py). `lora_name`: a served LoRA adapter the request runs
+        with, held until the request ends."""
         self._check_unique(request_id)
         check_priority(priority, self.engine_config.scheduling_policy)
         if isinstance(prompt, str):
@@ -112,7 +117,7 @@ class LLMEngine:
                 message = f"Invalid structured output: {exc}."
                 raise RequestRejected(message, param="structured_outputs") from exc
         arrival = time.monotonic() if arrival_time is None else arrival_time
-        return Request(
+        request = Request(
             request_id,
             text,
             token_ids,
@@ -124,8 +129,53 @@ class LLMEngine:
             grammars,
             priority,
         )
+        if lora_name is not None:
+            request.group.lora = self._acquire_lora(lora_name)
+        return request
+
+    def _acquire_lora(self, name: str) -> LoraRequest:
+        loras = self.loras
+        if loras is None:
+            raise RequestRejected(
+                f"The model {name!r} names a LoRA adapter, but this server runs without --enable-lora.",
+                param="model",
+            )
+        try:
+            return loras.acquire(name)
+        except LoraNotFound as exc:
+            raise RequestRejected(f"{exc}", param="model", code="model_not_found") from exc
+
+    def _forget(self, request_id: str) -> None:
+        """The request has ended: the engine lets it go, and its adapter."""
+        self.release(self.requests.pop(request_id))
+
+    def release(self, request: Request) -> None:
+        """Let go of the adapter of a request made (make_request) that ended or will never run."""
+        if request.group.lora is not None:
+            self.loras.release(request.group.lora)
+
+    # ---- LoRA adapters -----------------------------------------------------------------------
+
+    def add_lora(self, name: str, path: str, parent: str | None = None) -> None:
+        """Serve the PEFT adapter folder `path` as `name`; LoraAdapterError when it cannot run here."""
+        self._loras().add(name, path, parent)
+
+    def remove_lora(self, name: str) -> None:
+        """Stop serving `name` (LoraNotFound if it is not served); requests running with it finish."""
+        self._loras().remove(name)
+
+    def lora_adapters(self) -> dict[str, str | None]:
+        """Served adapter name -> its declared base model name (None: the served model)."""
+        return {} if self.loras is None else self.loras.served()
+
+    def _loras(self) -> LoraManager:
+        if self.loras is None:
+            raise LoraAdapterError("LoRA adapters are not enabled; start the server with --enable-lora")
+        return self.loras
 
     def add(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            self.release(request)
         self._check_unique(request.request_id)
         self.requests[request.request_id] = request
         for seq in request.seqs:
@@ -147,9 +197,10 @@ class LLMEngine:
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """End a request now, freeing its blocks; returns its final output, or None if unknown."""
-        request = self.requests.pop(request_id, None)
+        request = self.requests.get(request_id)
         if request is None:
             return None
+        self._forget(request_id)
         deltas = []
         for seq in request.seqs:
             if not seq.is_finished:
@@ -179,6 +230,10 @@ class LLMEngine:
         running_ids = {seq.group.request_id for seq in list(self.scheduler.running)}
         waiting = Counter(r.group.priority for r in requests if r.request_id not in running_ids)
         num_running = len(requests) - waiting.total()
+        adapters: dict[bool, set[str]] = {True: set(), False: set()}
+        for r in requests:
+            if r.group.lora is not None:
+                adapters[r.request_id in running_ids].add(r.group.lora.lora_name)
         return EngineStats(
             num_waiting=waiting.total(),
             num_running=num_running,
@@ -189,6 +244,9 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             num_failed_steps=self.num_failed_steps,
             spec_decode=self.spec_decode,
+            running_lora_adapters=tuple(sorted(adapters[True])),
+            waiting_lora_adapters=tuple(sorted(adapters[False])),
+            max_lora=0 if self.loras is None else self.loras.max_loras,
         )
 
     # ---- one step ----------------------------------------------------------------------------
@@ -250,6 +308,8 @@ class LLMEngine:
             metrics = self.requests[seq.group.request_id].metrics
             if metrics.first_scheduled_time is None:
                 metrics.first_scheduled_time = now
+        if self.loras is not None:
+            batch.lora_slots = self.loras.slots_for(batch.seqs)
         launched = self.runner.launch(batch, in_flight)
         self.scheduler.update(batch)
         return launched
@@ -313,7 +373,7 @@ class LLMEngine:
             output = self.requests[request_id].output(request_deltas)
             if output.finished:
                 output.metrics.finished_time = now
-                del self.requests[request_id]
+                self._forget(request_id)
             outputs.append(output)
         return outputs
 

@@ -17,7 +17,27 @@ from pagoda_runtime.engine.request_validation import RequestRejected
 from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.engine.stats import EngineStats
 
-__all__ = ["ChatTokenizer", "EngineStats", "RequestFailed", "RequestRejected", "ServingEngine"]
+__all__ = [
+    "ChatTokenizer",
+    "EngineStats",
+    "LoraAdapterError",
+    "LoraNotFound",
+    "RequestFailed",
+    "RequestRejected",
+    "ServingEngine",
+]
+
+
+class LoraAdapterError(ValueError):
+    """A LoRA adapter that cannot be served here (its folder, its fit to the model, its name taken);
+    the message says why and what to do. The server answers 400."""
+
+
+class LoraNotFound(KeyError):
+    """No served LoRA adapter has this name; the server answers 404."""
+
+    def __str__(self) -> str:
+        return f"The LoRA adapter '{self.args[0]}' is not loaded."
 
 
 class RequestFailed(RuntimeError):
@@ -83,10 +103,24 @@ class ServingEngine(Protocol):
         request_id: str,
         internal: bool = False,
         priority: int = 0,
+        lora_name: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Cumulative outputs of one request until it finishes; `internal` ones (the readiness
         canary) are left out of stats(). `priority`: lower first under the priority policy; a
-        non-zero one under fcfs is rejected (request_validation.check_priority)."""
+        non-zero one under fcfs is rejected (request_validation.check_priority). `lora_name`: a
+        served LoRA adapter to run with."""
+        ...
+
+    def lora_adapters(self) -> dict[str, str | None]:
+        """Served LoRA adapter name -> the base model name it declared (None: the served model)."""
+        ...
+
+    async def add_lora(self, name: str, path: str) -> None:
+        """Serve a PEFT adapter folder as `name`; LoraAdapterError when it cannot be served."""
+        ...
+
+    async def remove_lora(self, name: str) -> None:
+        """Stop serving `name` (LoraNotFound if it is not served); its running requests finish."""
         ...
 
     async def abort(self, request_id: str) -> None: ...

@@ -2,7 +2,8 @@
 
 Every step has a token budget. Running sequences go first, oldest first: a decoding sequence
 costs one token, one still in its prompt costs the next chunk that fits. Waiting sequences are
-then admitted first-come-first-served while the budget, `max_num_seqs` and free blocks allow.
+then admitted first-come-first-served while the budget, `max_num_seqs` and free blocks allow, and,
+with LoRA, while the running sequences use no more than `max_loras` adapters.
 A running sequence whose last token is still on the device (async scheduling) costs nothing: it
 only waits for the host to read it. When a running sequence needs a block and none is free, the
 newest running sequence is preempted:
@@ -40,6 +41,9 @@ class ScheduledBatch:
     num_new_tokens: list[int] = field(default_factory=list)  # per sequence, tokens computed this step
     # Index in `seqs` -> the draft tokens that sequence's step verifies after its last token.
     drafts: dict[int, list[int]] = field(default_factory=dict)
+    # Per sequence, its LoRA adapter's device slot (-1: the base model), set by the engine once the
+    # adapters are in slots; None when no sequence has an adapter.
+    lora_slots: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -67,11 +71,14 @@ class Scheduler:
         max_num_batched_tokens: int,
         proposer: NgramProposer | None = None,
         policy: str = "fcfs",
+        max_loras: int | None = None,
     ) -> None:
-        """policy: one of contract.config.SCHEDULING_POLICIES."""
+        """policy: one of contract.config.SCHEDULING_POLICIES; max_loras: the most LoRA adapters
+        running at once (the device's slots), None without LoRA."""
         self.block_manager = block_manager
         self.proposer = proposer  # speculative decoding's, None when off
         self.max_num_seqs = max_num_seqs
+        self.max_loras = max_loras
         self.max_num_batched_tokens = max_num_batched_tokens
         self.by_priority = policy == "priority"
         self.waiting: deque[Sequence] = deque()
@@ -127,10 +134,16 @@ class Scheduler:
             new_tokens.append(num_new)
             budget -= num_new
         budget += reserved
+        adapters = self.running_adapters() if self.max_loras is not None else set()
         while self.waiting and budget > 0 and not preempted and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            lora = seq.group.lora
+            if lora is not None and lora.lora_int_id not in adapters and len(adapters) >= self.max_loras:
+                break  # every adapter slot is taken by running sequences: wait for one to finish
             if not self._admit(seq, budget):
                 break
+            if lora is not None:
+                adapters.add(lora.lora_int_id)
             self.waiting.popleft()
             if self.by_priority:
                 bisect.insort(self.running, seq, key=_rank)
@@ -142,6 +155,10 @@ class Scheduler:
             batch.num_new_tokens.append(num_new)
             budget -= num_new
         return batch
+
+    def running_adapters(self) -> set[int]:
+        """The lora_int_ids of the running sequences' adapters."""
+        return {seq.group.lora.lora_int_id for seq in self.running if seq.group.lora is not None}
 
     def _make_room(self, budget: int) -> int:
         """Priority policy: preempt the worst-ranked running sequences while the best waiting one

@@ -20,6 +20,15 @@ from pagoda_runtime.engine.sampling_params import SamplingParams
 _next_seq_id = itertools.count()
 
 
+@dataclass(frozen=True)
+class LoraRequest:
+    """The LoRA adapter a request runs with, as vLLM names it. lora_int_id is new at every load, so
+    an adapter loaded again under the same name never shares KV blocks with its earlier weights."""
+
+    lora_name: str
+    lora_int_id: int
+
+
 class SequenceStatus(Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -36,6 +45,7 @@ class SequenceGroup:
     arrival_time: float
     seqs: list[Sequence] = field(default_factory=list)
     priority: int = 0  # lower is served first under the priority policy (engine/priority.py)
+    lora: LoraRequest | None = None  # None: the base model
 
 
 class Sequence:

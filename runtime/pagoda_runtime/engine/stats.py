@@ -52,6 +52,11 @@ class EngineStats:
     spec_decode: SpecDecodeCounts | None = None  # None where speculative decoding is off
     # num_waiting split by the requests' priority: (priority, count) pairs, lowest priority value first.
     waiting_by_priority: tuple[tuple[int, int], ...] = ()
+    # LoRA, as vLLM's lora_requests_info reports it: the adapters of the running and of the waiting
+    # requests, and --max-loras (0: LoRA is off).
+    running_lora_adapters: tuple[str, ...] = ()
+    waiting_lora_adapters: tuple[str, ...] = ()
+    max_lora: int = 0
 
 
 @dataclass(frozen=True)

@@ -170,6 +170,10 @@ class _WindowTable:
         return self.seq.token_ids
 
     @property
+    def group(self):
+        return self.seq.group
+
+    @property
     def num_tokens(self) -> int:
         return self.seq.num_tokens
 

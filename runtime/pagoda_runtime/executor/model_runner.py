@@ -9,7 +9,9 @@ device, so the host never waits between two launches.
 On CUDA, decode-only steps replay CUDA graphs captured once per batch-size bucket (1, 2, 4, 8, then
 every 8 up to 128 and every 16 beyond, up to max_num_seqs): the forward, the LM head and the
 greedy argmax. The batch is padded to its bucket, padding tokens write to no slot (slot -1), and
-the attention metadata lives in static buffers that each replay refills.
+the attention metadata lives in static buffers that each replay refills. With LoRA the graphs
+also take each token's adapter slot from a static buffer, so a decode step of any adapters
+replays them.
 
 A model with sliding-window layers shorter than the context keeps their KV in a pool of its own
 (sizing.kv_pools; the block manager frees the blocks behind each window), so a step carries a
@@ -46,8 +48,10 @@ from pagoda_runtime.executor.attention_metadata import AttentionMetadata
 from pagoda_runtime.executor.cpu_threads import configure_torch_threads
 from pagoda_runtime.executor.devices import Placement, dtype_name, resolve_dtype
 from pagoda_runtime.executor.kernels import get_attention_ops
+from pagoda_runtime.executor.kernels.lora_slots import lora_batch
 from pagoda_runtime.executor.kernels.reference import FP8_KV_DTYPE
 from pagoda_runtime.executor.models import build_model
+from pagoda_runtime.executor.models.lora_layers import LoraSlots, attach_lora
 from pagoda_runtime.executor.quantization.memory import decode_weight_bytes, model_weight_bytes
 from pagoda_runtime.executor.rejection_sampler import Drafts
 from pagoda_runtime.executor.sampler import DeviceSamples, Sampler, SamplerOutput, uses_history
@@ -163,6 +167,13 @@ class ModelRunner:
         if self.device.type == "cuda":
             self.model.pack_for_gpu()
         self.model.eval()
+        # The LoRA adapters' device slots (filled by engine/lora_manager.py) come before the KV
+        # cache, which gets what they leave.
+        self.lora_slots: LoraSlots | None = None
+        if engine_config.enable_lora:
+            self.lora_slots = attach_lora(
+                self.model, engine_config.max_loras, engine_config.max_lora_rank, self.dtype
+            )
         if self.kv_cache_dtype == FP8_KV_DTYPE:
             scales = kv_scales.calibrate(
                 self.model,
@@ -359,7 +370,15 @@ class ModelRunner:
         if step.replayable:
             return self._replay(step)
         self.last_graph_batch = None
-        hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
+        if step.lora_slots is None:
+            hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
+        else:
+            slots = self.lora_slots
+            slots.batch = lora_batch(step.lora_slots, slots.num_slots)
+            try:
+                hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
+            finally:
+                slots.batch = None
         if step.logits_rows.shape[0] == 0:
             return None, None
         return self.model.compute_logits(hidden[step.logits_rows]), None
@@ -386,6 +405,7 @@ class ModelRunner:
         rows = np.flatnonzero(ends == known + pending + drafted)
         num_tokens = int(news.sum())
         decode = num_tokens == n
+        seq_slots = None if batch.lora_slots is None else np.array(batch.lora_slots, dtype=np.int32)
         graph = None
         if decode and not every_logit and rows.shape[0] == n and n <= self._max_graph_size:
             graph = self._graph_sizes[bisect.bisect_left(self._graph_sizes, n)]
@@ -451,6 +471,9 @@ class ModelRunner:
             "gather_to": gather_to,
             "gather_from": gather_from,
         }
+        if seq_slots is not None:
+            arrays["lora_slots"] = np.full(padded_tokens, -1, dtype=np.int32)
+            arrays["lora_slots"][:num_tokens] = seq_slots[token_rows]
         if self.windowed:
             arrays["window_block_tables"], arrays["window_slot_mapping"] = _tables_and_slots(
                 window_tables, size, width, token_rows, real, bs, padded_tokens
@@ -480,6 +503,7 @@ class ModelRunner:
             meta,
             staged["logits_rows"],
             replayable=graph is not None,
+            lora_slots=staged.get("lora_slots"),
         )
         sampler_inputs = {
             k.removeprefix("sampler."): v for k, v in staged.items() if k.startswith("sampler.")
@@ -530,6 +554,11 @@ class ModelRunner:
         if self.windowed:
             self._static["window_slot_mapping"] = torch.full((largest,), -1, dtype=torch.int64, device=device)
             self._static["window_block_tables"] = torch.zeros_like(self._static["block_tables"])
+        lora = self.lora_slots
+        if lora is not None:
+            # Each token's adapter slot, -1 for the base model's and the padding: the graphs take
+            # the adapters' deltas whatever the batch's adapters (kernels/triton_lora.py).
+            self._static["lora_slots"] = torch.full((largest,), -1, dtype=torch.int32, device=device)
         logits = torch.empty(largest, self.config.architecture.vocab_size, dtype=torch.float32, device=device)
         greedy = torch.empty(largest, dtype=torch.int64, device=device)
         # Largest first, so that the smaller graphs fit in the memory pool the largest reserved.
@@ -538,7 +567,13 @@ class ModelRunner:
             args = (self._static["input_ids"][:size], self._static["positions"][:size], self.kv_caches, meta)
 
             def forward(args=args, size=size) -> None:
-                hidden = self.model(*args)
+                if lora is not None:
+                    lora.batch = lora_batch(self._static["lora_slots"][:size], lora.num_slots)
+                try:
+                    hidden = self.model(*args)
+                finally:
+                    if lora is not None:
+                        lora.batch = None
                 torch.argmax(self.model.compute_logits(hidden, out=logits[:size]), dim=-1, out=greedy[:size])
 
             forward()  # warm-up: Triton compiles outside the capture
@@ -587,6 +622,11 @@ class ModelRunner:
             s["window_slot_mapping"][:size].copy_(meta.window_slot_mapping)
             width = meta.window_block_tables.shape[1]
             s["window_block_tables"][:size, :width].copy_(meta.window_block_tables)
+        if "lora_slots" in s:
+            if step.lora_slots is None:
+                s["lora_slots"][:size].fill_(-1)
+            else:
+                s["lora_slots"][:size].copy_(step.lora_slots)
         graph = self._graphs[size]
         graph.graph.replay()
         rows = step.logits_rows.shape[0]

@@ -44,6 +44,9 @@ class StepInputs:
     meta: AttentionMetadata
     logits_rows: torch.Tensor  # int64 [rows]: token rows whose logits are computed (and sampled)
     replayable: bool  # padded to a captured CUDA graph's batch size, which every rank replays
+    # int32 [num_tokens]: each token's LoRA slot (-1: the base model); None when no token has one.
+    # Rank 0 only: the engine refuses LoRA with tensor parallelism (engine/build.py).
+    lora_slots: torch.Tensor | None = None
 
 
 def keepalive_interval(timeout_s: float) -> float:

@@ -28,15 +28,21 @@ def max_in_flight(settings: ServerSettings) -> int:
     return settings.max_num_seqs + queue
 
 
-def check_model(state: ServerState, model: str | None) -> None:
+def check_model(state: ServerState, model: str | None) -> str | None:
+    """The LoRA adapter `model` names, None for the base model; 404 for a model not served here."""
     served = state.settings.model_names
-    if model is not None and model not in served:
-        raise APIError(
-            404,
-            f"The model '{model}' does not exist; this server serves {', '.join(repr(n) for n in served)}.",
-            param="model",
-            code="model_not_found",
-        )
+    if model is None or model in served:
+        return None
+    adapters = state.engine.lora_adapters() if state.engine is not None else {}
+    if model in adapters:
+        return model
+    names = ", ".join(repr(n) for n in (*served, *adapters))
+    raise APIError(
+        404,
+        f"The model '{model}' does not exist; this server serves {names}.",
+        param="model",
+        code="model_not_found",
+    )
 
 
 async def admit(state: ServerState, priority: int = 0) -> ServingEngine:

@@ -26,6 +26,7 @@ from pagoda_runtime.server.admission import LOADING_RETRY_AFTER_S
 from pagoda_runtime.server.chat import create_chat_completion
 from pagoda_runtime.server.completions import create_completion
 from pagoda_runtime.server.errors import APIError, install_error_handlers
+from pagoda_runtime.server.lora_routes import load_lora_adapter, unload_lora_adapter
 from pagoda_runtime.server.metrics_compat import vllm_registry
 from pagoda_runtime.server.middleware import EdgeMiddleware
 from pagoda_runtime.server.protocol import ModelCard, ModelList
@@ -72,14 +73,23 @@ def build_app(
     app.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"])
     app.add_api_route("/tokenize", tokenize, methods=["POST"])
     app.add_api_route("/detokenize", detokenize, methods=["POST"])
+    app.add_api_route("/v1/load_lora_adapter", load_lora_adapter, methods=["POST"])
+    app.add_api_route("/v1/unload_lora_adapter", unload_lora_adapter, methods=["POST"])
     compat = vllm_registry(state.metrics.registry) if settings.metrics_compat == "vllm" else None
 
     @app.get("/v1/models")
     async def models() -> ModelList:
-        max_len = state.engine.max_model_len if state.engine is not None else 0
-        return ModelList(
-            data=[ModelCard(id=name, created=started, max_model_len=max_len) for name in settings.model_names]
-        )
+        engine = state.engine
+        max_len = engine.max_model_len if engine is not None else 0
+        cards = [ModelCard(id=name, created=started, max_model_len=max_len) for name in settings.model_names]
+        adapters = engine.lora_adapters() if engine is not None else {}
+        cards += [
+            ModelCard(
+                id=name, created=started, max_model_len=max_len, parent=parent or settings.served_model_name
+            )
+            for name, parent in adapters.items()
+        ]
+        return ModelList(data=cards)
 
     @app.get("/version")
     async def server_version() -> JSONResponse:

@@ -67,7 +67,7 @@ def chat_prompt_ids(
 
 async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     state: ServerState = request.app.state.pagoda
-    check_model(state, body.model)
+    lora_name = check_model(state, body.model)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs set to true.", param="top_logprobs")
     choice = body.tool_choice
@@ -173,5 +173,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
             yield chunk([], usage=usage(out))
 
     fields = {"prompt": "messages", "max_tokens": limit_field}
-    outputs = generate(state, engine, ids, params, request_id, fields, priority=body.priority)
+    outputs = generate(
+        state, engine, ids, params, request_id, fields, lora_name=lora_name, priority=body.priority
+    )
     return await respond(request, state, outputs, whole, stream if body.stream else None)

@@ -37,7 +37,7 @@ def prompt_token_ids(
 
 async def create_completion(body: CompletionRequest, request: Request):
     state: ServerState = request.app.state.pagoda
-    check_model(state, body.model)
+    lora_name = check_model(state, body.model)
     engine = await admit(state, body.priority)
     ids = prompt_token_ids(body.prompt, engine.tokenizer)
     params = sampling_params(body, body.max_tokens, body.logprobs, structured_outputs(body))
@@ -88,5 +88,5 @@ async def create_completion(body: CompletionRequest, request: Request):
                 CompletionResponse(id=request_id, created=created, model=model, choices=[], usage=usage(out))
             )
 
-    outputs = generate(state, engine, ids, params, request_id, priority=body.priority)
+    outputs = generate(state, engine, ids, params, request_id, priority=body.priority, lora_name=lora_name)
     return await respond(request, state, outputs, whole, stream if body.stream else None)

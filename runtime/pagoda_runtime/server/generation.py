@@ -79,6 +79,7 @@ async def generate(
     params: SamplingParams,
     request_id: str,
     fields: Mapping[str, str] | None = None,
+    lora_name: str | None = None,
     priority: int = 0,
 ) -> AsyncIterator[RequestOutput]:
     """The engine's outputs for one request, observed for metrics; aborted if left unfinished.
@@ -87,6 +88,7 @@ async def generate(
     engine's field names ("prompt", "max_tokens") to the ones this endpoint's request used. Until
     its first output the request is queued, and a full queue may shed it for a more urgent one
     (shedding.py): then its answer is a 429 instead of that output.
+    `lora_name`: the LoRA adapter the request's model names, None for the base model.
     """
     finished = refused = failed = False
     last_token_at = None
@@ -96,7 +98,9 @@ async def generate(
     # request the server may shed is always one the engine can abort.
     state.queued.enter(request_id, priority)
     try:
-        async for out in engine.generate(prompt_ids, params, request_id, priority=priority):
+        async for out in engine.generate(
+            prompt_ids, params, request_id, priority=priority, lora_name=lora_name
+        ):
             if queued:
                 queued = False
                 if state.queued.leave(request_id):
@@ -120,12 +124,14 @@ async def generate(
                 last_token_at = now
             if out.finished:
                 finished = True
-                state.metrics.finished(out)
+                state.metrics.finished(out, lora_name)
             yield out
     except RequestRejected as exc:
         refused = True
         param = (fields or {}).get(exc.param, exc.param)
-        raise APIError(400, exc.message, param=param, code=exc.code) from exc
+        # An adapter unloaded between the request's arrival and the engine: as unknown as any model.
+        status = 404 if exc.code == "model_not_found" else 400
+        raise APIError(status, exc.message, param=param, code=exc.code) from exc
     except RequestFailed as exc:
         failed = True
         state.metrics.ended(generated, len(prompt_ids), "error")

@@ -8,6 +8,7 @@ token counts are observed by the server from the timings each RequestOutput carr
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 
 from prometheus_client import (
@@ -27,6 +28,10 @@ from pagoda_runtime.contract.names import (
     GENERATION_TOKENS,
     INTER_TOKEN_LATENCY,
     KV_CACHE_USAGE,
+    LORA_NAME_LABEL,
+    LORA_REQUESTS,
+    LORA_REQUESTS_INFO,
+    MAX_LORA_LABEL,
     MODEL_NAME_LABEL,
     POSITION_LABEL,
     PREEMPTIONS,
@@ -41,11 +46,13 @@ from pagoda_runtime.contract.names import (
     REQUESTS_RUNNING,
     REQUESTS_WAITING,
     REQUESTS_WAITING_BY_PRIORITY,
+    RUNNING_LORA_ADAPTERS_LABEL,
     SPEC_DECODE_ACCEPTED_PER_POSITION,
     SPEC_DECODE_ACCEPTED_TOKENS,
     SPEC_DECODE_DRAFT_TOKENS,
     SPEC_DECODE_DRAFTS,
     TIME_TO_FIRST_TOKEN,
+    WAITING_LORA_ADAPTERS_LABEL,
 )
 from pagoda_runtime.engine.outputs import RequestOutput
 
@@ -152,6 +159,22 @@ class _EngineStatsCollector:
             for position, accepted in enumerate(spec.accepted_per_position):
                 per_position.add_metric([self.model_name, str(position)], accepted)
             yield per_position
+        if stats.max_lora:
+            labels = [
+                MODEL_NAME_LABEL,
+                MAX_LORA_LABEL,
+                WAITING_LORA_ADAPTERS_LABEL,
+                RUNNING_LORA_ADAPTERS_LABEL,
+            ]
+            info = GaugeMetricFamily(
+                LORA_REQUESTS_INFO,
+                "LoRA adapters of the running and the waiting requests and --max-loras; the value is the "
+                "time of the scrape, as vLLM sets it.",
+                labels=labels,
+            )
+            waiting, running = ",".join(stats.waiting_lora_adapters), ",".join(stats.running_lora_adapters)
+            info.add_metric([self.model_name, str(stats.max_lora), waiting, running], time.time())
+            yield info
 
     def _waiting_by_priority(self, counts: tuple[tuple[int, int], ...]) -> Metric:
         gauge = GaugeMetricFamily(
@@ -186,6 +209,12 @@ class ServerMetrics:
             REQUESTS_FINISHED,
             "Finished requests by finish reason.",
             [*labels, FINISH_REASON_LABEL],
+            registry=reg,
+        )
+        self.lora_requests = Counter(
+            LORA_REQUESTS,
+            "Finished requests per LoRA adapter.",
+            [*labels, LORA_NAME_LABEL],
             registry=reg,
         )
         self.rejected = Counter(
@@ -239,8 +268,10 @@ class ServerMetrics:
         self.generation_tokens.labels(self.model_name).inc(generated_tokens)
         self.requests.labels(self.model_name, reason).inc()
 
-    def finished(self, out: RequestOutput) -> None:
+    def finished(self, out: RequestOutput, lora_name: str | None = None) -> None:
         name = self.model_name
+        if lora_name is not None:
+            self.lora_requests.labels(name, lora_name).inc()
         m = out.metrics
         self.prompt_tokens.labels(name).inc(len(out.prompt_token_ids))
         self.generation_tokens.labels(name).inc(sum(len(o.token_ids) for o in out.outputs))

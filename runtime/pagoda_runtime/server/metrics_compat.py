@@ -32,6 +32,7 @@ VLLM_NAMES: dict[str, tuple[str, ...]] = {
     ),
     n.E2E_REQUEST_LATENCY: ("vllm:e2e_request_latency_seconds",),
     n.REQUEST_QUEUE_TIME: ("vllm:request_queue_time_seconds",),
+    n.LORA_REQUESTS_INFO: ("vllm:lora_requests_info",),
 }
 # vLLM spells this label differently.
 _LABELS = {n.FINISH_REASON_LABEL: "finished_reason"}

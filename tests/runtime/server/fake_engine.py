@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from pagoda_runtime.engine.memory_report import MemoryReport
 from pagoda_runtime.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from pagoda_runtime.engine.protocol import LoraNotFound
 from pagoda_runtime.engine.request_validation import check_priority, check_request
 from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.engine.stats import EngineStats, SpecDecodeCounts
@@ -97,6 +98,8 @@ class FakeEngine:
         self.seen_params: list[SamplingParams] = []
         self.seen_priorities: list[int] = []
         self.script = SCRIPT  # what every sample "generates", from its index on
+        self.adapters: dict[str, str | None] = {}  # served LoRA adapters; add_lora checks nothing
+        self.seen_lora_names: list[str | None] = []
         self._ticker: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -138,8 +141,24 @@ class FakeEngine:
             self.aborted_ids.append(request_id)
             request.aborted.set()
 
+    def lora_adapters(self) -> dict[str, str | None]:
+        return dict(self.adapters)
+
+    async def add_lora(self, name: str, path: str) -> None:
+        self.adapters[name] = None
+
+    async def remove_lora(self, name: str) -> None:
+        if self.adapters.pop(name, 0) == 0:
+            raise LoraNotFound(name)
+
     async def generate(
-        self, prompt, params: SamplingParams, request_id: str, internal: bool = False, priority: int = 0
+        self,
+        prompt,
+        params: SamplingParams,
+        request_id: str,
+        internal: bool = False,
+        priority: int = 0,
+        lora_name=None,
     ):
         if internal:
             self.internal_ids.add(request_id)
@@ -148,6 +167,7 @@ class FakeEngine:
         check_request(ids, params, FakeTokenizer.vocab_size, self.max_model_len)
         max_tokens = params.max_tokens or self.max_model_len - len(ids)
         if not internal:
+            self.seen_lora_names.append(lora_name)
             self.seen_prompts.append(ids)
             self.seen_params.append(params)
             self.seen_priorities.append(priority)

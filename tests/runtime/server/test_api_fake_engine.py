@@ -181,7 +181,7 @@ def test_a_chat_completion_limit_past_the_context_names_the_field_the_request_us
 
 def test_an_engine_failure_is_not_reported_as_a_context_overflow():
     class Broken(FakeEngine):
-        async def generate(self, prompt, params, request_id, internal=False):
+        async def generate(self, prompt, params, request_id, internal=False, lora_name=None):
             if not internal:
                 raise ValueError("a bug inside the engine")
             async for out in super().generate(prompt, params, request_id, internal):

@@ -23,7 +23,7 @@ class StepFailures(FakeEngine):
         super().__init__()
         self.after = after
 
-    async def generate(self, prompt, params, request_id, internal=False, priority=0):
+    async def generate(self, prompt, params, request_id, internal=False, priority=0, lora_name=None):
         doomed = not internal and self.tokenizer.encode(DOOMED) == list(prompt)[: len(DOOMED)]
         sent = 0
         async for out in super().generate(prompt, params, request_id, internal, priority):

@@ -91,6 +91,8 @@ class Attention(nn.Module):
             dtype,
             input_part=tp.part(arch.q_size, "attention heads") if tp.size > 1 else None,
         )
+        # The adapters' slots of qkv_proj and o_proj (models/lora_layers.py), with --enable-lora.
+        self.qkv_lora = self.o_lora = None
         self.q_norm = self.k_norm = None
         if qk_norm is not None:
             self.q_norm = qk_norm(self.head_dim, config.rms_norm_eps, device, dtype)
@@ -104,7 +106,10 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
         cos_sin_cache: torch.Tensor,
     ) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(x)
+        if self.qkv_lora is not None:
+            qkv = self.qkv_lora(qkv, x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, self.head_dim)
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
@@ -119,7 +124,12 @@ class Attention(nn.Module):
         out = self.ops.attention(
             q, kv_cache, meta, self.scale, self.kv_scales, window=self.window, softcap=self.softcap
         )
-        return self.tp.all_reduce(self.o_proj(out.reshape(-1, self.q_size)))
+        out = out.reshape(-1, self.q_size)
+        projected = self.o_proj(out)
+        if self.o_lora is not None:
+            # A row-parallel rank adds its partial delta to its partial sum, before the all-reduce.
+            projected = self.o_lora(projected, out)
+        return self.tp.all_reduce(projected)
 
 
 class GatedMLP(nn.Module):
@@ -138,7 +148,7 @@ class GatedMLP(nn.Module):
         arch = config.architecture
         self.tp = tp
         self.act_and_mul = act_and_mul
-        channels = tp.shard(arch.intermediate_size, "MLP channels")
+        channels = self.channels = tp.shard(arch.intermediate_size, "MLP channels")
         self.gate_up_proj = make_linear(arch.hidden_size, 2 * channels, False, quantization, device, dtype)
         self.down_proj = make_linear(
             channels,
@@ -150,8 +160,17 @@ class GatedMLP(nn.Module):
             input_part=tp.part(arch.intermediate_size, "MLP channels") if tp.size > 1 else None,
         )
 
+        self.gate_up_lora = self.down_lora = None  # the adapters' slots, with --enable-lora
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(self.down_proj(self.act_and_mul(self.gate_up_proj(x))))
+        gate_up = self.gate_up_proj(x)
+        if self.gate_up_lora is not None:
+            gate_up = self.gate_up_lora(gate_up, x)
+        hidden = self.act_and_mul(gate_up)
+        down = self.down_proj(hidden)
+        if self.down_lora is not None:
+            down = self.down_lora(down, hidden)
+        return self.tp.all_reduce(down)
 
 
 class DecoderLayer(nn.Module):
