@@ -69,6 +69,7 @@ class Scheduler:
         block_manager: BlockManager,
         max_num_seqs: int,
         max_num_batched_tokens: int,
+        *,
         proposer: NgramProposer | None = None,
         policy: str = "fcfs",
         max_loras: int | None = None,

@@ -35,7 +35,7 @@ class Simulation:
         policy="fcfs",
     ):
         self.bm = BlockManager(num_blocks, block_size, prefix_caching)
-        self.scheduler = Scheduler(self.bm, max_num_seqs, budget, policy)
+        self.scheduler = Scheduler(self.bm, max_num_seqs, budget, policy=policy)
         self.budget = budget
         self.overlapped = overlapped
         self.cache: dict[int, tuple[int, int]] = {}  # slot -> (position, token)
