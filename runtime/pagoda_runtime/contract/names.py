@@ -43,6 +43,15 @@ TIME_TO_FIRST_TOKEN = "pagoda_time_to_first_token_seconds"
 INTER_TOKEN_LATENCY = "pagoda_inter_token_latency_seconds"
 E2E_REQUEST_LATENCY = "pagoda_e2e_request_latency_seconds"
 REQUEST_QUEUE_TIME = "pagoda_request_queue_time_seconds"
+# Per finished request, as vLLM's production-stack dashboards read them: mean decode time per
+# output token, prefill (first scheduled to first token) and decode (first to last token) time, and
+# the prompt, generated and max_tokens lengths.
+REQUEST_TIME_PER_OUTPUT_TOKEN = "pagoda_request_time_per_output_token_seconds"
+REQUEST_PREFILL_TIME = "pagoda_request_prefill_time_seconds"
+REQUEST_DECODE_TIME = "pagoda_request_decode_time_seconds"
+REQUEST_PROMPT_TOKENS = "pagoda_request_prompt_tokens"
+REQUEST_GENERATION_TOKENS = "pagoda_request_generation_tokens"
+REQUEST_MAX_GENERATION_TOKENS = "pagoda_request_max_num_generation_tokens"
 METRICS = (
     REQUESTS_WAITING,
     REQUESTS_RUNNING,
@@ -58,9 +67,20 @@ METRICS = (
     INTER_TOKEN_LATENCY,
     E2E_REQUEST_LATENCY,
     REQUEST_QUEUE_TIME,
+    REQUEST_TIME_PER_OUTPUT_TOKEN,
+    REQUEST_PREFILL_TIME,
+    REQUEST_DECODE_TIME,
+    REQUEST_PROMPT_TOKENS,
+    REQUEST_GENERATION_TOKENS,
+    REQUEST_MAX_GENERATION_TOKENS,
 )
 
 # Label keys of those metrics, which dashboards group by.
 MODEL_NAME_LABEL = "model_name"  # the first --served-model-name
 FINISH_REASON_LABEL = "finish_reason"  # of REQUESTS_FINISHED: stop, length, abort
 REJECT_REASON_LABEL = "reason"  # of REQUESTS_REJECTED: draining, not_ready, queue_full
+
+# Set by the gateway route's shared rule (the operator's HTTPRoute): each sibling variant's model
+# name and the gateway path that reaches it, "NAME:VARIANT=/PATH,...". A pod asked for a sibling's
+# model name redirects the client there (server/admission.py).
+VARIANT_ROUTES_HEADER = "X-Pagoda-Variant-Routes"

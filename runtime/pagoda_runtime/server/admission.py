@@ -1,13 +1,17 @@
 """Whether a request may enter the engine now: the model it names, drain, load, queue depth.
 
 Refusals here are cheap and early, and each says what the client can do: 404 for a model this
-server does not serve, 503 with Retry-After while draining or loading, 429 with Retry-After when
-the waiting queue is full. Whether the request itself fits the model is the engine's to say
+server does not serve (a 307 to the gateway path of the sibling variant that serves it, when the
+gateway said where that is), 503 with Retry-After while draining or loading, 429 with Retry-After
+when the waiting queue is full. Whether the request itself fits the model is the engine's to say
 (request_validation.py), and generation.py turns its refusal into a 400.
 """
 
 from __future__ import annotations
 
+from fastapi import Request
+
+from pagoda_runtime.contract.names import VARIANT_ROUTES_HEADER
 from pagoda_runtime.contract.serve_settings import DEFAULT_QUEUE_BATCHES, ServerSettings
 from pagoda_runtime.engine.protocol import ServingEngine
 from pagoda_runtime.server.drain import RETRY_AFTER_S
@@ -26,9 +30,31 @@ def max_in_flight(settings: ServerSettings) -> int:
     return settings.max_num_seqs + queue
 
 
-def check_model(state: ServerState, model: str | None) -> None:
+def variant_routes(header: str | None) -> dict[str, str]:
+    """The gateway's VARIANT_ROUTES_HEADER: model name -> the path prefix that reaches it."""
+    routes = {}
+    for entry in (header or "").split(","):
+        model, sep, path = entry.strip().partition("=")
+        if sep and model and path.startswith("/"):
+            routes[model] = path.rstrip("/")
+    return routes
+
+
+def check_model(state: ServerState, model: str | None, request: Request | None = None) -> None:
+    """`request`: where a sibling variant's gateway path comes from (VARIANT_ROUTES_HEADER)."""
     served = state.settings.model_names
     if model is not None and model not in served:
+        routes = variant_routes(request.headers.get(VARIANT_ROUTES_HEADER)) if request is not None else {}
+        if path := routes.get(model):
+            target = path + request.url.path + (f"?{request.url.query}" if request.url.query else "")
+            # 307 keeps the method and the body; the OpenAI clients follow it.
+            raise APIError(
+                307,
+                f"The model '{model}' is served by another variant of this service, at {path}.",
+                param="model",
+                code="model_elsewhere",
+                location=target,
+            )
         raise APIError(
             404,
             f"The model '{model}' does not exist; this server serves {', '.join(repr(n) for n in served)}.",

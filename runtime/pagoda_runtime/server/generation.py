@@ -98,7 +98,8 @@ async def generate(
                 last_token_at = now
             if out.finished:
                 finished = True
-                state.metrics.finished(out)
+                allowed = params.max_tokens or engine.max_model_len - len(prompt_ids)
+                state.metrics.finished(out, allowed)
             yield out
     except RequestRejected as exc:
         refused = True

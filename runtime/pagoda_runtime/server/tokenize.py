@@ -58,7 +58,7 @@ def _engine(state: ServerState):
 
 async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
     state: ServerState = request.app.state.pagoda
-    check_model(state, body.model)
+    check_model(state, body.model, request)
     engine = _engine(state)
     tokenizer = engine.tokenizer
     if body.messages is not None:
@@ -71,7 +71,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
 
 async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
     state: ServerState = request.app.state.pagoda
-    check_model(state, body.model)
+    check_model(state, body.model, request)
     engine = _engine(state)
     vocab = engine.vocab_size
     if any(t >= vocab for t in body.tokens):
