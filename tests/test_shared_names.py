@@ -40,7 +40,9 @@ def _exported() -> set[str]:
         prefix_cache_hits=3,
         num_preemptions=0,
     )
-    registry = ServerMetrics("m", lambda: stats).registry
+    metrics = ServerMetrics("m", lambda: stats)
+    metrics.engine_loaded(max_model_len=4096)  # the token-length families, once a model has loaded
+    registry = metrics.registry
     return {family.name for family in registry.collect() if family.name.startswith("pagoda_")}
 
 

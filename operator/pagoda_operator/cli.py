@@ -9,6 +9,8 @@ import sys
 import kopf
 from prometheus_client import start_http_server
 
+from pagoda_operator.scaled_object import DEFAULT_DEMAND_QUERY, DEFAULT_PROMETHEUS_URL, KedaSettings
+
 PEERING_NAME = "pagoda-operator"
 
 
@@ -50,6 +52,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=30.0,
         help="reconcile every InferenceService again this often, undoing changes made to its children",
     )
+    p.add_argument(
+        "--prometheus-url",
+        default=DEFAULT_PROMETHEUS_URL,
+        help="the Prometheus KEDA's ScaledObjects query for queue depth and gateway demand",
+    )
+    p.add_argument(
+        "--gateway-demand-query",
+        default=DEFAULT_DEMAND_QUERY,
+        help="PromQL for the requests per second a gateway sends toward a Service, with {namespace} and "
+        "{service}: what wakes a variant scaled to zero (default: Traefik's)",
+    )
     p.add_argument("--verbose", "-v", action="store_true")
     return p.parse_args(argv)
 
@@ -59,8 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     # kopf's formatter prefixes each line with the [namespace/name] of the object it is about.
     kopf.configure(verbose=args.verbose, log_prefix=True)
     from pagoda_operator import handlers  # importing registers the handlers with kopf
+    from pagoda_operator.reconcile import configure_autoscaling
 
     handlers.schedule_resync(args.resync_seconds)
+    configure_autoscaling(KedaSettings(args.prometheus_url, args.gateway_demand_query))
 
     if args.metrics_port:
         start_http_server(args.metrics_port)

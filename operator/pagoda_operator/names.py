@@ -92,3 +92,8 @@ def labels(name: str, variant: str | None = None) -> dict[str, str]:
         "app.kubernetes.io/managed-by": "pagoda-operator",
         **selector_labels(name, variant),
     }
+
+
+def variant_model_names(served_name: str, variant: str) -> tuple[str, str]:
+    """What a variant's pods answer to: the service's model name, and NAME:VARIANT for this one alone."""
+    return served_name, f"{served_name}:{variant}"
