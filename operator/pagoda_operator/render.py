@@ -32,6 +32,7 @@ from pagoda_operator.http_route import http_route
 from pagoda_operator.leader_worker_set import LEADER_SELECTOR, LWS_API_VERSION, LWS_KIND, leader_worker_set
 from pagoda_operator.models import GROUP, KIND, VERSION, InferenceServiceSpec, VariantSpec
 from pagoda_operator.names import (
+    LABEL_ISVC,
     LABEL_VARIANT,
     PORT,
     labels,
@@ -457,6 +458,8 @@ def _service_monitor(spec, *, namespace, name, uid) -> dict:
                 "matchExpressions": [{"key": LABEL_VARIANT, "operator": "Exists"}],
             },
             "endpoints": [{"port": "http", "path": METRICS_PATH, "interval": spec.monitoring.interval}],
+            # Series labelled by InferenceService and variant (PROMETHEUS_ISVC_LABEL, ..._VARIANT_LABEL).
+            "podTargetLabels": [LABEL_ISVC, LABEL_VARIANT],
         },
     }
 
