@@ -231,7 +231,7 @@ def test_an_idle_variant_goes_to_zero_and_the_first_request_wakes_it(cluster, ga
         Path(target).write_text(
             json.dumps(
                 {
-                    "what": "first request to a variant at zero pods, through the gateway, to its first token",
+                    "what": "first request to a variant at zero pods, through the gateway, to first token",
                     "model": "bundled://smollm2-135m on the CPU (manifests/examples/cpu-smollm2.yaml)",
                     "seconds_to_first_token": round(first_token, 1),
                     "keda_polling_interval_seconds": 2,
