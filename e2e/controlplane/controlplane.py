@@ -86,6 +86,9 @@ def binary_path(name: str) -> Path:
         "prometheus-adapter": v["PROMETHEUS_ADAPTER_VERSION"],
         "minio": v["MINIO_VERSION"],
         "lws-controller": v["LWS_VERSION"],
+        "traefik": v["TRAEFIK_VERSION"],
+        "keda-operator": v["KEDA_VERSION"],
+        "keda-adapter": v["KEDA_VERSION"],
     }.get(name, v["KUBERNETES_VERSION"])
     return tools_cache() / f"{name}-{version}" / name
 

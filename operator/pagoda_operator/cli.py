@@ -9,7 +9,7 @@ import sys
 import kopf
 from prometheus_client import start_http_server
 
-from pagoda_operator.scaled_object import DEFAULT_DEMAND_QUERY, DEFAULT_PROMETHEUS_URL, KedaSettings
+from pagoda_operator.scaled_object import DEFAULT_PROMETHEUS_URL, DEFAULT_REQUEST_COUNTER, KedaSettings
 
 PEERING_NAME = "pagoda-operator"
 
@@ -58,10 +58,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the Prometheus KEDA's ScaledObjects query for queue depth and gateway demand",
     )
     p.add_argument(
-        "--gateway-demand-query",
-        default=DEFAULT_DEMAND_QUERY,
-        help="PromQL for the requests per second a gateway sends toward a Service, with {namespace} and "
-        "{service}: what wakes a variant scaled to zero (default: Traefik's)",
+        "--gateway-request-counter",
+        default=DEFAULT_REQUEST_COUNTER,
+        help="PromQL series selector of the gateway's request counter per HTTPRoute rule, with "
+        "{namespace}, {route} and {rules}: what wakes a variant scaled to zero (default: Traefik's)",
     )
     p.add_argument("--verbose", "-v", action="store_true")
     return p.parse_args(argv)
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     from pagoda_operator.reconcile import configure_autoscaling
 
     handlers.schedule_resync(args.resync_seconds)
-    configure_autoscaling(KedaSettings(args.prometheus_url, args.gateway_demand_query))
+    configure_autoscaling(KedaSettings(args.prometheus_url, args.gateway_request_counter))
 
     if args.metrics_port:
         start_http_server(args.metrics_port)

@@ -78,6 +78,14 @@ def parent_ref(route: RouteSpec) -> dict:
     return ref
 
 
+def rules_reaching(plan: ServicePlan, variant: str) -> tuple[int, ...]:
+    """Indices in the route's rules of the ones that may send a request to this variant: its own
+    and the shared one (the last). A gateway's request counters per rule tell its demand."""
+    names = [v.name for v in plan.servable]
+    own = (names.index(variant),) if variant in names else ()
+    return (*own, len(names))
+
+
 def http_route(plan: ServicePlan, *, metadata: dict, name: str, served_name: str) -> dict:
     """metadata: the object's own (named after the InferenceService)."""
     spec: InferenceServiceSpec = plan.spec

@@ -43,7 +43,7 @@ _keda_settings = KedaSettings()
 
 
 def configure_autoscaling(settings: KedaSettings) -> None:
-    """Where the ScaledObjects read metrics (the CLI's --prometheus-url, --gateway-demand-query)."""
+    """Where the ScaledObjects read metrics (the CLI's --prometheus-url, --gateway-request-counter)."""
     global _keda_settings
     _keda_settings = settings
 

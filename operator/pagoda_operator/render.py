@@ -28,7 +28,7 @@ from pagoda_runtime.contract.serve_settings import DistributedSettings, ServerSe
 from pagoda_runtime.contract.sources import parse_pvc
 
 from pagoda_operator import model_cache
-from pagoda_operator.http_route import http_route
+from pagoda_operator.http_route import http_route, rules_reaching
 from pagoda_operator.leader_worker_set import LEADER_SELECTOR, LWS_API_VERSION, LWS_KIND, leader_worker_set
 from pagoda_operator.models import GROUP, KIND, VERSION, InferenceServiceSpec, VariantSpec
 from pagoda_operator.names import (
@@ -521,6 +521,7 @@ def render(plan: ServicePlan, *, namespace: str, name: str, uid: str, options: R
                     namespace=namespace,
                     name=name,
                     settings=options.keda,
+                    route_rules=rules_reaching(plan, variant.name),
                 )
             )
         elif variant_plan.autoscales:

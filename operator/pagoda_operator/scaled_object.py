@@ -7,11 +7,13 @@ still applies spec.replicas only to raise it to replicas.min (replicas.py), so t
 
 - `queue`: the variant's waiting requests summed over its pods (each pod counted once however many
   scrape jobs see it), AverageValue against autoscaling.targetQueueDepth: the HPA's rule.
-- `demand`, for a variant that scales to zero: requests the gateway sent toward the variant's
-  Service or the InferenceService's shared one, plus requests its pods still run. A variant at zero
-  has no pod to report a queue; the gateway still sees the request it answers 503 with Retry-After
-  (or holds), so that request wakes the variant. Its threshold is out of reach: it only activates
-  (0 ↔ 1), the queue sizes.
+- `demand`, for a variant that scales to zero: requests the gateway received in the last minute on
+  the variant's own route rule or the shared one, plus requests its pods still run. A variant at
+  zero has no pod to report a queue; the gateway still sees the request it holds or answers 503
+  with Retry-After, so that request wakes the variant. The count is the gateway's request counter
+  now minus a minute ago, not rate(): a counter series born with the first request at zero (its
+  status code never seen before) would show no rate until a second request came. Its threshold is
+  out of reach: it only activates (0 ↔ 1), the queue sizes.
 - `cooldownPeriod` is autoscaling.scaleToZeroAfterSeconds, and `initialCooldownPeriod` the pods'
   startup timeout, so a first model load is never cut short by an idle verdict.
 - `fallback`: when Prometheus cannot be queried three times running, keep the current replicas and
@@ -36,11 +38,13 @@ SCALED_OBJECT_KIND = "ScaledObject"
 SCALED_OBJECT_API = (KEDA_GROUP, KEDA_VERSION, "scaledobjects")
 
 DEFAULT_PROMETHEUS_URL = "http://prometheus-operated.monitoring.svc:9090"
-# Traefik's requests per backend Service (its Kubernetes Gateway provider names each service
-# `<router>-svc-<namespace>-<service>-<index>@kubernetesgateway`), codes 503 included: the ones it
-# answers while the Service has no ready pod. {namespace} and {service} are filled in per Service.
-_TRAEFIK_SERVICE = ".*-svc-{namespace}-{service}-[0-9]+@kubernetesgateway"
-DEFAULT_DEMAND_QUERY = 'sum(rate(traefik_service_requests_total{{service=~"' + _TRAEFIK_SERVICE + '"}}[1m]))'
+# Traefik's request counter per router; its Kubernetes Gateway provider makes one router per rule of
+# an HTTPRoute, `httproute-<namespace>-<route>-gw-<gateway>-ep-<entry point>-<rule index>-<hash>`.
+# {namespace}, {route} and {rules} (a regex of rule indices) are filled in per variant.
+DEFAULT_REQUEST_COUNTER = (
+    'traefik_router_requests_total{{router=~"httproute-{namespace}-{route}-gw-.+-ep-.+-{rules}-[0-9a-f]+'
+    '@kubernetesgateway"}}'
+)
 FALLBACK_FAILURES = 3
 # The demand trigger's per-pod target: unreachable, so that it activates the variant and never sizes it.
 _ACTIVATION_ONLY = "1000000"
@@ -48,11 +52,12 @@ _ACTIVATION_ONLY = "1000000"
 
 @dataclass(frozen=True)
 class KedaSettings:
-    """Where KEDA reads metrics: the cluster's Prometheus, and the gateway's request counter
-    (a PromQL template with {namespace} and {service}; the operator's --gateway-demand-query)."""
+    """Where KEDA reads metrics: the cluster's Prometheus, and the gateway's counter of requests per
+    HTTPRoute rule (a PromQL series selector with {namespace}, {route} and {rules}; the operator's
+    --gateway-request-counter)."""
 
     prometheus_url: str = DEFAULT_PROMETHEUS_URL
-    demand_query: str = DEFAULT_DEMAND_QUERY
+    request_counter: str = DEFAULT_REQUEST_COUNTER
 
 
 def _pods(spec: InferenceServiceSpec, name: str, variant: str) -> str:
@@ -81,15 +86,16 @@ def _prometheus(name: str, url: str, query: str, threshold: str, activation: str
     }
 
 
-def demand_query(settings: KedaSettings, *, namespace: str, name: str, variant: str, pods: str) -> str:
-    """Requests per second the gateway sent toward the variant's Service or the shared one, plus
-    requests the variant's pods are running; 0, not empty, when there are none."""
-    parts = [
-        settings.demand_query.format(namespace=namespace, service=service)
-        for service in (variant_object_name(name, variant), name)
-    ]
-    parts.append(_per_pod_sum(REQUESTS_RUNNING, namespace, pods))
-    return " + ".join(f"({part} or vector(0))" for part in parts)
+def demand_query(
+    settings: KedaSettings, *, namespace: str, route: str, rules: tuple[int, ...], pods: str
+) -> str:
+    """Requests the gateway received on these rules of the route in the last minute, plus requests
+    the variant's pods are running; 0, not empty, when there are none."""
+    counter = settings.request_counter.format(
+        namespace=namespace, route=route, rules="(" + "|".join(map(str, rules)) + ")"
+    )
+    arrived = f"clamp_min((sum({counter}) or vector(0)) - (sum({counter} offset 1m) or vector(0)), 0)"
+    return f"{arrived} + ({_per_pod_sum(REQUESTS_RUNNING, namespace, pods)} or vector(0))"
 
 
 def scaled_object(
@@ -100,7 +106,9 @@ def scaled_object(
     namespace: str,
     name: str,
     settings: KedaSettings,
+    route_rules: tuple[int, ...] = (),
 ) -> dict:
+    """route_rules: the HTTPRoute rules that reach this variant (http_route.rules_reaching)."""
     variant = plan.variant
     scaling = spec.autoscaling
     replicas = variant.replicas
@@ -138,7 +146,7 @@ def scaled_object(
         "advanced": {"horizontalPodAutoscalerConfig": {"behavior": behavior(scaling)}},
     }
     if replicas.min == 0:
-        query = demand_query(settings, namespace=namespace, name=name, variant=variant.name, pods=pods)
+        query = demand_query(settings, namespace=namespace, route=name, rules=route_rules, pods=pods)
         triggers.append(_prometheus("demand", settings.prometheus_url, query, _ACTIVATION_ONLY))
         body["cooldownPeriod"] = scaling.scale_to_zero_after_seconds
         body["initialCooldownPeriod"] = spec.runtime.startup_timeout_seconds

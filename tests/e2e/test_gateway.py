@@ -236,7 +236,8 @@ def test_an_idle_variant_goes_to_zero_and_the_first_request_wakes_it(cluster, ga
                     "seconds_to_first_token": round(first_token, 1),
                     "keda_polling_interval_seconds": 2,
                     "prometheus_scrape_interval_seconds": 2,
-                    "gateway_hold_seconds": 30,
+                    "gateway_hold_seconds": 15,
+                    "gateway_retry_after_seconds": 30,
                     "command": "PAGODA_WAKE_RESULT=benchmarks/results/scale-to-zero-wake.json "
                     "pytest tests/e2e/test_gateway.py",
                 },

@@ -1,12 +1,12 @@
 // Package hold is a Traefik middleware for model variants that scale to zero.
 //
 // While a backend Service has no ready pod, Traefik answers 503 without a Retry-After header. This
-// middleware holds such a request and sends it again every second, for up to holdSeconds: each
-// attempt is counted in Traefik's per-service request metrics, the demand that wakes the variant
-// (its KEDA ScaledObject), and the first attempt after a pod is ready is served. A request still
-// unserved after holdSeconds gets 503 with Retry-After, which OpenAI clients retry, instead of a
-// connection error. A 503 that carries Retry-After is the runtime's own (loading, draining) and
-// passes through unchanged, as does every other response.
+// middleware holds such a request and sends it again every second, for up to holdSeconds, so that
+// a variant that becomes ready meanwhile serves it; a request still unserved then gets 503 with
+// Retry-After, which OpenAI clients retry, instead of a connection error. Traefik's router metrics
+// count the request when it is answered: that count is the demand that wakes the variant (its KEDA
+// ScaledObject), so the hold is short and Retry-After long. A 503 that carries Retry-After is the
+// runtime's own (loading, draining) and passes through unchanged, as does every other response.
 package hold
 
 import (
@@ -26,9 +26,10 @@ type Config struct {
 	MaxBodyBytes      int64 `json:"maxBodyBytes,omitempty"`
 }
 
-// CreateConfig returns the defaults: hold 30 s, then Retry-After 5 s; bodies up to 16 MiB are held.
+// CreateConfig returns the defaults: hold 15 s, then Retry-After 30 s, which covers about 105 s of
+// wake-up for a client with the OpenAI library's two retries; bodies up to 16 MiB are held.
 func CreateConfig() *Config {
-	return &Config{HoldSeconds: 30, RetryAfterSeconds: 5, MaxBodyBytes: 16 << 20}
+	return &Config{HoldSeconds: 15, RetryAfterSeconds: 30, MaxBodyBytes: 16 << 20}
 }
 
 // Hold holds requests while their backend has no ready pod.
