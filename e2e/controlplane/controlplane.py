@@ -1071,7 +1071,7 @@ class ControlPlane:
         self,
         *,
         namespace: str = "gateway",
-        hold_seconds: int = 30,
+        hold_seconds: int = 15,
         retry_after_seconds: int = 5,
         timeout: float = 120.0,
     ) -> Gateway:
