@@ -1072,7 +1072,7 @@ class ControlPlane:
         *,
         namespace: str = "gateway",
         hold_seconds: int = 15,
-        retry_after_seconds: int = 5,
+        retry_after_seconds: int = 30,
         timeout: float = 120.0,
     ) -> Gateway:
         """Install the Gateway API CRDs (the pinned sigs.k8s.io/gateway-api module's standard channel)
