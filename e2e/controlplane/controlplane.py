@@ -1066,6 +1066,9 @@ class ControlPlane:
         for c in [c for c in self._components if c.name in ("keda-adapter", "keda-operator")]:
             self._terminate(c)
             self._components.remove(c)
+        # Uninstalled, so that later tests see a cluster without KEDA (the operator renders HPAs).
+        crds = binary_path("keda-operator").parent / "keda-crds.yaml"
+        self.kubectl("delete", "-f", str(crds), "--ignore-not-found", "--timeout=60s", check=False)
 
     def start_traefik(
         self,
@@ -1193,9 +1196,12 @@ class ControlPlane:
         )
 
     def stop_traefik(self) -> None:
+        """Stop Traefik and uninstall the Gateway API, so that later tests see a cluster without it."""
         for c in [c for c in self._components if c.name == "traefik"]:
             self._terminate(c)
             self._components.remove(c)
+        crds = binary_path("traefik").parent / "gateway-api-crds.yaml"
+        self.kubectl("delete", "-f", str(crds), "--ignore-not-found", "--timeout=60s", check=False)
 
     def node_ready(self, name: str) -> bool:
         try:
