@@ -1018,7 +1018,12 @@ class ControlPlane:
         self.kubectl("create", "namespace", "keda", check=False)
         certs = self._loopback_cert("keda-certs", "keda")
         grpc, health, metrics, adapter = _free_port(), _free_port(), _free_port(), _free_port()
-        env = {"KUBECONFIG": str(self.kubeconfig), "WATCH_NAMESPACE": "", "POD_NAMESPACE": "keda"}
+        env = {
+            "KUBECONFIG": str(self.kubeconfig),
+            "WATCH_NAMESPACE": "",
+            "POD_NAMESPACE": "keda",
+            "KEDA_CLUSTER_OBJECT_NAMESPACE": "keda",
+        }
         self._spawn(
             "keda-operator",
             [

@@ -22,7 +22,7 @@ import uuid
 
 import httpx
 import pytest
-from kube_objects import get, wait_for
+from kube_objects import get, get_or_none, wait_for
 from pagoda_operator.models import InferenceServiceSpec
 from pagoda_operator.names import selector_labels, variant_object_name
 from pagoda_operator.plan import plan_service
@@ -133,9 +133,11 @@ def test_queue_depth_scales_the_variant_up_and_back_down_through_keda(
             _apply(cp, [o for o in _rendered(SPEC, namespace, prometheus.url) if o["kind"] == "ScaledObject"])
             hpa = f"keda-hpa-{DEPLOYMENT}"
             wait_for(
-                lambda: get(cp, "hpa", "-n", namespace, hpa).get("status", {}).get("currentMetrics"),
+                lambda: ((get_or_none(cp, "hpa", "-n", namespace, hpa) or {}).get("status") or {}).get(
+                    "currentMetrics"
+                ),
                 check=bool,
-                timeout=90,
+                timeout=120,
                 what="the HPA KEDA made to read the queue depth",
                 interval=1.0,
             )
