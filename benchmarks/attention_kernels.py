@@ -1,50 +1,62 @@
 """Paged attention on the Llama-3-8B head layout (32 query heads, 8 kv heads, head dim 128), bf16.
 
-Decode: batch 1 and 64, contexts 512..8192, with split-K chosen by default and with one split.
-Each decode time comes from a CUDA graph that cycles several caches, so the 50 MB L2 cannot hold
-the keys and values; GB/s counts the keys and values read once, and the fraction is of the
-device's measured copy bandwidth. Prefill: one 2048-token chunk, alone and over a 2048-token
-cached prefix, and eight 512-token prompts, in causal TFLOP/s; the prompts without a prefix also
-through torch's own FlashAttention (`varlen_attn` over the step's fresh keys and values, and
+Decode: batch 1 and 64, contexts 128..8192, with the splits the kernel chooses (up to the batch's
+maximum, one per 256 keys of context) and with one split, and at batch 64 over an fp8 cache. Each
+decode time comes from a CUDA graph that cycles several caches, so the 50 MB L2 cannot hold the
+keys and values; GB/s counts the keys and values read once, and the fraction is of the device's
+measured copy bandwidth. Prefill: one 2048-token chunk, alone and over a 2048-token cached
+prefix, and eight 512-token prompts, in causal TFLOP/s; the prompts without a prefix also through
+torch's own FlashAttention (`varlen_attn` over the step's fresh keys and values, and
 `scaled_dot_product_attention` for the single chunk), the speed a prefill path must match.
 
-    .venv/bin/python -m benchmarks.attention_kernels
+    .venv/bin/python -m benchmarks.attention_kernels [--result-json PATH] [--smoke]
+
+--smoke: tiny batches on whatever device there is (Triton's interpreter on a CPU), to check the
+command line.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
+import time
+from pathlib import Path
 
 import torch
-import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.varlen import varlen_attn
 
 from pagoda_runtime.bench.roofline import copy_bandwidth
 from pagoda_runtime.executor.attention_metadata import AttentionMetadata
-from pagoda_runtime.executor.kernels.triton_paged_attention import default_num_splits, paged_attention
+from pagoda_runtime.executor.kernels.reference import FP8_KV_DTYPE
+from pagoda_runtime.executor.kernels.triton_paged_attention import max_splits, paged_attention
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 SCALE = HEAD_DIM**-0.5
 STREAM_BYTES = 256 * 2**20
+DECODE = {"batches": (1, 64), "contexts": (128, 512, 1024, 2048, 4096, 8192), "fp8_batch": 64}
+SMOKE_DECODE = {"batches": (1, 2), "contexts": (300,), "fp8_batch": 2}
+PREFILL = (([2048], 0), ([2048], 2048), ([512] * 8, 0))
+SMOKE_PREFILL = (([24], 0), ([16], 16))
 
 
-def make_batch(query_lens: list[int], context_lens: list[int]):
-    """A random bf16 cache whose blocks are scattered, q for the new tokens, and the metadata."""
+def make_batch(query_lens: list[int], context_lens: list[int], device: torch.device, kv_dtype=torch.bfloat16):
+    """A random cache whose blocks are scattered, q for the new tokens, and the metadata."""
     blocks = [math.ceil(c / BLOCK_SIZE) for c in context_lens]
-    order = torch.randperm(sum(blocks), device="cuda", dtype=torch.int32)
-    tables = torch.zeros(len(blocks), max(blocks), dtype=torch.int32, device="cuda")
+    order = torch.randperm(sum(blocks), device=device, dtype=torch.int32)
+    tables = torch.zeros(len(blocks), max(blocks), dtype=torch.int32, device=device)
     offset = 0
     for i, n in enumerate(blocks):
         tables[i, :n] = order[offset : offset + n]
         offset += n
-    cache = torch.randn(2, sum(blocks), BLOCK_SIZE, KV_HEADS, HEAD_DIM, dtype=torch.bfloat16, device="cuda")
-    q = torch.randn(sum(query_lens), HEADS, HEAD_DIM, dtype=torch.bfloat16, device="cuda")
-    starts = torch.tensor([0, *query_lens], device="cuda").cumsum(0).to(torch.int32)
+    cache = torch.randn(2, sum(blocks), BLOCK_SIZE, KV_HEADS, HEAD_DIM, device=device).to(kv_dtype)
+    q = torch.randn(sum(query_lens), HEADS, HEAD_DIM, dtype=torch.bfloat16, device=device)
+    starts = torch.tensor([0, *query_lens], device=device).cumsum(0).to(torch.int32)
     meta = AttentionMetadata(
-        slot_mapping=torch.zeros(sum(query_lens), dtype=torch.int64, device="cuda"),
+        slot_mapping=torch.zeros(sum(query_lens), dtype=torch.int64, device=device),
         query_start_loc=starts,
-        seq_lens=torch.tensor(context_lens, dtype=torch.int32, device="cuda"),
+        seq_lens=torch.tensor(context_lens, dtype=torch.int32, device=device),
         block_tables=tables,
         max_query_len=max(query_lens),
         max_seq_len=max(context_lens),
@@ -52,18 +64,37 @@ def make_batch(query_lens: list[int], context_lens: list[int]):
     return q, cache, meta
 
 
-def decode_seconds(batch: int, context: int, num_splits: int | None) -> float:
-    kv_bytes = 2 * batch * context * KV_HEADS * HEAD_DIM * 2
-    copies = max(1, math.ceil(STREAM_BYTES / kv_bytes))
-    batches = [make_batch([1] * batch, [context] * batch) for _ in range(copies)]
+def _bench(fn, **kwargs) -> float:
+    """Median milliseconds of fn() on the GPU. triton is imported here, after pagoda_runtime's
+    kernels: on a CPU they and triton's own library must both be decorated for the interpreter."""
+    import triton.testing
+
+    return triton.testing.do_bench(fn, return_mode="median", **kwargs)
+
+
+def _seconds(fn, device: torch.device) -> float:
+    """Median seconds of fn() (a CPU runs the kernels in Triton's interpreter: one call)."""
+    if device.type != "cuda":
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+    return _bench(fn) / 1e3
+
+
+def decode_seconds(batch: int, context: int, num_splits: int | None, device: torch.device, kv_dtype) -> float:
+    kv_bytes = 2 * batch * context * KV_HEADS * HEAD_DIM * kv_dtype.itemsize
+    copies = max(1, math.ceil(STREAM_BYTES / kv_bytes)) if device.type == "cuda" else 1
+    batches = [make_batch([1] * batch, [context] * batch, device, kv_dtype) for _ in range(copies)]
     for q, cache, meta in batches:
-        paged_attention(q, cache, meta, SCALE, num_splits)
+        paged_attention(q, cache, meta, SCALE, num_splits=num_splits)
+    if device.type != "cuda":
+        return _seconds(lambda: paged_attention(*batches[0], SCALE, num_splits=num_splits), device)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for q, cache, meta in batches:
-            paged_attention(q, cache, meta, SCALE, num_splits)
-    ms = triton.testing.do_bench(graph.replay, warmup=25, rep=200, return_mode="median")
+            paged_attention(q, cache, meta, SCALE, num_splits=num_splits)
+    ms = _bench(graph.replay, warmup=25, rep=200)
     return ms / 1e3 / copies
 
 
@@ -72,11 +103,10 @@ def causal_flops(chunks: list[int], prefix: int) -> int:
     return sum(4 * HEADS * HEAD_DIM * sum(prefix + i + 1 for i in range(chunk)) for chunk in chunks)
 
 
-def prefill_seconds(chunks: list[int], prefix: int) -> float:
+def prefill_seconds(chunks: list[int], prefix: int, device: torch.device) -> float:
     """Median seconds of causal chunks, each over a cached prefix, through the paged kernel."""
-    q, cache, meta = make_batch(chunks, [prefix + chunk for chunk in chunks])
-    ms = triton.testing.do_bench(lambda: paged_attention(q, cache, meta, SCALE), return_mode="median")
-    return ms / 1e3
+    q, cache, meta = make_batch(chunks, [prefix + chunk for chunk in chunks], device)
+    return _seconds(lambda: paged_attention(q, cache, meta, SCALE), device)
 
 
 def torch_prefill_seconds(chunks: list[int]) -> dict[str, float | str]:
@@ -104,41 +134,88 @@ def torch_prefill_seconds(chunks: list[int]) -> dict[str, float | str]:
     for name, fn in variants.items():
         try:
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                seconds[name] = triton.testing.do_bench(fn, return_mode="median") / 1e3
+                seconds[name] = _bench(fn) / 1e3
         except Exception as error:  # an entry point this build lacks is a finding, not a crash
             seconds[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
     return seconds
 
 
-def main() -> None:
-    bandwidth = copy_bandwidth(torch.device("cuda"))
-    print(f"device: {torch.cuda.get_device_name()}; copy bandwidth {bandwidth / 1e9:.0f} GB/s")
-    print("batch context splits        us    GB/s of copy | 1 split us    GB/s")
-    for batch in (1, 64):
-        for context in (512, 1024, 2048, 4096, 8192):
-            kv_bytes = 2 * batch * context * KV_HEADS * HEAD_DIM * 2
-            splits = default_num_splits(batch, KV_HEADS, torch.device("cuda"))
-            t = decode_seconds(batch, context, None)
-            t1 = decode_seconds(batch, context, 1)
-            print(
-                f"{batch:>5} {context:>7} {splits:>6} {t * 1e6:>9.1f} {kv_bytes / t / 1e9:>7.0f} "
-                f"{kv_bytes / t / bandwidth:>7.0%} | {t1 * 1e6:>10.1f} {kv_bytes / t1 / 1e9:>7.0f}"
-            )
-    for chunks, prefix in (([2048], 0), ([2048], 2048), ([512] * 8, 0)):
+def decode_rows(device: torch.device, bandwidth: float, plan: dict) -> list[dict]:
+    rows = []
+    cases = [(b, c, torch.bfloat16) for b in plan["batches"] for c in plan["contexts"]]
+    cases += [(plan["fp8_batch"], c, FP8_KV_DTYPE) for c in plan["contexts"]]
+    for batch, context, kv_dtype in cases:
+        kv_bytes = 2 * batch * context * KV_HEADS * HEAD_DIM * kv_dtype.itemsize
+        splits = max_splits(batch, KV_HEADS, device)
+        t = decode_seconds(batch, context, None, device, kv_dtype)
+        t1 = decode_seconds(batch, context, 1, device, kv_dtype)
+        rows.append(
+            {
+                "batch": batch,
+                "context": context,
+                "cache": "fp8" if kv_dtype == FP8_KV_DTYPE else "bf16",
+                "max_splits": splits,
+                "seconds": t,
+                "GBps": kv_bytes / t / 1e9,
+                "fraction_of_copy": kv_bytes / t / bandwidth,
+                "one_split_seconds": t1,
+                "one_split_GBps": kv_bytes / t1 / 1e9,
+            }
+        )
+    return rows
+
+
+def prefill_rows(device: torch.device, plan) -> list[dict]:
+    rows = []
+    for chunks, prefix in plan:
         flops = causal_flops(chunks, prefix)
-        seconds = prefill_seconds(chunks, prefix)
-        label = f"prefill {len(chunks)} x {chunks[0]} over prefix {prefix}"
-        print(f"{label}: paged kernel {seconds * 1e6:.0f} us, {flops / seconds / 1e12:.0f} TFLOP/s")
-        if prefix == 0:
-            for name, result in torch_prefill_seconds(chunks).items():
-                if isinstance(result, str):
-                    print(f"{label}: {name} could not run: {result}")
-                else:
-                    print(
-                        f"{label}: {name} {result * 1e6:.0f} us, {flops / result / 1e12:.0f} TFLOP/s "
-                        f"(the paged kernel takes {seconds / result:.2f}x its time)"
-                    )
+        seconds = prefill_seconds(chunks, prefix, device)
+        row = {"chunks": chunks, "prefix": prefix, "seconds": seconds, "TFLOPs": flops / seconds / 1e12}
+        if prefix == 0 and device.type == "cuda":
+            row["torch"] = torch_prefill_seconds(chunks)
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--result-json", help="also write the figures here")
+    parser.add_argument("--smoke", action="store_true", help="tiny batches on any device")
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    bandwidth = copy_bandwidth(device)
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    print(f"device: {name}; copy bandwidth {bandwidth / 1e9:.0f} GB/s")
+    decode = decode_rows(device, bandwidth, SMOKE_DECODE if args.smoke else DECODE)
+    print("batch context cache splits        us    GB/s of copy | 1 split us    GB/s")
+    for r in decode:
+        shape = f"{r['batch']:>5} {r['context']:>7} {r['cache']:>5} {r['max_splits']:>6}"
+        split = f"{r['seconds'] * 1e6:>9.1f} {r['GBps']:>7.0f} {r['fraction_of_copy']:>7.0%}"
+        one = f"{r['one_split_seconds'] * 1e6:>10.1f} {r['one_split_GBps']:>7.0f}"
+        print(f"{shape} {split} | {one}")
+    prefill = prefill_rows(device, SMOKE_PREFILL if args.smoke else PREFILL)
+    for r in prefill:
+        label = f"prefill {len(r['chunks'])} x {r['chunks'][0]} over prefix {r['prefix']}"
+        print(f"{label}: paged kernel {r['seconds'] * 1e6:.0f} us, {r['TFLOPs']:.0f} TFLOP/s")
+        for variant, result in r.get("torch", {}).items():
+            if isinstance(result, str):
+                print(f"{label}: {variant} could not run: {result}")
+            else:
+                ratio = r["seconds"] / result
+                print(
+                    f"{label}: {variant} {result * 1e6:.0f} us (the paged kernel takes {ratio:.2f}x its time)"
+                )
+    if args.result_json:
+        result = {
+            "shape": "tiny" if args.smoke else "llama-3-8b",
+            "device": name,
+            "copy_bandwidth_GBps": bandwidth / 1e9,
+            "decode": decode,
+            "prefill": prefill,
+        }
+        Path(args.result_json).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

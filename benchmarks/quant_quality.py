@@ -49,7 +49,7 @@ VARIANTS = [
     Variant("gguf (Q4_1 kept as int4)", "gguf"),
     Variant("fp8 KV cache", "none", "fp8"),
     # What `--dtype auto` serves on the CPU: the file's int4 blocks in torch's packed CPU matmul
-    # with bfloat16 activations around it, and a bfloat16 embedding and LM head.
+    # with bfloat16 activations around it, and a float16 embedding and LM head (float32 logits).
     Variant("gguf, --dtype auto", "gguf", dtype="auto"),
 ]
 

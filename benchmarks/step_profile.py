@@ -9,12 +9,14 @@ Builds one engine: random weights of a named shape (bench/offline.py), or with -
 engine loads (the bundled one, a folder, a .gguf file). For each batch size it brings that many
 sequences of --input-len random tokens into decode, runs a few warm-up steps, times --steps steps
 unprofiled (wall and process CPU time), then --steps more in one torch.profiler session, each in
-a range of its own (an event belongs to the last step that began before it; each step ends by
-waiting for the device, so no kernel runs across two steps). For each profiled step it reports the
-wall time, the kernel time, the idle gap (wall - kernel), the host time the engine measured itself
-(scheduling, batch tensors, output handling: StepTiming.host_s), the launches, and whether the
-forward replayed a CUDA graph (the runner's choice); over the steps, the kernels that took the
-most time and their share.
+a range of its own (an event belongs to the last step that began before it). The device is waited
+for only before the first step and after the last, as a server runs: with async scheduling a
+step's kernels run while the host works on the next. For each profiled step it reports the wall
+time, the kernel time, the idle gap (wall - kernel), the host's own work the engine measured
+(scheduling, batch tensors, appending, text: StepTiming.host_s), the launches, and whether the
+forward replayed a CUDA graph (the runner's choice); over the steps, the share of the wall time
+the device was idle (the first step left out: it starts on an idle device), the kernels that took
+the most time and their share.
 
 On CUDA the kernel time is the sum of the device's activities (kernels, copies, memsets) and the
 launches are the host's kernel- and graph-launch calls. The CPU has no device: there the kernel
@@ -129,11 +131,12 @@ def timed_steps(engine: LLMEngine, steps: int) -> tuple[list[float], list[float]
     """Wall and process CPU seconds of each of `steps` unprofiled steps, and the engine's own timing."""
     device = engine.runner.device
     wall, cpu, timings = [], [], []
-    for _ in range(steps):
-        _sync(device)
+    _sync(device)
+    for i in range(steps):
         w, c = time.perf_counter(), time.process_time()
         engine.step()
-        _sync(device)
+        if i == steps - 1:
+            _sync(device)
         wall.append(time.perf_counter() - w)
         cpu.append(time.process_time() - c)
         timings.append(engine.last_step_timing)
@@ -192,11 +195,12 @@ def profiled_steps(engine: LLMEngine, steps: int) -> list[tuple[dict, list[tuple
     _sync(device)
     # acc_events only keeps torch from warning that a session's cycles drop events: it has one.
     with profile(activities=activities, acc_events=True) as prof:
-        for _ in range(steps):
+        for i in range(steps):
             with record_function(STEP_LABEL):
                 started = time.perf_counter()
                 engine.step()
-                _sync(device)
+                if i == steps - 1:
+                    _sync(device)
                 wall_ms = (time.perf_counter() - started) * 1e3
             measured.append((wall_ms, engine.last_step_timing, engine.runner.last_graph_batch))
     results = []
@@ -292,12 +296,15 @@ def profile_batch(engine: LLMEngine, batch: int, args: argparse.Namespace) -> di
             f"{key}_median": statistics.median(s[key] for s in steps)
             for key in ("kernel_ms", "idle_gap_ms", "host_ms")
         },
+        # The device's idle share over the profiled steps but the first, which starts on an idle device.
+        "device_idle_share": 1
+        - sum(s["kernel_ms"] for s in steps[1:]) / sum(s["wall_ms"] for s in steps[1:]),
         # The host's parts of the unprofiled steps (StepTiming), the profiler's overhead left out.
         "host_parts_ms_median": {
             part: statistics.median(getattr(t, f"{part}_s") for t in timings) * 1e3
-            for part in ("schedule", "prepare", "output", "overlapped")
+            for part in ("schedule", "prepare", "launch", "wait", "append", "sample", "emit", "host")
         },
-        "async_output_proc": engine.async_output,
+        "async_scheduling": engine.async_scheduling,
         "detokenize": args.detokenize,
         "launches_per_step": statistics.median(s["launches"] for s in steps),
         "kernels_per_step": statistics.median(s["kernels"] for s in steps),
@@ -328,7 +335,7 @@ def _labelled(label: str, fn: Callable) -> Callable:
 @contextmanager
 def labelled_parts(engine: LLMEngine) -> Iterator[None]:
     """Wrap every part of a step in a profiler label (PARTS); the originals come back on exit."""
-    import pagoda_runtime.executor.model as model_module
+    import pagoda_runtime.executor.models.layers as model_module
 
     undo: list[Callable[[], None]] = []
 
@@ -413,7 +420,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     source.add_argument("--model", help="a model the engine loads: smollm2-135m, a folder or a .gguf file")
     parser.add_argument("--batch-sizes", type=_sizes, default=[1, 32, 256])
     # The engine flags of the offline benchmarks but the batch, which --batch-sizes sets; a CPU
-    # overlaps nothing with --async-output-proc, but the step's host parts split the same way.
+    # overlaps nothing with --async-scheduling, but the step's host parts split the same way.
     add_flags(parser, EngineConfig, set(OFFLINE_ENGINE_FLAGS) - {"max_num_seqs"})
     parser.add_argument(
         "--detokenize", action="store_true", help="stream text as a served request does (default: ids only)"

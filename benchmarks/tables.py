@@ -55,6 +55,33 @@ def _waited_on_ms(row: dict) -> float:
     return parts["schedule"] + parts["prepare"] + parts["output"]
 
 
+def _step_parts(row: dict) -> dict[str, float]:
+    """A step profile's host parts in ms, from either format of its JSON: before async scheduling
+    the tokens' appending and their text were one part (`output`, and `overlapped` when made
+    while the next step ran)."""
+    parts = row["host_parts_ms_median"]
+    if "output" in parts:
+        tokens = parts["output"] + parts["overlapped"]
+        host = parts["schedule"] + parts["prepare"] + tokens
+        waited = parts["schedule"] + parts["prepare"] + parts["output"]
+    else:
+        tokens, host = parts["append"] + parts["sample"] + parts["emit"], parts["host"]
+        waited = 0.0 if row["async_scheduling"] else host
+    return {
+        "schedule": parts["schedule"],
+        "prepare": parts["prepare"],
+        "tokens": tokens,
+        "host": host,
+        "waited": waited,
+    }
+
+
+def _waited_on(row: dict) -> str:
+    if row.get("async_scheduling"):
+        return "none, while the device's step is longer"
+    return f"**{_step_parts(row)['waited']:.2f} ms**"
+
+
 def _mask_rows(loaded: list[dict]) -> list[dict]:
     (result,) = loaded
     return sorted(result["steps"], key=lambda r: (r["constrained"] > 0, r["constrained"], r["batch"]))
@@ -201,6 +228,38 @@ def _cold_start_node_rows(loaded: list[dict]) -> list[dict]:
 
 
 SERVE_RATES = ("0.1", "0.25", "0.5", "1")
+
+
+def _compile_rows(loaded: list[dict]) -> list[dict]:
+    """hopper_compile.py's reports before and after, paired by launch (a launch made only after,
+    such as the bf16 batch-1 kernel, has no before)."""
+    # The commit before also launched a merge kernel after a split decode: BENCHMARKS.md names it.
+    before, after = (
+        {r["launch"]: r for r in result["reports"] if r["kernel"] != "_merge_splits_kernel"}
+        for result in loaded
+    )
+    return [
+        {"launch": launch, "before": before.get(launch), "after": report} for launch, report in after.items()
+    ]
+
+
+def _compile_cell(fmt):
+    """'before -> after' of one report figure, or the after alone."""
+
+    def cell(row: dict) -> str:
+        after = fmt(row["after"])
+        return after if row["before"] is None else f"{fmt(row['before'])} → {after}"
+
+    return cell
+
+
+def _kernel_name(report: dict) -> str:
+    return report["kernel"].strip("_").removesuffix("_kernel")
+
+
+def _per_weight(report: dict) -> str:
+    return f"{report['instructions_per_weight']:.2f}" if "instructions_per_weight" in report else "-"
+
 
 TABLES = [
     Table(
@@ -381,6 +440,32 @@ TABLES = [
         ],
     ),
     Table(
+        "async-scheduling-cpu",
+        (
+            "cpu/host_overlap_before_in_order_b256.json",
+            "cpu/host_overlap_before_async_output_b256.json",
+            "cpu/host_overlap_after_in_order_b256.json",
+            "cpu/host_overlap_after_async_scheduling_b256.json",
+        ),
+        (
+            Column("engine", lambda r: r["engine"]),
+            Column("step order", lambda r: r["order"]),
+            Column("schedule", lambda r: f"{_step_parts(r)['schedule']:.2f} ms"),
+            Column("batch tensors", lambda r: f"{_step_parts(r)['prepare']:.2f} ms"),
+            Column("tokens and text", lambda r: f"{_step_parts(r)['tokens']:.2f} ms"),
+            Column("host per step", lambda r: f"{_step_parts(r)['host']:.2f} ms"),
+            Column("the device waits on", _waited_on),
+            Column("step (wall)", lambda r: f"{r['step_wall_ms_median']:.0f} ms"),
+            Column("load at start", lambda r: f"{r['load_average_before'][0]:.1f}"),
+        ),
+        rows=lambda loaded: [
+            {"engine": "before", "order": "in order", **loaded[0]},
+            {"engine": "before", "order": "async output processing", **loaded[1]},
+            {"engine": "after", "order": "in order", **loaded[2]},
+            {"engine": "after", "order": "async scheduling", **loaded[3]},
+        ],
+    ),
+    Table(
         "detokenize-cpu",
         ("cpu/detokenize_before.json", "cpu/detokenize_after.json"),
         (
@@ -407,6 +492,21 @@ TABLES = [
             Column("the broadcast's own cost", lambda r: micros(r["overhead_us"])),
         ),
         rows=lambda loaded: loaded[0]["rows"],
+    ),
+    Table(
+        "kernels-compile-sm90",
+        ("sm90/compile_before.json", "sm90/compile_after.json"),
+        (
+            Column("launch (Llama-3-8B shapes)", lambda r: r["launch"]),
+            Column("kernel", _compile_cell(_kernel_name)),
+            Column("registers", _compile_cell(lambda r: str(r["registers"]))),
+            Column("spills (bytes)", _compile_cell(lambda r: str(r["spill_store_bytes"]))),
+            Column("blocks / SM", _compile_cell(lambda r: str(r["blocks_per_sm"]))),
+            Column("stages", _compile_cell(lambda r: str(r["num_stages"]) if r["pipelined"] else "none")),
+            Column("loop instructions", _compile_cell(lambda r: str(r["loop_instructions"]))),
+            Column("instructions / weight", _compile_cell(_per_weight)),
+        ),
+        rows=_compile_rows,
     ),
     Table(
         "cold-start-cpu",

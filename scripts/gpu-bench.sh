@@ -24,8 +24,9 @@
 #   batch       decode tok/s against batch size 1 to 256, transformers beside it
 #   quant       batch-1 decode of none, int8, fp8 and int4 weights in one run
 #   profile     kernel vs wall time per decode step at batch 1, 32 and 256 (streaming text), and at
-#               256 again without async output processing
-#   kernels     the GEMV and paged-attention kernels alone (CUDA only)
+#               256 again without async scheduling
+#   kernels     the projections at 1-64 rows on every path (the routing table's timings, and the
+#               table they give: DIR/dispatch_table.json) and the paged-attention kernel alone
 #   moe-lora    the fused MoE layer (Qwen3-30B-A3B, Mixtral-8x7B; bf16, int8, fp8, int4 experts) and
 #               batched LoRA on Llama-3-8B's projections (decode and prefill), each checked first
 #   offline     nano-vllm's workload (256 requests, 100-1024 in and out); transformers on its first
@@ -197,9 +198,10 @@ if $smoke; then
     offline=(--num-prompts 4 --min-len 4 --max-len 12 --hf-num-prompts 2 --hf-batch-size 2)
     rate=(--rates inf --num-prompts 4 --input-len 8 --output-len 8 --random-vocab-size 500)
     profile=(--batch-sizes 1,2 --steps 2 --input-len 8)
-    profile_sync=(--batch-sizes 2 --steps 2 --input-len 8)
+    profile_in_order=(--batch-sizes 2 --steps 2 --input-len 8)
     stretch=(--num-prompts 4 --min-len 8 --max-len 8)
     moe_lora=(--smoke)
+    kernels=(--smoke)
 else
     shape=llama-3-8b small_shape=llama-3.2-1b
     tests=(tests/runtime)
@@ -209,9 +211,10 @@ else
     offline=(--hf-num-prompts 64 --hf-batch-size 64)
     rate=(--rates 4,8,16,32,64,inf --num-prompts 400)
     profile=(--batch-sizes 1,32,256)
-    profile_sync=(--batch-sizes 256)
+    profile_in_order=(--batch-sizes 256)
     stretch=(--min-len 1024 --max-len 1024)
     moe_lora=()
+    kernels=()
 fi
 
 # One command of a part, in the environment gpu-env.sh makes, within what is left of the part's time.
@@ -238,14 +241,18 @@ run_part() {
             --result-json "$out/throughput_$small_shape.json" ;;
         serve) run -m benchmarks.sweeps rate --serve "--model $shape --load-format dummy" "${rate[@]}" \
             --out "$out" ;;
-        # Served requests stream text; the second run is the same step without async output processing.
+        # Served requests stream text; the second run is the same step without async scheduling.
         profile) run -m benchmarks.step_profile --shape "$shape" "${profile[@]}" --detokenize --out "$out" &&
-            run -m benchmarks.step_profile --shape "$shape" "${profile_sync[@]}" --detokenize \
-                --no-async-output-proc --name "sync_output_profile_$shape" --out "$out" ;;
+            run -m benchmarks.step_profile --shape "$shape" "${profile_in_order[@]}" --detokenize \
+                --no-async-scheduling --name "in_order_profile_$shape" --out "$out" ;;
         stretch) run -m pagoda_runtime.cli bench throughput --shape "$shape" --quantization fp8 --kv-cache-dtype fp8 \
             "${stretch[@]}" --result-json "$out/throughput_${shape}_fp8_fp8kv.json" ;;
-        kernels) run -m benchmarks.quant_kernels --check && run -m benchmarks.quant_kernels --rows 4 &&
-            run -m benchmarks.attention_kernels ;;
+        # A path that fails its check is left out of the table and fails the part, after attention ran.
+        kernels) local rc=0
+            run -m benchmarks.quant_kernels --check "${kernels[@]}" \
+                --result-json "$out/quant_kernels.json" --write-table "$out/dispatch_table.json" || rc=$?
+            run -m benchmarks.attention_kernels "${kernels[@]}" --result-json "$out/attention_kernels.json" &&
+                return "$rc" ;;
         moe-lora) run -m benchmarks.moe_kernels --check --kinds bf16,int8,fp8,int4 "${moe_lora[@]}" \
                 --result-json "$out/moe_kernels.json" &&
             run -m benchmarks.lora_kernels --check "${moe_lora[@]}" --result-json "$out/lora_decode.json" &&

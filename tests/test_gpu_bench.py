@@ -54,7 +54,7 @@ def _parts(text: str) -> dict[str, int | str]:
 
 @pytest.mark.slow
 def test_every_part_runs_on_tiny_shapes_and_the_targets_read_its_results(tmp_path):
-    parts = ["tests", "decode", "batch", "quant", "profile", "offline", "serve", "stretch"]
+    parts = ["tests", "decode", "batch", "quant", "profile", "kernels", "offline", "serve", "stretch"]
     result = _bench(tmp_path, "--smoke", *parts, timeout=900)
     out = tmp_path / "out"
     assert result.returncode == 0, result.stderr + "".join(
@@ -66,10 +66,26 @@ def test_every_part_runs_on_tiny_shapes_and_the_targets_read_its_results(tmp_pat
     assert latency["decode_tok_per_s"] > 0 and latency["speedup_vs_hf"] > 0
     speed = json.loads((out / "quantization_speed.json").read_text())
     assert [row["quantization"] for row in speed["rows"]] == ["none", "int8"]
-    # The profile part's second run: the same step with its text made before the next launch.
-    sync = json.loads((out / "sync_output_profile_tiny-llama_b2.json").read_text())
-    assert sync["async_output_proc"] is False and sync["detokenize"] is True
-    assert sync["host_parts_ms_median"]["overlapped"] == 0
+    # The profile part's second run: the same step with each step's tokens read before the next launch.
+    in_order = json.loads((out / "in_order_profile_tiny-llama_b2.json").read_text())
+    assert in_order["async_scheduling"] is False and in_order["detokenize"] is True
+    assert in_order["host_parts_ms_median"]["sample"] == 0
+    # The kernels part: every path at each batch, the routing table they give, the attention kernel.
+    kernels = json.loads((out / "quant_kernels.json").read_text())
+    assert kernels["failures"] == [] and {r["kind"] for r in kernels["results"]} == {
+        "dense",
+        "int8",
+        "fp8",
+        "int4",
+    }
+    assert json.loads((out / "dispatch_table.json").read_text())["routes"].keys() == {
+        "dense",
+        "int8",
+        "fp8",
+        "int4",
+    }
+    attention = json.loads((out / "attention_kernels.json").read_text())
+    assert {r["cache"] for r in attention["decode"]} == {"bf16", "fp8"} and attention["prefill"]
     rate = json.loads((out / "serve-rate-inf.json").read_text())
     assert rate["completed"] == 4 and rate["failed"] == 0
     rows = {row["target"]: row for row in json.loads((out / "targets.json").read_text())}
@@ -147,10 +163,7 @@ def test_targets_judge_only_their_own_shape(tmp_path):
         "results": {"decode_tok_per_s": 180.0, "decode_fraction_of_roofline_batch1": 0.8},
     }
     (tmp_path / "latency_b1.json").write_text(json.dumps(results))
-    # The GPU idle share of each profiled step, 1 - kernel / wall: 0.15, 0.05 and 0.5; median 0.15.
-    steps = [{"wall_ms": 20.0, "kernel_ms": 17.0}, {"wall_ms": 20.0, "kernel_ms": 19.0}]
-    steps.append({"wall_ms": 40.0, "kernel_ms": 20.0})
-    profile = {"model": "llama-3-8b", "steps_profiled": steps}
+    profile = {"model": "llama-3-8b", "device_idle_share": 0.15}
     (tmp_path / "step_profile_llama-3-8b_none_b256.json").write_text(json.dumps(profile))
     checked = {row["target"]: row for row in targets.check_all(tmp_path)}
     rows = {name: row["verdict"] for name, row in checked.items()}

@@ -4,9 +4,11 @@
 #
 # Usage: e2e/controlplane/build.sh [--print-dir] [NAME...]
 #   NAME is one of: kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy
-#   etcd kwok prometheus-adapter minio lws-controller traefik keda-operator keda-adapter, or the groups `core` (everything the loopback control plane
-#   needs), `node` (a real worker node, e2e/node: kubelet, kube-proxy) and `all` (default). Only
-#   missing binaries are built; a flock serialises concurrent callers.
+#   etcd kwok prometheus-adapter minio lws-controller helm kstatus-check traefik keda-operator
+#   keda-adapter, or the groups `core` (everything the loopback control plane needs), `gateway`
+#   (traefik, keda-operator, keda-adapter), `node` (a real worker node, e2e/node: kubelet,
+#   kube-proxy) and `all` (default). Only missing binaries are built; a flock serialises concurrent
+#   callers.
 #   --print-dir prints the cache directory and exits.
 set -euo pipefail
 
@@ -23,8 +25,9 @@ NODE=(kubelet kube-proxy)
 # external-metrics server (its CRDs beside the operator).
 GATEWAY=(traefik keda-operator keda-adapter)
 # minio: the S3-compatible server the model-cache tests download from; lws-controller: the
-# LeaderWorkerSet controller that runs InferenceServices spanning nodes.
-ALL=("${CORE[@]}" "${NODE[@]}" prometheus-adapter minio lws-controller "${GATEWAY[@]}")
+# LeaderWorkerSet controller that runs InferenceServices spanning nodes; helm: the chart's tests;
+# kstatus-check: what Flux's health checks make of an InferenceService's status.
+ALL=("${CORE[@]}" "${NODE[@]}" prometheus-adapter minio lws-controller helm kstatus-check "${GATEWAY[@]}")
 
 version_of() {
   case "$1" in
@@ -34,6 +37,8 @@ version_of() {
     prometheus-adapter) echo "$PROMETHEUS_ADAPTER_VERSION" ;;
     minio) echo "$MINIO_VERSION" ;;
     lws-controller) echo "$LWS_VERSION" ;;
+    helm) echo "$HELM_VERSION" ;;
+    kstatus-check) echo "$KSTATUS_VERSION" ;;
     traefik) echo "$TRAEFIK_VERSION" ;;
     keda-*) echo "$KEDA_VERSION" ;;
     *) echo "unknown binary: $1" >&2; return 1 ;;
@@ -104,6 +109,27 @@ if has lws-controller; then
     echo "  lws-controller $LWS_VERSION: $((SECONDS - t))s"
   ) &
   lws_pid=$!
+fi
+
+# Helm and kstatus-check (the chart's and the GitOps tests' tools) likewise, one after the other.
+tools_pid=""
+if has helm || has kstatus-check; then
+  (
+    if has helm; then
+      t=$SECONDS
+      mkdir -p "$tmp/helm"
+      GOBIN="$tmp/helm" go install "${BUILDFLAGS[@]}" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+      install_bin helm "$tmp/helm/helm"
+      echo "  helm $HELM_VERSION: $((SECONDS - t))s"
+    fi
+    if has kstatus-check; then
+      t=$SECONDS
+      (cd "$here/kstatus" && go build "${BUILDFLAGS[@]}" -o "$tmp/kstatus-check" .)
+      install_bin kstatus-check "$tmp/kstatus-check"
+      echo "  kstatus-check $KSTATUS_VERSION: $((SECONDS - t))s"
+    fi
+  ) &
+  tools_pid=$!
 fi
 
 # kube-*: one `go build` for all of them shares compilation of the common packages.
@@ -213,4 +239,5 @@ if [ ${#keda[@]} -gt 0 ]; then
 fi
 
 if [ -n "$lws_pid" ]; then wait "$lws_pid"; fi
+if [ -n "$tools_pid" ]; then wait "$tools_pid"; fi
 echo "build.sh: done in $((SECONDS - start))s"

@@ -86,6 +86,8 @@ def binary_path(name: str) -> Path:
         "prometheus-adapter": v["PROMETHEUS_ADAPTER_VERSION"],
         "minio": v["MINIO_VERSION"],
         "lws-controller": v["LWS_VERSION"],
+        "helm": v["HELM_VERSION"],
+        "kstatus-check": v["KSTATUS_VERSION"],
         "traefik": v["TRAEFIK_VERSION"],
         "keda-operator": v["KEDA_VERSION"],
         "keda-adapter": v["KEDA_VERSION"],

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 
 import kopf
 from prometheus_client import start_http_server
 
-from pagoda_operator.scaled_object import DEFAULT_PROMETHEUS_URL, DEFAULT_REQUEST_COUNTER, KedaSettings
+from pagoda_operator import settings
 
 PEERING_NAME = "pagoda-operator"
 
@@ -22,6 +23,15 @@ def positive_seconds(text: str) -> float:
     if not seconds > 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
     return seconds
+
+
+def label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a label KEY=VALUE, such as release=kube-prometheus-stack"
+        )
+    return key, value
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -54,14 +64,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--prometheus-url",
-        default=DEFAULT_PROMETHEUS_URL,
+        default=settings.DEFAULT_PROMETHEUS_URL,
         help="the Prometheus KEDA's ScaledObjects query for queue depth and gateway demand",
     )
     p.add_argument(
         "--gateway-request-counter",
-        default=DEFAULT_REQUEST_COUNTER,
+        default=settings.DEFAULT_REQUEST_COUNTER,
         help="PromQL series selector of the gateway's request counter per HTTPRoute rule, with "
         "{namespace}, {route} and {rules}: what wakes a variant scaled to zero (default: Traefik's)",
+    )
+    p.add_argument(
+        "--runtime-image",
+        default=os.environ.get("PAGODA_RUNTIME_IMAGE") or settings.DEFAULT_RUNTIME_IMAGE,
+        help="the pagoda-runtime image of every InferenceService that names none (spec.runtime.image); "
+        "a new value rolls those services one workload at a time (default: $PAGODA_RUNTIME_IMAGE, "
+        f"else {settings.DEFAULT_RUNTIME_IMAGE})",
+    )
+    p.add_argument(
+        "--service-monitor-label",
+        type=label,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a label of every ServiceMonitor, for a Prometheus that selects them by label (repeatable; "
+        "kube-prometheus-stack selects release=<its release name>)",
     )
     p.add_argument("--verbose", "-v", action="store_true")
     return p.parse_args(argv)
@@ -71,11 +97,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # kopf's formatter prefixes each line with the [namespace/name] of the object it is about.
     kopf.configure(verbose=args.verbose, log_prefix=True)
+    settings.configure(
+        settings.OperatorSettings(
+            runtime_image=args.runtime_image,
+            service_monitor_labels=dict(args.service_monitor_label),
+            keda=settings.KedaSettings(args.prometheus_url, args.gateway_request_counter),
+        )
+    )
     from pagoda_operator import handlers  # importing registers the handlers with kopf
-    from pagoda_operator.reconcile import configure_autoscaling
 
     handlers.schedule_resync(args.resync_seconds)
-    configure_autoscaling(KedaSettings(args.prometheus_url, args.gateway_request_counter))
 
     if args.metrics_port:
         start_http_server(args.metrics_port)

@@ -32,6 +32,14 @@ _KEPT = (
 )
 
 
+def _without_nulls(value):
+    """A default as the apiserver accepts it from any client: an unset optional field is left out,
+    not null (kubectl apply drops nulls before sending; Helm and server-side apply do not)."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    return value
+
+
 def _structural(schema: dict, defs: dict, *, in_list: bool = False) -> dict:
     """Pydantic's JSON schema → an OpenAPI v3 structural schema: refs inlined, optionals unwrapped.
 
@@ -74,7 +82,7 @@ def _structural(schema: dict, defs: dict, *, in_list: bool = False) -> dict:
         # apiserver checks an object's CEL rules against its default as written: those keep it whole.
         if isinstance(default, dict) and "properties" in out and "x-kubernetes-validations" not in out:
             default = {}
-        out["default"] = default
+        out["default"] = _without_nulls(default)
     return out
 
 
@@ -101,7 +109,8 @@ def build_crd() -> dict:
                 "plural": PLURAL,
                 "singular": "inferenceservice",
                 "shortNames": ["infsvc"],
-                "categories": ["all", "pagoda"],
+                # Not "all": `kubectl get all` would list InferenceServices beside KServe's of the same kind.
+                "categories": ["pagoda"],
             },
             "versions": [
                 {

@@ -165,6 +165,12 @@ class Kube:
         found = self.request("GET", self._path(kind, namespace), query=[("labelSelector", label_selector)])
         return found.get("items", [])
 
+    def list_all(self, kind: str, label_selector: str) -> list[dict]:
+        """Objects of `kind` in every namespace, each with its kind (a list's items carry none)."""
+        prefix, plural = CHILD_KINDS[kind]
+        found = self.request("GET", f"{prefix}/{plural}", query=[("labelSelector", label_selector)])
+        return [{**item, "kind": kind} for item in found.get("items", [])]
+
     def delete(self, kind: str, namespace: str, name: str) -> None:
         try:
             self.request(

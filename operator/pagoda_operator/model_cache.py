@@ -31,6 +31,9 @@ from pagoda_operator.names import LABEL_MODEL_CACHE
 from pagoda_operator.plan import Checkpoint
 
 CACHE_MOUNT = "/model-cache"  # where the download Job writes
+# Where the download Job of an s3:// model with s3.serviceAccountName finds its ServiceAccount token.
+S3_TOKEN_MOUNT = "/var/run/secrets/pagoda.dev/s3"
+S3_TOKEN_SECONDS = 3600
 SIZING_MOUNT = "/model"  # where the sizing Job reads a pvc:// claim
 DOWNLOAD_CONTAINER = "download"
 SIZING_CONTAINER = "inspect"
@@ -60,7 +63,11 @@ class CacheRef:
 def cache_ref(spec: InferenceServiceSpec) -> CacheRef | None:
     """The shared download cache of an hf:// or s3:// model."""
     model = spec.model
-    return CacheRef(cache_key(model.source, model.revision)) if cached_scheme(model) else None
+    if not cached_scheme(model):
+        return None
+    return CacheRef(
+        cache_key(model.source, model.revision, tuple(model.allow_patterns), tuple(model.ignore_patterns))
+    )
 
 
 def sizing_ref(spec: InferenceServiceSpec) -> CacheRef | None:
@@ -128,7 +135,24 @@ def _download_env(model: ModelSpec) -> list[dict]:
             env.append(
                 _secret_env("AWS_SECRET_ACCESS_KEY", s3.credentials_secret_name, "AWS_SECRET_ACCESS_KEY")
             )
+        if s3.service_account_name:
+            env.append({"name": "AWS_WEB_IDENTITY_TOKEN_FILE", "value": f"{S3_TOKEN_MOUNT}/token"})
+            env.append({"name": "AWS_ROLE_SESSION_NAME", "value": "pagoda-model-download"})
+            if s3.role_arn:
+                env.append({"name": "AWS_ROLE_ARN", "value": s3.role_arn})
+            if s3.sts_endpoint:
+                env.append({"name": "AWS_ENDPOINT_URL_STS", "value": s3.sts_endpoint})
     return env
+
+
+def _service_account_token(model: ModelSpec) -> tuple[dict, dict] | None:
+    """The (volume, mount) of a short-lived token of s3.serviceAccountName, for the download Job only;
+    the API token stays unmounted (the Job never calls the Kubernetes API)."""
+    if model.s3 is None or not model.s3.service_account_name:
+        return None
+    source = {"audience": model.s3.token_audience, "expirationSeconds": S3_TOKEN_SECONDS, "path": "token"}
+    volume = {"name": "s3-token", "projected": {"sources": [{"serviceAccountToken": source}]}}
+    return volume, {"name": "s3-token", "mountPath": S3_TOKEN_MOUNT, "readOnly": True}
 
 
 @dataclass(frozen=True)
@@ -153,6 +177,9 @@ def job_manifest(spec: InferenceServiceSpec, namespace: str, ref: CacheRef, plac
     command = ["pagoda-runtime", "fetch", model.source, "--cache-dir", CACHE_MOUNT]
     if model.revision:
         command += ["--revision", model.revision]
+    command += [arg for pattern in model.allow_patterns for arg in ("--allow-pattern", pattern)]
+    command += [arg for pattern in model.ignore_patterns for arg in ("--ignore-pattern", pattern)]
+    token = _service_account_token(model)
     return _job(
         spec,
         namespace,
@@ -162,10 +189,11 @@ def job_manifest(spec: InferenceServiceSpec, namespace: str, ref: CacheRef, plac
             "name": DOWNLOAD_CONTAINER,
             "command": command,
             "env": _download_env(model),
-            "volumeMounts": [{"name": VOLUME, "mountPath": CACHE_MOUNT}],
+            "volumeMounts": [{"name": VOLUME, "mountPath": CACHE_MOUNT}, *([token[1]] if token else [])],
         },
         claim={"claimName": ref.name},
         backoff_limit=BACKOFF_LIMIT,
+        service_account=(model.s3.service_account_name, token[0]) if token else None,
     )
 
 
@@ -200,9 +228,11 @@ def _job(
     claim: dict,
     backoff_limit: int,
     annotations: dict | None = None,
+    service_account: tuple[str, dict] | None = None,
 ) -> dict:
     """A one-container Job of the runtime's image on one claim, with the replicas' security and
-    tolerations; it never calls the Kubernetes API."""
+    tolerations; it never calls the Kubernetes API. `service_account`: the ServiceAccount it runs as
+    and the projected volume of its token, for credentials from a token rather than a Secret."""
     container = {
         **container,
         "image": spec.runtime.image,
@@ -224,6 +254,9 @@ def _job(
     }
     if spec.runtime.image_pull_secrets:
         pod["imagePullSecrets"] = [{"name": s} for s in spec.runtime.image_pull_secrets]
+    if service_account is not None:
+        pod["serviceAccountName"] = service_account[0]
+        pod["volumes"].append(service_account[1])
     if placement.tolerations:
         pod["tolerations"] = placement.tolerations
     metadata = {"name": ref.name, "namespace": namespace, "labels": _labels(ref)}

@@ -35,7 +35,8 @@ def read_cache_status(k: Kube, spec: InferenceServiceSpec, namespace: str) -> Ca
 def ensure_model_cache(k: Kube, spec: InferenceServiceSpec, namespace: str) -> CacheStatus | None:
     """Creates the claim and the download Job unless they exist, and reads their state. Both are
     shared by every user of the model revision: created once by whoever comes first, never updated,
-    never owned (deleting a user keeps the data)."""
+    never owned (deleting a user keeps the data). `spec`: with its runtime image resolved
+    (render.with_runtime_image)."""
     placement = model_cache.JobPlacement(POD_SECURITY, pod_tolerations(spec))
     for shared in model_cache.cache_manifests(spec, namespace, placement):
         k.create_if_absent(shared)

@@ -22,7 +22,7 @@ from pagoda_runtime.contract.sources import COMMIT_PATTERN
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from pagoda_operator.parallelism import FAMILY_SPLIT_RULES, MAX_GPUS_PER_POD, MAX_NODES, RANKS_PER_POD_CEL
+from pagoda_operator.parallelism import MAX_GPUS_PER_POD, MAX_NODES, RANKS_PER_POD_CEL
 from pagoda_operator.rules import IS_GGUF_SOURCE, Rule, cel_validations, enforce
 
 GROUP = "pagoda.dev"
@@ -30,12 +30,13 @@ VERSION = "v1alpha1"
 KIND = "InferenceService"
 PLURAL = "inferenceservices"
 
-DEFAULT_RUNTIME_IMAGE = "pagoda-runtime:0.1.0"
 SOURCE_PATTERN = (
-    r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?|file:///.+|hf://[^/\s]+/[^/\s]+|bundled://[a-z0-9.-]+"
+    r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?|file:///.+|hf://[^/\s]+/[^/\s]+(/\S+\.gguf)?"
+    r"|bundled://[a-z0-9.-]+"
     r"|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?)$"
 )
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_LABEL_OR_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 
 # The runtime's own flag values, so that a variant the apiserver admits is one the pods can start.
 Quantization = Literal[QUANTIZATION_CHOICES]
@@ -128,6 +129,14 @@ class ModelCacheSpec(Spec):
 
 
 class S3Spec(Spec):
+    RULES = (
+        Rule(
+            "!has(self.credentialsSecretName) || !has(self.serviceAccountName)",
+            lambda s: not (s.credentials_secret_name and s.service_account_name),
+            "give either s3.credentialsSecretName or s3.serviceAccountName, not both",
+        ),
+    )
+
     endpoint: str = Field(
         default="https://s3.amazonaws.com",
         pattern=r"^https?://\S+$",
@@ -136,7 +145,30 @@ class S3Spec(Spec):
     region: str | None = Field(default=None, description="Region, where the endpoint needs one.")
     credentials_secret_name: str | None = Field(
         default=None,
-        description="Secret with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; anonymous when unset.",
+        description="Secret with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; anonymous when "
+        "neither this nor serviceAccountName is set.",
+    )
+    service_account_name: str | None = Field(
+        default=None,
+        pattern=DNS_LABEL_OR_SUBDOMAIN,
+        description="A ServiceAccount of the namespace whose token the download Job exchanges for "
+        "credentials (STS AssumeRoleWithWebIdentity): IRSA on EKS (the ServiceAccount's "
+        "eks.amazonaws.com/role-arn annotation), or any S3 store whose STS trusts the cluster's tokens. "
+        "The token is mounted in the download Job only; the replicas never get one.",
+    )
+    role_arn: str | None = Field(
+        default=None,
+        description="The role to assume with the ServiceAccount's token (AWS_ROLE_ARN); on EKS the "
+        "ServiceAccount's annotation sets it.",
+    )
+    token_audience: str = Field(
+        default="sts.amazonaws.com", min_length=1, description="Audience of the ServiceAccount token."
+    )
+    sts_endpoint: str | None = Field(
+        default=None,
+        pattern=r"^https?://\S+$",
+        description="The STS endpoint to exchange the token at (AWS_ENDPOINT_URL_STS); AWS's by default. "
+        "MinIO serves STS at its S3 endpoint.",
     )
 
 
@@ -154,6 +186,19 @@ class ModelSpec(Spec):
             "!self.source.startsWith('hf://') || has(self.revision)",
             lambda m: not m.source.startswith("hf://") or m.revision is not None,
             "an hf:// source needs revision: the 40-character commit id the cache is filled from",
+        ),
+        Rule(
+            "self.source.startsWith('hf://') || "
+            "((!has(self.allowPatterns) || self.allowPatterns.size() == 0) "
+            "&& (!has(self.ignorePatterns) || self.ignorePatterns.size() == 0))",
+            lambda m: m.source.startswith("hf://") or not (m.allow_patterns or m.ignore_patterns),
+            "allowPatterns and ignorePatterns apply only to hf:// sources",
+        ),
+        Rule(
+            "!self.source.matches('^hf://[^/]+/[^/]+/') || !has(self.allowPatterns) || "
+            "self.allowPatterns.size() == 0",
+            lambda m: not (re.match(r"^hf://[^/]+/[^/]+/", m.source) and m.allow_patterns),
+            "an hf://org/name/file.gguf source names its one file already: drop allowPatterns",
         ),
         Rule(
             "self.source.startsWith('s3://') || !has(self.s3)",
@@ -175,9 +220,10 @@ class ModelSpec(Spec):
     source: str = Field(
         pattern=SOURCE_PATTERN,
         max_length=1024,
-        description="Where the model comes from: hf://org/name or s3://bucket/prefix (downloaded once "
-        "into a shared cache claim), pvc://claim/path (mounted read-only), file:///path (baked into "
-        "the image) or bundled://smollm2-135m (the small model shipped in the runtime image).",
+        description="Where the model comes from: hf://org/name, hf://org/name/file.gguf (that file "
+        "alone) or s3://bucket/prefix (downloaded once into a shared cache claim), pvc://claim/path "
+        "(mounted read-only), file:///path (baked into the image) or bundled://smollm2-135m (the small "
+        "model shipped in the runtime image).",
     )
     served_name: str | None = Field(
         default=None,
@@ -206,6 +252,17 @@ class ModelSpec(Spec):
         default=None,
         pattern=r"^https?://\S+$",
         description="A Hugging Face hub mirror to download hf:// models from (HF_ENDPOINT).",
+    )
+    allow_patterns: list[str] = Field(
+        default=[],
+        description="Of an hf:// repository, only the files matching one of these patterns (fnmatch, as "
+        "huggingface_hub's allow_patterns), e.g. ['*Q4_K_M.gguf'] for one GGUF of many, or "
+        "['*.json', '*.safetensors', 'tokenizer*']. Empty: every file.",
+    )
+    ignore_patterns: list[str] = Field(
+        default=[],
+        description="Of an hf:// repository, leave out the files matching these patterns (e.g. "
+        "['original/*', '*.pth']).",
     )
     s3: S3Spec | None = Field(default=None, description="Endpoint and credentials of an s3:// source.")
     cache: ModelCacheSpec | None = Field(
@@ -242,7 +299,13 @@ class EnvVar(Spec):
 
 
 class RuntimeSpec(Spec):
-    image: str = Field(default=DEFAULT_RUNTIME_IMAGE, description="The pagoda-runtime container image.")
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The pagoda-runtime container image. Unset, the operator's default (its "
+        "--runtime-image flag, the Helm chart's runtime.image), which an operator upgrade moves, one "
+        "InferenceService at a time; set it to pin this service to an image of its own.",
+    )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         default="IfNotPresent", description="When the kubelet pulls the image."
     )
@@ -318,7 +381,14 @@ class ResourcesSpec(Spec):
         "runtime runs one tensor-parallel rank per GPU (see parallelism); scale out with replicas.",
     )
     gpu_product: str | None = Field(
-        default=None, description="Value of the nvidia.com/gpu.product node label the pods must run on."
+        default=None,
+        description="Value of the nvidia.com/gpu.product node label (set by NVIDIA's GPU feature "
+        "discovery) the pods prefer; required only with gpuProductRequired.",
+    )
+    gpu_product_required: bool = Field(
+        default=False,
+        description="Schedule only on nodes labelled nvidia.com/gpu.product=gpuProduct. Leave false where "
+        "GPU feature discovery does not label the nodes, or the pods never schedule.",
     )
     gpu_memory: str | int | None = Field(
         default=None,
@@ -622,7 +692,6 @@ class InferenceServiceSpec(Spec):
             "parallelism.nodes above 1 needs model.cache.accessMode ReadWriteMany: a ReadWriteOnce cache "
             "holds every pod on the one node its volume is attached to",
         ),
-        *FAMILY_SPLIT_RULES,
         Rule(
             "self.variants.all(v, !has(v.traffic)) || (self.variants.all(v, has(v.traffic)) && "
             "self.variants.map(v, v.traffic).sum() == 100)",
@@ -732,8 +801,9 @@ class InferenceServiceSpec(Spec):
 
 class Condition(Spec):
     type: str = Field(
-        description="Ready, Progressing, Degraded, ModelFits, and with spec.route RouteAccepted and "
-        "RouteResolvedRefs (the HTTPRoute's own conditions at its Gateway)."
+        description="Ready, Progressing, Degraded, ModelFits, Reconciling and Stalled (kstatus's, for "
+        "Flux and kpt), and with spec.route RouteAccepted and RouteResolvedRefs (the HTTPRoute's own "
+        "conditions at its Gateway)."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="One CamelCase word saying why.")
@@ -775,7 +845,9 @@ class ModelCacheStatus(Spec):
 
 class InferenceServiceStatus(Spec):
     conditions: list[Condition] = Field(
-        default=[], description="Ready, Progressing, Degraded, ModelFits; RouteAccepted, RouteResolvedRefs."
+        default=[],
+        description="Ready, Progressing, Degraded, ModelFits, Reconciling and Stalled; RouteAccepted, "
+        "RouteResolvedRefs.",
     )
     variants: list[VariantStatus] = Field(default=[], description="Replicas per variant.")
     url: str | None = Field(default=None, description="In-cluster base URL of the OpenAI-compatible API.")

@@ -11,13 +11,14 @@ and reported on the status, a transient API error is retried.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import kopf
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
-from pagoda_operator import metrics
+from pagoda_operator import metrics, settings, upgrade
 from pagoda_operator.inference_service import error_text, ids, parse, plan_with_cache
 from pagoda_operator.kube import (
     CHILD_KINDS,
@@ -27,25 +28,18 @@ from pagoda_operator.kube import (
     api_message,
     being_deleted,
     owned,
+    workload_kinds,
 )
 from pagoda_operator.leader_worker_set import LWS_GROUP
 from pagoda_operator.model_cache_cluster import ensure_model_cache
 from pagoda_operator.models import InferenceServiceSpec
-from pagoda_operator.names import LABEL_VARIANT, WORKLOAD_KINDS, child_selector
+from pagoda_operator.names import LABEL_ISVC, LABEL_VARIANT, WORKLOAD_KINDS, child_selector
 from pagoda_operator.plan import ServicePlan
-from pagoda_operator.render import RenderOptions, render
+from pagoda_operator.render import RenderOptions, render, with_runtime_image
 from pagoda_operator.replicas import replicas_manifest, replicas_to_apply
 from pagoda_operator.retire import plan_retirement, replacements_ready, serving_variants
-from pagoda_operator.scaled_object import KEDA_GROUP, KedaSettings
+from pagoda_operator.scaled_object import KEDA_GROUP
 from pagoda_operator.status_refresh import Observed, observe, refresh_status, report_invalid
-
-_keda_settings = KedaSettings()
-
-
-def configure_autoscaling(settings: KedaSettings) -> None:
-    """Where the ScaledObjects read metrics (the CLI's --prometheus-url, --gateway-request-counter)."""
-    global _keda_settings
-    _keda_settings = settings
 
 
 def _missing_requirement(spec: InferenceServiceSpec, installed: dict[str, bool]) -> tuple[str, str] | None:
@@ -67,16 +61,31 @@ def _missing_requirement(spec: InferenceServiceSpec, installed: dict[str, bool])
     return None
 
 
-def _render_options(spec: InferenceServiceSpec, installed: dict[str, bool]) -> RenderOptions:
-    keda = installed["ScaledObject"] and spec.autoscaling.actuator != "hpa"
-    return RenderOptions(
+def _with_installed(
+    options: RenderOptions,
+    spec: InferenceServiceSpec,
+    installed: dict[str, bool],
+    keda: settings.KedaSettings,
+) -> RenderOptions:
+    """The render options with the optional APIs this cluster has."""
+    scales_with_keda = installed["ScaledObject"] and spec.autoscaling.actuator != "hpa"
+    return replace(
+        options,
         service_monitor=installed["ServiceMonitor"],
         gateway_api=installed["HTTPRoute"],
-        keda=_keda_settings if keda else None,
+        keda=keda if scales_with_keda else None,
     )
 
 
-def _apply_workload(k: Kube, manifest: dict, variant, live: dict | None) -> None:
+def _every_workload(k: Kube) -> list[dict]:
+    return [w for kind in workload_kinds(k) for w in k.list_all(kind, LABEL_ISVC)]
+
+
+def _apply_workload(k: Kube, body, manifest: dict, variant, live: dict | None) -> str | None:
+    """Applies a variant's workload; an operator-driven change of its pods waits its turn (upgrade.py):
+    returns what it waits for, else None."""
+    generation = ids(body)[3]
+    manifest = upgrade.stamped(manifest, generation)
     count = replicas_to_apply(variant, live)
     if live is None:
         # Created with its count, then co-owned by the replicas manager, so that the main manager
@@ -84,24 +93,47 @@ def _apply_workload(k: Kube, manifest: dict, variant, live: dict | None) -> None
         k.apply({**manifest, "spec": {**manifest["spec"], "replicas": count}}, force=False)
     if count is not None:
         k.apply(replicas_manifest(manifest, count), force=True, manager=REPLICAS_FIELD_MANAGER)
-    if live is not None:
+    if live is None:
+        return None
+    if not upgrade.operator_change(manifest, live, generation):
         k.apply(manifest, force=True)
+        return None
+    meta = manifest["metadata"]
+    blocker = upgrade.GATE.run_if_idle(
+        lambda: _every_workload(k),
+        (manifest["kind"], meta["namespace"], meta["name"]),
+        lambda: k.apply(manifest, force=True),
+    )
+    if blocker is None:
+        k.post_event(
+            body,
+            "Normal",
+            "OperatorUpgrade",
+            f"rolling {manifest['kind']} {meta['name']} to the pods this operator renders (one workload "
+            "of the cluster at a time, within rollout.maxSurge and rollout.maxUnavailable)",
+        )
+        return None
+    return f"{manifest['kind']} {meta['name']} waits for {blocker} to finish rolling out"
 
 
-def _apply_children(k: Kube, plan: ServicePlan, manifests: list[dict], uid: str) -> list[str]:
-    """Applies what is ours or new; returns the objects in the way that belong to someone else."""
+def _apply_children(
+    k: Kube, body, plan: ServicePlan, manifests: list[dict], uid: str
+) -> tuple[list[str], list[str]]:
+    """Applies what is ours or new; returns the objects in the way that belong to someone else, and
+    the workloads whose operator upgrade waits its turn."""
     variants = {v.name: v for v in plan.variants}
-    clashes = []
+    clashes, queued = [], []
     for manifest in manifests:
         meta = manifest["metadata"]
         live = k.get(manifest["kind"], meta["namespace"], meta["name"])
         if live is not None and not owned(live, uid):
             clashes.append(f"{manifest['kind']} {meta['namespace']}/{meta['name']}")
         elif manifest["kind"] in WORKLOAD_KINDS:
-            _apply_workload(k, manifest, variants[meta["labels"][LABEL_VARIANT]], live)
+            if waiting := _apply_workload(k, body, manifest, variants[meta["labels"][LABEL_VARIANT]], live):
+                queued.append(waiting)
         else:
             k.apply(manifest, force=live is not None)
-    return clashes
+    return clashes, queued
 
 
 def _retire(k: Kube, body, plan: ServicePlan, manifests: list[dict], kinds: list[str]) -> dict | None:
@@ -176,8 +208,13 @@ def reconcile(k: Kube, body, *, announce: bool) -> None:
         spec = parse(body)
     except (ValidationError, ValueError) as exc:
         _invalid(k, body, exc, announce=announce)
+    operator_settings = settings.current()
+    options = RenderOptions(
+        runtime_image=operator_settings.runtime_image,
+        service_monitor_labels=tuple(sorted(operator_settings.service_monitor_labels.items())),
+    )
     try:
-        cache = ensure_model_cache(k, spec, namespace)
+        cache = ensure_model_cache(k, with_runtime_image(spec, options), namespace)
     except ApiException as exc:
         _refused(k, body, exc, announce=announce)
         return
@@ -185,7 +222,11 @@ def reconcile(k: Kube, body, *, announce: bool) -> None:
     try:
         plan = plan_with_cache(spec, cache)
         manifests = render(
-            plan, namespace=namespace, name=name, uid=uid, options=_render_options(spec, installed)
+            plan,
+            namespace=namespace,
+            name=name,
+            uid=uid,
+            options=_with_installed(options, spec, installed, operator_settings.keda),
         )
     except (ValidationError, ValueError) as exc:
         _invalid(k, body, exc, announce=announce)
@@ -194,10 +235,10 @@ def reconcile(k: Kube, body, *, announce: bool) -> None:
         report_invalid(k, body, reason, message, announce=announce)
         raise kopf.PermanentError(message)
     try:
-        clashes = _apply_children(k, plan, manifests, uid)
+        clashes, queued = _apply_children(k, body, plan, manifests, uid)
         kinds = [kind for kind in CHILD_KINDS if installed.get(kind, True)]
         retiring = _retire(k, body, plan, manifests, kinds)
-        observe(namespace, name, Observed(tuple(clashes), retiring))
+        observe(namespace, name, Observed(tuple(clashes), retiring, tuple(queued)))
         refresh_status(k, namespace, name)
     except ApiException as exc:
         _refused(k, body, exc, announce=announce)

@@ -44,6 +44,7 @@ from pagoda_operator.names import (
 from pagoda_operator.plan import ServicePlan, VariantPlan
 from pagoda_operator.scaled_object import KedaSettings, scaled_object
 from pagoda_operator.scaling_behavior import behavior
+from pagoda_operator.settings import DEFAULT_RUNTIME_IMAGE
 
 RUNTIME_CONTAINER = "runtime"
 RUNTIME_UID = 10001  # the user images/runtime.Dockerfile creates
@@ -54,6 +55,7 @@ PROBE_PERIOD_SECONDS = 10
 # The startup probe runs only until the pod is ready once, so a short period costs little and lets
 # the Ready condition (and the Service's endpoints) follow /health/ready within a second.
 STARTUP_PROBE_PERIOD_SECONDS = 1
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,17 @@ class RenderOptions:
     gateway_api: bool = False  # whether the Gateway API's HTTPRoute CRD exists
     # KEDA scales the autoscaled variants (its CRDs exist, and autoscaling.actuator is not hpa).
     keda: KedaSettings | None = None
+    runtime_image: str = DEFAULT_RUNTIME_IMAGE  # for a spec that names none (settings.py)
+    service_monitor_labels: tuple[tuple[str, str], ...] = ()
+
+
+def with_runtime_image(spec: InferenceServiceSpec, options: RenderOptions) -> InferenceServiceSpec:
+    """The spec with its own runtime image, else the operator's default: what every pod and Job runs."""
+    if spec.runtime.image:
+        return spec
+    return spec.model_copy(
+        update={"runtime": spec.runtime.model_copy(update={"image": options.runtime_image})}
+    )
 
 
 def _metadata(object_name: str, namespace: str, name: str, uid: str, variant: str | None) -> dict:
@@ -275,12 +288,27 @@ def pod_tolerations(spec: InferenceServiceSpec) -> list[dict]:
     return tolerations
 
 
+def _gpu_product_affinity(spec: InferenceServiceSpec) -> dict:
+    """gpuProduct as a node affinity: preferred, since only NVIDIA's GPU feature discovery sets the
+    label and a cluster without it would never schedule a required one; required when asked."""
+    res = spec.resources
+    if not (res.gpus and res.gpu_product) or res.gpu_product_required:
+        return {}
+    term = {"matchExpressions": [{"key": GPU_PRODUCT_LABEL, "operator": "In", "values": [res.gpu_product]}]}
+    return {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": term}]
+        }
+    }
+
+
 def _pod_spec(spec: InferenceServiceSpec, variant: VariantSpec, served_name: str, *, serves: bool) -> dict:
     sched = spec.scheduling
     node_selector = dict(sched.node_selector)
     tolerations = pod_tolerations(spec)
-    if spec.resources.gpus and spec.resources.gpu_product:
-        node_selector["nvidia.com/gpu.product"] = spec.resources.gpu_product
+    if spec.resources.gpus and spec.resources.gpu_product and spec.resources.gpu_product_required:
+        node_selector[GPU_PRODUCT_LABEL] = spec.resources.gpu_product
+    affinity = _gpu_product_affinity(spec)
     pod = {
         "securityContext": POD_SECURITY.pod,
         "enableServiceLinks": False,
@@ -295,7 +323,9 @@ def _pod_spec(spec: InferenceServiceSpec, variant: VariantSpec, served_name: str
     if (ref := model_cache.cache_ref(spec)) is not None:
         pod["initContainers"] = [model_cache.wait_container(spec, MODEL_MOUNT, POD_SECURITY)]
         if model_cache.shares_one_node(spec):
-            pod["affinity"] = model_cache.same_node_affinity(ref)
+            affinity.update(model_cache.same_node_affinity(ref))
+    if affinity:
+        pod["affinity"] = affinity
     if node_selector:
         pod["nodeSelector"] = node_selector
     if tolerations:
@@ -446,11 +476,14 @@ def _pdb(variant, *, namespace, name, uid) -> dict:
     }
 
 
-def _service_monitor(spec, *, namespace, name, uid) -> dict:
+def _service_monitor(spec, extra_labels: dict[str, str], *, namespace, name, uid) -> dict:
+    metadata = _metadata(name, namespace, name, uid, None)
+    # The operator's own labels win: they select the children it prunes.
+    metadata["labels"] = {**extra_labels, **metadata["labels"]}
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
-        "metadata": _metadata(name, namespace, name, uid, None),
+        "metadata": metadata,
         "spec": {
             # The variant Services only: the all-variant Service would scrape every pod twice.
             "selector": {
@@ -494,7 +527,7 @@ def _network_policy(spec, *, namespace, name, uid) -> dict:
 def render(plan: ServicePlan, *, namespace: str, name: str, uid: str, options: RenderOptions) -> list[dict]:
     """Every child that should exist; Deployments and LeaderWorkerSets without spec.replicas (see
     replicas.py)."""
-    spec = plan.spec
+    spec = with_runtime_image(plan.spec, options)
     served_name = spec.model.served_name or name
     ids = {"namespace": namespace, "name": name, "uid": uid}
     objects = [_service(name, selector_labels(name), variant=None, **ids)]
@@ -535,5 +568,5 @@ def render(plan: ServicePlan, *, namespace: str, name: str, uid: str, options: R
     if spec.network_policy.enabled:
         objects.append(_network_policy(spec, **ids))
     if options.service_monitor and spec.monitoring.service_monitor:
-        objects.append(_service_monitor(spec, **ids))
+        objects.append(_service_monitor(spec, dict(options.service_monitor_labels), **ids))
     return objects

@@ -22,8 +22,6 @@ still applies spec.replicas only to raise it to replicas.min (replicas.py), so t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from pagoda_runtime.contract.names import REQUESTS_RUNNING, REQUESTS_WAITING
 
 from pagoda_operator.leader_worker_set import LWS_API_VERSION, LWS_KIND
@@ -31,33 +29,16 @@ from pagoda_operator.models import InferenceServiceSpec
 from pagoda_operator.names import variant_object_name, workload_name
 from pagoda_operator.plan import VariantPlan
 from pagoda_operator.scaling_behavior import behavior
+from pagoda_operator.settings import KedaSettings
 
 KEDA_GROUP = "keda.sh"
 KEDA_VERSION = "v1alpha1"
 SCALED_OBJECT_KIND = "ScaledObject"
 SCALED_OBJECT_API = (KEDA_GROUP, KEDA_VERSION, "scaledobjects")
 
-DEFAULT_PROMETHEUS_URL = "http://prometheus-operated.monitoring.svc:9090"
-# Traefik's request counter per router; its Kubernetes Gateway provider makes one router per rule of
-# an HTTPRoute, `httproute-<namespace>-<route>-gw-<gateway>-ep-<entry point>-<rule index>-<hash>`.
-# {namespace}, {route} and {rules} (a regex of rule indices) are filled in per variant.
-DEFAULT_REQUEST_COUNTER = (
-    'traefik_router_requests_total{{router=~"httproute-{namespace}-{route}-gw-.+-ep-.+-{rules}-[0-9a-f]+'
-    '@kubernetesgateway"}}'
-)
 FALLBACK_FAILURES = 3
 # The demand trigger's per-pod target: unreachable, so that it activates the variant and never sizes it.
 _ACTIVATION_ONLY = "1000000"
-
-
-@dataclass(frozen=True)
-class KedaSettings:
-    """Where KEDA reads metrics: the cluster's Prometheus, and the gateway's counter of requests per
-    HTTPRoute rule (a PromQL series selector with {namespace}, {route} and {rules}; the operator's
-    --gateway-request-counter)."""
-
-    prometheus_url: str = DEFAULT_PROMETHEUS_URL
-    request_counter: str = DEFAULT_REQUEST_COUNTER
 
 
 def _pods(spec: InferenceServiceSpec, name: str, variant: str) -> str:

@@ -40,6 +40,17 @@ _STUCK_REASONS = (
 
 Problem = tuple[str, str]  # (reason, message)
 
+# Ready=False reasons that no waiting cures: the spec, a child in the way, the cluster must change.
+BLOCKED_REASONS = (
+    "InvalidSpec",
+    "ChildRejected",
+    "NameClash",
+    "NoVariantFits",
+    "InvalidParallelism",
+    "LeaderWorkerSetMissing",
+    "ModelCacheFailed",
+)
+
 
 def _condition(type_: str, status: bool | None, reason: str, message: str) -> Condition:
     return Condition(
@@ -219,7 +230,9 @@ def _problems(
     )
 
 
-def progressing_condition(workloads: _Workloads, retiring: RetiringStatus | None) -> Condition:
+def progressing_condition(
+    workloads: _Workloads, retiring: RetiringStatus | None, upgrade_queued: list[str] = ()
+) -> Condition:
     if retiring is not None:
         return _condition(
             "Progressing",
@@ -227,6 +240,14 @@ def progressing_condition(workloads: _Workloads, retiring: RetiringStatus | None
             "ReplacingVariants",
             f"{', '.join(retiring.deployments)} keep serving until the variants that "
             f"replace them have ready pods (waiting since {retiring.since})",
+        )
+    if upgrade_queued:
+        return _condition(
+            "Progressing",
+            True,
+            "UpgradeQueued",
+            "a new operator renders new pods; they roll one workload of the cluster at a time: "
+            + "; ".join(upgrade_queued),
         )
     if changing := workloads.missing + workloads.rolling:
         return _condition("Progressing", True, "RollingOut", f"variants rolling out: {', '.join(changing)}")
@@ -303,6 +324,28 @@ def route_conditions(
     return conditions
 
 
+def kstatus_conditions(
+    ready: Condition, progressing: Condition, degraded: Condition | None
+) -> list[Condition]:
+    """Reconciling and Stalled, the conditions kstatus (Flux's health checks, kpt) reads on any
+    custom resource: abnormal-true, derived from Ready, Progressing and Degraded."""
+    serving = ready.status == "True"
+    blocked = ready.reason in BLOCKED_REASONS
+    if not serving and (blocked or (degraded is not None and degraded.status == "True")):
+        cause = ready if blocked or degraded is None else degraded
+        return [
+            _condition("Reconciling", False, "Stalled", "waiting cannot help: see Stalled"),
+            _condition("Stalled", True, cause.reason, cause.message),
+        ]
+    if not serving:
+        reconciling = _condition("Reconciling", True, ready.reason, ready.message)
+    elif progressing.status == "True":
+        reconciling = _condition("Reconciling", True, progressing.reason, progressing.message)
+    else:
+        reconciling = _condition("Reconciling", False, "Serving", ready.message)
+    return [reconciling, _condition("Stalled", False, "Healthy", "nothing blocks the service")]
+
+
 def _stamped(conditions: list[Condition], previous: dict, generation: int, now: str) -> list[Condition]:
     """A condition keeps its lastTransitionTime while its status stays the same."""
     old_conditions = {c["type"]: c for c in previous.get("conditions", [])}
@@ -319,11 +362,20 @@ def _stamped(conditions: list[Condition], previous: dict, generation: int, now: 
 def invalid_status(
     previous: dict | None, *, reason: str, message: str, generation: int, now: str
 ) -> InferenceServiceStatus:
-    """Ready=False with why the spec or a child was refused; the other conditions stay as they were."""
+    """Ready=False with why the spec or a child was refused (and kstatus's Stalled); the other
+    conditions stay as they were."""
     previous = previous or {}
-    (ready,) = _stamped([_condition("Ready", False, reason, message)], previous, generation, now)
-    others = [Condition.model_validate(c) for c in previous.get("conditions", []) if c.get("type") != "Ready"]
-    return InferenceServiceStatus(conditions=[ready, *others], observed_generation=generation)
+    ready = _condition("Ready", False, reason, message)
+    kept = [
+        Condition.model_validate(c)
+        for c in previous.get("conditions", [])
+        if c.get("type") not in ("Ready", "Reconciling", "Stalled")
+    ]
+    progressing = next((c for c in kept if c.type == "Progressing"), _condition("Progressing", None, "", ""))
+    ready, *kstatus = _stamped(
+        [ready, *kstatus_conditions(ready, progressing, None)], previous, generation, now
+    )
+    return InferenceServiceStatus(conditions=[ready, *kept, *kstatus], observed_generation=generation)
 
 
 def compute_status(
@@ -342,24 +394,29 @@ def compute_status(
     cache: CacheStatus | None = None,
     route: dict | None = None,
     gateway_api: bool = False,
+    upgrade_queued: list[str] = (),
 ) -> InferenceServiceStatus:
     """`deployments` (its Deployments and LeaderWorkerSets), `pods` and `hpas`: the
     InferenceService's own; `previous`: the stored status, as JSON; `clashes`: objects in the way
     that belong to someone else; `retiring`: old children kept serving (RetiringStatus's fields);
     `cache`: the shared model cache of an hf:// or s3:// source, or the sizing Job of a pvc:// one
     (the plan was made with its checkpoint); `route`: its HTTPRoute as stored, `gateway_api`: whether
-    that kind exists."""
+    that kind exists; `upgrade_queued`: workloads whose operator upgrade waits its turn (upgrade.py)."""
     workloads = _Workloads(plan, name, {d["metadata"]["name"]: d for d in deployments})
     problems = _problems(workloads, deployments, pods, list(hpas), list(clashes))
     retiring_status = RetiringStatus.model_validate(retiring) if retiring else None
     url = service_url(name, namespace)
     fits = model_fits_condition(plan)
+    ready = ready_condition(workloads, problems, fits, cache, url)
+    progressing = progressing_condition(workloads, retiring_status, list(upgrade_queued))
+    degraded = degraded_condition(problems)
     conditions = [
-        ready_condition(workloads, problems, fits, cache, url),
-        progressing_condition(workloads, retiring_status),
-        degraded_condition(problems),
+        ready,
+        progressing,
+        degraded,
         fits,
         *route_conditions(plan, route, gateway_api=gateway_api, namespace=namespace),
+        *kstatus_conditions(ready, progressing, degraded),
     ]
     served_name = plan.spec.model.served_name or name
     variants = [workloads.variant_status(v, served_name) for v in plan.variants]

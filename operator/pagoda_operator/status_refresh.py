@@ -29,6 +29,7 @@ class Observed:
 
     clashes: tuple[str, ...] = ()
     retiring: dict | None = None
+    upgrade_queued: tuple[str, ...] = ()  # workloads whose operator upgrade waits its turn
 
 
 _observed: dict[tuple[str, str], Observed] = {}
@@ -79,6 +80,7 @@ def refresh_status(k: Kube, namespace: str, name: str) -> None:
             hpas=[h for h in k.list("HorizontalPodAutoscaler", namespace, selector) if owned(h, uid)],
             clashes=list(observed.clashes),
             retiring=observed.retiring,
+            upgrade_queued=list(observed.upgrade_queued),
             previous=previous,
             now=_now(),
             cache=cache,

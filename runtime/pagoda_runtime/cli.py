@@ -23,7 +23,12 @@ def _add_serve(sub) -> None:
         help="serve a model over an OpenAI-compatible HTTP API",
         description="Serve a model over an OpenAI-compatible HTTP API (docs/architecture.md#cli).",
     )
-    add_flags(p.add_argument_group("engine"), EngineConfig)
+    engine = p.add_argument_group("engine")
+    add_flags(engine, EngineConfig)
+    # Only where --model comes from, as vllm serve's: not an engine setting, so not in EngineConfig.
+    engine.add_argument(
+        "--revision", default=None, help="the commit, branch or tag of a hub id --model (default: main)"
+    )
     add_flags(p.add_argument_group("server"), ServerSettings)
     add_flags(p.add_argument_group("parallelism across processes and pods"), DistributedSettings)
 
@@ -127,6 +132,7 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
 def _serve(args: argparse.Namespace) -> int:
     from pagoda_runtime.contract.bundled import BUNDLED_MODEL_NAME
     from pagoda_runtime.contract.model_catalogue import SHAPES, shape_config
+    from pagoda_runtime.loading.model_cache.hub import hub_model, is_hub_id
     from pagoda_runtime.logs import configure_logging
     from pagoda_runtime.parallel.world_layout import LayoutError
     from pagoda_runtime.server.process import engine_loader, group_engine_loader, serve
@@ -154,6 +160,16 @@ def _serve(args: argparse.Namespace) -> int:
             f"{args.model!r} names a model shape, not a checkpoint: add --load-format dummy to serve "
             "random weights of it, or give the checkpoint's folder or .gguf file"
         )
+    elif is_hub_id(args.model):
+        try:
+            local = hub_model(args.model, args.revision)
+        except Exception as exc:  # the hub's own reason: unknown repo, gated, offline without a copy
+            return refuse(
+                f"downloading {args.model} from the Hugging Face hub failed: {type(exc).__name__}: {exc}"
+            )
+        # Served under the hub id, as vLLM does, from the snapshot in the cache.
+        args.served_model_names = args.served_model_names or [args.model.split("@", 1)[0]]
+        args.model = str(local)
     config = engine_config(args)
     settings = server_settings(args)
     if not world.is_group:
@@ -173,6 +189,18 @@ def _add_fetch(sub) -> None:
     p = sub.add_parser("fetch", help="download a model revision into a cache folder, once")
     p.add_argument("source", help="hf://org/name or s3://bucket/prefix")
     p.add_argument("--revision", default=None, help="commit id of an hf:// model")
+    p.add_argument(
+        "--allow-pattern",
+        action="append",
+        default=[],
+        help="of an hf:// repository, only files matching this fnmatch pattern (repeatable)",
+    )
+    p.add_argument(
+        "--ignore-pattern",
+        action="append",
+        default=[],
+        help="of an hf:// repository, leave out files matching this fnmatch pattern (repeatable)",
+    )
     p.add_argument("--cache-dir", required=True, help="the cache folder (the model lands in CACHE_DIR/model)")
     p.add_argument("--termination-log", default=None, help="file for the outcome line (default: as serve)")
     p.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress lines")
@@ -189,7 +217,9 @@ def _fetch(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     termination_log = args.termination_log or default_termination_log()
     try:
-        source = parse_remote(args.source, args.revision)
+        source = parse_remote(
+            args.source, args.revision, tuple(args.allow_pattern), tuple(args.ignore_pattern)
+        )
         manifest = fetch(
             source,
             Path(args.cache_dir),

@@ -29,8 +29,11 @@ _IN_CLUSTER_VARIABLES = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")
 
 
 class OperatorProcess:
-    def __init__(self, kubeconfig: Path, logs_dir: Path, *, resync_seconds: float):
+    def __init__(
+        self, kubeconfig: Path, logs_dir: Path, *, resync_seconds: float, args: tuple[str, ...] = ()
+    ):
         self.kubeconfig = kubeconfig
+        self.args = args  # more flags, as an install's values would set them
         self.logs_dir = logs_dir
         self.resync_seconds = resync_seconds
         self.child: ChildProcess | None = None
@@ -51,6 +54,7 @@ class OperatorProcess:
             f"--liveness={health_url}",
             "--metrics-port=0",
             f"--resync-seconds={self.resync_seconds}",
+            *self.args,
         ]
         self.child = ChildProcess(command, self.log_path, env)
         try:

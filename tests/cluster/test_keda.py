@@ -27,7 +27,7 @@ from pagoda_operator.models import InferenceServiceSpec
 from pagoda_operator.names import selector_labels, variant_object_name
 from pagoda_operator.plan import plan_service
 from pagoda_operator.render import RenderOptions, render
-from pagoda_operator.scaled_object import KedaSettings
+from pagoda_operator.settings import KedaSettings
 from pagoda_runtime.contract.names import REQUESTS_WAITING as QUEUE_METRIC
 from prometheus_process import PrometheusProcess, ensure_prometheus
 from runtime_process import RuntimeProcess

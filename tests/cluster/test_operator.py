@@ -170,27 +170,27 @@ def test_operator_runs_as_its_service_account_with_least_privilege(control_plane
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.stem)
 def test_example_is_accepted_and_reconciled(control_plane, pagoda_operator, isvc_namespace, example, request):
     cp = control_plane
-    manifest = yaml.safe_load(example.read_text())
-    name = manifest["metadata"]["name"]
-    if manifest["spec"].get("parallelism", {}).get("nodes", 1) > 1:
+    manifests = list(yaml.safe_load_all(example.read_text()))
+    names = [manifest["metadata"]["name"] for manifest in manifests]
+    if any(m["spec"].get("parallelism", {}).get("nodes", 1) > 1 for m in manifests):
         request.getfixturevalue("lws_controller")
     applied = apply(cp, isvc_namespace, example.read_text())
-    assert applied.strip() == f"inferenceservice.pagoda.dev/{name} created"
+    assert applied.strip().splitlines() == [f"inferenceservice.pagoda.dev/{name} created" for name in names]
     # A second client-side apply of the same file finds nothing the apiserver filled in to undo.
-    assert (
-        apply(cp, isvc_namespace, example.read_text()).strip()
-        == f"inferenceservice.pagoda.dev/{name} unchanged"
-    )
+    assert apply(cp, isvc_namespace, example.read_text()).strip().splitlines() == [
+        f"inferenceservice.pagoda.dev/{name} unchanged" for name in names
+    ]
 
-    isvc = wait_for(
-        lambda: get(cp, "infsvc", name, "-n", isvc_namespace),
-        check=observed,
-        what=f"{name} to be reconciled",
-        details=pagoda_operator.log_tail,
-    )
-    ready = condition(isvc, "Ready")
-    assert ready["reason"] not in ("InvalidSpec", "ChildRejected"), ready["message"]
-    assert ("Service", name) in children(cp, isvc_namespace, name)
+    for name in names:
+        isvc = wait_for(
+            lambda name=name: get(cp, "infsvc", name, "-n", isvc_namespace),
+            check=observed,
+            what=f"{name} to be reconciled",
+            details=pagoda_operator.log_tail,
+        )
+        ready = condition(isvc, "Ready")
+        assert ready["reason"] not in ("InvalidSpec", "ChildRejected"), ready["message"]
+        assert ("Service", name) in children(cp, isvc_namespace, name)
 
 
 def test_children_have_the_expected_fields(control_plane, pagoda_operator, isvc_namespace):
@@ -229,7 +229,8 @@ def test_children_have_the_expected_fields(control_plane, pagoda_operator, isvc_
         assert args[args.index("--quantization") + 1] == quantization
         assert args[args.index("--max-num-seqs") + 1] == "32"
         assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
-        assert pod["nodeSelector"]["nvidia.com/gpu.product"] == GPU_PRODUCT
+        (preferred,) = pod["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        assert preferred["preference"]["matchExpressions"][0]["values"] == [GPU_PRODUCT]
         assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
         assert found[("Service", name)]["spec"]["selector"] == own
 
@@ -277,6 +278,9 @@ def test_pods_run_on_the_gpu_node_and_the_status_says_ready(control_plane, pagod
         "Progressing": ("False", "Stable"),
         "Degraded": ("False", "Healthy"),
         "ModelFits": ("True", "Fits"),
+        # kstatus's (Flux's health checks): nothing under way, nothing blocked.
+        "Reconciling": ("False", "Serving"),
+        "Stalled": ("False", "Healthy"),
     }
     got = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
     assert got == expected

@@ -194,7 +194,10 @@ def test_a_renamed_variant_serves_until_its_replacement_is_ready(
     old = variant_object_name("chat", "bf16")
 
     # The new variant's pods cannot schedule: no node has this GPU.
-    renamed = {"variants": [{"name": "bf16-v2", "quantization": "none"}], "resources": {"gpuProduct": "B200"}}
+    renamed = {
+        "variants": [{"name": "bf16-v2", "quantization": "none"}],
+        "resources": {"gpuProduct": "B200", "gpuProductRequired": True},
+    }
     patch(cp, ns, "chat", {"spec": renamed})
 
     isvc = wait_condition(cp, pagoda_operator, ns, "chat", "Progressing", "True", "ReplacingVariants")
@@ -236,7 +239,7 @@ def test_a_replacement_that_never_gets_ready_ends_the_wait_after_the_timeout(
         {
             "spec": {
                 "variants": [{"name": "int4", "quantization": "int4"}],
-                "resources": {"gpuProduct": "B200"},
+                "resources": {"gpuProduct": "B200", "gpuProductRequired": True},
             }
         },
     )
@@ -319,7 +322,7 @@ FAILURES = {
         "no PriorityClass with name inference-high was found",
     ),
     "unschedulable": (
-        lambda cp, ns, spec: spec["resources"].update(gpuProduct="B200"),
+        lambda cp, ns, spec: spec["resources"].update(gpuProduct="B200", gpuProductRequired=True),
         "Unschedulable",
         "didn't match Pod's node affinity/selector",
     ),

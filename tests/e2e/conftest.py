@@ -28,10 +28,11 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture(scope="session")
 def installed(cluster, tmp_path_factory) -> str:
-    """`kubectl apply -k` of manifests/ with the image this run built (a kustomize overlay that sets
-    only the image, as a user's would); returns the operator's image reference."""
+    """`kubectl apply -k` of manifests/ with the images this run built (a kustomize overlay that sets
+    only the two images, as README tells users to); returns the operator's image reference."""
     overlay = tmp_path_factory.mktemp("overlay")
     name, _, tag = cluster.operator_image.rpartition(":")
+    runtime_name, _, runtime_tag = cluster.runtime_image.rpartition(":")
     (overlay / "kustomization.yaml").write_text(
         json.dumps(
             {
@@ -39,7 +40,10 @@ def installed(cluster, tmp_path_factory) -> str:
                 "kind": "Kustomization",
                 # kustomize takes no absolute path
                 "resources": [os.path.relpath(ROOT / "manifests", overlay)],
-                "images": [{"name": "pagoda-operator", "newName": name, "newTag": tag}],
+                "images": [
+                    {"name": "pagoda-operator", "newName": name, "newTag": tag},
+                    {"name": "pagoda-runtime", "newName": runtime_name, "newTag": runtime_tag},
+                ],
             }
         )
     )

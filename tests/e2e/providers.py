@@ -59,6 +59,11 @@ class Cluster:
     def service_url(self, namespace: str, service: str, port: int) -> Iterator[str]:
         raise NotImplementedError
 
+    def runtime_image_alias(self, tag: str) -> str:
+        """A second reference, on the nodes, to the runtime image: what an operator upgrade to a
+        new runtime image looks like to the pods, without building another image."""
+        raise NotImplementedError
+
     @contextlib.contextmanager
     def custom_metrics(self, adapter_rules: str) -> Iterator[None]:
         """Prometheus scraping the pods and prometheus-adapter serving custom.metrics.k8s.io."""
@@ -122,6 +127,11 @@ class LocalCluster(Cluster):
             "get", "service", service, "-n", namespace, "-o", "jsonpath={.spec.clusterIP}"
         ).stdout.strip()
         yield f"http://{ip}:{port}"
+
+    def runtime_image_alias(self, tag: str) -> str:
+        alias = f"{self.runtime_image.rpartition(':')[0]}:{tag}"
+        self.node.ctr("images", "tag", "--force", self.runtime_image, alias)
+        return alias
 
     @contextlib.contextmanager
     def custom_metrics(self, adapter_rules: str) -> Iterator[None]:
@@ -294,6 +304,14 @@ class KindCluster(Cluster):
         finally:
             forward.terminate()
             forward.wait(10)
+
+    def runtime_image_alias(self, tag: str) -> str:
+        alias = f"{self.runtime_image.rpartition(':')[0]}:{tag}"
+        subprocess.run(["docker", "tag", self.runtime_image, alias], check=True)
+        subprocess.run(
+            ["kind", "load", "docker-image", "--name", self.cluster_name, alias], check=True, timeout=1200
+        )
+        return alias
 
     def stop(self) -> None:
         if os.environ.get("PAGODA_KIND_KEEP") != "1":

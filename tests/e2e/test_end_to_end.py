@@ -3,7 +3,8 @@
 In order, on one InferenceService made from manifests/examples/cpu-smollm2.yaml: the operator runs
 from its image and the example becomes Ready through its probes; the pod is locked down and writes
 only to its volumes; the OpenAI client gets a chat completion through the Service's ClusterIP; a
-spec change rolls the pod while streams run and loses none; queue depth scraped by Prometheus
+spec change rolls the pod while streams run and loses none, and so does an operator upgrade (a new
+runtime image default, the install's, which the example does not pin); queue depth scraped by Prometheus
 scales the Deployment up and back down; deleting the InferenceService leaves nothing behind.
 """
 
@@ -68,8 +69,10 @@ def _ready(pod: dict) -> bool:
 
 
 def _example(cluster) -> dict:
+    """The example as it is (the runtime image is the install's), with a CPU request and a drain
+    timeout that fit this machine."""
     isvc = yaml.safe_load(EXAMPLE.read_text())
-    isvc["spec"]["runtime"]["image"] = cluster.runtime_image
+    assert "image" not in isvc["spec"]["runtime"], "the example must follow the install's runtime image"
     isvc["spec"]["resources"]["cpu"] = CPU_REQUEST
     isvc["spec"]["drain"]["timeoutSeconds"] = DRAIN_TIMEOUT_SECONDS
     return isvc
@@ -95,7 +98,7 @@ def test_operator_runs_from_its_image_and_the_example_becomes_ready(cluster, isv
 
     [runtime] = _runtime_pods(cluster)
     container = runtime["spec"]["containers"][0]
-    assert container["image"] == cluster.runtime_image
+    assert container["image"] == cluster.runtime_image  # the install's default, not the object's
     assert container["startupProbe"]["httpGet"]["path"] == "/health/ready"
     assert container["readinessProbe"]["httpGet"]["path"] == "/health/ready"
     assert _ready(runtime)
@@ -290,6 +293,44 @@ def test_a_spec_change_rolls_the_pod_without_losing_a_stream(cluster, isvc):
     assert terminated["exitCode"] == 0, terminated
     assert terminated["message"].startswith("drained in "), terminated
     assert "0 aborted" in terminated["message"], terminated
+
+
+def _template_image(cluster) -> str:
+    return _get(cluster, "deployment", DEPLOYMENT)["spec"]["template"]["spec"]["containers"][0]["image"]
+
+
+def test_an_operator_upgrade_rolls_the_pod_without_losing_a_stream(cluster, isvc):
+    """The operator's runtime image changes (as `images:` or the chart's runtime.image would change
+    it); the operator restarts with it and rolls the service within its rollout rules."""
+    [old] = _runtime_pods(cluster)
+    watch = PodWatch(cluster, old["metadata"]["name"])
+    upgraded = cluster.runtime_image_alias("operator-upgrade")
+    with cluster.service_url(NAMESPACE, NAME, 8000) as url, Streams(url) as streams:
+        cluster.kubectl(
+            "set",
+            "env",
+            "deployment/pagoda-operator",
+            "-n",
+            OPERATOR_NAMESPACE,
+            f"PAGODA_RUNTIME_IMAGE={upgraded}",
+        )
+        wait_for(
+            lambda: _template_image(cluster) == upgraded, timeout=300, what="the operator to roll the service"
+        )
+        cluster.kubectl(
+            "rollout", "status", f"deployment/{DEPLOYMENT}", "-n", NAMESPACE, "--timeout=600s", timeout=630
+        )
+        last = watch.wait_deleted(300)
+        time.sleep(5)  # and the new pod serves them too
+    assert not streams.failures, f"{len(streams.failures)} streams lost: {streams.failures[:5]}"
+    assert streams.completed >= STREAMS
+    [new] = _runtime_pods(cluster)
+    assert new["spec"]["containers"][0]["image"] == upgraded
+    assert "image" not in _get(cluster, "infsvc", NAME)["spec"]["runtime"]
+    terminated = last["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert terminated["exitCode"] == 0 and "0 aborted" in terminated["message"], terminated
+    events = _get(cluster, "events", "--field-selector", f"involvedObject.name={NAME}")["items"]
+    assert any(e["reason"] == "OperatorUpgrade" for e in events), [e["reason"] for e in events]
 
 
 def _autoscaling(scale_down_seconds: int) -> str:

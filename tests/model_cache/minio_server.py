@@ -26,10 +26,11 @@ def _free_port() -> int:
 class MinioServer:
     """host: the address it listens on; loopback, or the host side of a node's link for its pods."""
 
-    def __init__(self, data: Path, host: str = "127.0.0.1"):
+    def __init__(self, data: Path, host: str = "127.0.0.1", env: dict[str, str] | None = None):
         self.binary = controlplane.ensure_binaries(("minio",))["minio"]
         self.data = data
         self.host = host
+        self.env = env or {}  # more MINIO_* settings, e.g. an OpenID provider for its STS
         self.port = _free_port()
         self.process: subprocess.Popen | None = None
 
@@ -47,6 +48,7 @@ class MinioServer:
             "MINIO_ROOT_PASSWORD": SECRET_KEY,
             "MINIO_BROWSER": "off",
             "MINIO_UPDATE": "off",
+            **self.env,
         }
         self.process = subprocess.Popen(
             [str(self.binary), "server", str(self.data), "--address", f"{self.host}:{self.port}", "--quiet"],

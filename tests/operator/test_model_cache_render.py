@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict
 
+import pytest
 from kubernetes_schema import validate
 from operator_specs import spec
 from pagoda_operator.model_cache import (
@@ -20,6 +22,7 @@ from pagoda_operator.render import POD_SECURITY, RenderOptions, pod_tolerations,
 from pagoda_operator.status import compute_status, status_patch
 from pagoda_runtime.contract.download_progress import Progress
 from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES
+from pydantic import ValidationError
 
 COMMIT = "0e9e39f249a16976918f6564b8830bc894c89659"
 HF = {"source": "hf://meta-llama/Llama-3.1-8B-Instruct", "revision": COMMIT}
@@ -90,6 +93,74 @@ def test_download_credentials_come_from_secrets():
         "key": "AWS_SECRET_ACCESS_KEY",
     }
     assert "HF_TOKEN" not in env
+
+
+def test_patterns_select_the_files_and_name_a_cache_of_their_own():
+    quant = {"source": "hf://acme/Llama-GGUF", "revision": COMMIT, "allowPatterns": ["*Q4_K_M.gguf"]}
+    job = _manifests(quant)["Job"]
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[-2:] == ["--allow-pattern", "*Q4_K_M.gguf"]
+    other_quant = {**quant, "allowPatterns": ["*Q8_0.gguf"]}
+    assert cache_ref(spec(model=quant)) != cache_ref(spec(model=other_quant))
+    assert cache_ref(spec(model=quant)) != cache_ref(spec(model={**quant, "allowPatterns": []}))
+    # One file named in the source is a cache of its own too.
+    one_file = spec(model={"source": "hf://acme/Llama-GGUF/llama.Q4_K_M.gguf", "revision": COMMIT})
+    assert one_file.model.is_gguf and cache_ref(one_file) != cache_ref(
+        spec(model={**quant, "allowPatterns": []})
+    )
+
+
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        ({"source": "s3://models/x", "allowPatterns": ["*.gguf"]}, "apply only to hf://"),
+        (
+            {"source": "hf://acme/m/f.gguf", "revision": COMMIT, "allowPatterns": ["*.gguf"]},
+            "names its one file already",
+        ),
+        (
+            {"source": "s3://models/x", "s3": {"credentialsSecretName": "k", "serviceAccountName": "sa"}},
+            "not both",
+        ),
+    ],
+)
+def test_pattern_and_credential_rules(model, message):
+    with pytest.raises(ValidationError, match=message):
+        spec(model=model)
+
+
+def test_s3_credentials_from_a_service_account_token_in_the_download_job_only():
+    model = {
+        "source": "s3://models/llama",
+        "s3": {
+            "serviceAccountName": "model-reader",
+            "roleArn": "arn:aws:iam::123456789012:role/models",
+            "stsEndpoint": "http://minio:9000",
+        },
+    }
+    objects = _manifests(model)
+    pod = objects["Job"]["spec"]["template"]["spec"]
+    validate(objects["Job"])
+    assert pod["serviceAccountName"] == "model-reader"
+    assert pod["automountServiceAccountToken"] is False  # no Kubernetes API token, only the audience's
+    (token,) = [v for v in pod["volumes"] if v["name"] == "s3-token"]
+    (projected,) = token["projected"]["sources"]
+    assert projected["serviceAccountToken"]["audience"] == "sts.amazonaws.com"
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["AWS_WEB_IDENTITY_TOKEN_FILE"] == "/var/run/secrets/pagoda.dev/s3/token"
+    assert env["AWS_ROLE_ARN"] == "arn:aws:iam::123456789012:role/models"
+    assert env["AWS_ENDPOINT_URL_STS"] == "http://minio:9000"
+    assert "AWS_ACCESS_KEY_ID" not in env
+    assert {"name": "s3-token", "mountPath": "/var/run/secrets/pagoda.dev/s3", "readOnly": True} in container[
+        "volumeMounts"
+    ]
+    # The replicas run as the namespace's default account, with no token of any kind.
+    s = spec(model=model)
+    rendered = render(plan_service(s), namespace="ml", name="llama", uid="u", options=RenderOptions())
+    replica = next(o for o in rendered if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert "serviceAccountName" not in replica and replica["automountServiceAccountToken"] is False
+    assert all("projected" not in v for v in replica["volumes"])
 
 
 def _job(condition: str | None = None, active: int = 0) -> dict:
@@ -284,3 +355,9 @@ def test_a_pvc_model_is_sized_from_what_its_sizing_job_read():
     conditions = {c["type"]: c for c in _status(roomy, read)["conditions"]}
     assert conditions["ModelFits"]["status"] == "True"
     assert [m for m in render(plan_service(roomy, read.checkpoint), **ids) if m["kind"] == "Deployment"]
+
+
+def test_a_source_without_patterns_keeps_its_cache_key():
+    # The key existing caches were created under: sha256 of "<source>@<revision>", 12 hex digits.
+    expected = hashlib.sha256(f"{HF['source']}@{COMMIT}".encode()).hexdigest()[:12]
+    assert cache_ref(spec(model=HF)).key == expected

@@ -50,4 +50,10 @@ def test_a_gguf_file_is_sized_by_the_block_type_its_name_states():
 
     q4, q8 = sized("file:///m/llama.Q4_0.gguf"), sized("pvc://models/Llama-3-8B-Q8_0.gguf")
     assert q4.fits and not q8.fits
-    assert sized("file:///m/llama.gguf").weight_bytes == q8.weight_bytes  # unnamed: never too small
+    # Q4_K_M is served packed (Q4_K, with Q6_K attn_v/ffn_down in some layers); Q5_K has no packed
+    # layout, so --quantization auto dequantizes a Q5_K_M file and it is sized as bf16.
+    q4_k_m, q5_k_m = sized("pvc://models/Llama-3-8B-Q4_K_M.gguf"), sized("file:///m/llama.Q5_K_M.gguf")
+    assert q4_k_m.fits and q4.weight_bytes < q4_k_m.weight_bytes < q8.weight_bytes
+    assert not q5_k_m.fits and q5_k_m.weight_bytes > q8.weight_bytes
+    # Unnamed: sized as dequantized, the most any GGUF file can take.
+    assert sized("file:///m/llama.gguf").weight_bytes == q5_k_m.weight_bytes

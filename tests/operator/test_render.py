@@ -233,7 +233,7 @@ def test_downloaded_sources_wait_for_the_shared_cache_and_mount_it_read_only():
     runtime = p["containers"][0]
     assert flag(runtime["args"], "--model") == "/models/model"
     assert {"name": "model", "mountPath": "/models", "readOnly": True} in runtime["volumeMounts"]
-    assert "affinity" not in p  # ReadWriteMany: replicas anywhere
+    assert "podAffinity" not in p["affinity"]  # ReadWriteMany: replicas anywhere
 
     rwo = pod(spec(model={**FULL["model"], "cache": {"accessMode": "ReadWriteOnce"}}))
     term = rwo["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
@@ -247,13 +247,52 @@ def test_gpu_resources_node_selector_and_toleration():
         "requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "1"},
         "limits": {"memory": "64Gi", "nvidia.com/gpu": "1"},
     }
-    assert p["nodeSelector"] == {"pool": "gpu", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    # Preferred: a cluster without NVIDIA's GPU feature discovery has no such label, and the pods
+    # must schedule there all the same.
+    assert p["nodeSelector"] == {"pool": "gpu"}
+    (preferred,) = p["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert preferred["preference"]["matchExpressions"] == [
+        {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]}
+    ]
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in p["tolerations"]
     assert {"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"} in p[
         "tolerations"
     ]
     assert p["priorityClassName"] == "high"
     assert p["imagePullSecrets"] == [{"name": "pull"}]
+
+
+def test_gpu_product_is_a_node_selector_only_when_required():
+    required = pod(spec(**{**FULL, "resources": {**FULL["resources"], "gpuProductRequired": True}}))
+    assert required["nodeSelector"] == {"pool": "gpu", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert "affinity" not in required
+    rwo = {**FULL["model"], "cache": {"accessMode": "ReadWriteOnce"}}
+    both = pod(spec(**{**FULL, "model": rwo}))["affinity"]
+    assert set(both) == {"nodeAffinity", "podAffinity"}
+
+
+def test_the_runtime_image_is_the_operators_unless_the_spec_pins_one():
+    unpinned = spec(model={"source": "hf://org/m", "revision": REVISION})
+    options = RenderOptions(runtime_image="registry.example/pagoda-runtime:0.2.0")
+    rendered = render(plan_service(unpinned), namespace=NS, name=NAME, uid=UID, options=options)
+    template = next(o for o in rendered if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert template["containers"][0]["image"] == "registry.example/pagoda-runtime:0.2.0"
+    assert template["initContainers"][0]["image"] == "registry.example/pagoda-runtime:0.2.0"
+    assert unpinned.runtime.image is None  # nothing is stored in the object
+    pinned = render(plan_service(spec(**FULL)), namespace=NS, name=NAME, uid=UID, options=options)
+    template = next(o for o in pinned if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert template["containers"][0]["image"] == "r.example/pagoda-runtime:1"
+
+
+def test_service_monitor_labels_come_from_the_operator_and_never_override_its_own():
+    options = RenderOptions(
+        service_monitor=True,
+        service_monitor_labels=(("release", "kube-prometheus-stack"), ("pagoda.dev/inference-service", "x")),
+    )
+    rendered = render(plan_service(spec()), namespace=NS, name=NAME, uid=UID, options=options)
+    monitor = next(o for o in rendered if o["kind"] == "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["metadata"]["labels"]["pagoda.dev/inference-service"] == NAME
 
 
 def test_cpu_variants_ask_for_no_gpu():

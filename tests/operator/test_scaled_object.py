@@ -10,7 +10,7 @@ from pagoda_operator.names import group_set_name, variant_object_name
 from pagoda_operator.plan import plan_service, plan_variant
 from pagoda_operator.render import RenderOptions, render
 from pagoda_operator.replicas import replicas_to_apply
-from pagoda_operator.scaled_object import KedaSettings
+from pagoda_operator.settings import KedaSettings
 from pydantic import ValidationError
 
 NS, NAME, UID = "ml", "llama", "0b7e1d2a-0000-4000-8000-000000000001"

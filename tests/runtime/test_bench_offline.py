@@ -91,7 +91,7 @@ def test_latency_reports_per_token_percentiles(tmp_path):
     results = report["results"]
     assert report["workload"] == {"kind": "latency", "batch": 2, "input_len": 10, "output_len": 6}
     assert (report["quantization"], report["kv_cache_dtype"]) == ("none", "auto")
-    assert results["async_output_proc"] is False  # a CPU has nothing to overlap
+    assert results["async_scheduling"] is False  # a CPU has nothing to overlap
     assert results["output_tokens"] == 12
     ttft, tpot = results["ttft_s"], results["tpot_s"]
     assert 0 < ttft["p50"] <= ttft["p99"] < results["duration_s"]

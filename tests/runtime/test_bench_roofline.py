@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 from pagoda_runtime.bench import offline, roofline
@@ -12,10 +13,8 @@ from pagoda_runtime.bench.workload import offline_engine
 from pagoda_runtime.contract import sizing
 from pagoda_runtime.contract.config import EngineConfig
 from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES, shape_config
+from pagoda_runtime.contract.quantization_selection import cpu_vocab_dtype
 from pagoda_runtime.engine.llm_engine import LLMEngine
-from pagoda_runtime.engine.sampling_params import SamplingParams
-from pagoda_runtime.engine.scheduler import ScheduledBatch
-from pagoda_runtime.engine.sequence import Sequence, SequenceGroup
 from pagoda_runtime.engine.stats import StepShape
 from pagoda_runtime.loading.model_source import LoadedModel
 from pagoda_runtime.loading.random_model import bare_tokenizer, random_weights
@@ -30,9 +29,10 @@ VOCAB = 512 * 64  # the embedding, and the LM head when untied
 def _engine(tied: bool, quantization: str = "none", dtype: str = "float32") -> LLMEngine:
     tiny = shape_config("tiny-llama")
     arch = dataclasses.replace(tiny.architecture, tie_word_embeddings=tied)
+    config = dataclasses.replace(tiny, architecture=arch)
     loaded = LoadedModel(
-        dataclasses.replace(tiny, architecture=arch),
-        random_weights(arch, torch.device("cpu"), torch.float32),
+        config,
+        random_weights(config, torch.device("cpu"), torch.float32),
         bare_tokenizer(arch.vocab_size),
     )
     engine_config = EngineConfig(
@@ -52,8 +52,10 @@ WEIGHT_BYTES = {
     (False, "none", "float32"): ((LINEAR + NORMS + 2 * VOCAB) * 4, (LINEAR + NORMS + VOCAB) * 4),
     # Tied: the one vocabulary matrix is the LM head, read whole.
     (True, "none", "float32"): ((LINEAR + NORMS + VOCAB) * 4, (LINEAR + NORMS + VOCAB) * 4),
-    # --dtype auto on the CPU holds the vocabulary in bfloat16.
+    # --dtype auto on the CPU holds the vocabulary in float16.
     (False, "none", "auto"): ((LINEAR + NORMS) * 4 + 2 * VOCAB * 2, (LINEAR + NORMS) * 4 + VOCAB * 2),
+    # Tied, the LM head keeps a packed float16 copy of its own for fbgemm: two matrices, one read.
+    (True, "none", "auto"): ((LINEAR + NORMS) * 4 + 2 * VOCAB * 2, (LINEAR + NORMS) * 4 + VOCAB * 2),
     # int8 packed for torch's CPU kernel: a byte a weight and a bf16 scale for each of the
     # 2 x (128 + 64 + 256 + 64) output rows, the packed layout replacing the loaded one.
     (False, "int8", "auto"): (
@@ -70,7 +72,7 @@ def test_a_decode_step_reads_every_weight_but_an_untied_input_embedding(tied, qu
     assert (runner.weight_bytes, runner.decode_weight_bytes) == (stored, read)
     # The estimate from the architecture alone follows the same rule.
     arch = runner.config.architecture
-    vocab_dtype = "bfloat16" if dtype == "auto" else None
+    vocab_dtype = cpu_vocab_dtype("cpu", dtype)
     assert sizing.decode_weight_bytes(arch, quantization, "float32", vocab_dtype=vocab_dtype) == read
 
 
@@ -86,22 +88,12 @@ def test_the_llama3_8b_batch1_bound_leaves_out_the_input_embedding():
     assert sizing.decode_weight_bytes(tied, "none") == sizing.weight_bytes(tied, "none")
 
 
-def _seq(prompt_len: int, computed: int, outputs: int = 0) -> Sequence:
-    group = SequenceGroup("r", list(range(prompt_len)), SamplingParams(max_tokens=8), 0.0)
-    seq = Sequence(group, 0)
-    seq.token_ids.extend(range(outputs))
-    seq.num_computed_tokens = computed
-    return seq
-
-
 def test_a_batch_reports_tokens_sampled_rows_context_and_causal_pairs():
-    batch = ScheduledBatch(
-        [_seq(10, 0), _seq(10, 4), _seq(6, 6, outputs=1)],
-        [10, 3, 1],  # a whole prompt; a middle chunk (positions 4-6 of 10); one decode token
-    )
+    # A whole prompt of 10; a middle chunk (positions 4-6 of 10); one decode token after 6.
+    starts, new = np.array([0, 4, 6]), np.array([10, 3, 1])
     # Pairs: 1 + 2 + ... + 10; the chunk's three queries see 4 cached keys each plus 1, 2, 3 of its
     # own; the decode token sees all 7.
-    assert batch.shape() == StepShape(
+    assert StepShape.of(starts, new, num_sampled=2) == StepShape(
         num_tokens=14, num_sampled=2, context_tokens=10 + 7 + 7, attended_pairs=55 + 18 + 7
     )
 

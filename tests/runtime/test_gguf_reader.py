@@ -10,6 +10,8 @@ from gguf.quants import quantize
 from pagoda_runtime.contract.bundled import bundled_model_path
 from pagoda_runtime.loading.gguf_reader import BLOCK_LAYOUT, GGMLType, GGUFError, GGUFFile, dequantize
 
+from tests.runtime.k_quants import random_blocks
+
 METADATA = {
     "test.u8": (255, gguf.GGUFValueType.UINT8),
     "test.i8": (-128, gguf.GGUFValueType.INT8),
@@ -27,7 +29,18 @@ METADATA = {
     "test.strs": (["a", "", "ü b"], gguf.GGUFValueType.ARRAY),
     "test.floats": ([0.25, -1.5], gguf.GGUFValueType.ARRAY),
 }
-TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1]
+TYPES = [
+    GGMLType.F32,
+    GGMLType.F16,
+    GGMLType.BF16,
+    GGMLType.Q8_0,
+    GGMLType.Q4_0,
+    GGMLType.Q4_1,
+    GGMLType.Q5_0,
+    GGMLType.Q5_1,
+]
+# The gguf package reads these but cannot write them: their tensors are random blocks.
+K_TYPES = [GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]
 
 
 def _source(shape, seed):
@@ -48,6 +61,13 @@ def synthetic(tmp_path_factory):
         qtype = gguf.GGMLQuantizationType(int(ggml_type))
         stored[ggml_type.name] = quantize(data, qtype)
         writer.add_tensor(f"t.{ggml_type.name}", stored[ggml_type.name], raw_dtype=qtype)
+    for i, ggml_type in enumerate(K_TYPES):
+        _, block_bytes = BLOCK_LAYOUT[ggml_type]
+        stored[ggml_type.name] = random_blocks(ggml_type.name, 3 * (i + 1), block_bytes, seed=i).reshape(
+            i + 1, -1
+        )
+        qtype = gguf.GGMLQuantizationType(int(ggml_type))
+        writer.add_tensor(f"t.{ggml_type.name}", stored[ggml_type.name], raw_dtype=qtype)
     writer.add_tensor("t.vector", _source((7,), seed=99))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -67,7 +87,7 @@ def test_metadata_of_every_value_type_reads_back(synthetic):
 def test_every_type_dequantizes_like_the_gguf_package(synthetic):
     path, stored = synthetic
     file = GGUFFile(path)
-    for ggml_type in TYPES:
+    for ggml_type in TYPES + K_TYPES:
         name = f"t.{ggml_type.name}"
         expected = reference_dequantize(stored[ggml_type.name], gguf.GGMLQuantizationType(int(ggml_type)))
         np.testing.assert_array_equal(file.dequantize(name).numpy(), expected)
@@ -78,15 +98,14 @@ def test_every_type_dequantizes_like_the_gguf_package(synthetic):
 def test_raw_bytes_are_the_stored_blocks(synthetic):
     path, stored = synthetic
     file = GGUFFile(path)
-    for ggml_type in TYPES:
+    for ggml_type in TYPES + K_TYPES:
         assert file.raw_bytes(f"t.{ggml_type.name}").tobytes() == stored[ggml_type.name].tobytes()
         assert file.tensors[f"t.{ggml_type.name}"].offset % 64 == 0
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
-@pytest.mark.parametrize(
-    "ggml_type", [GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.F16, GGMLType.BF16]
-)
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.parametrize("ggml_type", [t for t in BLOCK_LAYOUT if t != GGMLType.F32])
 def test_random_blocks_dequantize_like_the_gguf_package(ggml_type):
     block_elements, block_bytes = BLOCK_LAYOUT[ggml_type]
     raw = np.random.default_rng(int(ggml_type)).integers(0, 256, size=(64, block_bytes), dtype=np.uint8)
@@ -157,3 +176,24 @@ def test_bundled_model_dequantizes_exactly_like_the_gguf_package():
     for key, field in reference.fields.items():
         if not key.startswith("GGUF."):
             assert ours.metadata[key] == pytest.approx(field.contents()), key
+
+
+@pytest.mark.parametrize("ggml_type", [GGMLType.IQ2_XXS, GGMLType.TQ1_0, GGMLType.IQ4_NL])
+def test_a_block_type_pagoda_cannot_read_names_itself_and_what_to_convert_to(tmp_path, ggml_type):
+    path = tmp_path / "model.gguf"
+    writer = gguf.GGUFWriter(path, "llama")
+    qtype = gguf.GGMLQuantizationType(int(ggml_type))
+    elements, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    writer.add_tensor(
+        "blk.0.attn_q.weight", np.zeros((2, 256 // elements * block_bytes), np.uint8), raw_dtype=qtype
+    )
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(GGUFError) as error:
+        GGUFFile(path)
+    message = str(error.value)
+    assert f"'blk.0.attn_q.weight' has ggml type {ggml_type.name}, which Pagoda cannot read" in message
+    assert "llama-quantize to Q4_K_M, Q5_K_M, Q6_K or Q8_0" in message
+    assert "\n" not in message

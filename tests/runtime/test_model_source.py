@@ -75,8 +75,11 @@ def test_weights_arrive_one_at_a_time_in_the_requested_dtype(folders):
     assert torch.equal(tensor, reference[name].to(torch.bfloat16))
 
 
-def test_mistral_context_is_capped_at_its_sliding_window(folders):
-    assert load_model_source(folders["mistral", False]).config.architecture.max_position_embeddings == 256
+def test_a_sliding_window_limits_attention_not_the_context(folders):
+    # A window limits what each token attends to; the context stays the model's (512 here).
+    arch = load_model_source(folders["mistral", False]).config.architecture
+    assert arch.max_position_embeddings == 512
+    assert arch.sliding_window == 256 and [arch.layer_window(i) for i in range(2)] == [256, 256]
 
 
 def test_bundled_name_loads_the_bundled_gguf():

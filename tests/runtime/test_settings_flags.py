@@ -16,10 +16,10 @@ from benchmarks import step_profile
 
 # serve's options as vLLM users know them; a rename here breaks their command lines.
 SERVE_OPTIONS = {
-    "--model", "--load-format", "--dtype", "--device", "--quantization", "--kv-cache-dtype",
+    "--model", "--revision", "--load-format", "--dtype", "--device", "--quantization", "--kv-cache-dtype",
     "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--block-size",
     "--kv-cache-memory", "--gpu-memory-utilization", "--enable-prefix-caching",
-    "--no-enable-prefix-caching", "--enforce-eager", "--async-output-proc", "--no-async-output-proc",
+    "--no-enable-prefix-caching", "--enforce-eager", "--async-scheduling", "--no-async-scheduling",
     "--disable-async-output-proc", "--seed", "--tensor-parallel-size", "-tp",
     "--served-model-name", "--host", "--port", "--api-key", "--max-queue", "--drain-timeout",
     "--canary-interval", "--tool-call-parser", "--chat-template", "--allowed-origins",
@@ -51,19 +51,19 @@ def test_serve_keeps_its_options_and_explains_each_one():
 
 
 def test_vllms_disable_flag_and_the_negatable_one_set_the_same_engine_setting():
-    def async_output(*flags):
-        return engine_config(parser().parse_args(["serve", *flags])).async_output_proc
+    def async_scheduling(*flags):
+        return engine_config(parser().parse_args(["serve", *flags])).async_scheduling
 
-    assert async_output() is None  # the device decides
-    assert async_output("--disable-async-output-proc") is False
-    assert async_output("--no-async-output-proc") is False
-    assert async_output("--async-output-proc") is True
+    assert async_scheduling() is None  # the device decides
+    assert async_scheduling("--disable-async-output-proc") is False
+    assert async_scheduling("--no-async-scheduling") is False
+    assert async_scheduling("--async-scheduling") is True
 
 
 def test_the_benchmarks_and_the_step_profile_take_serves_engine_flags():
     serve = _options(_subparser("serve"))
     profile = step_profile.parse_args(["--shape", "tiny-llama", "--out", "x", "--disable-async-output-proc"])
-    assert profile.async_output_proc is False and profile.kv_cache_memory == EngineConfig.kv_cache_memory
+    assert profile.async_scheduling is False and profile.kv_cache_memory == EngineConfig.kv_cache_memory
     for command in ("throughput", "latency"):
         bench = _options(_subparser("bench", command))
         shared = set(bench) & set(serve)
@@ -90,7 +90,7 @@ def test_settings_written_as_arguments_read_back_the_same():
         gpu_memory_utilization=0.8,
         enable_prefix_caching=False,
         enforce_eager=True,
-        async_output_proc=False,
+        async_scheduling=False,
         tensor_parallel_size=2,
     )
     server = ServerSettings(

@@ -7,13 +7,17 @@ from dataclasses import replace
 import pytest
 from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES
 from pagoda_runtime.contract.sizing import (
+    GGUF_BLOCK_FORMATS,
     GIB,
     check_tensor_parallel,
     fits,
     gguf_block_type,
+    kv_bytes_for_context,
     kv_bytes_per_block,
     kv_bytes_per_token,
+    kv_pools,
     weight_bytes,
+    window_blocks_needed,
 )
 
 # Parameter counts from the models' safetensors metadata on the Hugging Face Hub.
@@ -62,7 +66,7 @@ def test_bf16_weights_take_two_bytes_per_parameter():
 
 
 def _linear_parameters(arch):
-    return sum(o * i for o, i in arch.linear_shapes()) * arch.num_hidden_layers
+    return sum(o * i * n for o, i, n in arch.linear_shapes())
 
 
 def test_quantized_formats_shrink_only_the_linear_layers_by_their_bit_width():
@@ -86,10 +90,10 @@ def test_quantized_formats_shrink_only_the_linear_layers_by_their_bit_width():
 
 def test_int4_groups_shrink_to_divide_a_narrow_layer():
     arch = KNOWN_ARCHITECTURES["smollm2-135m"]  # 576 inputs: groups of 64; 1536 inputs: groups of 128
-    per_layer = sum(o * i / 2 + o * (i // (64 if i == 576 else 128)) * 4 for o, i in arch.linear_shapes())
-    assert (
-        weight_bytes(arch, "int4") == 2 * arch.unquantized_parameters() + per_layer * arch.num_hidden_layers
+    linear = sum(
+        (o * i / 2 + o * (i // (64 if i == 576 else 128)) * 4) * n for o, i, n in arch.linear_shapes()
     )
+    assert weight_bytes(arch, "int4") == 2 * arch.unquantized_parameters() + linear
 
 
 def test_float32_models_take_four_bytes_per_parameter():
@@ -138,7 +142,63 @@ def test_a_gguf_sources_block_type_comes_from_its_file_name():
     assert gguf_block_type("file:///m/Meta-Llama-3-8B.Q8_0.gguf") == "Q8_0"
     assert gguf_block_type("pvc://models/llama/Llama-3-8B-q4_0.gguf") == "Q4_0"
     assert gguf_block_type("bundled://smollm2-135m") == "Q4_1"
-    assert gguf_block_type("file:///m/llama-Q4_0_4_4.gguf") == gguf_block_type("file:///m/x.gguf") == "Q8_0"
+    assert gguf_block_type("pvc://models/bartowski/Llama-3.1-8B-Instruct-Q4_K_M.gguf") == "Q4_K_M"
+    assert gguf_block_type("s3://models/qwen2.5-7b-instruct-q5_k_m.gguf") == "Q5_K_M"
+    assert gguf_block_type("pvc://m/Qwen3-8B-Q6_K.gguf") == "Q6_K"
+    assert gguf_block_type("pvc://m/gemma-2-9b-it-f16.gguf") == "F16"
+    # Unnamed, or a type sizing does not know: sized as dequantized, the most a file can take.
+    for source in ("file:///m/x.gguf", "file:///m/llama-Q4_0_4_4.gguf", "file:///m/m-UD-Q4_K_XL.gguf"):
+        assert gguf_block_type(source) == "F16"
+
+
+def _llama_cpp_q4_k_m_linear_bytes(arch):
+    """The projections of llama.cpp's Q4_K_M of a dense model below 70B as Pagoda holds them: attn_v
+    and ffn_down Q6_K in the layers use_more_bits picks (first and last eighth, every third between),
+    every other projection Q4_K."""
+    n = arch.num_hidden_layers
+    wider = [i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2 for i in range(n)]
+    names = ["q", "k", "v", "o", "gate", "up", "down"]
+    return sum(
+        GGUF_BLOCK_FORMATS["Q6_K" if name in ("v", "down") and wider[layer] else "Q4_K"].linear_bytes(*shape)
+        for layer in range(n)
+        for name, shape in zip(names, arch.linear_shapes(), strict=True)
+    )
+
+
+@pytest.mark.parametrize("family", ["llama-3-8b", "llama-3.2-1b", "qwen2.5-7b", "smollm2-135m"])
+def test_q4_k_m_files_are_never_sized_below_what_they_occupy_as_served(family):
+    arch = KNOWN_ARCHITECTURES[family]
+    served = 2 * arch.unquantized_parameters() + _llama_cpp_q4_k_m_linear_bytes(arch)
+    sized = weight_bytes(arch, "gguf", gguf_block="Q4_K_M")
+    # Over by attn_v, bounded at dequantized bf16 for the layers a 70B model gives Q5_K.
+    assert served <= sized < served * 1.035
+
+
+def test_k_quant_and_legacy_files_take_the_bits_of_their_packed_layout():
+    arch = KNOWN_ARCHITECTURES["llama-3-8b"]
+    linear = _linear_parameters(arch)
+    kept = 2 * arch.unquantized_parameters()
+    assert weight_bytes(arch, "gguf", gguf_block="Q6_K") == kept + linear * (1 + 2 / 16)  # int8, groups of 16
+    # Q5_0 is held like Q8_0, but with an importance matrix ffn_down of the first 4 of 32 layers is Q5_1,
+    # which has no packed layout: bf16 there.
+    down = arch.hidden_size * arch.intermediate_size
+    q8_0 = weight_bytes(arch, "gguf", gguf_block="Q8_0")
+    assert q8_0 == kept + linear * (1 + 2 / 32)
+    assert weight_bytes(arch, "gguf", gguf_block="Q5_0") == q8_0 + 4 * down * (2 - 1 - 2 / 32)
+    assert weight_bytes(arch, "gguf", gguf_block="Q4_K") == kept + linear * (0.5 + 4 / 32)  # like Q4_0
+    # Q5_K has no packed layout: served gguf, its projections are dequantized like --quantization none.
+    assert weight_bytes(arch, "gguf", gguf_block="Q5_K_M") == weight_bytes(arch, "none")
+    assert weight_bytes(arch, "gguf", gguf_block="Q5_K_M", float_dtype="float32") == weight_bytes(
+        arch, "none", "float32"
+    )
+    with pytest.raises(ValueError, match="unknown GGUF file type 'Q4_K_XL'.*Q4_K_M"):
+        weight_bytes(arch, "gguf", gguf_block="Q4_K_XL")
+
+
+def test_an_8b_q4_k_m_fits_a_12_gib_gpu_that_its_dequantized_weights_do_not():
+    arch = KNOWN_ARCHITECTURES["llama-3-8b"]
+    assert fits(arch, "gguf", 8192, 12 * GIB, gguf_block="Q4_K_M").fits
+    assert not fits(arch, "none", 8192, 12 * GIB).fits
 
 
 def test_tensor_parallel_divides_weights_and_kv_per_gpu():
@@ -178,3 +238,62 @@ def test_grouped_quantization_splits_row_parallel_inputs_at_group_boundaries():
     # Per-row scales (int8, fp8, or a checkpoint's group of -1) split anywhere.
     assert check_tensor_parallel(arch, 3, "int8").num_attention_heads == 3
     assert check_tensor_parallel(arch, 3, "awq", group_size=-1).num_key_value_heads == 1
+
+
+def test_a_mixture_of_experts_counts_every_expert():
+    # Mixtral-8x7B's published count, experts and routers included.
+    assert KNOWN_ARCHITECTURES["mixtral-8x7b"].num_parameters() == 46_702_792_704
+    # Qwen3-30B-A3B: 30,532,122,624 published, of which its q/k norms (48 x 2 x 128) are not shape.
+    moe = KNOWN_ARCHITECTURES["qwen3-30b-a3b"]
+    assert moe.num_parameters() == 30_532_122_624 - 48 * 2 * 128
+    # About 3B of them are active per token: 8 of 128 experts.
+    assert 3.0e9 < moe.active_linear_parameters() + moe.vocab_parameters() / 2 < 3.5e9
+
+
+def test_the_fit_gate_sizes_a_30b_total_3b_active_model_by_its_30b():
+    moe = KNOWN_ARCHITECTURES["qwen3-30b-a3b"]
+    assert weight_bytes(moe, "none") > 60 * 10**9
+    assert not fits(moe, "none", 8192, 48 * GIB).fits
+    assert fits(moe, "int4", 8192, 48 * GIB).fits
+    # Each of two ranks holds half of every expert's channels.
+    assert weight_bytes(check_tensor_parallel(moe, 2), "none") < 0.51 * weight_bytes(moe, "none")
+
+
+def test_expert_groups_must_not_be_cut_by_the_tensor_parallel_split():
+    moe = KNOWN_ARCHITECTURES["qwen3-30b-a3b"]
+    check_tensor_parallel(moe, 2, "int4")  # 384 expert channels per rank: three groups of 128
+    with pytest.raises(ValueError, match="expert down projection's 768 inputs"):
+        check_tensor_parallel(moe, 4, "int4")
+
+
+def test_sliding_window_layers_hold_at_most_their_window_of_kv():
+    gemma = KNOWN_ARCHITECTURES["gemma-3-12b"]  # 8 global layers, 40 of window 1024
+    per_layer = 2 * gemma.kv_size * 2
+    assert kv_bytes_for_context(gemma, 512) == 48 * 512 * per_layer
+    assert kv_bytes_for_context(gemma, 32768) == (8 * 32768 + 40 * 1024) * per_layer
+    # A 32K context needs under a fifth of what every layer keeping every token would.
+    assert kv_bytes_for_context(gemma, 32768) < 0.2 * 32768 * kv_bytes_per_token(gemma)
+    # Its whole 128K context fits 40 GiB beside its bf16 weights; without windows it would not.
+    assert fits(gemma, "none", 131072, 40 * GIB).fits
+    assert not fits(replace(gemma, sliding_window=None, layer_types=()), "none", 131072, 40 * GIB).fits
+
+
+def test_the_kv_budget_gives_window_layers_what_their_sequences_can_hold_and_full_layers_the_rest():
+    gemma = KNOWN_ARCHITECTURES["gemma-3-12b"]
+    budget = 20 * GIB
+    layer_block = 16 * 2 * gemma.kv_size * 2
+    pools = kv_pools(gemma, budget, 16, 131072, max_num_seqs=8, max_num_batched_tokens=8192)
+    # Eight sequences' windows (64 blocks and 2 more each) and a step of 8192 tokens.
+    assert pools.window_blocks == window_blocks_needed(1024, 16, 8, 8192) == 8 * 66 + 512
+    assert pools.full_blocks == (budget - pools.window_blocks * 40 * layer_block) // (8 * layer_block)
+    # Without windows the same budget holds under a quarter of that context.
+    unwindowed = replace(gemma, sliding_window=None, layer_types=())
+    assert pools.full_blocks > 4 * kv_pools(unwindowed, budget, 16, 131072, 8, 8192).full_blocks
+    # Many sequences: both pools equal, as without windows.
+    crowded = kv_pools(gemma, budget, 16, 131072, max_num_seqs=256, max_num_batched_tokens=8192)
+    assert crowded.full_blocks == crowded.window_blocks == budget // (48 * layer_block)
+    # Every layer slides (Mistral 7B v0.1): one pool, the window one; a window as long as the
+    # context: one pool as before.
+    mistral = replace(KNOWN_ARCHITECTURES["mistral-7b"], sliding_window=4096)
+    assert kv_pools(mistral, budget, 16, 32768, 8, 8192).full_blocks == 0
+    assert kv_pools(mistral, budget, 16, 4096, 8, 8192).window_blocks == 0

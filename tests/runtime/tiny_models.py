@@ -10,15 +10,25 @@ Variants (see VARIANTS): "llama2" (multi-head attention, Metaspace BPE with byte
 BOS token), "llama3" (GQA, llama3 rope scaling, byte-level BPE with <|begin_of_text|>, two eos
 ids), "llama_linear_rope" (linear rope scaling), "mistral" (GQA, sliding window),
 "qwen2" (bias on q/k/v, ChatML, no BOS), "smollm" (tied embeddings, ChatML, no BOS) and "gqa"
-(8 query heads sharing 2 key/value heads). The weights use a wide init and random norm weights
+(8 query heads sharing 2 key/value heads); and one per further family, each with its quirks on
+(FAMILY_VARIANTS): "qwen3" (q/k norm, head_dim 32 on a 64-wide stream), "qwen3_window" (its last
+layer a sliding window of 8), "qwen3_moe" (8 experts, 2 per token, renormalized, layer 1 dense),
+"mixtral" (4 experts, 2 per token, tied embeddings), "mistral_window" (every layer a window of 8),
+"gemma2" (window 8 on every other layer, attention and final soft-caps, query_pre_attn_scalar
+24, tied), "gemma3" (q/k norm, window 8 then global, local RoPE base, linear scaling on the global
+layers, untied) and "phi3" (fused qkv and gate_up, LongRoPE past 64 positions, half the head
+rotated). The weights use a wide init and random norm weights
 and biases, so greedy decoding is far from ties and a mis-loaded norm or bias changes the output.
 Use the folder with `pagoda_runtime.loading.model_source.load_model_source(folder)` and, as the
 reference, `transformers.AutoModelForCausalLM.from_pretrained(folder)`.
 
 `build_tiny_gguf(hf_folder, path, ggml_type)` converts such a folder (byte-level tokenizer
-variants: llama3 without its rope scaling, qwen2, smollm, gqa) to a GGUF file the way llama.cpp's
-converter does, Q/K rows permuted for the llama architecture included, with the 2-D weights
-stored as F32, F16, BF16, Q8_0, Q4_0 or Q4_1 (row length 64 fits the 32-element blocks).
+variants: llama3 without its rope scaling, qwen2, smollm, gqa, and the families llama.cpp writes
+built with tokenizer="chatml") to a GGUF file the way llama.cpp's converter does, Q/K rows
+permuted for the llama architecture included, with the 2-D weights stored as F32, F16, BF16,
+Q8_0, Q5_0, Q5_1, Q4_0 or Q4_1 (row length 64 fits the 32-element blocks), or, for a folder built
+with rows of a multiple of 256 (`overrides`), as Q4_K, Q5_K, Q6_K or the mixes Q4_K_M and Q5_K_M
+(MIXES).
 """
 
 from __future__ import annotations
@@ -32,11 +42,19 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (
     AutoModelForCausalLM,
+    Gemma2Config,
+    Gemma3TextConfig,
     LlamaConfig,
     MistralConfig,
+    MixtralConfig,
+    Phi3Config,
     PreTrainedTokenizerFast,
     Qwen2Config,
+    Qwen3Config,
+    Qwen3MoeConfig,
 )
+
+from tests.runtime.k_quants import K_QUANTIZERS
 
 SEED = 1234
 
@@ -105,6 +123,79 @@ VARIANTS: dict[str, tuple[type, str, dict]] = {
     "smollm": (LlamaConfig, "chatml", {"tie_word_embeddings": True, "num_attention_heads": 8}),
     "gqa": (LlamaConfig, "chatml", {"num_attention_heads": 8, "num_key_value_heads": 2}),
 }
+
+# Windows of 8 tokens are shorter than most prompts, so blocks fall behind them in every test.
+_WINDOW = 8
+_PHI3_HALF_ROTARY = 8  # of head_dim 16: LongRoPE's factors are per rotated frequency
+FAMILY_VARIANTS: dict[str, tuple[type, str, dict]] = {
+    "qwen3": (Qwen3Config, "chatml", {"head_dim": 32, "rope_theta": 1000000.0}),
+    "qwen3_window": (
+        Qwen3Config,
+        "chatml",
+        {"use_sliding_window": True, "sliding_window": _WINDOW, "max_window_layers": 1},
+    ),
+    "qwen3_moe": (
+        Qwen3MoeConfig,
+        "chatml",
+        {
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "norm_topk_prob": True,
+            "mlp_only_layers": [1],
+            "head_dim": 16,
+        },
+    ),
+    "mixtral": (
+        MixtralConfig,
+        "metaspace",
+        {"num_local_experts": 4, "num_experts_per_tok": 2, "tie_word_embeddings": True},
+    ),
+    "mistral_window": (MistralConfig, "metaspace", {"sliding_window": _WINDOW}),
+    "gemma2": (
+        Gemma2Config,
+        "metaspace",
+        {
+            "head_dim": 16,
+            "sliding_window": _WINDOW,
+            "query_pre_attn_scalar": 24,
+            "attn_logit_softcapping": 2.0,
+            "final_logit_softcapping": 3.0,
+        },
+    ),
+    "gemma3": (
+        Gemma3TextConfig,
+        "metaspace",
+        {
+            "head_dim": 16,
+            "sliding_window": _WINDOW,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "query_pre_attn_scalar": 16,
+            "tie_word_embeddings": False,
+            "rope_parameters": {
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+        },
+    ),
+    "phi3": (
+        Phi3Config,
+        "chatml",
+        {
+            "pad_token_id": 0,
+            "original_max_position_embeddings": 64,
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.5,
+                "original_max_position_embeddings": 64,
+                "short_factor": [1.0 + 0.1 * i for i in range(_PHI3_HALF_ROTARY // 2)],
+                "long_factor": [1.5 + 0.5 * i for i in range(_PHI3_HALF_ROTARY // 2)],
+            },
+        },
+    ),
+}
+VARIANTS.update(FAMILY_VARIANTS)
 
 # style -> (special tokens, bos, eos tokens, adds bos, chat template)
 _TOKENIZER_STYLES = {
@@ -182,11 +273,22 @@ def _save_tokenizer(folder: Path, style: str) -> tuple[int, int | None, list[int
 
 
 def build_tiny_model(
-    folder: str | Path, variant: str, *, sharded: bool = False, dtype: torch.dtype = torch.float32
+    folder: str | Path,
+    variant: str,
+    *,
+    sharded: bool = False,
+    dtype: torch.dtype = torch.float32,
+    overrides: dict | None = None,
+    tokenizer: str | None = None,
 ) -> Path:
+    """overrides: config fields beyond the variant's (K-quant GGUF files need rows of a multiple of
+    256 weights); tokenizer: a style other than the variant's
+    ("chatml" for a byte-level tokenizer a GGUF file can carry)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config_class, style, extra = VARIANTS[variant]
+    style = tokenizer or style
+    extra = {**extra, **(overrides or {})}
     tokenizer_vocab, bos_id, eos_ids = _save_tokenizer(folder, style)
     # Real checkpoints pad the embedding past the tokenizer's vocabulary; so do these.
     vocab_size = -(-tokenizer_vocab // 64) * 64
@@ -204,6 +306,8 @@ def build_tiny_model(
                 parameter.normal_(1.0, 0.2)
             elif name.endswith("bias"):
                 parameter.normal_(0.0, 0.2)
+            elif name.endswith("gate.weight"):
+                parameter.normal_(0.0, 1.0)  # routers far from ties between experts
     model.save_pretrained(folder, max_shard_size=150_000 if sharded else "10GB")
     return folder
 
@@ -224,6 +328,19 @@ _GGUF_LAYER_NAMES = {
 }
 
 
+def _add_gguf_tensor(writer, name: str, data: np.ndarray, stored: str) -> None:
+    """`data` written as the block type `stored` (a GGMLQuantizationType name); vectors as F32."""
+    import gguf
+
+    quantized = gguf.GGMLQuantizationType[stored]
+    if data.ndim >= 2 and stored in K_QUANTIZERS:
+        writer.add_tensor(name, K_QUANTIZERS[stored](data), raw_dtype=quantized)
+    elif data.ndim >= 2 and stored != "F32":
+        writer.add_tensor(name, gguf.quants.quantize(data, quantized), raw_dtype=quantized)
+    else:
+        writer.add_tensor(name, data)
+
+
 def _llama_cpp_permute(weights: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp convert_hf_to_gguf.py's LlamaModel.permute, verbatim in effect."""
     return (
@@ -240,12 +357,82 @@ def _hf_tensors(folder: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def _k_mix(main: str, more: str):
+    """llama.cpp's K-quant mixes in small: attn_v and ffn_down of the first layer (one of the
+    layers its use_more_bits picks) and the LM head in `more`, every other 2-D tensor in `main`."""
+
+    def type_of(gguf_name: str) -> str:
+        wider = gguf_name in ("blk.0.attn_v.weight", "blk.0.ffn_down.weight", "output.weight")
+        return more if wider else main
+
+    return type_of
+
+
+MIXES = {"Q4_K_M": _k_mix("Q4_K", "Q6_K"), "Q5_K_M": _k_mix("Q5_K", "Q6_K")}
+
+
+_GGUF_ARCHES = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "gemma2": "gemma2"}
+_GGUF_ARCHES |= {"gemma3_text": "gemma3", "phi3": "phi3"}
+# Hugging Face names of the families' own tensors -> llama.cpp's.
+_GGUF_FAMILY_NAMES = {
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",
+    "mlp.gate_up_proj.weight": "ffn_up.weight",
+}
+_GGUF_GEMMA_NORMS = {
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
+
+
+def _gguf_family_metadata(writer, config: dict, arch: str) -> None:
+    """What llama.cpp's converter writes for each family beyond the Llama keys."""
+    import gguf
+
+    if "head_dim" in config and config["head_dim"]:
+        writer.add_key_length(config["head_dim"])
+        writer.add_value_length(config["head_dim"])
+    if arch == "qwen3moe":
+        writer.add_expert_count(config["num_local_experts"])
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    if arch in ("gemma2", "gemma3"):
+        writer.add_sliding_window(config["sliding_window"])
+        writer.add_sliding_window_pattern([t == "sliding_attention" for t in config["layer_types"]])
+    if arch == "gemma2":
+        writer.add_attn_logit_softcapping(config["attn_logit_softcapping"])
+        writer.add_final_logit_softcapping(config["final_logit_softcapping"])
+    if arch == "gemma3":
+        full = config["rope_parameters"]["full_attention"]
+        if full.get("rope_type") == "linear":
+            writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(full["factor"])
+    if arch == "phi3":
+        rope = config["rope_parameters"]
+        head_dim = config["hidden_size"] // config["num_attention_heads"]
+        writer.add_rope_dimension_count(int(head_dim * rope["partial_rotary_factor"]))
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+        writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
+
+
+def _rope_theta(config: dict) -> float:
+    rope = config["rope_parameters"]
+    return rope.get("full_attention", rope)["rope_theta"]
+
+
 def build_tiny_gguf(hf_folder: str | Path, path: str | Path, ggml_type: str = "F32") -> Path:
+    """Also the families llama.cpp writes: qwen3, qwen3moe (experts merged into one tensor per
+    projection and layer), gemma2 and gemma3 (norm weights plus one, the window pattern as flags)
+    and phi3 (fused qkv and gate_up, LongRoPE's factors as tensors)."""
     import gguf  # only here: the tiny Hugging Face folders need no gguf installed
 
     hf_folder, path = Path(hf_folder), Path(path)
     config = json.loads((hf_folder / "config.json").read_text())
-    arch = "qwen2" if config["model_type"] == "qwen2" else "llama"
+    arch = _GGUF_ARCHES.get(config["model_type"], "llama")
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     writer = gguf.GGUFWriter(path, arch)
     writer.add_context_length(config["max_position_embeddings"])
@@ -254,12 +441,14 @@ def build_tiny_gguf(hf_folder: str | Path, path: str | Path, ggml_type: str = "F
     writer.add_feed_forward_length(config["intermediate_size"])
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
-    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    writer.add_rope_freq_base(_rope_theta(config))
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_vocab_size(config["vocab_size"])
-    writer.add_rope_dimension_count(
-        config["head_dim"] if "head_dim" in config else config["hidden_size"] // heads
-    )
+    if arch != "phi3":
+        writer.add_rope_dimension_count(
+            config["head_dim"] if config.get("head_dim") else config["hidden_size"] // heads
+        )
+    _gguf_family_metadata(writer, config, arch)
 
     tokenizer = json.loads((hf_folder / "tokenizer.json").read_text())
     vocab = {**tokenizer["model"]["vocab"], **{t["content"]: t["id"] for t in tokenizer["added_tokens"]}}
@@ -279,7 +468,8 @@ def build_tiny_gguf(hf_folder: str | Path, path: str | Path, ggml_type: str = "F
     writer.add_add_bos_token(tokenizer.get("post_processor") is not None)
     writer.add_chat_template((hf_folder / "chat_template.jinja").read_text())
 
-    quantized = gguf.GGMLQuantizationType[ggml_type]
+    layer_names = _GGUF_LAYER_NAMES | _GGUF_FAMILY_NAMES | (_GGUF_GEMMA_NORMS if "gemma" in arch else {})
+    experts: dict[str, dict[int, np.ndarray]] = {}
     for name, tensor in _hf_tensors(hf_folder).items():
         data = tensor.float().numpy()
         if name == "model.embed_tokens.weight":
@@ -290,15 +480,33 @@ def build_tiny_gguf(hf_folder: str | Path, path: str | Path, ggml_type: str = "F
             gguf_name = "output.weight"
         else:
             layer, rest = name.removeprefix("model.layers.").split(".", 1)
-            gguf_name = f"blk.{layer}.{_GGUF_LAYER_NAMES[rest]}"
+            if rest.startswith("mlp.experts."):
+                expert, proj = rest.removeprefix("mlp.experts.").split(".", 1)
+                short = {"gate_proj.weight": "gate", "up_proj.weight": "up", "down_proj.weight": "down"}[proj]
+                experts.setdefault(f"blk.{layer}.ffn_{short}_exps.weight", {})[int(expert)] = data
+                continue
+            gguf_name = f"blk.{layer}.{layer_names[rest]}"
             if arch == "llama" and rest.startswith(("self_attn.q_proj", "self_attn.k_proj")):
                 data = _llama_cpp_permute(data, heads if "q_proj" in rest else kv_heads)
-        if data.ndim == 2 and quantized != gguf.GGMLQuantizationType.F32:
-            writer.add_tensor(gguf_name, gguf.quants.quantize(data, quantized), raw_dtype=quantized)
-        else:
-            writer.add_tensor(gguf_name, data)
+        if "gemma" in arch and name.endswith("norm.weight"):
+            data = data + 1
+        stored = MIXES[ggml_type](gguf_name) if ggml_type in MIXES else ggml_type
+        _add_gguf_tensor(writer, gguf_name, data, stored)
+    for gguf_name, by_expert in experts.items():
+        _add_gguf_tensor(writer, gguf_name, np.stack([by_expert[e] for e in sorted(by_expert)]), ggml_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def whole_prompt_overrides(variant: str, context: int = 512) -> dict | None:
+    """Config overrides under which sequences of up to `context` tokens compare with transformers:
+    Phi-3's LongRoPE switches to its long factors per position past its original context, while
+    transformers recomputes the whole sequence with them (kernels/rope_cache.py), so the original
+    context is raised."""
+    if variant != "phi3":
+        return None
+    rope = {**FAMILY_VARIANTS["phi3"][2]["rope_parameters"], "original_max_position_embeddings": context}
+    return {"original_max_position_embeddings": context, "rope_parameters": rope}

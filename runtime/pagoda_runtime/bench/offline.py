@@ -204,7 +204,7 @@ def throughput(
     if config.hf:
         hf_run = hf_baseline.throughput(config, workload, hf_prompts, hf_batch, temperature)
     engine = build_engine(config, 2 * max_len)
-    report.results["async_output_proc"] = engine.async_output
+    report.results["async_scheduling"] = engine.async_scheduling
     _warm_up(engine, model_config.architecture.vocab_size, temperature)
     seconds, trace = _run(engine, workload, engine_config.max_num_seqs, temperature)
     out_tokens = trace.num_tokens
@@ -261,7 +261,7 @@ def latency(config: OfflineConfig, batch: int, input_len: int, output_len: int) 
     hardware = roofline.measure(device, dtype)
     hf_rate = hf_baseline.latency(config, workload) if config.hf else None
     engine = build_engine(config, input_len + output_len + 16)
-    report.results["async_output_proc"] = engine.async_output
+    report.results["async_scheduling"] = engine.async_scheduling
     _warm_up(engine, model_config.architecture.vocab_size)
     seconds, trace = _run(engine, workload, batch)
     ttft = [times[0] - trace.arrival for times in trace.token_times.values()]

@@ -99,7 +99,7 @@ class ModelCosts:
 
     weight_bytes: int  # read once per step (ModelRunner.decode_weight_bytes)
     kv_bytes_per_token: int  # keys and values of one token, all layers, at the cache's dtype
-    linear_flops_per_token: int  # 2 x the decoder blocks' linear parameters
+    linear_flops_per_token: int  # 2 x the decoder blocks' linear parameters a token goes through
     lm_head_flops_per_row: int  # 2 x vocabulary x hidden
     attention_flops_per_pair: int  # QK and PV: 4 x query heads x head dim, all layers
 
@@ -117,7 +117,7 @@ class ModelCosts:
 
 def model_costs(runner: ModelRunner) -> ModelCosts:
     arch = runner.config.architecture.per_rank(runner.tp.size)
-    linear = sum(out * inp for out, inp in arch.linear_shapes()) * arch.num_hidden_layers
+    linear = arch.active_linear_parameters()
     return ModelCosts(
         weight_bytes=runner.decode_weight_bytes,
         kv_bytes_per_token=runner.kv_bytes_per_token,

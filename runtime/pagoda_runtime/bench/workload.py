@@ -18,7 +18,7 @@ OFFLINE_ENGINE_FLAGS = (
     "max_num_batched_tokens",
     "kv_cache_memory",
     "enforce_eager",
-    "async_output_proc",
+    "async_scheduling",
     "seed",
 )
 # Random weights are float weights, which --quantization auto serves as none; the reports name it.

@@ -27,18 +27,22 @@ LOAD_FORMATS = ("auto", "dummy")
 
 
 # Hugging Face rope_scaling types the rotary table (kernels/rope_cache.py) implements.
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """Llama-3.1 style frequency scaling ("rope_type": "llama3") or linear scaling."""
+    """Llama-3.1 style frequency scaling ("rope_type": "llama3"), linear scaling, or LongRoPE
+    (Phi-3: short_factor up to original_max_position_embeddings, long_factor past it)."""
 
     rope_type: str
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
+    attention_factor: float | None = None  # LongRoPE's cos/sin scale; None: from factor
 
 
 @dataclass(frozen=True)
@@ -46,13 +50,36 @@ class ModelConfig:
     """What the runtime builds a model from: its architecture (the shape, all that sizing reads) and
     what only the computation needs, under config.json's names."""
 
-    model_type: str  # "llama", "mistral" or "qwen2" (model_source.py maps checkpoints onto these)
+    # The family's model type (executor/models/registry.py maps it to the model class): llama,
+    # mistral, qwen2, qwen3, qwen3_moe, mixtral, gemma2, gemma3_text, phi3.
+    model_type: str
     architecture: ModelArchitecture
     rms_norm_eps: float
     rope_theta: float
     rope_scaling: RopeScaling | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # The sliding-window layers' own unscaled RoPE base where it differs (Gemma 3: 10000).
+    local_rope_theta: float | None = None
+    # The share of each head's dimensions that is rotated (Phi-4-mini: 0.75).
+    partial_rotary_factor: float = 1.0
+    # Attention scores scaled by query_pre_attn_scalar ** -0.5 instead of head_dim ** -0.5 (Gemma).
+    query_pre_attn_scalar: float | None = None
+    # tanh soft-caps: scores = cap * tanh(scores / cap) (Gemma 2).
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
+    # Mixture of experts: the chosen experts' router weights rescaled to sum to one.
+    norm_topk_prob: bool = False
+
+    @property
+    def attention_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.architecture.head_dim) ** -0.5
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dimensions of each head that are rotated: the first rotary_dim, in pairs
+        (i, i + rotary_dim / 2)."""
+        return int(self.architecture.head_dim * self.partial_rotary_factor)
 
 
 @dataclass(frozen=True)
@@ -62,7 +89,9 @@ class EngineConfig:
 
     model: str = setting(
         BUNDLED_MODEL_NAME,
-        "model folder, .gguf file, or 'smollm2-135m'; with --load-format dummy a model shape",
+        "model folder, .gguf file, 'smollm2-135m', or a Hugging Face hub id org/name[@revision] "
+        "(downloaded into the Hugging Face cache first, as vLLM does); with --load-format dummy a model "
+        "shape",
     )
     load_format: str = setting(
         "auto",
@@ -105,11 +134,11 @@ class EngineConfig:
     )
     enable_prefix_caching: bool = setting(True, "reuse KV blocks of shared prompt prefixes")
     enforce_eager: bool = setting(False, "do not capture CUDA graphs")
-    async_output_proc: bool | None = setting(
+    async_scheduling: bool | None = setting(
         None,
-        "make each step's text while the device runs the next step (vLLM's async output "
-        "processing); default: on where the device runs apart from the host (a GPU), off on a CPU, "
-        "which has nothing to overlap",
+        "schedule and launch each step before reading the previous step's tokens, and make their text "
+        "while the device runs (vLLM's async scheduling); default: on where the device runs apart from "
+        "the host (a GPU), off on a CPU, which computes in the launch and gains nothing",
         off="--disable-async-output-proc",
     )
     seed: int = setting(

@@ -35,6 +35,7 @@ KV_CACHE_USAGE = "pagoda_kv_cache_usage_ratio"
 PREFIX_CACHE_QUERIES = "pagoda_prefix_cache_queries"
 PREFIX_CACHE_HITS = "pagoda_prefix_cache_hits"
 PREEMPTIONS = "pagoda_num_preemptions"
+FAILED_STEPS = "pagoda_num_failed_steps"
 PROMPT_TOKENS = "pagoda_prompt_tokens"
 GENERATION_TOKENS = "pagoda_generation_tokens"
 REQUESTS_FINISHED = "pagoda_requests"
@@ -59,6 +60,7 @@ METRICS = (
     PREFIX_CACHE_QUERIES,
     PREFIX_CACHE_HITS,
     PREEMPTIONS,
+    FAILED_STEPS,
     PROMPT_TOKENS,
     GENERATION_TOKENS,
     REQUESTS_FINISHED,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from pagoda_runtime.contract.bundled import BUNDLED_FILE, BUNDLED_MODEL_NAME
 
@@ -92,12 +92,71 @@ class ModelArchitecture:
         "Whether the LM head shares the input embedding matrix.", default=False
     )
     attention_bias: bool = _shape_field("Whether q, k and v projections have a bias (Qwen2).", default=False)
+    sliding_window: int | None = _shape_field(
+        "Keys a sliding-window layer attends to, the token itself included (sliding_window); unset: "
+        "every layer attends to the whole context.",
+        minimum=1,
+        default=None,
+    )
+    layer_types: tuple[Literal["full_attention", "sliding_attention"], ...] = _shape_field(
+        "Each layer's attention, full_attention or sliding_attention (layer_types); empty: every "
+        "layer slides when sliding_window is set (Mistral).",
+        default=(),
+    )
+    num_experts: int = _shape_field(
+        "Experts of each mixture-of-experts layer (num_experts, Mixtral's num_local_experts); 0: dense.",
+        minimum=0,
+        default=0,
+    )
+    num_experts_per_tok: int = _shape_field("Experts each token is routed to.", minimum=0, default=0)
+    moe_intermediate_size: int = _shape_field(
+        "Width of each expert's MLP (moe_intermediate_size; Mixtral's intermediate_size).",
+        minimum=0,
+        default=0,
+    )
+    mlp_only_layers: tuple[int, ...] = _shape_field(
+        "Layers of a mixture-of-experts model whose MLP is dense, intermediate_size wide.", default=()
+    )
+
+    def __post_init__(self) -> None:
+        # Reports and specs carry JSON lists; the architecture stays hashable (sizing caches by it).
+        for name in ("layer_types", "mlp_only_layers"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        if self.layer_types and len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(
+                f"layer_types lists {len(self.layer_types)} layers but the model has {self.num_hidden_layers}"
+            )
+        if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(
+                f"num_experts_per_tok must be between 1 and num_experts ({self.num_experts}), "
+                f"not {self.num_experts_per_tok}"
+            )
 
     @classmethod
     def from_facts(cls, facts: dict[str, Any]) -> ModelArchitecture:
         """The architecture a Job reported (`asdict` of one); reports written before the fields took
         Hugging Face's names, which cache claims keep in their manifests, read too."""
         return cls(**{_EARLIER_NAMES.get(name, name): value for name, value in facts.items()})
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of layer `layer`, None where it attends to the whole context."""
+        if self.sliding_window is None:
+            return None
+        if self.layer_types and self.layer_types[layer] != "sliding_attention":
+            return None
+        return self.sliding_window
+
+    @property
+    def num_sliding_layers(self) -> int:
+        return sum(self.layer_window(i) is not None for i in range(self.num_hidden_layers))
+
+    def is_sparse_layer(self, layer: int) -> bool:
+        """Whether layer `layer`'s MLP is a mixture of experts."""
+        return self.num_experts > 0 and layer not in self.mlp_only_layers
+
+    @property
+    def num_sparse_layers(self) -> int:
+        return sum(self.is_sparse_layer(i) for i in range(self.num_hidden_layers))
 
     @property
     def q_size(self) -> int:
@@ -107,38 +166,67 @@ class ModelArchitecture:
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
 
-    def linear_shapes(self) -> list[tuple[int, int]]:
-        """(out_features, in_features) of the quantizable linear layers of one decoder block."""
-        q, kv = self.q_size, self.kv_size
-        h, i = self.hidden_size, self.intermediate_size
-        return [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]
+    def linear_shapes(self) -> list[tuple[int, int, int]]:
+        """(out_features, in_features, how many) of the quantizable linear layers of the whole
+        decoder: every layer's attention, the dense MLPs, and each expert of the sparse ones."""
+        q, kv, h, n = self.q_size, self.kv_size, self.hidden_size, self.num_hidden_layers
+        shapes = [(q, h, n), (kv, h, n), (kv, h, n), (h, q, n)]
+        dense = n - self.num_sparse_layers
+        if dense:
+            i = self.intermediate_size
+            shapes += [(i, h, dense), (i, h, dense), (h, i, dense)]
+        if self.num_sparse_layers:
+            m, experts = self.moe_intermediate_size, self.num_sparse_layers * self.num_experts
+            shapes += [(m, h, experts), (m, h, experts), (h, m, experts)]
+        return shapes
+
+    def active_linear_parameters(self) -> int:
+        """Weights of the linear layers one token goes through: of a sparse layer's experts, only the
+        num_experts_per_tok it is routed to (Qwen3-30B-A3B: about 3B of 30B)."""
+        total = sum(out * inp * count for out, inp, count in self.linear_shapes())
+        if not self.num_sparse_layers:
+            return total
+        idle = self.num_experts - self.num_experts_per_tok
+        return total - 3 * self.hidden_size * self.moe_intermediate_size * idle * self.num_sparse_layers
 
     def vocab_parameters(self) -> int:
-        """The embedding and, unless tied to it, the LM head."""
+        """The embedding and, unless tied, the LM head."""
         return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
 
     def unquantized_parameters(self) -> int:
-        """Embeddings, LM head, norms and attention biases: kept in 16 bits by every variant."""
+        """Embeddings, LM head, norms, attention biases and expert routers: kept in 16 bits by every
+        variant."""
         embeddings = self.vocab_parameters()
         norms = (2 * self.num_hidden_layers + 1) * self.hidden_size
         biases = self.q_size + 2 * self.kv_size if self.attention_bias else 0
-        return embeddings + norms + biases * self.num_hidden_layers
+        routers = self.num_sparse_layers * self.num_experts * self.hidden_size
+        return embeddings + norms + biases * self.num_hidden_layers + routers
 
     def num_parameters(self) -> int:
-        linear = sum(out * inp for out, inp in self.linear_shapes()) * self.num_hidden_layers
+        linear = sum(out * inp * count for out, inp, count in self.linear_shapes())
         return linear + self.unquantized_parameters()
 
     def per_rank(self, size: int) -> ModelArchitecture:
         """The slice one of `size` tensor-parallel ranks holds: its query and key/value heads, its
-        part of the MLP and of the padded vocabulary; hidden size and norms are whole on every rank.
-        Raises when the model does not split into `size` ranks."""
+        part of the MLP, of every expert's channels and of the padded vocabulary; hidden size, norms
+        and routers are whole on every rank. Raises when the model does not split into `size` ranks."""
         if size == 1:
             return self
+        dense = self.num_hidden_layers > self.num_sparse_layers
         return replace(
             self,
             num_attention_heads=split_evenly(self.num_attention_heads, size, "attention heads"),
             num_key_value_heads=kv_heads_per_rank(self.num_key_value_heads, size),
-            intermediate_size=split_evenly(self.intermediate_size, size, "MLP channels"),
+            intermediate_size=(
+                split_evenly(self.intermediate_size, size, "MLP channels")
+                if dense
+                else self.intermediate_size
+            ),
+            moe_intermediate_size=(
+                split_evenly(self.moe_intermediate_size, size, "expert MLP channels")
+                if self.num_sparse_layers
+                else self.moe_intermediate_size
+            ),
             vocab_size=padded_vocab_size(self.vocab_size, size) // size,
         )
 
@@ -188,15 +276,61 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {
     # A GGUF file of 4-bit blocks; weight_bytes' gguf_block names the file's real block type.
     "gguf": WeightFormat(bits=4, group_size=32, group_bytes=4),
 }
-# GGUF blocks kept packed (quantization/gguf_blocks.py): Q4_0 and Q4_1 as int4 groups of 32 with an
-# fp16 scale and an fp16 offset each, Q8_0 as int8 groups of 32 with an fp16 scale: 8.5 bits, not 5.
+# GGUF block types served packed (quantization/gguf_blocks.py), in the layout of WeightFormat: int4
+# in groups of 32 with an fp16 scale and offset each (Q4_0, Q4_1, Q4_K: 5 bits a weight), int8 in
+# groups of 32 with an fp16 scale (Q5_0, Q8_0: 8.5), int8 in groups of 16 (Q6_K: 9). The other
+# types a file may hold (Q5_1, Q2_K, Q3_K, Q5_K, and F16/BF16/F32 projections) have no packed
+# layout: they are dequantized at load and held in the model's float dtype.
 GGUF_BLOCK_FORMATS: dict[str, WeightFormat] = {
     "Q4_0": WEIGHT_FORMATS["gguf"],
     "Q4_1": WEIGHT_FORMATS["gguf"],
+    "Q4_K": WEIGHT_FORMATS["gguf"],
+    "Q5_0": WeightFormat(bits=8, group_size=32, group_bytes=2),
     "Q8_0": WeightFormat(bits=8, group_size=32, group_bytes=2),
+    "Q6_K": WeightFormat(bits=8, group_size=16, group_bytes=2),
 }
-# A GGUF source whose name does not say its block type is sized as the largest, never too small.
-LARGEST_GGUF_BLOCK = "Q8_0"
+
+
+def _more_bits_layers(num_layers: int) -> int:
+    """How many layers llama.cpp's use_more_bits picks: the first and last eighth, and every third
+    layer between."""
+    eighth, last = num_layers // 8, 7 * num_layers // 8
+    return sum(1 for i in range(num_layers) if i < eighth or i >= last or (i - eighth) % 3 == 2)
+
+
+@dataclass(frozen=True)
+class GGUFFileType:
+    """A GGUF file type as sizing bounds it: the block type of most projections, and those that
+    llama.cpp's mix (llama-quant.cpp) may give attn_v in any layer and ffn_down in some, where
+    they take more bytes as served (a 70B model's Q4_K_M attn_v is Q5_K, otherwise Q6_K)."""
+
+    main: str
+    value: str | None = None
+    down: str | None = None
+    down_layers: str = "all"  # "all", "more_bits" (use_more_bits) or "first_eighth"
+
+    def wider_down_layers(self, num_layers: int) -> int:
+        if self.down_layers == "more_bits":
+            return _more_bits_layers(num_layers)
+        if self.down_layers == "first_eighth":
+            return min(num_layers, max(4, num_layers // 8))
+        return num_layers
+
+
+# By the name llama.cpp's files carry (`Meta-Llama-3-8B-Instruct.Q4_K_M.gguf`); the bare block types
+# are the names the runtime gives a file from its tensors when its name does not tell.
+GGUF_FILE_TYPES: dict[str, GGUFFileType] = {
+    **{name: GGUFFileType(name) for name in ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_1", "Q8_0")},
+    **{name: GGUFFileType(name) for name in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")},
+    # With an importance matrix, ffn_down of the first eighth of the layers is Q5_1.
+    "Q5_0": GGUFFileType("Q5_0", down="Q5_1", down_layers="first_eighth"),
+    # Mixes whose wider tensors are dequantized like the rest, or packed in fewer bytes (Q4_K).
+    **{name: GGUFFileType(name[:4]) for name in ("Q2_K_S", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q5_K_S", "Q5_K_M")},
+    "Q4_K_S": GGUFFileType("Q4_K", value="Q5_K", down="Q5_K", down_layers="first_eighth"),
+    "Q4_K_M": GGUFFileType("Q4_K", value="Q5_K", down="Q6_K", down_layers="more_bits"),
+}
+# A GGUF source whose name does not say its type is sized as dequantized, the most it can take.
+UNNAMED_GGUF_FILE_TYPE = "F16"
 
 # Bytes of one element of the tensors a model keeps unquantized, by the runtime's --dtype names.
 FLOAT_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -204,12 +338,42 @@ KV_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1
 
 
 def gguf_block_type(source: str) -> str:
-    """The block type a GGUF source holds, as far as its file name tells (`model.Q8_0.gguf`,
-    `model-Q4_0.gguf`; the bundled model is Q4_1); LARGEST_GGUF_BLOCK when it does not tell."""
+    """The GGUF_FILE_TYPES name of a GGUF source, as far as its file name tells (`model.Q8_0.gguf`,
+    `model-Q4_K_M.gguf`; the bundled model is Q4_1); UNNAMED_GGUF_FILE_TYPE when it does not tell."""
     name = BUNDLED_FILE if source.split("://", 1)[-1] == BUNDLED_MODEL_NAME else source
     file_name = name.rsplit("/", 1)[-1].upper()
-    named = (b for b in GGUF_BLOCK_FORMATS if re.search(rf"(?<![A-Z0-9]){b}(?![A-Z0-9_])", file_name))
-    return next(named, LARGEST_GGUF_BLOCK)
+    named = (b for b in GGUF_FILE_TYPES if re.search(rf"(?<![A-Z0-9]){b}(?![A-Z0-9_])", file_name))
+    return next(named, UNNAMED_GGUF_FILE_TYPE)
+
+
+def gguf_file_type(source: str, main: str) -> str:
+    """The GGUF_FILE_TYPES name the runtime sizes a file by, once its tensors show the block type
+    of most projections (`main`): its name's, as the operator sized it, where that agrees."""
+    named = gguf_block_type(source)
+    return named if GGUF_FILE_TYPES[named].main == main else main
+
+
+def gguf_is_packed(file_type: str) -> bool:
+    """Whether most projections of a file of this GGUF_FILE_TYPES name have a packed layout."""
+    return GGUF_FILE_TYPES[file_type].main in GGUF_BLOCK_FORMATS
+
+
+def _gguf_linear_bytes(arch: ModelArchitecture, file_type: str, float_bytes: int) -> float:
+    """One rank's projections of a GGUF file served `gguf`: packed where its block types have a
+    layout, floats elsewhere, attn_v and ffn_down as wide as the file type's mix may make them."""
+    kind = _gguf_file_type(file_type)
+    dequantized = WeightFormat(bits=8 * float_bytes)
+
+    def served(block: str | None) -> WeightFormat:
+        return GGUF_BLOCK_FORMATS.get(block or kind.main, dequantized)
+
+    main = served(kind.main)
+    layers = arch.num_hidden_layers
+    linear = sum(main.linear_bytes(out, inp) * count for out, inp, count in arch.linear_shapes())
+    value, down = (arch.kv_size, arch.hidden_size), (arch.hidden_size, arch.intermediate_size)
+    linear += max(served(kind.value).linear_bytes(*value) - main.linear_bytes(*value), 0) * layers
+    wider = max(served(kind.down).linear_bytes(*down) - main.linear_bytes(*down), 0)
+    return linear + wider * kind.wider_down_layers(layers)
 
 
 def weight_bytes(
@@ -220,7 +384,7 @@ def weight_bytes(
     vocab_dtype: str | None = None,
 ) -> int:
     """float_dtype: what the unquantized tensors are held in (every tensor, for "none");
-    gguf_block: for "gguf", the file's block type (Q4_0, Q4_1, Q8_0) when it is known;
+    gguf_block: for "gguf", the file's GGUF_FILE_TYPES name (Q4_0, Q4_K_M, ...) when it is known;
     vocab_dtype: what the embedding and LM head are held in where not float_dtype
     (quantization_selection.cpu_vocab_dtype)."""
     if quantization not in WEIGHT_FORMATS:
@@ -230,14 +394,33 @@ def weight_bytes(
     if float_dtype not in FLOAT_DTYPE_BYTES:
         raise ValueError(f"unknown dtype {float_dtype!r}; use one of {', '.join(FLOAT_DTYPE_BYTES)}")
     float_bytes = _float_bytes(quantization, float_dtype)
-    fmt = WeightFormat(bits=8 * float_bytes) if quantization == "none" else WEIGHT_FORMATS[quantization]
     if quantization == "gguf" and gguf_block is not None:
-        fmt = GGUF_BLOCK_FORMATS[gguf_block]
-    linear = sum(fmt.linear_bytes(out, inp) for out, inp in arch.linear_shapes()) * arch.num_hidden_layers
+        linear = _gguf_linear_bytes(arch, gguf_block, float_bytes)
+    else:
+        fmt = _linear_format(quantization, float_dtype, None)
+        linear = sum(fmt.linear_bytes(out, inp) * count for out, inp, count in arch.linear_shapes())
     unquantized = arch.unquantized_parameters() * float_bytes
     if vocab_dtype is not None:
-        unquantized += arch.vocab_parameters() * (FLOAT_DTYPE_BYTES[vocab_dtype] - float_bytes)
+        # Held apart, tied or not: the lookup table and the LM head, each in vocab_dtype.
+        held = 2 * arch.vocab_size * arch.hidden_size * FLOAT_DTYPE_BYTES[vocab_dtype]
+        unquantized += held - arch.vocab_parameters() * float_bytes
     return int(linear + unquantized)
+
+
+def _gguf_file_type(file_type: str) -> GGUFFileType:
+    if file_type not in GGUF_FILE_TYPES:
+        raise ValueError(f"unknown GGUF file type {file_type!r}; use one of {', '.join(GGUF_FILE_TYPES)}")
+    return GGUF_FILE_TYPES[file_type]
+
+
+def _linear_format(quantization: str, float_dtype: str, gguf_block: str | None) -> WeightFormat:
+    """How most projections are held: a GGUF file's by its file type's main block type."""
+    dequantized = WeightFormat(bits=8 * _float_bytes(quantization, float_dtype))
+    if quantization == "none":
+        return dequantized
+    if quantization == "gguf" and gguf_block is not None:
+        return GGUF_BLOCK_FORMATS.get(_gguf_file_type(gguf_block).main, dequantized)
+    return WEIGHT_FORMATS[quantization]
 
 
 def _float_bytes(quantization: str, float_dtype: str) -> int:
@@ -259,22 +442,90 @@ def decode_weight_bytes(
     vocab_dtype: str | None = None,
 ) -> int:
     """decode_read_bytes of weight_bytes' estimate (same arguments): the weight traffic that bounds
-    batch-1 decode at memory bandwidth / these bytes tokens per second."""
+    batch-1 decode at memory bandwidth / these bytes tokens per second. A token reads only the
+    experts it is routed to."""
     stored = weight_bytes(arch, quantization, float_dtype, gguf_block, vocab_dtype)
+    if arch.num_sparse_layers:
+        fmt = _linear_format(quantization, float_dtype, gguf_block)
+        width, hidden = arch.moe_intermediate_size, arch.hidden_size
+        expert = 2 * fmt.linear_bytes(width, hidden) + fmt.linear_bytes(hidden, width)
+        idle = arch.num_experts - arch.num_experts_per_tok
+        stored -= int(expert * idle * arch.num_sparse_layers)
     vocab_bytes = FLOAT_DTYPE_BYTES[vocab_dtype] if vocab_dtype else _float_bytes(quantization, float_dtype)
     embedding = arch.vocab_size * arch.hidden_size * vocab_bytes
-    return decode_read_bytes(stored, embedding, arch.tie_word_embeddings)
+    # A vocab_dtype holds the LM head apart from the lookup table even when tied (weight_bytes).
+    return decode_read_bytes(stored, embedding, arch.tie_word_embeddings and vocab_dtype is None)
 
 
 def kv_bytes_per_token(arch: ModelArchitecture, kv_dtype: str = "auto") -> int:
     """Keys and values of one token in every layer; a rank's cache: its slice (`per_rank`)."""
+    return arch.num_hidden_layers * kv_layer_bytes_per_token(arch, kv_dtype)
+
+
+def kv_layer_bytes_per_token(arch: ModelArchitecture, kv_dtype: str = "auto") -> int:
+    """Keys and values of one token in one layer."""
     if kv_dtype not in KV_DTYPE_BYTES:
         raise ValueError(f"unknown KV cache dtype {kv_dtype!r}; use one of {', '.join(KV_DTYPE_BYTES)}")
-    return 2 * arch.num_hidden_layers * arch.kv_size * KV_DTYPE_BYTES[kv_dtype]
+    return 2 * arch.kv_size * KV_DTYPE_BYTES[kv_dtype]
 
 
 def kv_bytes_per_block(arch: ModelArchitecture, block_size: int, kv_dtype: str = "auto") -> int:
     return block_size * kv_bytes_per_token(arch, kv_dtype)
+
+
+def kv_bytes_for_context(arch: ModelArchitecture, tokens: int, kv_dtype: str = "auto") -> int:
+    """Keys and values one sequence of `tokens` holds: every token in the full-attention layers, at
+    most the window in the sliding-window ones (the runtime frees the blocks behind it)."""
+    sliding = arch.num_sliding_layers
+    held = (arch.num_hidden_layers - sliding) * tokens
+    if sliding:
+        held += sliding * min(tokens, arch.sliding_window)
+    return held * kv_layer_bytes_per_token(arch, kv_dtype)
+
+
+@dataclass(frozen=True)
+class KVPools:
+    """KV blocks of the full-attention layers and of the sliding-window layers, each layer kind in a
+    pool of its own. full_blocks 0: every layer slides; window_blocks 0: no layer's window is
+    shorter than the context, and all share the one pool."""
+
+    full_blocks: int
+    window_blocks: int = 0
+
+
+def window_blocks_needed(window: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int) -> int:
+    """Window blocks the running sequences can hold at once: each the blocks its next token's window
+    touches, plus those of the tokens a step adds (at most a step's budget, and a partial block each)."""
+    per_sequence = -(-(window - 1) // block_size) + 2
+    return max_num_seqs * per_sequence + -(-max_num_batched_tokens // block_size)
+
+
+def kv_pools(
+    arch: ModelArchitecture,
+    budget_bytes: int,
+    block_size: int,
+    max_model_len: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    kv_dtype: str = "auto",
+) -> KVPools:
+    """How a KV budget is split between the layer kinds. The sliding-window layers get the blocks
+    their running sequences can ever hold at once (window_blocks_needed), never more than the
+    full-attention layers get; those get the rest. Without a window shorter than the context every
+    layer shares one pool, as before windows."""
+    layer_block = block_size * kv_layer_bytes_per_token(arch, kv_dtype)
+    window = arch.sliding_window
+    sliding = arch.num_sliding_layers if window is not None and window < max_model_len else 0
+    full = arch.num_hidden_layers - sliding
+    if not sliding:
+        return KVPools(budget_bytes // (layer_block * arch.num_hidden_layers))
+    if not full:
+        return KVPools(0, budget_bytes // (layer_block * sliding))
+    equal = budget_bytes // (layer_block * arch.num_hidden_layers)
+    needed = window_blocks_needed(window, block_size, max_num_seqs, max_num_batched_tokens)
+    if needed >= equal:
+        return KVPools(equal, equal)
+    return KVPools((budget_bytes - needed * sliding * layer_block) // (full * layer_block), needed)
 
 
 def check_tensor_parallel(
@@ -292,10 +543,11 @@ def check_tensor_parallel(
     fmt = WEIGHT_FORMATS.get(quantization)
     if fmt is None or not fmt.group_size or size == 1:
         return sliced
-    row_parallel = {
-        "attention output": arch.q_size,
-        "MLP down": arch.intermediate_size,
-    }
+    row_parallel = {"attention output": arch.q_size}
+    if arch.num_hidden_layers > arch.num_sparse_layers:
+        row_parallel["MLP down"] = arch.intermediate_size
+    if arch.num_sparse_layers:
+        row_parallel["expert down"] = arch.moe_intermediate_size
     for what, inputs in row_parallel.items():
         group = inputs if group_size == -1 else group_size or fitted_group_size(inputs, fmt.group_size)
         # A group that spans the whole row is a per-row scale, which every slice of the row shares.
@@ -367,7 +619,7 @@ def fits(
     """
     sliced = check_tensor_parallel(arch, tensor_parallel_size, quantization)
     weights = weight_bytes(sliced, quantization, gguf_block=gguf_block)
-    kv = max_model_len * kv_bytes_per_token(sliced, kv_dtype)
+    kv = kv_bytes_for_context(sliced, max_model_len, kv_dtype)
     collectives = all_reduce_bytes(tensor_parallel_size)
     return FitResult(
         fits=weights + kv + overhead_bytes + collectives <= capacity_bytes,

@@ -1,38 +1,74 @@
-"""Every tensor a Llama-family model has, by its Hugging Face name, and the shape its config implies.
+"""The tensors of a decoder checkpoint, by their Hugging Face names, with the shapes its architecture
+implies: the parts every family's layout is made of (each family composes its own in its module,
+executor/models/), and the Llama layout they all start from.
 
-The loaders check a checkpoint against it, the model reports what a checkpoint left out by it, and
-the benchmarks draw random weights from it. Torch-free.
+The loaders check a checkpoint against a family's layout, the model reports what a checkpoint left
+out by it, and the benchmarks draw random weights from it. Torch-free.
 """
 
 from __future__ import annotations
 
 from pagoda_runtime.contract.sizing import ModelArchitecture
 
+Shapes = dict[str, tuple[int, ...]]
+
 
 def is_projection(hf_name: str) -> bool:
-    """Whether a weight is one of the decoder's linear projections, the layers quantization touches."""
-    return hf_name.startswith("model.layers.") and hf_name.endswith("_proj.weight")
+    """Whether a weight is one of the decoder's linear projections, the layers quantization touches
+    (mixture-of-experts experts included; their router is not)."""
+    if not hf_name.startswith("model.layers."):
+        return False
+    return hf_name.endswith("_proj.weight") or (".experts." in hf_name and hf_name.endswith(".weight"))
 
 
-def expected_weight_shapes(arch: ModelArchitecture) -> dict[str, tuple[int, ...]]:
-    """Every tensor the model needs, by Hugging Face name, with the shape the architecture implies."""
-    hidden, inter = arch.hidden_size, arch.intermediate_size
+def vocabulary_shapes(arch: ModelArchitecture) -> Shapes:
+    """The embedding, the final norm and, unless tied, the LM head."""
+    hidden = arch.hidden_size
     shapes = {"model.embed_tokens.weight": (arch.vocab_size, hidden), "model.norm.weight": (hidden,)}
     if not arch.tie_word_embeddings:
         shapes["lm_head.weight"] = (arch.vocab_size, hidden)
+    return shapes
+
+
+def attention_shapes(arch: ModelArchitecture, layer: str) -> Shapes:
+    """q, k, v and o projections (and q, k, v biases) of the layer whose names start with `layer`."""
+    hidden = arch.hidden_size
+    shapes = {
+        layer + "self_attn.q_proj.weight": (arch.q_size, hidden),
+        layer + "self_attn.k_proj.weight": (arch.kv_size, hidden),
+        layer + "self_attn.v_proj.weight": (arch.kv_size, hidden),
+        layer + "self_attn.o_proj.weight": (hidden, arch.q_size),
+    }
+    if arch.attention_bias:
+        shapes[layer + "self_attn.q_proj.bias"] = (arch.q_size,)
+        shapes[layer + "self_attn.k_proj.bias"] = (arch.kv_size,)
+        shapes[layer + "self_attn.v_proj.bias"] = (arch.kv_size,)
+    return shapes
+
+
+def mlp_shapes(prefix: str, hidden: int, width: int) -> Shapes:
+    """gate, up and down of a gated MLP `width` channels wide, under `prefix`."""
+    return {
+        prefix + "gate_proj.weight": (width, hidden),
+        prefix + "up_proj.weight": (width, hidden),
+        prefix + "down_proj.weight": (hidden, width),
+    }
+
+
+def norm_shapes(layer: str, names: tuple[str, ...], size: int) -> Shapes:
+    return {f"{layer}{name}.weight": (size,) for name in names}
+
+
+def layer_prefix(layer: int) -> str:
+    return f"model.layers.{layer}."
+
+
+def decoder_shapes(arch: ModelArchitecture) -> Shapes:
+    """The Llama layout: every tensor of a Llama, Mistral or Qwen2 checkpoint."""
+    shapes = vocabulary_shapes(arch)
     for i in range(arch.num_hidden_layers):
-        layer = f"model.layers.{i}."
-        shapes[layer + "input_layernorm.weight"] = (hidden,)
-        shapes[layer + "post_attention_layernorm.weight"] = (hidden,)
-        shapes[layer + "self_attn.q_proj.weight"] = (arch.q_size, hidden)
-        shapes[layer + "self_attn.k_proj.weight"] = (arch.kv_size, hidden)
-        shapes[layer + "self_attn.v_proj.weight"] = (arch.kv_size, hidden)
-        shapes[layer + "self_attn.o_proj.weight"] = (hidden, arch.q_size)
-        if arch.attention_bias:
-            shapes[layer + "self_attn.q_proj.bias"] = (arch.q_size,)
-            shapes[layer + "self_attn.k_proj.bias"] = (arch.kv_size,)
-            shapes[layer + "self_attn.v_proj.bias"] = (arch.kv_size,)
-        shapes[layer + "mlp.gate_proj.weight"] = (inter, hidden)
-        shapes[layer + "mlp.up_proj.weight"] = (inter, hidden)
-        shapes[layer + "mlp.down_proj.weight"] = (hidden, inter)
+        layer = layer_prefix(i)
+        shapes |= norm_shapes(layer, ("input_layernorm", "post_attention_layernorm"), arch.hidden_size)
+        shapes |= attention_shapes(arch, layer)
+        shapes |= mlp_shapes(layer + "mlp.", arch.hidden_size, arch.intermediate_size)
     return shapes

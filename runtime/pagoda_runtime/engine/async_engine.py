@@ -4,12 +4,18 @@ A background task runs the engine's steps in a worker thread (torch releases the
 computes), so the event loop keeps serving while the model runs. New requests and aborts are
 queued and applied between steps, on the loop, so the engine is only ever touched by one step
 at a time.
+
+A step that raises fails only the requests it ran (each stream gets `RequestFailed`, the server
+answers 500) and the loop goes on with the rest; only a broken device or tensor-parallel group
+(devices.is_device_failure), or any failed step of a group, whose ranks may then disagree on what
+ran, stops the loop for good, which `errored` reports to the liveness probe.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -18,11 +24,15 @@ from pagoda_runtime.contract.config import EngineConfig
 from pagoda_runtime.engine.llm_engine import LLMEngine
 from pagoda_runtime.engine.memory_report import MemoryReport
 from pagoda_runtime.engine.outputs import RequestOutput
+from pagoda_runtime.engine.protocol import RequestFailed
 from pagoda_runtime.engine.request_state import Request
 from pagoda_runtime.engine.request_validation import RequestRejected
 from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.engine.stats import EngineStats
 from pagoda_runtime.engine.tokenizer import Tokenizer
+from pagoda_runtime.executor.devices import is_device_failure
+
+log = logging.getLogger("pagoda.engine")
 
 # An idle loop still wakes this often, so that last_heartbeat shows it is alive.
 IDLE_TICK_S = 0.5
@@ -72,8 +82,8 @@ class AsyncLLMEngine:
     async def shutdown(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # A loop that stopped on an error has logged it and holds it in `errored`.
+            await asyncio.gather(self._task, return_exceptions=True)
         # A step still running in the worker thread finishes before the engine is touched here.
         await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown)
         self.abort_all()
@@ -83,7 +93,7 @@ class AsyncLLMEngine:
         self, prompt: str | list[int], params: SamplingParams, request_id: str, internal: bool = False
     ) -> AsyncIterator[RequestOutput]:
         if self.errored is not None:
-            raise RuntimeError(f"the engine stopped after an error: {self.errored}") from self.errored
+            raise RequestFailed(f"the engine stopped after an error: {self.errored}") from self.errored
         if self._task is None:
             raise RuntimeError("the engine is not started; await engine.start() first")
         if request_id in self._streams:
@@ -97,8 +107,10 @@ class AsyncLLMEngine:
         try:
             while True:
                 item = await queue.get()
+                if isinstance(item, RequestFailed):
+                    raise item
                 if isinstance(item, BaseException):
-                    raise RuntimeError(f"the engine stopped after an error: {item}") from item
+                    raise RequestFailed(f"the engine stopped after an error: {item}") from item
                 finished = item.finished
                 yield item
                 if finished:
@@ -133,7 +145,14 @@ class AsyncLLMEngine:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wake.wait(), IDLE_TICK_S)
                     continue
-                outputs = await loop.run_in_executor(self._executor, self.engine.step)
+                try:
+                    outputs = await loop.run_in_executor(self._executor, self.engine.step)
+                except Exception as error:
+                    # In a tensor-parallel group the ranks may no longer agree on what ran.
+                    if is_device_failure(error) or self.engine.runner.tp.size > 1:
+                        raise
+                    self._fail_step(error)
+                    continue
                 for output in outputs:
                     queue = self._streams.get(output.request_id)
                     if queue is not None:
@@ -142,9 +161,24 @@ class AsyncLLMEngine:
             raise
         except BaseException as error:
             self.errored = error
+            log.critical("the engine loop stopped: %s: %s", type(error).__name__, error, exc_info=error)
             for queue in self._streams.values():
                 queue.put_nowait(error)
             raise
+
+    def _fail_step(self, error: Exception) -> None:
+        failed = self.engine.fail_step()
+        log.error(
+            "a step raised %s: %s; its %d requests fail with an internal error and the engine serves on",
+            type(error).__name__,
+            error,
+            len(failed),
+            exc_info=error,
+        )
+        for request_id in failed:
+            queue = self._streams.get(request_id)
+            if queue is not None:
+                queue.put_nowait(RequestFailed(f"a step that ran this request failed: {error}"))
 
     def _apply_pending(self) -> None:
         new, self._new = self._new, []

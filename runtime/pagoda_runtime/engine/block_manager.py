@@ -97,6 +97,11 @@ class BlockManager:
             self.prefix_hits += seq.num_computed_tokens
         self.append(seq, num_new_tokens)
 
+    def forkable_blocks(self, parent: Sequence, num_blocks: int) -> int:
+        """How many of the parent's first `num_blocks` blocks a child can share (all of them here; a
+        sliding-window pool may have handed some back)."""
+        return num_blocks
+
     def fork(self, parent: Sequence, child: Sequence, num_blocks: int) -> None:
         """Share the parent's first `num_blocks` (full, already computed) blocks with `child`."""
         assert not child.block_table and num_blocks * self.block_size <= parent.num_computed_tokens
@@ -107,33 +112,27 @@ class BlockManager:
         child.num_computed_tokens = num_blocks * self.block_size
 
     def cache_computed_blocks(self, seq: Sequence) -> None:
-        """Publish the blocks of `seq` that are full and computed, so later prompts can reuse them."""
+        """Publish the blocks of `seq` that are full and computed, so later prompts can reuse them.
+        A block holding a token the host has not read yet (async scheduling) waits for a later
+        step: its hash needs the token."""
         if not self.enable_prefix_caching:
             return
-        num_full = seq.num_computed_tokens // self.block_size
+        num_full = min(seq.num_computed_tokens, len(seq.token_ids)) // self.block_size
+        # Back from the last full block to the last published one: blocks fill up in order, so a
+        # decode step looks at one block, not at all of them.
+        first = num_full
+        while first > 0 and self.blocks[seq.block_table[first - 1]].hash is None:
+            first -= 1
+        if first == num_full:
+            return
         self._extend_hashes(seq, num_full)
-        for i in range(num_full):
-            block = self.blocks[seq.block_table[i]]
-            if block.hash is not None:
-                continue
-            h = seq.block_hashes[i]
-            if h in self._by_hash:
-                continue  # computed twice concurrently; the first copy stays the shared one
-            start = i * self.block_size
-            block.hash, block.token_ids = h, tuple(seq.token_ids[start : start + self.block_size])
-            self._by_hash[h] = block.block_id
+        for i in range(first, num_full):
+            self._publish(seq, i)
 
     def free(self, seq: Sequence) -> None:
         # Released tail first, so that eviction takes the ends of prefixes before their starts.
         for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            assert block.ref_count >= 0, f"block {block_id} freed more often than taken"
-            if block.ref_count == 0:
-                if block.hash is None:
-                    self._free_plain.append(block_id)
-                else:
-                    self._free_cached[block_id] = None
+            self._release(block_id)
         seq.block_table = []
         seq.num_computed_tokens = 0
 
@@ -145,6 +144,28 @@ class BlockManager:
             i = len(seq.block_hashes)
             parent = seq.block_hashes[-1] if seq.block_hashes else None
             seq.block_hashes.append(chain_hash(parent, tuple(seq.token_ids[i * bs : (i + 1) * bs])))
+
+    def _publish(self, seq: Sequence, i: int) -> None:
+        """Enter block i of `seq` (full and computed) in the prefix cache."""
+        block = self.blocks[seq.block_table[i]]
+        if block.hash is not None:
+            return
+        h = seq.block_hashes[i]
+        if h in self._by_hash:
+            return  # computed twice concurrently; the first copy stays the shared one
+        start = i * self.block_size
+        block.hash, block.token_ids = h, tuple(seq.token_ids[start : start + self.block_size])
+        self._by_hash[h] = block.block_id
+
+    def _release(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        assert block.ref_count >= 0, f"block {block_id} freed more often than taken"
+        if block.ref_count == 0:
+            if block.hash is None:
+                self._free_plain.append(block_id)
+            else:
+                self._free_cached[block_id] = None
 
     def _take(self, block_id: int) -> None:
         block = self.blocks[block_id]

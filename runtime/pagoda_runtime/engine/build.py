@@ -19,10 +19,12 @@ from pagoda_runtime.engine.block_manager import BlockManager
 from pagoda_runtime.engine.memory_report import MemoryReport
 from pagoda_runtime.engine.scheduler import Scheduler
 from pagoda_runtime.engine.tokenizer import Tokenizer
+from pagoda_runtime.engine.window_block_manager import make_block_manager
 from pagoda_runtime.executor.devices import Placement, resolve_placement
 from pagoda_runtime.executor.model_runner import ModelRunner
+from pagoda_runtime.executor.models import weight_shapes
 from pagoda_runtime.loading.load_progress import LOAD_PROGRESS
-from pagoda_runtime.loading.model_source import LoadedModel, expected_weight_shapes, load_model_source
+from pagoda_runtime.loading.model_source import LoadedModel, load_model_source
 from pagoda_runtime.loading.random_model import random_model
 from pagoda_runtime.parallel.tensor_parallel import SINGLE_PROCESS, TensorParallel
 
@@ -72,14 +74,16 @@ def build_engine(
         placement.device.type,
         engine_config.model,
         engine_config.dtype,
+        loaded.gguf_block,
     )
     if loaded.quantization is not None and quantization != loaded.quantization:
         if engine_config.quantization == "auto":
             logger.info(
-                "%s stores %s blocks; on the %s with --dtype %s they are dequantized at load "
-                "(--quantization %s keeps them packed)",
+                "%s stores %s blocks (%s); on the %s with --dtype %s auto dequantizes them at load "
+                "(docs/architecture.md#quantization; --quantization %s keeps packed what has a layout)",
                 engine_config.model,
                 loaded.quantization,
+                loaded.gguf_block,
                 placement.device.type,
                 engine_config.dtype,
                 loaded.quantization,
@@ -89,10 +93,19 @@ def build_engine(
     arch = loaded.config.architecture
     sliced = check_tensor_parallel(arch, tp.size, quantization, loaded.group_size)
     limit = engine_config.max_model_len or arch.max_position_embeddings
-    weights = LOAD_PROGRESS.track(loaded.weights, len(expected_weight_shapes(arch)), arch.num_hidden_layers)
+    weights = LOAD_PROGRESS.track(loaded.weights, len(weight_shapes(loaded.config)), arch.num_hidden_layers)
     runner = ModelRunner(loaded.config, weights, engine_config, placement, limit, quantization, tp)
-    block_manager = BlockManager(
-        runner.num_blocks, engine_config.block_size, engine_config.enable_prefix_caching
+    # Where every layer slides, a sequence holds only its window: the context is not bounded by the
+    # cache, as long as one window fits (make_block_manager checks it).
+    capacity = runner.pools.full_blocks * engine_config.block_size if runner.pools.full_blocks else limit
+    max_model_len = _cap_context(limit, capacity, engine_config)
+    block_manager = make_block_manager(
+        runner.pools,
+        engine_config.block_size,
+        runner.window,
+        engine_config.enable_prefix_caching,
+        max_model_len,
+        engine_config.max_num_batched_tokens,
     )
     memory = MemoryReport(
         model=engine_config.model,
@@ -110,9 +123,9 @@ def build_engine(
         kv_bytes_per_block=runner.kv_bytes_per_block,
         block_size=engine_config.block_size,
         num_kv_blocks=runner.num_blocks,
+        kv_cache_bytes=runner.kv_cache_bytes,
     )
     logger.info("memory: %s", memory.describe())
-    capacity = runner.num_blocks * engine_config.block_size
     parts = EngineParts(
         engine_config=engine_config,
         placement=placement,
@@ -122,7 +135,7 @@ def build_engine(
         runner=runner,
         block_manager=block_manager,
         scheduler=Scheduler(block_manager, engine_config.max_num_seqs, engine_config.max_num_batched_tokens),
-        max_model_len=_cap_context(limit, capacity, engine_config),
+        max_model_len=max_model_len,
         memory=memory,
     )
     if not tp.is_driver:

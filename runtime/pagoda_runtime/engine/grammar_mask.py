@@ -69,9 +69,18 @@ class GrammarMasker:
         self._bitmask: torch.Tensor | None = None
         self._rows: torch.Tensor | None = None
 
+    @staticmethod
+    def constrained_rows(seqs: list[Sequence]) -> list[int]:
+        # A sample that ended meanwhile (async scheduling) computes one token more, which is
+        # dropped: its matcher has nothing left to allow.
+        return [row for row, seq in enumerate(seqs) if seq.grammar is not None and not seq.is_finished]
+
+    def constrains(self, seqs: list[Sequence]) -> bool:
+        return any(seq.grammar is not None and not seq.is_finished for seq in seqs)
+
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """The logits with every token a constrained row's grammar forbids at -inf (in place)."""
-        rows = [row for row, seq in enumerate(seqs) if seq.grammar is not None]
+        rows = self.constrained_rows(seqs)
         if not rows:
             return logits
         vocab = logits.shape[1]
@@ -94,7 +103,8 @@ class GrammarMasker:
 
     def _buffers(self, batch: int, words: int) -> torch.Tensor:
         # Host buffers reused across steps (pinned on a GPU, so the copies do not block): the
-        # previous step's copies are done, its sampled tokens having reached the host since.
+        # previous step's copies are done, its sampled tokens having reached the host since (with
+        # async scheduling a constrained batch is sampled only after the previous step is read).
         if self._bitmask is None or self._bitmask.shape[0] < batch or self._bitmask.shape[1] != words:
             size = max(batch, 8)
             self._bitmask = torch.empty(size, words, dtype=torch.int32, pin_memory=self._pinned)

@@ -1,9 +1,19 @@
 """The offline API: `LLM(model=...).generate(prompts, params)`, one finished output per prompt;
-`chat(conversations, params)` renders each conversation with the model's chat template first."""
+`chat(conversations, params)` renders each conversation with the model's chat template first.
+
+With tensor_parallel_size=N the model is split over N ranks on this machine, started as
+`serve --tensor-parallel-size N` starts them (parallel/group_leader.py): this process is rank 0
+and spawns the others, so a script that builds one needs vLLM's `if __name__ == "__main__":`
+guard. A rank that dies ends this process, as it ends a serving pod; `shutdown()` (or the exit of
+this process) stops the ranks.
+"""
 
 from __future__ import annotations
 
 import itertools
+import logging
+import socket
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -13,6 +23,9 @@ from pagoda_runtime.engine.llm_engine import LLMEngine
 from pagoda_runtime.engine.outputs import RequestOutput
 from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.engine.tokenizer import Tokenizer
+from pagoda_runtime.parallel.group_leader import lead_group
+from pagoda_runtime.parallel.rank_group import LogSettings, RankGroup
+from pagoda_runtime.parallel.world_layout import world_layout
 
 Prompt = str | list[int]
 Conversation = Sequence[Mapping[str, Any]]
@@ -21,7 +34,7 @@ Conversation = Sequence[Mapping[str, Any]]
 class LLM:
     """`model`: a Hugging Face folder, a .gguf file or the bundled model's name (with
     load_format="dummy", a model shape's name); the other keyword arguments are EngineConfig fields
-    (max_num_seqs, block_size, kv_cache_memory, ...)."""
+    (max_num_seqs, block_size, kv_cache_memory, tensor_parallel_size, ...)."""
 
     def __init__(
         self,
@@ -40,8 +53,30 @@ class LLM:
             max_model_len=max_model_len,
             **engine_kwargs,
         )
-        self.engine = LLMEngine(config)
+        self._stop_ranks: weakref.finalize | None = None
+        if config.tensor_parallel_size == 1:
+            self.engine = LLMEngine(config)
+        else:
+            self.engine = self._lead(config)
         self._ids = itertools.count()
+
+    def _lead(self, config: EngineConfig) -> LLMEngine:
+        # On this machine only: the environment of a LeaderWorkerSet pod is not this group's.
+        world = world_layout(config.tensor_parallel_size, _free_port(), env={})
+        level = logging.getLevelName(logging.getLogger("pagoda").getEffectiveLevel())
+        group = RankGroup(world, config, LogSettings("text", level), termination_log=None)
+        try:
+            engine = lead_group(group)
+        except BaseException:
+            group.finish(1)
+            raise
+        self._stop_ranks = weakref.finalize(self, group.finish, 0)
+        return engine
+
+    def shutdown(self) -> None:
+        """Stop the other ranks of a tensor-parallel LLM (the exit of this process does too)."""
+        if self._stop_ranks is not None:
+            self._stop_ranks()
 
     def get_tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
@@ -108,3 +143,10 @@ class LLM:
         if progress is not None:
             progress.close()
         return [finished[request_id] for request_id in request_ids]
+
+
+def _free_port() -> int:
+    """A TCP port free on this machine now, for the group's rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,11 +1,12 @@
 """The engine loop: requests in, one step at a time, token and text deltas out.
 
 `make_request` checks and tokenizes a prompt (request_validation.py) and `add` queues one sequence
-per sample; `step` lets the scheduler pick a batch, runs it on the model runner, hands each
+per sample; `step` lets the scheduler pick a batch, launches it on the model runner, hands each
 sampled token to its request's stop rules (request_state.py) and returns a RequestOutput (with
-`delta`) for every request that changed. With async output processing the text of one step is
-made while the device runs the next (`step`). What the loop runs on is built once by
-engine_build.py; scoring a text is scoring.py.
+`delta`) for every request that changed. With async scheduling (`_step_overlapped`, on by default
+on CUDA) a step is scheduled and launched before the tokens of the step before it are read, so
+the host's work never stands between two steps on the device. What the loop runs on is built
+once by engine_build.py; scoring a text is scoring.py.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pagoda_runtime.engine.request_validation import RequestRejected, check_requ
 from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.engine.scheduler import ScheduledBatch
 from pagoda_runtime.engine.sequence import Sequence
-from pagoda_runtime.engine.stats import EngineStats, StepShape, StepTiming
+from pagoda_runtime.engine.stats import EngineStats, StepClock, StepTiming
 from pagoda_runtime.engine.structured_outputs import StructuredOutputError
 from pagoda_runtime.executor.model_runner import LaunchedStep
 from pagoda_runtime.executor.sampler import SamplerOutput
@@ -55,14 +56,15 @@ class LLMEngine:
             self.tokenizer, self.model_config.architecture.vocab_size, self.model_config.eos_token_ids
         )
         self.last_step_timing: StepTiming | None = None
-        # Overlap each step's text with the next step's device work where the device runs apart
-        # from the host; a CPU computes the forward in the call itself, so there is nothing to hide.
-        self.async_output = (
+        # Launch each step before reading the last one's tokens where the device runs apart from
+        # the host; a CPU computes the forward in the launch itself, so there is nothing to hide.
+        self.async_scheduling = (
             self.runner.device.type == "cuda"
-            if engine_config.async_output_proc is None
-            else engine_config.async_output_proc
+            if engine_config.async_scheduling is None
+            else engine_config.async_scheduling
         )
         self._in_flight: LaunchedStep | None = None  # launched, its tokens not yet read
+        self.num_failed_steps = 0  # steps that raised, whose requests fail_step ended
 
     # ---- requests ----------------------------------------------------------------------------
 
@@ -81,13 +83,7 @@ class LLMEngine:
             text, token_ids = prompt, self.tokenizer.encode(prompt)
         else:
             text, token_ids = None, list(prompt)
-        check_request(
-            token_ids,
-            params.max_tokens,
-            params.min_tokens,
-            self.model_config.architecture.vocab_size,
-            self.max_model_len,
-        )
+        check_request(token_ids, params, self.model_config.architecture.vocab_size, self.max_model_len)
         grammars = None
         if params.structured_outputs is not None:
             try:
@@ -96,7 +92,17 @@ class LLMEngine:
                 message = f"Invalid structured output: {exc}."
                 raise RequestRejected(message, param="structured_outputs") from exc
         arrival = time.monotonic() if arrival_time is None else arrival_time
-        return Request(request_id, text, token_ids, params, self.tokenizer, arrival, internal, grammars)
+        return Request(
+            request_id,
+            text,
+            token_ids,
+            params,
+            self.tokenizer,
+            arrival,
+            self.max_model_len,
+            internal,
+            grammars,
+        )
 
     def add(self, request: Request) -> None:
         self._check_unique(request.request_id)
@@ -130,6 +136,17 @@ class LLMEngine:
         request.metrics.finished_time = time.monotonic()
         return request.output(deltas)
 
+    def fail_step(self) -> list[str]:
+        """After step() raised: end the requests the step ran (every request, if none was running),
+        freeing their blocks, so that the engine goes on with the others; the ids it ended."""
+        in_flight, self._in_flight = self._in_flight, None
+        seqs = [*self.scheduler.running, *(in_flight.batch.seqs if in_flight is not None else ())]
+        failed = {seq.group.request_id for seq in seqs} & self.requests.keys() or set(self.requests)
+        for request_id in failed:
+            self.abort(request_id)
+        self.num_failed_steps += 1
+        return sorted(failed)
+
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
@@ -146,83 +163,86 @@ class LLMEngine:
             prefix_cache_queries=self.block_manager.prefix_queries,
             prefix_cache_hits=self.block_manager.prefix_hits,
             num_preemptions=self.scheduler.num_preemptions,
+            num_failed_steps=self.num_failed_steps,
         )
 
     # ---- one step ----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """One step: schedule a batch, run it, and return an output for every request it changed.
+        """One step: schedule a batch, launch it, and return an output for every request the
+        tokens read in this step changed.
 
-        With async output processing (on CUDA by default) the step returns while its batch still
-        runs on the device; the next call reads that batch's tokens first, and makes their text
-        while the device runs the batch after it. A sequence a stop string ends then computes one
-        token more, which is dropped."""
-        if self.async_output:
+        In order, those are the tokens of the batch launched here. With async scheduling they are
+        the tokens of the batch the previous call launched: this call schedules and launches the
+        next batch first (each sequence's next input id taken from the device), then reads them
+        while the device computes. A sequence those tokens end (EOS, a stop string) computes one
+        token more in the batch already launched, which is dropped, never streamed or counted."""
+        if self.async_scheduling:
             return self._step_overlapped()
-        t0 = time.perf_counter()
+        clock = StepClock()
         batch = self.scheduler.schedule()
+        clock.lap("schedule")
         if not batch.seqs:
             return []
-        shape = batch.shape()
-        t1 = time.perf_counter()
-        launched = self._launch(batch)
+        launched = self._launch(batch, None)
+        clock.lap("launch")
         samples = launched.wait()
-        t2 = time.perf_counter()
-        outputs = self._emit(self._append_tokens(launched, samples))
-        t3 = time.perf_counter()
-        self._record(batch, shape, schedule_s=t1 - t0, execute_s=t2 - t1, output_s=t3 - t2, overlapped_s=0.0)
+        clock.lap("wait")
+        sampled = self._append_tokens(launched, samples)
+        clock.lap("append")
+        outputs = self._emit(sampled)
+        clock.lap("emit")
+        self._record(clock, launched)
         return outputs
 
     def _step_overlapped(self) -> list[RequestOutput]:
-        t0 = time.perf_counter()
-        in_flight, self._in_flight = self._in_flight, None
-        samples = None if in_flight is None else in_flight.wait()
-        t1 = time.perf_counter()
-        sampled = [] if in_flight is None else self._append_tokens(in_flight, samples)
-        t2 = time.perf_counter()
+        clock = StepClock()
+        previous, self._in_flight = self._in_flight, None
         batch = self.scheduler.schedule()
-        shape = batch.shape()
-        t3 = time.perf_counter()
-        if batch.seqs:
-            self._in_flight = self._launch(batch)
-        t4 = time.perf_counter()
+        clock.lap("schedule")
+        launched = self._launch(batch, previous) if batch.seqs else None
+        clock.lap("launch")
+        sampled: list[SampledToken] = []
+        if previous is not None:
+            samples = previous.wait()
+            clock.lap("wait")
+            sampled = self._append_tokens(previous, samples)
+            clock.lap("append")
+        if launched is not None and not launched.sampled:
+            # Its penalties or grammars read the tokens just appended.
+            self.runner.sample(launched)
+            clock.lap("sample")
+        self._in_flight = launched
         outputs = self._emit(sampled)
-        t5 = time.perf_counter()
-        if batch.seqs:
-            self._record(
-                batch,
-                shape,
-                schedule_s=t3 - t2,
-                execute_s=(t1 - t0) + (t4 - t3),
-                output_s=t2 - t1,
-                overlapped_s=t5 - t4,
-            )
+        clock.lap("emit")
+        if launched is not None:
+            self._record(clock, launched)
         return outputs
 
-    def _launch(self, batch: ScheduledBatch) -> LaunchedStep:
+    def _launch(self, batch: ScheduledBatch, in_flight: LaunchedStep | None) -> LaunchedStep:
         now = time.monotonic()
         for seq in batch.seqs:
             metrics = self.requests[seq.group.request_id].metrics
             if metrics.first_scheduled_time is None:
                 metrics.first_scheduled_time = now
-        return self.runner.launch(batch)
+        launched = self.runner.launch(batch, in_flight)
+        self.scheduler.update(batch)
+        return launched
 
     def _append_tokens(self, launched: LaunchedStep, samples: SamplerOutput) -> list[SampledToken]:
         """Append a step's tokens: after this the scheduler knows which sequences go on. A
-        sequence that ended while the step ran (aborted, or a stop string in the text made
-        meanwhile) drops its token."""
+        sequence that ended after the step was launched (aborted, or stopped by the tokens of
+        the step before) drops its token."""
         batch = launched.batch
-        self.scheduler.update(batch)
         now = time.monotonic()
+        eos = self.model_config.eos_token_ids
         sampled = []
         for row, token, logprobs in zip(launched.rows, samples.token_ids, samples.logprobs, strict=True):
             seq: Sequence = batch.seqs[row]
             if seq.is_finished:
                 continue
             request = self.requests[seq.group.request_id]
-            appended = request.append_token(
-                seq, token, logprobs, self.model_config.eos_token_ids, self.max_model_len
-            )
+            appended = request.append_token(seq, token, logprobs, eos)
             if appended.finish_reason is not None:
                 self.scheduler.finish(seq, appended.finish_reason)
             request.metrics.first_token_time = request.metrics.first_token_time or now
@@ -252,7 +272,7 @@ class LLMEngine:
             outputs.append(output)
         return outputs
 
-    def _record(self, batch: ScheduledBatch, shape: StepShape, **parts: float) -> None:
-        self.last_step_timing = StepTiming(
-            num_seqs=len(batch), shape=shape, prepare_s=self.runner.last_prepare_s, **parts
+    def _record(self, clock: StepClock, launched: LaunchedStep) -> None:
+        self.last_step_timing = clock.timing(
+            len(launched.batch), launched.shape, self.async_scheduling, prepare_s=self.runner.last_prepare_s
         )

@@ -21,14 +21,17 @@ class MemoryReport:
     predicted_weight_bytes: int  # sizing.weight_bytes for this architecture, quantization and dtype
     kv_bytes_per_block: int  # all layers, keys and values
     block_size: int  # tokens per block
-    num_kv_blocks: int
+    num_kv_blocks: int  # of the full-attention layers (of every layer when no window is shorter)
+    # What every layer's cache occupies: sliding-window layers with a pool of their own hold fewer
+    # blocks than num_kv_blocks (sizing.kv_pools); None: kv_bytes_per_block x num_kv_blocks.
+    kv_cache_bytes: int | None = None
 
-    @property
-    def kv_cache_bytes(self) -> int:
-        return self.kv_bytes_per_block * self.num_kv_blocks
+    def __post_init__(self) -> None:
+        if self.kv_cache_bytes is None:
+            object.__setattr__(self, "kv_cache_bytes", self.kv_bytes_per_block * self.num_kv_blocks)
 
     def to_json(self) -> dict:
-        return {**asdict(self), "kv_cache_bytes": self.kv_cache_bytes}
+        return asdict(self)
 
     def describe(self) -> str:
         return (

@@ -2,7 +2,8 @@
 
 `AsyncLLMEngine` satisfies it, and so does the server tests' fake engine; the server is typed
 against this Protocol only. Torch-free, so the server's types never pull in the model. A request
-the engine will not run surfaces as `RequestRejected` from `generate`, before its first output.
+the engine will not run surfaces as `RequestRejected` from `generate`, before its first output;
+one it accepted but could not finish, as `RequestFailed`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ from pagoda_runtime.engine.request_validation import RequestRejected
 from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.engine.stats import EngineStats
 
-__all__ = ["ChatTokenizer", "EngineStats", "RequestRejected", "ServingEngine"]
+__all__ = ["ChatTokenizer", "EngineStats", "RequestFailed", "RequestRejected", "ServingEngine"]
+
+
+class RequestFailed(RuntimeError):
+    """An accepted request the engine could not finish: a step that ran it raised (the engine serves
+    on without it), or the engine itself stopped. Not the client's fault: the server answers 500."""
 
 
 class ChatTokenizer(Protocol):

@@ -42,6 +42,7 @@ class Request:
         params: SamplingParams,
         tokenizer: Tokenizer,
         arrival_time: float,
+        max_model_len: int | None = None,
         internal: bool = False,
         grammars: list | None = None,
     ) -> None:
@@ -51,7 +52,7 @@ class Request:
         # load metrics that autoscaling and users read.
         self.internal = internal
         self.group = SequenceGroup(request_id, prompt_token_ids, params, arrival_time)
-        self.group.seqs = [Sequence(self.group, i) for i in range(params.n)]
+        self.group.seqs = [Sequence(self.group, i, max_model_len) for i in range(params.n)]
         for seq, grammar in zip(self.group.seqs, grammars or (), strict=False):
             seq.grammar = grammar
         self.detokenizers = [
@@ -87,12 +88,11 @@ class Request:
         token: int,
         logprobs: TokenLogprobs | None,
         eos_token_ids: Seq[int],
-        max_model_len: int,
     ) -> SampledToken:
-        """Add one sampled token to `seq` and apply the stop rules that need no text: what the
-        scheduler must know before it plans the next step."""
+        """Add one sampled token, read from the device, to `seq` and apply the stop rules that need
+        no text: what the scheduler must know before it plans the step after the next."""
         params = seq.params
-        seq.token_ids.append(token)
+        seq.append_read_token(token)
         if logprobs is not None:
             self.logprobs[seq.index].append(logprobs)
         grammar_done = advance(seq, token)
@@ -104,7 +104,7 @@ class Request:
         reason = None
         if grammar_done:
             reason = "stop"
-        elif seq.num_output_tokens == params.max_tokens or seq.num_tokens >= max_model_len:
+        elif seq.last_token_read:
             reason = "length"
         return SampledToken(self, seq, token, logprobs, reason)
 

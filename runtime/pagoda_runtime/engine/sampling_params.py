@@ -85,6 +85,11 @@ class SamplingParams:
             if not ok:
                 raise ValueError(message)
 
+    def token_id_fields(self) -> dict[str, list[int]]:
+        """Each field that holds token ids, by name: request_validation checks them against the
+        vocabulary, so that a field added here is checked too."""
+        return {"stop_token_ids": self.stop_token_ids}
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0

@@ -3,7 +3,9 @@
 Every step has a token budget. Running sequences go first, oldest first: a decoding sequence
 costs one token, one still in its prompt costs the next chunk that fits. Waiting sequences are
 then admitted first-come-first-served while the budget, `max_num_seqs` and free blocks allow.
-When a running sequence needs a block and none is free, the newest running sequence is preempted:
+A running sequence whose last token is still on the device (async scheduling) costs nothing: it
+only waits for the host to read it. When a running sequence needs a block and none is free, the
+newest running sequence is preempted:
 its blocks are freed and it waits at the front of the queue to be recomputed later. The oldest
 sequence can therefore always take every block, and admission refuses any request that could not
 run alone, so the scheduler never deadlocks and never drops a request. Plain Python, no torch.
@@ -16,7 +18,6 @@ from dataclasses import dataclass, field
 
 from pagoda_runtime.engine.block_manager import BlockManager
 from pagoda_runtime.engine.sequence import Sequence, SequenceStatus
-from pagoda_runtime.engine.stats import StepShape
 
 
 @dataclass
@@ -36,18 +37,6 @@ class ScheduledBatch:
         seq = self.seqs[i]
         return seq.num_computed_tokens + self.num_new_tokens[i] == seq.num_tokens
 
-    def shape(self) -> StepShape:
-        """What this batch computes (before the scheduler counts its tokens as computed); one pass
-        of integer sums, cheap enough for every step."""
-        context = pairs = sampled = 0
-        for seq, new in zip(self.seqs, self.num_new_tokens, strict=True):
-            start = seq.num_computed_tokens
-            context += start + new
-            # Query i of the chunk sees the start tokens before it, itself and the chunk's earlier ones.
-            pairs += new * start + new * (new + 1) // 2
-            sampled += start + new == seq.num_tokens
-        return StepShape(sum(self.num_new_tokens), sampled, context, pairs)
-
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
@@ -66,25 +55,33 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
+        seqs, new_tokens = batch.seqs, batch.num_new_tokens
         budget = self.max_num_batched_tokens
         preempted = False
+        bm = self.block_manager
+        block_size = bm.block_size
+        running = SequenceStatus.RUNNING
+        # Once per running sequence per step, so kept to plain arithmetic: a decode step needs a new
+        # block only when its token starts one.
         for seq in list(self.running):
             if budget == 0:
                 break
-            if seq.status != SequenceStatus.RUNNING:
-                continue  # preempted earlier in this loop
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            while not self.block_manager.can_append(seq, num_new):
-                victim = self.running[-1]
-                self._preempt(victim)
-                preempted = True
-                if victim is seq:
-                    break
-            if seq.status != SequenceStatus.RUNNING:
-                continue
-            self.block_manager.append(seq, num_new)
-            batch.seqs.append(seq)
-            batch.num_new_tokens.append(num_new)
+            if seq.status is not running or seq.last_token_sampled:
+                continue  # preempted earlier in this loop, or its last token is being sampled
+            computed = seq.num_computed_tokens
+            num_new = min(seq.num_tokens - computed, budget)
+            if -(-(computed + num_new) // block_size) > len(seq.block_table):
+                while not bm.can_append(seq, num_new):
+                    victim = self.running[-1]
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is seq:
+                        break
+                if seq.status is not running:
+                    continue
+                bm.append(seq, num_new)
+            seqs.append(seq)
+            new_tokens.append(num_new)
             budget -= num_new
         while self.waiting and budget > 0 and not preempted and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
@@ -102,6 +99,10 @@ class Scheduler:
     def _admit(self, seq: Sequence, budget: int) -> bool:
         """Give a waiting sequence its blocks: forked from its leader's prompt, found in the prefix
         cache, or new. False when it has to keep waiting."""
+        if seq.num_pending:
+            # Preempted while its last token was in flight: its prefill needs that token, which the
+            # host reads before the next schedule.
+            return False
         bm = self.block_manager
         leader = seq.leader
         if seq is not leader and seq.num_output_tokens == 0:
@@ -112,7 +113,7 @@ class Scheduler:
             if leader.status == SequenceStatus.RUNNING:
                 # The last prompt token is recomputed, partial block included: it yields this
                 # sample's own first logits, and the leader keeps sole ownership of its partial block.
-                shared = (seq.num_prompt_tokens - 1) // bm.block_size
+                shared = bm.forkable_blocks(leader, (seq.num_prompt_tokens - 1) // bm.block_size)
                 remaining = seq.num_tokens - shared * bm.block_size
                 if not bm.can_admit(seq, [], min(remaining, budget)):
                     return False
@@ -137,12 +138,15 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def update(self, batch: ScheduledBatch) -> None:
-        """Record that the batch ran: its tokens are now in the cache."""
-        for seq, num_new in zip(batch.seqs, batch.num_new_tokens, strict=True):
-            if seq.is_finished:
-                continue  # ended while the batch ran: its blocks are free already
+        """Record that the batch is launched: its tokens are in the cache for every later step (the
+        device runs steps in order), and each sequence that samples has one more token, pending
+        until the host reads it."""
+        cache_blocks = self.block_manager.cache_computed_blocks
+        for i, (seq, num_new) in enumerate(zip(batch.seqs, batch.num_new_tokens, strict=True)):
+            if batch.samples(i):
+                seq.num_pending += 1
             seq.num_computed_tokens += num_new
-            self.block_manager.cache_computed_blocks(seq)
+            cache_blocks(seq)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """End a sequence (stopped, length or aborted) and free its blocks at once."""

@@ -5,12 +5,16 @@ sequences contributing one token and prefill chunks several. Sequence i owns que
 query_start_loc[i]:query_start_loc[i+1]; its keys are the first seq_lens[i] slots named by
 block_tables[i] (cached prefix plus the tokens of this step, which are written to the cache
 before attention runs). Query j of sequence i sits at position seq_lens[i] - query_len_i + j
-and attends causally to keys at positions <= its own.
+and attends causally to keys at positions <= its own (and, in a sliding-window layer, within
+the window).
+
+A model whose sliding-window layers keep their KV in a pool of their own (model_runner.py) has a
+second table and slot mapping for those layers; `for_window` gives a layer the metadata it reads.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -26,6 +30,10 @@ class AttentionMetadata:
     # Tensors derived from the fields above that every layer of the step would otherwise rebuild
     # (the CPU attention's gather indices and masks), computed by the first layer.
     derived: dict = field(default_factory=dict, repr=False, compare=False)
+    # The sliding-window layers' own pool: their tables (entries behind the window name no block)
+    # and the slots of this step's tokens there; None where those layers share the tables above.
+    window_block_tables: torch.Tensor | None = None
+    window_slot_mapping: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -34,3 +42,18 @@ class AttentionMetadata:
     @property
     def is_decode_only(self) -> bool:
         return self.max_query_len == 1
+
+    def for_window(self, window: int | None) -> AttentionMetadata:
+        """The metadata a layer with this sliding window (None: full attention) reads."""
+        if window is None or self.window_block_tables is None:
+            return self
+        if "window_pool" not in self.derived:
+            self.derived["window_pool"] = replace(
+                self,
+                slot_mapping=self.window_slot_mapping,
+                block_tables=self.window_block_tables,
+                derived={},
+                window_block_tables=None,
+                window_slot_mapping=None,
+            )
+        return self.derived["window_pool"]

@@ -10,7 +10,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.distributed
 
+# What an error says when the device or the tensor-parallel group is broken rather than one step's inputs.
+_BROKEN = ("CUDA error", "CUBLAS_STATUS", "CUDNN_STATUS", "NCCL", "gloo", "device-side assert")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _NUMPY = {torch.int32: np.int32, torch.int64: np.int64, torch.float32: np.float32}
 
@@ -63,3 +66,12 @@ def resolve_placement(device: str, dtype: str) -> Placement:
 def dtype_name(dtype: torch.dtype) -> str:
     """The --dtype name of a torch dtype ("float32", "bfloat16", "float16")."""
     return str(dtype).removeprefix("torch.")
+
+
+def is_device_failure(error: BaseException) -> bool:
+    """Whether an error from a step means the device or the tensor-parallel group is broken (a CUDA
+    error, a failed collective, a lost rank), so that no later step can succeed either. Anything
+    else, an out-of-memory error included, came from what that one step ran."""
+    if isinstance(error, torch.AcceleratorError | torch.distributed.DistError):
+        return True
+    return isinstance(error, RuntimeError) and any(sign in str(error) for sign in _BROKEN)

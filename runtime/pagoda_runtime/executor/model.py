@@ -59,6 +59,9 @@ class Attention(nn.Module):
         self.head_dim = arch.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.scale = self.head_dim**-0.5
+        # An fp8 KV cache's scales for this layer, float32 [2, Hkv] (executor/kv_scales.py); not a
+        # buffer: the checkpoint does not hold them.
+        self.kv_scales: torch.Tensor | None = None
         self.qkv_proj = make_linear(
             arch.hidden_size,
             self.q_size + 2 * self.kv_size,
@@ -90,9 +93,9 @@ class Attention(nn.Module):
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
         q = self.ops.rotary_write_kv(
-            positions, q, k, v, cos_sin_cache, kv_cache, meta.slot_mapping, meta.derived
+            positions, q, k, v, cos_sin_cache, kv_cache, meta.slot_mapping, meta.derived, self.kv_scales
         )
-        out = self.ops.attention(q, kv_cache, meta, self.scale)
+        out = self.ops.attention(q, kv_cache, meta, self.scale, self.kv_scales)
         return self.tp.all_reduce(self.o_proj(out.reshape(-1, self.q_size)))
 
 
@@ -194,9 +197,17 @@ class LlamaForCausalLM(nn.Module):
         x, _ = self.norm(x, residual)
         return x
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 logits [tokens, vocab] on every rank (a collective under tensor parallelism)."""
-        return (self.embed_tokens if self.lm_head is None else self.lm_head).logits(hidden)
+    def hold_vocabulary_in(self, dtype: torch.dtype) -> None:
+        """On the CPU: the embedding and the LM head in 16 bits (VocabParallel.hold_in)."""
+        tied = self.lm_head is None
+        self.embed_tokens.hold_in(dtype, lookups=True, logits=tied)
+        if not tied:
+            self.lm_head.hold_in(dtype, lookups=False, logits=True)
+
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Float32 logits [tokens, vocab] on every rank (a collective under tensor parallelism),
+        written into `out` when given (a CUDA graph's output buffer)."""
+        return (self.embed_tokens if self.lm_head is None else self.lm_head).logits(hidden, out)
 
     def _fused_parts(self) -> dict[str, tuple[str, int, slice]]:
         """Hugging Face projection -> (fused layer, its row offset there, the checkpoint rows this

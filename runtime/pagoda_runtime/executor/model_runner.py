@@ -1,35 +1,56 @@
 """The executor: the one place that knows devices. It builds the model and its paged KV cache,
 turns a scheduled batch into flat tensors, runs the model and samples.
 
-On CUDA, decode-only steps replay CUDA graphs captured once per batch-size bucket (1, 2, 4, 8, ...
-up to max_num_seqs): the batch is padded to its bucket, padding tokens write to no slot (slot -1),
-and the attention metadata lives in static buffers that each replay refills.
+A step's host arrays (and the sampler's) reach the device in one copy from pinned buffers reused
+step after step (staging.py). With async scheduling a step is launched before the host has read
+the tokens of the step before it: their input ids are gathered from that step's samples on the
+device, so the host never waits between two launches.
+
+On CUDA, decode-only steps replay CUDA graphs captured once per batch-size bucket (1, 2, 4, 8, then
+every 8 up to 128 and every 16 beyond, up to max_num_seqs): the forward, the LM head and the
+greedy argmax. The batch is padded to its bucket, padding tokens write to no slot (slot -1), and
+the attention metadata lives in static buffers that each replay refills.
+
+A model with sliding-window layers shorter than the context keeps their KV in a pool of its own
+(sizing.kv_pools; the block manager frees the blocks behind each window), so a step carries a
+second block table and slot mapping for those layers; where every layer slides there is one pool,
+the window one.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from pagoda_runtime.contract.config import KV_CACHE_DTYPES, EngineConfig, ModelConfig
 from pagoda_runtime.contract.quantization_selection import cpu_packed_kernels, cpu_vocab_dtype
-from pagoda_runtime.contract.sizing import kv_bytes_per_block, kv_heads_per_rank
+from pagoda_runtime.contract.sizing import (
+    KVPools,
+    kv_bytes_per_block,
+    kv_heads_per_rank,
+    kv_layer_bytes_per_token,
+    kv_pools,
+)
 from pagoda_runtime.engine.scheduler import ScheduledBatch
 from pagoda_runtime.engine.sequence import Sequence
+from pagoda_runtime.engine.stats import StepShape
+from pagoda_runtime.executor import kv_scales
 from pagoda_runtime.executor.attention_metadata import AttentionMetadata
 from pagoda_runtime.executor.cpu_threads import configure_torch_threads
-from pagoda_runtime.executor.devices import Placement, dtype_name, host_list_on, resolve_dtype
+from pagoda_runtime.executor.devices import Placement, dtype_name, resolve_dtype
 from pagoda_runtime.executor.kernels import get_attention_ops
 from pagoda_runtime.executor.kernels.reference import FP8_KV_DTYPE
-from pagoda_runtime.executor.model import LlamaForCausalLM
-from pagoda_runtime.executor.quantization import QuantizedLinear
+from pagoda_runtime.executor.models import build_model
 from pagoda_runtime.executor.quantization.memory import decode_weight_bytes, model_weight_bytes
-from pagoda_runtime.executor.sampler import DeviceSamples, Sampler, SamplerOutput
-from pagoda_runtime.executor.vocab_parallel import VocabParallel
+from pagoda_runtime.executor.sampler import DeviceSamples, Sampler, SamplerOutput, uses_history
+from pagoda_runtime.executor.staging import Staging
 from pagoda_runtime.parallel.step_broadcast import StepInputs, StepSender
 from pagoda_runtime.parallel.tensor_parallel import SINGLE_PROCESS, TensorParallel
 
@@ -56,9 +77,11 @@ def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype, device: torch.de
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
-    sizes = [1]
-    while sizes[-1] * 2 <= max_num_seqs:
-        sizes.append(sizes[-1] * 2)
+    """The decode batch sizes CUDA graphs are captured for: 1, 2, 4, 8, then every 8 up to 128 and
+    every 16 beyond (a batch is padded up to the next; powers of two padded 129 sequences to 256),
+    and max_num_seqs itself."""
+    sizes = [1, 2, 4, 8, *range(16, 129, 8), *range(144, max_num_seqs + 1, 16)]
+    sizes = [s for s in sizes if s <= max_num_seqs]
     if sizes[-1] != max_num_seqs:
         sizes.append(max_num_seqs)
     return sizes
@@ -66,19 +89,34 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
 
 @dataclass
 class LaunchedStep:
+    """One step on its way: its forward queued, and its sampling unless `ModelRunner.sample` is
+    still to queue it (async scheduling, a batch whose sampling reads the previous step's tokens)."""
+
     batch: ScheduledBatch
+    shape: StepShape
     rows: list[int]  # indices into batch.seqs of the sequences that sample this step
-    samples: DeviceSamples | None  # None when no row samples, and on every rank but 0
+    # How many output tokens each sampling row's sequence had before this step's: what min_tokens
+    # and a seeded sample's noise count.
+    output_index: list[int]
+    logits: torch.Tensor | None = None  # of the sampling rows; None on every rank but 0
+    greedy: torch.Tensor | None = None  # their argmax, when a CUDA graph computed it
+    sampler_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    samples: DeviceSamples | None = None  # None until sampled, when no row samples, on ranks > 0
+
+    @property
+    def sampled(self) -> bool:
+        return self.samples is not None or self.logits is None
 
     def wait(self) -> SamplerOutput:
-        """The samples, once the device has computed them."""
+        """The samples, once the device has computed them and copied them back."""
         return SamplerOutput([], []) if self.samples is None else self.samples.to_host()
 
 
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
-    hidden: torch.Tensor
+    logits: torch.Tensor  # [size, vocab] float32
+    greedy: torch.Tensor  # [size] int64: the argmax of each row
 
 
 class ModelRunner:
@@ -106,7 +144,7 @@ class ModelRunner:
         self.block_size = engine_config.block_size
         self.max_model_len = max_model_len
         self.max_blocks_per_seq = -(-max_model_len // self.block_size)
-        self.model = LlamaForCausalLM(
+        self.model = build_model(
             model_config,
             get_attention_ops(self.device),
             max_model_len,
@@ -117,34 +155,54 @@ class ModelRunner:
         )
         self.model.load_weights(weights)
         if self.device.type == "cpu" and cpu_packed_kernels(engine_config.dtype):
-            vocab_dtype = resolve_dtype(cpu_vocab_dtype("cpu", engine_config.dtype), self.device)
-            for module in self.model.modules():
-                if isinstance(module, QuantizedLinear):
-                    module.pack_for_cpu()
-                elif isinstance(module, VocabParallel):
-                    module.hold_in(vocab_dtype)
+            self.model.pack_for_cpu(resolve_dtype(cpu_vocab_dtype("cpu", engine_config.dtype), self.device))
+        if self.device.type == "cuda":
+            self.model.pack_for_gpu()
         self.model.eval()
-        self.weight_bytes = model_weight_bytes(self.model)
-        self.decode_weight_bytes = decode_weight_bytes(self.model)  # what one decode step reads
-        # Rank 0's block manager hands out block ids for every rank's cache: all hold as many.
-        self.num_blocks = tp.agree_min(
-            self._num_blocks(engine_config.kv_cache_memory, engine_config.gpu_memory_utilization),
-            self.device,
-        )
-        self.kv_caches = [
-            torch.empty(
-                2,
-                self.num_blocks,
+        if self.kv_cache_dtype == FP8_KV_DTYPE:
+            scales = kv_scales.calibrate(
+                self.model,
+                model_config.architecture.vocab_size,
+                max_model_len,
                 self.block_size,
                 self.num_kv_heads,
                 model_config.architecture.head_dim,
+                self.dtype,
+                self.device,
+            )
+            for layer, layer_scales in zip(self.model.layers, scales, strict=True):
+                layer.self_attn.kv_scales = layer_scales
+        self.weight_bytes = model_weight_bytes(self.model)
+        self.decode_weight_bytes = decode_weight_bytes(self.model)  # what one decode step reads
+        arch = model_config.architecture
+        pools = self._kv_pools(engine_config)
+        # Rank 0's block manager hands out block ids for every rank's cache: all hold as many.
+        self.pools = KVPools(
+            tp.agree_min(pools.full_blocks, self.device), tp.agree_min(pools.window_blocks, self.device)
+        )
+        # The blocks of the pool every layer without its own window uses (the window pool's where
+        # every layer slides): what the block manager's tables (Sequence.block_table) name.
+        self.num_blocks = self.pools.full_blocks or self.pools.window_blocks
+        # Layers whose window keeps its KV in the window pool (the second table of a hybrid model).
+        self.windowed = self.pools.window_blocks > 0 and self.pools.full_blocks > 0
+        self.kv_caches = [
+            torch.empty(
+                2,
+                self._layer_blocks(layer),
+                self.block_size,
+                self.num_kv_heads,
+                arch.head_dim,
                 device=self.device,
                 dtype=self.kv_cache_dtype,
             )
-            for _ in range(model_config.architecture.num_hidden_layers)
+            for layer in range(arch.num_hidden_layers)
         ]
-        self.sampler = Sampler(self.device, model_config.eos_token_ids, engine_config.seed)
+        self.sampler = Sampler(
+            self.device, model_config.architecture.vocab_size, model_config.eos_token_ids, engine_config.seed
+        )
+        self._staging = Staging(self.device)
         self._graphs: dict[int, _Graph] = {}
+        self._graph_sizes: list[int] = []
         self._graph_pool = None
         self._max_graph_size = 0
         self.last_prepare_s = 0.0  # host time spent building the last step's tensors
@@ -169,7 +227,48 @@ class ModelRunner:
         """Keys and values of one token in every layer of this rank's cache, at the cache's dtype."""
         return self.kv_bytes_per_block // self.block_size
 
-    def _num_blocks(self, kv_cache_memory: float, gpu_memory_utilization: float | None) -> int:
+    @property
+    def kv_cache_bytes(self) -> int:
+        """What the KV caches of every layer occupy on this rank."""
+        return sum(cache.numel() * cache.element_size() for cache in self.kv_caches)
+
+    @property
+    def window(self) -> int | None:
+        """The sliding window whose layers keep only their window's blocks, None where none does."""
+        return self.config.architecture.sliding_window if self.pools.window_blocks else None
+
+    def _layer_blocks(self, layer: int) -> int:
+        if self.pools.window_blocks and self.config.architecture.layer_window(layer) is not None:
+            return self.pools.window_blocks
+        return self.pools.full_blocks
+
+    def _kv_pools(self, engine_config: EngineConfig) -> KVPools:
+        rank_slice = self.config.architecture.per_rank(self.tp.size)
+        budget = self._kv_budget(engine_config.kv_cache_memory, engine_config.gpu_memory_utilization)
+        pools = kv_pools(
+            rank_slice,
+            budget,
+            self.block_size,
+            self.max_model_len,
+            engine_config.max_num_seqs,
+            engine_config.max_num_batched_tokens,
+            self.kv_cache_dtype_name,
+        )
+        if pools.full_blocks or pools.window_blocks:
+            return pools
+        layer_block = self.block_size * kv_layer_bytes_per_token(rank_slice, self.kv_cache_dtype_name)
+        raise ValueError(
+            f"the KV cache budget of {budget} bytes holds no block of {layer_block} bytes per layer; "
+            f"raise {self._budget_flag(engine_config)}"
+        )
+
+    @staticmethod
+    def _budget_flag(engine_config: EngineConfig) -> str:
+        if engine_config.gpu_memory_utilization is not None:
+            return "--gpu-memory-utilization"
+        return "--kv-cache-memory"
+
+    def _kv_budget(self, kv_cache_memory: float, gpu_memory_utilization: float | None) -> int:
         if self.device.type == "cuda":
             # Loading leaves its transients (random draws, float copies of quantized weights) cached
             # by torch's allocator, which mem_get_info counts as used: give them back first.
@@ -192,110 +291,200 @@ class ModelRunner:
             budget = int(free * kv_cache_memory)
         else:
             budget = CPU_KV_CACHE_BYTES
-        num_blocks = budget // self.kv_bytes_per_block
-        if num_blocks < 1:
-            raise ValueError(
-                f"the KV cache budget of {budget} bytes holds no block of {self.kv_bytes_per_block} bytes; "
-                f"raise {flag}"
-            )
-        return num_blocks
+        if budget < 1:
+            raise ValueError(f"the KV cache budget is {budget} bytes; raise {flag}")
+        return budget
 
     # ---- one step ----------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def launch(self, batch: ScheduledBatch) -> LaunchedStep:
+    def launch(self, batch: ScheduledBatch, in_flight: LaunchedStep | None = None) -> LaunchedStep:
         """Queue one step: its forward and its sampling. On CUDA this returns while the device
         still computes; LaunchedStep.wait reads the samples.
+
+        `in_flight`: the step launched before this one, whose tokens the host has not read yet
+        (async scheduling). The input ids of those tokens are gathered from its samples on the
+        device, and a batch whose sampling reads its sequences' previous tokens (penalties, a
+        grammar) is left unsampled: the engine calls `sample` once it has read `in_flight`.
 
         With tensor parallelism every rank runs every step on the same batch (the forward and the
         logits are collectives); only rank 0 samples, the others get no samples."""
         started = time.perf_counter()
-        sampling_rows = [i for i in range(len(batch)) if batch.samples(i)]
-        step = self._prepare(batch, sampling_rows, replayable=True)
+        step, launched = self._prepare(batch, in_flight)
         self.last_prepare_s = time.perf_counter() - started
-        logits = self.run(step)
+        logits, greedy = self.run(step)
         if logits is None or not self.tp.is_driver:
-            return LaunchedStep(batch, [], None)
-        return LaunchedStep(
-            batch, sampling_rows, self.sampler(logits, [batch.seqs[i] for i in sampling_rows])
+            launched.rows, launched.output_index = [], []
+            return launched
+        launched.logits, launched.greedy = logits, greedy
+        if in_flight is None or not any(uses_history(batch.seqs[i].params) for i in launched.rows):
+            self.sample(launched)
+        return launched
+
+    @torch.inference_mode()
+    def sample(self, launched: LaunchedStep) -> None:
+        """Queue the sampling of a launched step's rows."""
+        seqs = [launched.batch.seqs[i] for i in launched.rows]
+        launched.samples = self.sampler(
+            launched.logits, seqs, launched.output_index, launched.sampler_inputs, launched.greedy
         )
 
     @torch.inference_mode()
     def score(self, seq: Sequence) -> torch.Tensor:
         """Float32 logits [num_tokens, vocab] after each token of `seq`, in one prefill; `seq` holds
         blocks for all its tokens and none of them is computed yet."""
-        return self.run(self._prepare(ScheduledBatch([seq], [seq.num_tokens]), None, replayable=False))
+        step, _ = self._prepare(ScheduledBatch([seq], [seq.num_tokens]), None, every_logit=True)
+        return self.run(step)[0]
 
     @torch.inference_mode()
-    def run(self, step: StepInputs) -> torch.Tensor | None:
-        """The forward and the float32 logits of step.logits_rows (None when there are none): what
-        every rank of a group computes for a step. Rank 0 first sends the step to the others."""
+    def run(self, step: StepInputs) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The forward, the float32 logits of step.logits_rows (None when there are none) and, from
+        a CUDA graph, their argmax: what every rank of a group computes for a step. Rank 0 first
+        sends the step to the others."""
         if self.step_sender is None:
             return self._forward(step)
         with self.step_sender.sending(step):
             return self._forward(step)
 
-    def _forward(self, step: StepInputs) -> torch.Tensor | None:
-        meta = step.meta
-        if step.replayable and meta.is_decode_only and meta.num_seqs <= self._max_graph_size:
-            hidden = self._replay(step.input_ids, step.positions, meta)
-        else:
-            self.last_graph_batch = None
-            hidden = self.model(step.input_ids, step.positions, self.kv_caches, meta)
+    def _forward(self, step: StepInputs) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if step.replayable:
+            return self._replay(step)
+        self.last_graph_batch = None
+        hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
         if step.logits_rows.shape[0] == 0:
-            return None
-        return self.model.compute_logits(hidden[step.logits_rows])
+            return None, None
+        return self.model.compute_logits(hidden[step.logits_rows]), None
 
     def _prepare(
-        self, batch: ScheduledBatch, sampling_rows: list[int] | None, replayable: bool
-    ) -> StepInputs:
-        """The step's flat tensors; logits for the last token of each of `sampling_rows`, or for
-        every token when None (scoring)."""
+        self, batch: ScheduledBatch, in_flight: LaunchedStep | None, every_logit: bool = False
+    ) -> tuple[StepInputs, LaunchedStep]:
+        """The step's flat tensors, built with numpy and copied to the device in one transfer
+        together with the sampler's inputs; logits for the last token of each sequence that
+        samples, or for every token (`every_logit`, scoring). A decode step every sequence of
+        which samples is padded up to a captured graph's batch size (padding tokens write to
+        slot -1), and replays it."""
+        seqs = batch.seqs
+        n = len(seqs)
         bs = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        query_start = [0]
-        seq_lens: list[int] = []
-        for seq, num_new in zip(batch.seqs, batch.num_new_tokens, strict=True):
-            start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
-            input_ids.extend(seq.token_ids[start:end])
-            positions.extend(range(start, end))
-            table = seq.block_table
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            query_start.append(query_start[-1] + num_new)
-            seq_lens.append(end)
-        width = max(len(seq.block_table) for seq in batch.seqs)
-        tables: list[int] = []
-        for seq in batch.seqs:
-            tables += seq.block_table
-            tables += [0] * (width - len(seq.block_table))
-        meta = AttentionMetadata(
-            slot_mapping=self._tensor(slots, torch.int64),
-            query_start_loc=self._tensor(query_start, torch.int32),
-            seq_lens=self._tensor(seq_lens, torch.int32),
-            block_tables=self._tensor(tables, torch.int32).view(len(batch.seqs), width),
-            max_query_len=max(batch.num_new_tokens),
-            max_seq_len=max(seq_lens),
-        )
-        if sampling_rows is None:
-            rows = list(range(len(input_ids)))
-        else:
-            rows = [query_start[i + 1] - 1 for i in sampling_rows]
-        return StepInputs(
-            self._tensor(input_ids, torch.int64),
-            self._tensor(positions, torch.int64),
-            meta,
-            self._tensor(rows, torch.int64),
-            replayable,
-        )
+        news = np.array(batch.num_new_tokens, dtype=np.int64)
+        starts = np.array([seq.num_computed_tokens for seq in seqs], dtype=np.int64)
+        known = np.array([len(seq.token_ids) for seq in seqs], dtype=np.int64)
+        pending = np.array([seq.num_pending for seq in seqs], dtype=np.int64)
+        ends = starts + news
+        rows = np.flatnonzero(ends == known + pending)
+        num_tokens = int(news.sum())
+        decode = num_tokens == n
+        graph = None
+        if decode and not every_logit and rows.shape[0] == n and n <= self._max_graph_size:
+            graph = self._graph_sizes[bisect.bisect_left(self._graph_sizes, n)]
+        size = graph or n  # sequences, padding included
+        padded_tokens = num_tokens + size - n
 
-    def _tensor(self, data: list[int], dtype: torch.dtype) -> torch.Tensor:
-        return host_list_on(self.device, data, dtype)
+        query_start = np.arange(size + 1, dtype=np.int32)
+        input_ids = np.zeros(padded_tokens, dtype=np.int64)
+        if decode:
+            positions = np.zeros(size, dtype=np.int64)
+            positions[:n] = starts
+            have = np.flatnonzero(starts < known)
+            input_ids[have] = [
+                seqs[i].token_ids[p] for i, p in zip(have.tolist(), starts[have].tolist(), strict=True)
+            ]
+        else:
+            np.cumsum(news, out=query_start[1:])
+            positions = np.repeat(starts - query_start[:-1], news) + np.arange(num_tokens)
+            firsts = query_start[:-1].tolist()
+            for seq, first, start, end in zip(seqs, firsts, starts.tolist(), ends.tolist(), strict=True):
+                known_part = seq.token_ids[start:end]  # short of a last token still on the device
+                input_ids[first : first + len(known_part)] = known_part
+        block_tables = [seq.block_table for seq in seqs]
+        window_tables = [seq.window_block_table for seq in seqs] if self.windowed else []
+        width = max(map(len, block_tables + window_tables))
+        token_rows = np.arange(n) if decode else np.repeat(np.arange(n), news)
+        real = positions[:num_tokens]
+        tables, slots = _tables_and_slots(block_tables, size, width, token_rows, real, bs, padded_tokens)
+        seq_lens = np.ones(size, dtype=np.int32)
+        seq_lens[:n] = ends
+        logits_rows = np.arange(num_tokens) if every_logit else query_start[1:][rows].astype(np.int64) - 1
+        # A sequence whose last input token was sampled by the step in flight.
+        waiting = np.flatnonzero(ends > known)
+        gather_to = (query_start[waiting] + known[waiting] - starts[waiting]).astype(np.int64)
+        gather_from = self._rows_in(in_flight, [seqs[i] for i in waiting.tolist()])
+        sampling = [seqs[i] for i in rows.tolist()]
+        output_index = (
+            ends[rows] - np.array([seq.num_prompt_tokens for seq in sampling], dtype=np.int64)
+        ).tolist()
+        arrays = {
+            "input_ids": input_ids,
+            "positions": positions,
+            "slot_mapping": slots,
+            "query_start_loc": query_start,
+            "seq_lens": seq_lens,
+            "block_tables": tables,
+            "logits_rows": logits_rows,
+            "gather_to": gather_to,
+            "gather_from": gather_from,
+        }
+        if self.windowed:
+            arrays["window_block_tables"], arrays["window_slot_mapping"] = _tables_and_slots(
+                window_tables, size, width, token_rows, real, bs, padded_tokens
+            )
+        if not every_logit:
+            arrays |= {f"sampler.{k}": v for k, v in self.sampler.host_arrays(sampling, output_index).items()}
+        staged = self._staging.to_device(arrays)
+        if waiting.shape[0]:
+            sampled = in_flight.samples.tokens
+            staged["input_ids"].index_copy_(
+                0, staged["gather_to"], sampled.index_select(0, staged["gather_from"])
+            )
+        meta = AttentionMetadata(
+            slot_mapping=staged["slot_mapping"],
+            query_start_loc=staged["query_start_loc"],
+            seq_lens=staged["seq_lens"],
+            block_tables=staged["block_tables"],
+            max_query_len=int(news.max()),
+            max_seq_len=int(ends.max()),
+        )
+        if self.windowed:
+            meta.window_block_tables = staged["window_block_tables"]
+            meta.window_slot_mapping = staged["window_slot_mapping"]
+        step = StepInputs(
+            staged["input_ids"],
+            staged["positions"],
+            meta,
+            staged["logits_rows"],
+            replayable=graph is not None,
+        )
+        sampler_inputs = {
+            k.removeprefix("sampler."): v for k, v in staged.items() if k.startswith("sampler.")
+        }
+        shape = StepShape.of(starts, news, rows.shape[0])
+        return step, LaunchedStep(batch, shape, rows.tolist(), output_index, sampler_inputs=sampler_inputs)
+
+    @staticmethod
+    def _rows_in(in_flight: LaunchedStep | None, seqs: list[Sequence]) -> np.ndarray:
+        """Where each of `seqs` (sequences whose last token the in-flight step sampled) is in its
+        samples."""
+        if not seqs:
+            return np.zeros(0, dtype=np.int64)
+        sampled = [in_flight.batch.seqs[i] for i in in_flight.rows]
+        if sampled == seqs:  # a decode batch in the same order as the last: the common case
+            return np.arange(len(seqs), dtype=np.int64)
+        row_of = {seq.seq_id: k for k, seq in enumerate(sampled)}
+        return np.array([row_of[seq.seq_id] for seq in seqs], dtype=np.int64)
+
+    def _tables(self, tables: list[list[int]], width: int) -> torch.Tensor:
+        flat: list[int] = []
+        for table in tables:
+            flat += table
+            flat += [0] * (width - len(table))
+        return self._tensor(flat, torch.int32).view(len(tables), width)
 
     # ---- CUDA graphs -------------------------------------------------------------------------
 
     def _capture_graphs(self, max_num_seqs: int) -> None:
+        """One graph per decode batch size: the forward, the LM head and each row's argmax, so a
+        greedy decode step launches nothing else. Its outputs are written into buffers shared by
+        every graph (the LM head's float32 logits would otherwise take [size, vocab] per graph)."""
         sizes = graph_batch_sizes(max_num_seqs)
         largest = sizes[-1]
         device = self.device
@@ -307,25 +496,36 @@ class ModelRunner:
             "seq_lens": torch.ones(largest, dtype=torch.int32, device=device),
             "block_tables": torch.zeros(largest, self.max_blocks_per_seq, dtype=torch.int32, device=device),
         }
+        if self.windowed:
+            self._static["window_slot_mapping"] = torch.full((largest,), -1, dtype=torch.int64, device=device)
+            self._static["window_block_tables"] = torch.zeros_like(self._static["block_tables"])
+        logits = torch.empty(largest, self.config.architecture.vocab_size, dtype=torch.float32, device=device)
+        greedy = torch.empty(largest, dtype=torch.int64, device=device)
         # Largest first, so that the smaller graphs fit in the memory pool the largest reserved.
         for size in reversed(sizes):
             meta = self._static_meta(size)
             args = (self._static["input_ids"][:size], self._static["positions"][:size], self.kv_caches, meta)
-            self.model(*args)  # warm-up: Triton compiles outside the capture
+
+            def forward(args=args, size=size) -> None:
+                hidden = self.model(*args)
+                torch.argmax(self.model.compute_logits(hidden, out=logits[:size]), dim=-1, out=greedy[:size])
+
+            forward()  # warm-up: Triton compiles outside the capture
             torch.cuda.synchronize(device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._graph_pool):
-                hidden = self.model(*args)
+                forward()
             if self._graph_pool is None:
                 self._graph_pool = graph.pool()
-            self._graphs[size] = _Graph(graph, hidden)
+            self._graphs[size] = _Graph(graph, logits[:size], greedy[:size])
         torch.cuda.synchronize(device)
+        self._graph_sizes = sizes
         self._max_graph_size = largest
         logger.info("captured CUDA graphs for decode batch sizes %s", sizes)
 
     def _static_meta(self, size: int) -> AttentionMetadata:
         s = self._static
-        return AttentionMetadata(
+        meta = AttentionMetadata(
             slot_mapping=s["slot_mapping"][:size],
             query_start_loc=s["query_start_loc"][: size + 1],
             seq_lens=s["seq_lens"][:size],
@@ -334,21 +534,51 @@ class ModelRunner:
             # The kernels size their loops from this; a graph must cover every length it replays.
             max_seq_len=self.max_model_len,
         )
+        if self.windowed:
+            meta.window_slot_mapping = s["window_slot_mapping"][:size]
+            meta.window_block_tables = s["window_block_tables"][:size]
+        return meta
 
-    def _replay(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
-    ) -> torch.Tensor:
-        n = input_ids.shape[0]
-        size = min(s for s in self._graphs if s >= n)
+    def _replay(self, step: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replay the graph of the step's (padded) batch size; the logits and argmax of its rows
+        that sample, views of the graphs' output buffers that the next replay overwrites (the
+        device reads them before: it runs the step's sampling first)."""
+        meta = step.meta
+        size = meta.num_seqs
         self.last_graph_batch = size
         s = self._static
-        s["input_ids"][:n] = input_ids
-        s["positions"][:n] = positions
-        s["slot_mapping"].fill_(-1)
-        s["slot_mapping"][:n] = meta.slot_mapping
-        s["seq_lens"].fill_(1)
-        s["seq_lens"][:n] = meta.seq_lens
-        width = meta.block_tables.shape[1]
-        s["block_tables"][:n, :width] = meta.block_tables
-        self._graphs[size].graph.replay()
-        return self._graphs[size].hidden[:n]
+        s["input_ids"][:size].copy_(step.input_ids)
+        s["positions"][:size].copy_(step.positions)
+        s["slot_mapping"][:size].copy_(meta.slot_mapping)
+        s["seq_lens"][:size].copy_(meta.seq_lens)
+        s["block_tables"][:size, : meta.block_tables.shape[1]].copy_(meta.block_tables)
+        if self.windowed:
+            s["window_slot_mapping"][:size].copy_(meta.window_slot_mapping)
+            width = meta.window_block_tables.shape[1]
+            s["window_block_tables"][:size, :width].copy_(meta.window_block_tables)
+        graph = self._graphs[size]
+        graph.graph.replay()
+        rows = step.logits_rows.shape[0]
+        return graph.logits[:rows], graph.greedy[:rows]
+
+
+def _tables_and_slots(
+    block_tables: list[list[int]],
+    size: int,
+    width: int,
+    token_rows: np.ndarray,
+    positions: np.ndarray,
+    block_size: int,
+    padded_tokens: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The block tables as one [size, width] array (zeros past each table and for padding rows),
+    and each token's cache slot (-1 for padding tokens)."""
+    lengths = np.fromiter(map(len, block_tables), np.int64, len(block_tables))
+    tables = np.zeros((size, width), dtype=np.int32)
+    tables[: len(block_tables)][np.arange(width) < lengths[:, None]] = np.fromiter(
+        itertools.chain.from_iterable(block_tables), np.int32, int(lengths.sum())
+    )
+    slots = np.full(padded_tokens, -1, dtype=np.int64)
+    pages = tables[token_rows, positions // block_size].astype(np.int64)
+    slots[: positions.shape[0]] = pages * block_size + positions % block_size
+    return tables, slots

@@ -1,19 +1,27 @@
 """Logits -> next tokens, one row per sequence that samples this step.
 
-Penalties and the min_tokens mask change the logits for greedy and random rows alike; temperature,
-top-k, top-p and min-p shape the distribution of random rows, which then draw with the
-exponential race (argmax of p / Exp(1) noise). A seeded sequence draws its noise from its own
-generator, so its tokens do not depend on what else is in the batch. Logprobs come from the raw
-model distribution, before any of this, as in vLLM.
+Penalties, the min_tokens mask and grammar masks change the logits for greedy and random rows
+alike; temperature, top-k, top-p and min-p shape the distribution of random rows, which then draw
+with the exponential race (argmax of p / E, E ~ Exp(1) noise). On CUDA one Triton kernel does the
+random rows (kernels/triton_sampling.py); elsewhere `truncated_race`, its reference, does. A seeded
+sample's noise comes from a seed derived from its seed, its index among the request's samples
+and its position, so its tokens depend on nothing else in the batch and are the same whenever
+it is sampled. Logprobs come from the raw model distribution, before any of this, as in vLLM.
+
+What the host knows when a step is launched (which rows draw, their parameters, the min_tokens
+mask) goes over with the step's inputs in one copy (`host_arrays`, staging.py); penalties and
+grammar masks need the sequence's previous tokens, so with async scheduling the engine samples a
+batch holding them only once it has read the step before (llm_engine.py). Nothing here waits for
+the device: the tokens and logprobs go back in non-blocking copies that `DeviceSamples.to_host`
+waits for.
 """
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from pagoda_runtime.engine.grammar_mask import GrammarMasker
@@ -24,6 +32,27 @@ from pagoda_runtime.executor.devices import host_list_on
 
 # Odd 64-bit constant (the golden ratio's) that spreads one seed over the samples of a request.
 _SEED_STRIDE = 0x9E3779B97F4A7C15
+_MASK64 = (1 << 64) - 1
+
+
+def row_seed(seed: int, index: int, position: int) -> int:
+    """The noise seed of a seeded sample's token at `position` (its output index): splitmix64 of
+    the three, as a non-negative int64."""
+    z = (seed + index * _SEED_STRIDE + (position + 1) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1
+
+
+def uses_history(params: SamplingParams) -> bool:
+    """Whether sampling this request reads its previous tokens: penalties count them, a grammar
+    follows them."""
+    return (
+        params.structured_outputs is not None
+        or params.repetition_penalty != 1.0
+        or params.presence_penalty != 0.0
+        or params.frequency_penalty != 0.0
+    )
 
 
 @dataclass
@@ -34,22 +63,38 @@ class SamplerOutput:
 
 @dataclass
 class DeviceSamples:
-    """A step's samples while they may still be computing: to_host waits for the device, so
-    the engine can do host work between sampling and reading them (engine.py)."""
+    """A step's samples while they may still be computing: on CUDA they are on their way to
+    pinned host memory, and to_host waits for that copy only."""
 
-    tokens: torch.Tensor  # [rows]
+    tokens: torch.Tensor  # [rows], on the device: the next step's input ids are read from it
     params: list[SamplingParams]
     # With logprobs asked for: the chosen token's logprob, and the top values and their ids.
     chosen: torch.Tensor | None = None
     top_values: torch.Tensor | None = None
     top_ids: torch.Tensor | None = None
+    _host: list[torch.Tensor] | None = None
+    _copied: torch.cuda.Event | None = None
+
+    def start_copy(self) -> None:
+        """Queue the copies to the host (on CUDA; a CPU has them already)."""
+        parts = [t for t in (self.tokens, self.chosen, self.top_values, self.top_ids) if t is not None]
+        if self.tokens.device.type != "cuda":
+            self._host = parts
+            return
+        self._host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in parts]
+        for host, device in zip(self._host, parts, strict=True):
+            host.copy_(device, non_blocking=True)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
 
     def to_host(self) -> SamplerOutput:
-        token_ids = self.tokens.tolist()
+        if self._copied is not None:
+            self._copied.synchronize()
+        token_ids = self._host[0].tolist()
         logprobs: list[TokenLogprobs | None] = [None] * len(token_ids)
         if self.chosen is None:
             return SamplerOutput(token_ids, logprobs)
-        chosen, top_values, top_ids = self.chosen.tolist(), self.top_values.tolist(), self.top_ids.tolist()
+        chosen, top_values, top_ids = (t.tolist() for t in self._host[1:])
         for i, p in enumerate(self.params):
             if p.logprobs is None:
                 continue
@@ -61,43 +106,125 @@ class DeviceSamples:
 
 
 class Sampler:
-    def __init__(self, device: torch.device, eos_token_ids: Seq[int], seed: int = 0) -> None:
+    def __init__(self, device: torch.device, vocab_size: int, eos_token_ids: Seq[int], seed: int = 0) -> None:
         self.device = device
+        self.vocab_size = vocab_size
         self.eos_token_ids = tuple(eos_token_ids)
-        self.generator = torch.Generator(device=device)
+        # Unseeded rows: one draw for all of them on the CPU, a seed per row for the kernel.
+        self.generator = torch.Generator(device="cpu")
         self.generator.manual_seed(seed)
-        # Keyed weakly, so that a sequence's generator goes with the sequence and nobody has to
-        # tell the sampler when one finishes.
-        self._seeded: weakref.WeakKeyDictionary[Sequence, torch.Generator] = weakref.WeakKeyDictionary()
+        self._seeds = np.random.default_rng(seed)
         self._grammar = GrammarMasker(device)
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> DeviceSamples:
-        """Queue the sampling of one token per row; nothing here waits for the device (every
-        host value goes over in a non-blocking copy), so the forward may still be running."""
+    def host_arrays(self, seqs: list[Sequence], output_index: list[int]) -> dict[str, np.ndarray]:
+        """What the device needs to sample these rows that the host knows at launch: the random
+        rows and their parameters, and the logits the min_tokens rule masks (flat indices).
+        output_index[i]: how many output tokens row i's sequence has before the one sampled."""
+        params = [seq.group.params for seq in seqs]
+        random = [i for i, p in enumerate(params) if p.temperature != 0.0]
+        chosen = [params[i] for i in random]
+        seeds = np.empty(len(random), dtype=np.int64)
+        unseeded = [k for k, p in enumerate(chosen) if p.seed is None]
+        if unseeded:
+            seeds[unseeded] = self._seeds.integers(0, 2**63 - 1, len(unseeded), dtype=np.int64)
+        for k, i in enumerate(random):
+            if chosen[k].seed is not None:
+                seeds[k] = row_seed(chosen[k].seed, seqs[i].index, output_index[i])
+        masked: list[int] = []
+        for i, p in enumerate(params):
+            if output_index[i] < p.min_tokens:
+                stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_token_ids))
+                # The engine refuses ids outside the vocabulary; one that got here would index
+                # another row's logits.
+                masked.extend(i * self.vocab_size + t for t in sorted(stops) if 0 <= t < self.vocab_size)
+        return {
+            "random_rows": np.array(random, dtype=np.int64),
+            "temperature": np.array([p.temperature for p in chosen], dtype=np.float32),
+            # top_k beyond the vocabulary is no limit (and may not fit int32).
+            "top_k": np.array([min(p.top_k, self.vocab_size) for p in chosen], dtype=np.int32),
+            "top_p": np.array([p.top_p for p in chosen], dtype=np.float32),
+            "min_p": np.array([p.min_p for p in chosen], dtype=np.float32),
+            "seeds": seeds,
+            "min_tokens_masked": np.array(masked, dtype=np.int64),
+        }
+
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        seqs: list[Sequence],
+        output_index: list[int],
+        staged: dict[str, torch.Tensor],
+        greedy: torch.Tensor | None = None,
+    ) -> DeviceSamples:
+        """Queue the sampling of one token per row of `logits` [rows, vocab]; `staged`: host_arrays
+        on the device; `greedy`: the rows' argmax when the forward computed it (a CUDA graph)."""
         params = [seq.params for seq in seqs]
         raw_logprobs = None
         if any(p.logprobs is not None for p in params):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
-        logits = self._penalize(logits, seqs)
-        logits = self._mask_min_tokens(logits, seqs)
-        logits = self._grammar(logits, seqs)
-
-        tokens = logits.argmax(dim=-1)
-        random_rows = [i for i, p in enumerate(params) if not p.greedy]
-        if random_rows:
-            rows = self._on_device(random_rows, torch.int64)
-            tokens[rows] = self._sample(logits[rows], [seqs[i] for i in random_rows])
+        processed = self._penalize(logits, seqs, output_index)
+        masked = staged["min_tokens_masked"]
+        if processed is logits and (masked.shape[0] or self._grammar.constrains(seqs)):
+            processed = logits.clone()  # the masks below write in place
+        if masked.shape[0]:
+            # index_fill_ takes -inf as a kernel argument; assigning it through an index copies
+            # it from the host first, which waits for the device.
+            processed.view(-1).index_fill_(0, masked, float("-inf"))
+        processed = self._grammar(processed, seqs)
+        if greedy is None or processed is not logits:
+            tokens = processed.argmax(dim=-1)
+        else:
+            tokens = greedy.clone() if staged["random_rows"].shape[0] else greedy
+        if staged["random_rows"].shape[0]:
+            self._sample(processed, [p for p in params if p.temperature != 0.0], staged, tokens)
         samples = DeviceSamples(tokens, params)
         if raw_logprobs is not None:
             top_n = max(p.logprobs or 0 for p in params)
             samples.chosen = raw_logprobs.gather(1, tokens[:, None])[:, 0]
             samples.top_values, samples.top_ids = raw_logprobs.topk(top_n, dim=-1)
+        samples.start_copy()
         return samples
 
-    def _on_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
-        return host_list_on(self.device, values, dtype)
+    def _sample(
+        self, logits: torch.Tensor, params: list[SamplingParams], staged: dict[str, torch.Tensor], out
+    ) -> None:
+        rows = staged["random_rows"]
+        if logits.is_cuda:
+            from pagoda_runtime.executor.kernels.triton_sampling import sample
 
-    def _penalize(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+            sample(
+                logits,
+                rows,
+                staged["temperature"],
+                staged["top_k"],
+                staged["top_p"],
+                staged["min_p"],
+                staged["seeds"],
+                out,
+            )
+            return
+        chosen = logits[rows]
+        noise = torch.empty_like(chosen)
+        unseeded = [k for k, p in enumerate(params) if p.seed is None]
+        if unseeded:
+            noise[unseeded] = torch.empty(len(unseeded), chosen.shape[1]).exponential_(
+                generator=self.generator
+            )
+        for k, p in enumerate(params):
+            if p.seed is not None:
+                generator = torch.Generator().manual_seed(int(staged["seeds"][k]))
+                noise[k].exponential_(generator=generator)
+        out[rows] = truncated_race(
+            chosen,
+            staged["temperature"],
+            staged["top_k"],
+            staged["top_p"],
+            staged["min_p"],
+            -noise.log(),
+            truncates=any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in params),
+        )
+
+    def _penalize(self, logits: torch.Tensor, seqs: list[Sequence], output_index: list[int]) -> torch.Tensor:
         params = [seq.params for seq in seqs]
         if all(p.repetition_penalty == 1.0 for p in params) and all(
             p.presence_penalty == 0.0 and p.frequency_penalty == 0.0 for p in params
@@ -107,85 +234,59 @@ class Sampler:
         device = logits.device
 
         def counts(token_lists: list[list[int]]) -> torch.Tensor:
-            rows = self._on_device([i for i, ids in enumerate(token_lists) for _ in ids], torch.long)
-            ids = self._on_device([t for ids in token_lists for t in ids], torch.long)
+            rows = host_list_on(device, [i for i, ids in enumerate(token_lists) for _ in ids], torch.int64)
+            ids = host_list_on(device, [t for ids in token_lists for t in ids], torch.int64)
             # scatter_add_: atomic adds in one kernel, where index_put_(accumulate=True) sorts first.
             counted = torch.zeros(batch * vocab, device=device)
             counted.scatter_add_(0, rows * vocab + ids, torch.ones(len(ids), device=device))
             return counted.view(batch, vocab)
 
-        output_counts = counts([seq.output_token_ids for seq in seqs])
+        outputs = [
+            seq.token_ids[seq.num_prompt_tokens : seq.num_prompt_tokens + n]
+            for seq, n in zip(seqs, output_index, strict=True)
+        ]
+        output_counts = counts(outputs)
         prompt_seen = counts([list(seq.group.prompt_token_ids) for seq in seqs]) > 0
-        logits = logits.clone()
-        repetition = self._on_device([p.repetition_penalty for p in params], torch.float32)[:, None]
+        repetition = host_list_on(device, [p.repetition_penalty for p in params], torch.float32)[:, None]
         seen = prompt_seen | (output_counts > 0)
         # vLLM's (and CTRL's) rule: shrink positive logits, push negative ones further down.
         penalized = torch.where(logits > 0, logits / repetition, logits * repetition)
         logits = torch.where(seen, penalized, logits)
-        frequency = self._on_device([p.frequency_penalty for p in params], torch.float32)[:, None]
-        presence = self._on_device([p.presence_penalty for p in params], torch.float32)[:, None]
+        frequency = host_list_on(device, [p.frequency_penalty for p in params], torch.float32)[:, None]
+        presence = host_list_on(device, [p.presence_penalty for p in params], torch.float32)[:, None]
         return logits - frequency * output_counts - presence * (output_counts > 0).float()
 
-    def _mask_min_tokens(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        rows, ids = [], []
-        for i, seq in enumerate(seqs):
-            p = seq.params
-            if seq.num_output_tokens < p.min_tokens:
-                stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_token_ids))
-                rows.extend([i] * len(stops))
-                ids.extend(stops)
-        if not rows:
-            return logits
-        logits = logits.clone()
-        logits[self._on_device(rows, torch.long), self._on_device(ids, torch.long)] = float("-inf")
-        return logits
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        params = [seq.params for seq in seqs]
-        device = logits.device
-        temperature = self._on_device([p.temperature for p in params], torch.float32)[:, None]
-        logits = logits / temperature
-        if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
-            logits = _top_k_top_p(logits, params, self._on_device)
-        if any(p.min_p > 0.0 for p in params):
-            probs = torch.softmax(logits, dim=-1)
-            min_p = self._on_device([p.min_p for p in params], torch.float32)[:, None]
-            logits = logits.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
-        probs = torch.softmax(logits, dim=-1)
-        noise = torch.empty_like(probs)
-        unseeded = [i for i, p in enumerate(params) if p.seed is None]
-        if unseeded:
-            noise[self._on_device(unseeded, torch.long)] = torch.empty(
-                len(unseeded), probs.shape[1], device=device
-            ).exponential_(generator=self.generator)
-        for i, seq in enumerate(seqs):
-            if seq.params.seed is not None:
-                noise[i].exponential_(generator=self._generator_of(seq))
-        return (probs / noise).argmax(dim=-1)
-
-    def _generator_of(self, seq: Sequence) -> torch.Generator:
-        generator = self._seeded.get(seq)
-        if generator is None:
-            generator = torch.Generator(device=self.device)
-            generator.manual_seed((seq.params.seed + seq.index * _SEED_STRIDE) % 2**63)
-            self._seeded[seq] = generator
-        return generator
-
-
-def _top_k_top_p(
-    logits: torch.Tensor, params, on_device: Callable[[list, torch.dtype], torch.Tensor]
+def truncated_race(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    gumbel: torch.Tensor,
+    truncates: bool = True,
 ) -> torch.Tensor:
-    """Mask all but the top-k tokens, then all but the smallest set whose probability reaches top-p."""
-    device = logits.device
-    vocab = logits.shape[1]
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    rank = torch.arange(vocab, device=device)[None, :]
-    top_k = on_device([p.top_k if p.top_k > 0 else vocab for p in params], torch.int64)[:, None]
-    sorted_logits = sorted_logits.masked_fill(rank >= top_k, float("-inf"))
-    probs = torch.softmax(sorted_logits, dim=-1)
-    top_p = on_device([p.top_p for p in params], torch.float32)[:, None]
-    # A token stays while the tokens ranked above it hold less than top_p; the best always stays.
-    outside = (probs.cumsum(dim=-1) - probs) >= top_p
-    outside[:, 0] = False
-    sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
-    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+    """The token each row of `logits` [rows, vocab] draws, with Gumbel noise `gumbel` (-log E):
+    the reference of kernels/triton_sampling.py, which it matches token for token given the same
+    noise. top_k keeps every token at least as large as the k-th (0: all); top_p, over the top-k
+    tokens renormalized, keeps a token while the tokens above it hold less than top_p; min_p keeps
+    the tokens at least min_p times as probable as the most probable one."""
+    x = logits / temperature[:, None]
+    m = x.amax(dim=-1, keepdim=True)
+    score = (x - m) + gumbel
+    if not truncates:
+        return score.argmax(dim=-1)
+    vocab = x.shape[1]
+    k = torch.where((top_k > 0) & (top_k < vocab), top_k, vocab).long()
+    ordered = x.sort(dim=-1, descending=True).values
+    threshold = ordered.gather(1, (k - 1)[:, None])
+    kept = x >= threshold
+    e = torch.exp(x - m)
+    kept_mass = (e * kept).sum(dim=-1, keepdim=True)
+    ordered_e = torch.exp(ordered - m) * (ordered >= threshold)
+    prefix = torch.cat([torch.zeros_like(ordered_e[:, :1]), ordered_e.cumsum(dim=-1)], dim=-1)
+    # For each token, how many are strictly larger, and so the mass above it, ties included.
+    larger = torch.searchsorted((-ordered).contiguous(), (-x).contiguous(), side="left")
+    above = prefix.gather(1, larger)
+    inside = kept & (above < top_p[:, None] * kept_mass) & (e >= min_p[:, None])
+    return torch.where(inside, score, float("-inf")).argmax(dim=-1)

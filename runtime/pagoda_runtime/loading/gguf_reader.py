@@ -3,7 +3,9 @@
 Layout (little-endian): magic "GGUF", version u32, tensor count u64, metadata count u64, the
 metadata key/values, the tensor infos (name, dims innermost-first, ggml type, offset), then, at the
 next multiple of `general.alignment`, the tensor data. `raw_bytes` hands out a tensor's stored
-blocks untouched, so quantized weights can later be used without dequantizing them.
+blocks untouched, so quantized weights can later be used without dequantizing them. The block
+types themselves are quantization/gguf_block_layouts.py's; a tensor of a type Pagoda cannot read
+fails the opening of the file, before anything is allocated for the model.
 """
 
 from __future__ import annotations
@@ -11,12 +13,19 @@ from __future__ import annotations
 import mmap
 import struct
 from dataclasses import dataclass
-from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from pagoda_runtime.executor.quantization.gguf_block_layouts import (
+    BLOCK_LAYOUT,
+    GGMLType,
+    dequantize_blocks,
+    type_name,
+    unsupported_type_message,
+)
 
 _MAGIC = b"GGUF"
 _DEFAULT_ALIGNMENT = 32
@@ -25,25 +34,6 @@ _DEFAULT_ALIGNMENT = 32
 class GGUFError(ValueError):
     pass
 
-
-class GGMLType(IntEnum):
-    F32 = 0
-    F16 = 1
-    Q4_0 = 2
-    Q4_1 = 3
-    Q8_0 = 8
-    BF16 = 30
-
-
-# ggml type -> (elements per block, bytes per block)
-BLOCK_LAYOUT = {
-    GGMLType.F32: (1, 4),
-    GGMLType.F16: (1, 2),
-    GGMLType.BF16: (1, 2),
-    GGMLType.Q4_0: (32, 18),
-    GGMLType.Q4_1: (32, 20),
-    GGMLType.Q8_0: (32, 34),
-}
 
 # GGUF metadata value types: scalar ones map to a struct format.
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
@@ -167,16 +157,12 @@ class GGUFFile:
 
     def _nbytes(self, name: str, shape: tuple[int, ...], ggml_type: int) -> int:
         if ggml_type not in BLOCK_LAYOUT:
-            supported = ", ".join(t.name for t in BLOCK_LAYOUT)
-            raise GGUFError(
-                f"{self.path}: tensor {name!r} has ggml type {ggml_type}, "
-                f"which Pagoda cannot read (it reads {supported})"
-            )
+            raise GGUFError(f"{self.path}: tensor {name!r} has {unsupported_type_message(ggml_type)}")
         block_elements, block_bytes = BLOCK_LAYOUT[GGMLType(ggml_type)]
         if shape and shape[-1] % block_elements:
             raise GGUFError(
                 f"{self.path}: tensor {name!r} has rows of {shape[-1]} elements, not a multiple of the "
-                f"{block_elements}-element blocks of {GGMLType(ggml_type).name}; the file is corrupt"
+                f"{block_elements}-element blocks of {type_name(ggml_type)}; the file is corrupt"
             )
         return int(np.prod(shape, dtype=np.int64)) // block_elements * block_bytes
 
@@ -193,23 +179,4 @@ class GGUFFile:
 
 def dequantize(raw: np.ndarray, ggml_type: int) -> torch.Tensor:
     """Stored bytes of one ggml type -> a flat float32 tensor (a fresh copy, never a view of `raw`)."""
-    ggml_type = GGMLType(ggml_type)
-    if ggml_type == GGMLType.F32:
-        return torch.from_numpy(raw.view("<f4").copy())
-    if ggml_type == GGMLType.F16:
-        return torch.from_numpy(raw.view("<f2").astype(np.float32))
-    if ggml_type == GGMLType.BF16:
-        # bf16 is the top half of a float32.
-        return torch.from_numpy((raw.view("<u2").astype(np.uint32) << 16).view(np.float32))
-    blocks = raw.reshape(-1, BLOCK_LAYOUT[ggml_type][1])
-    scale = blocks[:, 0:2].copy().view("<f2").astype(np.float32)
-    if ggml_type == GGMLType.Q8_0:
-        quants = blocks[:, 2:].view(np.int8).astype(np.float32)
-        return torch.from_numpy((scale * quants).reshape(-1))
-    packed = blocks[:, 4:] if ggml_type == GGMLType.Q4_1 else blocks[:, 2:]
-    # Byte j holds element j in its low nibble and element j + 16 in its high nibble.
-    nibbles = np.concatenate([packed & 0x0F, packed >> 4], axis=1).astype(np.float32)
-    if ggml_type == GGMLType.Q4_0:
-        return torch.from_numpy((scale * (nibbles - 8.0)).reshape(-1))
-    minimum = blocks[:, 2:4].copy().view("<f2").astype(np.float32)
-    return torch.from_numpy((scale * nibbles + minimum).reshape(-1))
+    return torch.from_numpy(dequantize_blocks(raw, ggml_type))

@@ -1,9 +1,10 @@
 """Open a model source (a Hugging Face folder or a GGUF file): its ModelConfig, its tokenizer and a
 lazy stream of its weights under Hugging Face names.
 
-Projections a checkpoint stores quantized (AWQ and GPTQ folders; Q4_0, Q4_1 and Q8_0 tensors of a
-GGUF file) arrive as PackedWeights converted straight from the stored blocks, or, when the caller
-does not keep them quantized, dequantized one tensor at a time.
+Projections a checkpoint stores quantized (AWQ and GPTQ folders; the GGUF block types with a
+packed layout, sizing.GGUF_BLOCK_FORMATS) arrive as PackedWeights converted straight from the
+stored blocks, or, when the caller does not keep them quantized, dequantized one tensor at a time;
+GGUF tensors of the other block types are dequantized one tensor at a time.
 
 Everything that can be checked without reading the weights (the architecture, every tensor's
 presence and shape, truncated files) is checked before `load_model_source` returns, so a bad model
@@ -15,9 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +28,18 @@ import torch
 from safetensors import safe_open
 
 from pagoda_runtime.contract.bundled import resolve_model
-from pagoda_runtime.contract.config import ROPE_TYPES, ModelConfig, RopeScaling
-from pagoda_runtime.contract.sizing import ModelArchitecture
-from pagoda_runtime.contract.weight_layout import expected_weight_shapes, is_projection
+from pagoda_runtime.contract.config import ModelConfig
+from pagoda_runtime.contract.sizing import gguf_file_type
+from pagoda_runtime.contract.weight_layout import is_projection
 from pagoda_runtime.engine.tokenizer import Tokenizer
-from pagoda_runtime.executor.quantization.gguf_blocks import BLOCK_NAMES, gguf_to_packed, is_packable
+from pagoda_runtime.executor.models.hf_config import ConfigError
+from pagoda_runtime.executor.models.registry import (
+    GGUF_ARCHITECTURES,
+    HF_ARCHITECTURES,
+    family_of,
+    weight_shapes,
+)
+from pagoda_runtime.executor.quantization.gguf_blocks import gguf_main_type, gguf_to_packed, is_packable
 from pagoda_runtime.executor.quantization.hf_checkpoints import (
     CheckpointQuantization,
     parse_quantization_config,
@@ -39,9 +49,7 @@ from pagoda_runtime.executor.quantization.hf_checkpoints import (
 from pagoda_runtime.executor.quantization.packed import PackedWeight, dequantize
 from pagoda_runtime.loading.gguf_reader import GGUFFile
 
-HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
-GGUF_ARCHITECTURES = ("llama", "qwen2")
-
+# Per-layer GGUF tensor names every family shares; a family adds its own (registry.GGUFLayout).
 _GGUF_LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
@@ -78,14 +86,19 @@ class LoadedModel:
     # How the projections that arrive as PackedWeights were stored: "awq", "gptq" or "gguf";
     # None when every weight arrives as a float tensor.
     quantization: str | None = None
-    # For "gguf": the block type of those projections (Q4_0, Q4_1, Q8_0; the largest if they mix).
+    # For "gguf": the file's sizing.GGUF_FILE_TYPES name (Q4_0, Q4_K_M, ...) read from its tensors.
     gguf_block: str | None = None
     # For "awq" and "gptq": the checkpoint's group of inputs (-1: one per row), which a
     # tensor-parallel split must not cut.
     group_size: int | None = None
+    # Every weight read as floats from the stored blocks, where that is exact and dequantizing the
+    # PackedWeights is not (GGUF K-quants, whose packed scales are rounded to fp16).
+    float_weights: Callable[[torch.dtype], Iterator[tuple[str, torch.Tensor]]] | None = None
 
     def dequantized(self, dtype: torch.dtype) -> LoadedModel:
         """The same model with each PackedWeight turned into a float tensor as it streams past."""
+        if self.float_weights is not None:
+            return LoadedModel(self.config, self.float_weights(dtype), self.tokenizer)
         weights = (
             (name, dequantize(weight, dtype) if isinstance(weight, PackedWeight) else weight)
             for name, weight in self.weights
@@ -138,54 +151,18 @@ def config_from_hf(
     raw: dict[str, Any], source: Path, generation: dict[str, Any] | None = None
 ) -> ModelConfig:
     architectures = raw.get("architectures") or [raw.get("model_type", "unknown")]
-    model_type = next((HF_ARCHITECTURES[a] for a in architectures if a in HF_ARCHITECTURES), None)
-    if model_type is None:
+    architecture = next((a for a in architectures if a in HF_ARCHITECTURES), None)
+    if architecture is None:
         raise ModelLoadError(
             f"{source} is a {', '.join(architectures)} model; Pagoda supports {', '.join(HF_ARCHITECTURES)}"
         )
-    if raw.get("hidden_act", "silu") != "silu" or raw.get("mlp_bias", False):
-        raise ModelLoadError(
-            f"{source} asks for hidden_act={raw.get('hidden_act')!r}, mlp_bias={raw.get('mlp_bias', False)}; "
-            "Pagoda supports only the standard SiLU MLP without bias"
-        )
-    heads = raw["num_attention_heads"]
-    # transformers 5 writes rope_parameters; older configs have rope_theta and rope_scaling.
-    rope = raw.get("rope_parameters") or {}
-    scaling = raw.get("rope_scaling") or rope
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    if rope_type not in ROPE_TYPES:
-        raise ModelLoadError(
-            f"{source} uses rope scaling {rope_type!r}; Pagoda supports {', '.join(ROPE_TYPES)}"
-        )
-    rope_scaling = None
-    if rope_type != "default":
-        fields = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-        rope_scaling = RopeScaling(rope_type, **{k: scaling[k] for k in fields if k in scaling})
-    max_positions = raw.get("max_position_embeddings", 4096)
-    sliding = raw.get("sliding_window")
-    if sliding and (model_type == "mistral" or raw.get("use_sliding_window", False)):
-        # Attention is only full-context up to the window; capping the context keeps it exact.
-        max_positions = min(max_positions, sliding)
+    try:
+        config = HF_ARCHITECTURES[architecture].config_from_hf(raw, architecture)
+    except ConfigError as e:
+        raise ModelLoadError(f"{source} {e}") from e
     eos = (generation or {}).get("eos_token_id", raw.get("eos_token_id"))
-    return ModelConfig(
-        model_type=model_type,
-        architecture=ModelArchitecture(
-            num_hidden_layers=raw["num_hidden_layers"],
-            hidden_size=raw["hidden_size"],
-            intermediate_size=raw["intermediate_size"],
-            num_attention_heads=heads,
-            num_key_value_heads=raw.get("num_key_value_heads") or heads,
-            head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
-            vocab_size=raw["vocab_size"],
-            max_position_embeddings=max_positions,
-            tie_word_embeddings=raw.get("tie_word_embeddings", False),
-            attention_bias=model_type == "qwen2" or raw.get("attention_bias", False),
-        ),
-        rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
-        rope_theta=raw.get("rope_theta", rope.get("rope_theta", 10000.0)),
-        rope_scaling=rope_scaling,
-        bos_token_id=raw.get("bos_token_id"),
-        eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
+    return replace(
+        config, eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos])
     )
 
 
@@ -286,7 +263,7 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype) -> LoadedModel:
     found: dict[str, tuple[int, ...]] = {}
     for file in dict.fromkeys(file_of.values()):
         found.update(_safetensors_shapes(file))
-    expected = expected_weight_shapes(config.architecture)
+    expected = weight_shapes(config)
     stored = _stored_projections(expected, found, spec, file_of)
     required = {name: shape for name, shape in expected.items() if name not in stored}
     for shapes in stored.values():
@@ -325,55 +302,25 @@ def config_from_gguf(gguf: GGUFFile, tokenizer: Tokenizer) -> ModelConfig:
         raise ModelLoadError(
             f"{gguf.path} holds a {arch!r} model; Pagoda reads GGUF files of {', '.join(GGUF_ARCHITECTURES)}"
         )
-    if "rope_freqs.weight" in gguf.tensors:
-        raise ModelLoadError(
-            f"{gguf.path} carries per-frequency rope factors (Llama 3.1 scaling), "
-            "which Pagoda reads only from "
-            "Hugging Face folders; load the original folder instead"
-        )
-    scaling_type = meta.get(f"{arch}.rope.scaling.type", "none")
-    if scaling_type not in ("none", "linear"):
-        raise ModelLoadError(
-            f"{gguf.path} uses rope scaling {scaling_type!r}; Pagoda reads none or linear from GGUF"
-        )
-    rope_scaling = None
-    if scaling_type == "linear":
-        rope_scaling = RopeScaling("linear", factor=float(meta[f"{arch}.rope.scaling.factor"]))
     try:
-        hidden = meta[f"{arch}.embedding_length"]
-        heads = meta[f"{arch}.attention.head_count"]
-        return ModelConfig(
-            model_type=arch,
-            architecture=ModelArchitecture(
-                num_hidden_layers=meta[f"{arch}.block_count"],
-                hidden_size=hidden,
-                intermediate_size=meta[f"{arch}.feed_forward_length"],
-                num_attention_heads=heads,
-                num_key_value_heads=meta.get(f"{arch}.attention.head_count_kv", heads),
-                head_dim=meta.get(f"{arch}.attention.key_length", hidden // heads),
-                vocab_size=meta.get(f"{arch}.vocab_size", len(meta["tokenizer.ggml.tokens"])),
-                max_position_embeddings=meta[f"{arch}.context_length"],
-                tie_word_embeddings="output.weight" not in gguf.tensors,
-                attention_bias="blk.0.attn_q.bias" in gguf.tensors,
-            ),
-            rms_norm_eps=meta[f"{arch}.attention.layer_norm_rms_epsilon"],
-            rope_theta=meta.get(f"{arch}.rope.freq_base", 10000.0),
-            rope_scaling=rope_scaling,
-            bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-            eos_token_ids=tokenizer.eos_token_ids,
-        )
+        config = GGUF_ARCHITECTURES[arch].gguf.config(arch, meta, set(gguf.tensors), gguf.dequantize)
+    except ConfigError as e:
+        raise ModelLoadError(f"{gguf.path} {e}") from e
     except KeyError as e:
         raise ModelLoadError(
             f"{gguf.path} lacks the metadata key {e.args[0]!r} that a {arch} model needs"
         ) from e
+    return replace(config, eos_token_ids=tokenizer.eos_token_ids)
 
 
-def hf_name_of_gguf(name: str) -> str | None:
+def hf_name_of_gguf(name: str, layer_names: dict[str, str]) -> str | None:
+    """The Hugging Face name of GGUF tensor `name`; layer_names: the family's per-layer names. The
+    name of a tensor holding every expert of a layer has {} where the expert's index goes."""
     if name in _GGUF_GLOBAL_NAMES:
         return _GGUF_GLOBAL_NAMES[name]
     parts = name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _GGUF_LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_GGUF_LAYER_NAMES[parts[2]]}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in layer_names:
+        return f"model.layers.{parts[1]}.{layer_names[parts[2]]}"
     return None
 
 
@@ -388,38 +335,79 @@ def unpermute_rotary(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     )
 
 
+def _gguf_sources(gguf: GGUFFile, layer_names: dict[str, str]) -> dict[str, tuple[str, int | None]]:
+    """Hugging Face name -> (the GGUF tensor holding it, its expert's index in a merged tensor)."""
+    sources = {}
+    for name, info in gguf.tensors.items():
+        hf = hf_name_of_gguf(name, layer_names)
+        if hf is not None and "{}" in hf:
+            sources |= {hf.format(e): (name, e) for e in range(info.shape[0])}
+        elif hf is not None:
+            sources[hf] = (name, None)
+    return sources
+
+
 def _load_gguf(path: Path, dtype: torch.dtype) -> LoadedModel:
     gguf = GGUFFile(path)
     tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata, str(path))
     config = config_from_gguf(gguf, tokenizer)
-    gguf_name = {hf: name for name in gguf.tensors if (hf := hf_name_of_gguf(name))}
-    found = {hf: gguf.tensors[name].shape for hf, name in gguf_name.items()}
-    expected = expected_weight_shapes(config.architecture)
+    layout = family_of(config).gguf
+    sources = _gguf_sources(gguf, _GGUF_LAYER_NAMES | layout.layer_names)
+    found = {
+        hf: gguf.tensors[name].shape[1:] if expert is not None else gguf.tensors[name].shape
+        for hf, (name, expert) in sources.items()
+    }
+    expected = weight_shapes(config)
     _check_shapes(found, expected, lambda name: path, f"the {config.model_type} metadata of {path}")
     packed = {
-        hf for hf in expected if is_projection(hf) and is_packable(gguf.tensors[gguf_name[hf]].ggml_type)
+        hf for hf in expected if is_projection(hf) and is_packable(gguf.tensors[sources[hf][0]].ggml_type)
     }
-    # Only llama.cpp's LLaMA converter permutes q/k; Qwen2 files keep the Hugging Face layout.
     permuted_heads = {}
-    if config.model_type == "llama":
+    if gguf.metadata["general.architecture"] in layout.permuted_qk:
         permuted_heads = {".self_attn.q_proj.": config.architecture.num_attention_heads}
         permuted_heads[".self_attn.k_proj."] = config.architecture.num_key_value_heads
+    transform = layout.tensor or (lambda hf, tensor: tensor)
 
-    def weights() -> Iterator[tuple[str, Weight]]:
+    def whole(name: str, keep_packed: bool) -> Weight:
+        info = gguf.tensors[name]
+        if not keep_packed:
+            return gguf.dequantize(name)
+        rows = info.num_elements // info.shape[-1]
+        return gguf_to_packed(gguf.raw_bytes(name), info.ggml_type, (rows, info.shape[-1]))
+
+    def weights(packed: set[str] = packed, dtype: torch.dtype = dtype) -> Iterator[tuple[str, Weight]]:
+        merged: dict[str, Weight] = {}  # the merged expert tensors of the layer being read
         for hf in expected:
-            info = gguf.tensors[gguf_name[hf]]
+            name, expert = sources[hf]
+            if expert is None:
+                weight = whole(name, hf in packed)
+            else:
+                if name not in merged:
+                    layer = name.rsplit(".", 2)[0]
+                    merged = {n: w for n, w in merged.items() if n.startswith(layer + ".")}
+                    merged[name] = whole(name, hf in packed)
+                weight = merged[name]
+                rows = gguf.tensors[name].shape[1]
+                weight = (
+                    weight.rows(slice(expert * rows, (expert + 1) * rows)) if hf in packed else weight[expert]
+                )
             heads = next((n for part, n in permuted_heads.items() if part in hf), None)
             if hf in packed:
-                weight = gguf_to_packed(gguf.raw_bytes(info.name), info.ggml_type, info.shape)
                 # Whole rows move, so the blocks are un-permuted without touching their values.
                 order = unpermute_rotary(torch.arange(weight.out_features), heads) if heads else None
                 yield hf, weight if order is None else weight.rows(order)
             else:
-                tensor = gguf.dequantize(info.name)
-                yield hf, (unpermute_rotary(tensor, heads) if heads else tensor).to(dtype)
+                yield hf, transform(hf, (unpermute_rotary(weight, heads) if heads else weight).to(dtype))
 
-    if not packed:
+    # Each expert of a merged tensor counts with its own elements.
+    main = gguf_main_type(
+        {
+            hf: (gguf.tensors[sources[hf][0]].ggml_type, math.prod(found[hf]))
+            for hf in expected
+            if is_projection(hf)
+        }
+    )
+    if main is None:
         return LoadedModel(config, weights(), tokenizer)
-    # The ggml type ids grow with the block's size: Q4_0 < Q4_1 < Q8_0.
-    largest = max(gguf.tensors[gguf_name[hf]].ggml_type for hf in packed)
-    return LoadedModel(config, weights(), tokenizer, "gguf", BLOCK_NAMES[largest])
+    file_type = gguf_file_type(str(path), main)
+    return LoadedModel(config, weights(), tokenizer, "gguf", file_type, float_weights=partial(weights, set()))

@@ -18,18 +18,18 @@ from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 
+from pagoda_runtime.contract.config import ModelConfig
 from pagoda_runtime.contract.model_catalogue import shape_config
-from pagoda_runtime.contract.sizing import ModelArchitecture
-from pagoda_runtime.contract.weight_layout import expected_weight_shapes
 from pagoda_runtime.engine.tokenizer import Tokenizer
+from pagoda_runtime.executor.models import weight_shapes
 from pagoda_runtime.loading.model_source import LoadedModel
 
 
 def random_weights(
-    arch: ModelArchitecture, device: torch.device, dtype: torch.dtype, seed: int = 0
+    config: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0
 ) -> Iterator[tuple[str, torch.Tensor]]:
     generator = torch.Generator(device=device).manual_seed(seed)
-    for name, shape in expected_weight_shapes(arch).items():
+    for name, shape in weight_shapes(config).items():
         if name.endswith("norm.weight"):
             yield name, torch.ones(shape, device=device, dtype=dtype)
         else:
@@ -51,6 +51,6 @@ def random_model(name: str, device: torch.device, dtype: torch.dtype, seed: int 
     config = shape_config(name)
     return LoadedModel(
         config,
-        random_weights(config.architecture, device, dtype, seed),
+        random_weights(config, device, dtype, seed),
         bare_tokenizer(config.architecture.vocab_size, f"{name} (random weights)"),
     )

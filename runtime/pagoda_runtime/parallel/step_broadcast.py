@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from pagoda_runtime.executor.attention_metadata import AttentionMetadata
+from pagoda_runtime.executor.devices import host_list_on
 from pagoda_runtime.parallel.tensor_parallel import TensorParallel
 
 KEEPALIVE, STEP, STOP = 0, 1, 2
@@ -42,7 +43,7 @@ class StepInputs:
     positions: torch.Tensor  # int64 [num_tokens]
     meta: AttentionMetadata
     logits_rows: torch.Tensor  # int64 [rows]: token rows whose logits are computed (and sampled)
-    replayable: bool  # a decode step may replay a CUDA graph; scoring never does
+    replayable: bool  # padded to a captured CUDA graph's batch size, which every rank replays
 
 
 def keepalive_interval(timeout_s: float) -> float:
@@ -136,9 +137,9 @@ class StepSender:
         self._thread.join()
 
     def _send(self, header: list[int]) -> None:
-        dist.broadcast(
-            torch.tensor(header, dtype=torch.int64, device=self._device), group_src=0, group=self._tp.group
-        )
+        # From pinned memory: a plain copy to the GPU would wait for the steps still queued there,
+        # which async scheduling launches ahead of.
+        dist.broadcast(host_list_on(self._device, header, torch.int64), group_src=0, group=self._tp.group)
 
     def _keep_alive(self) -> None:
         while not self._stopped.wait(self._keepalive_s / 2):

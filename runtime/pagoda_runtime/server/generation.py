@@ -1,7 +1,9 @@
 """One admitted request's way through the engine and back out as a response, for both endpoints.
 
 Sampling parameters, per-token metrics, the in-flight count the drain waits on, and the rule that
-a request whose client went away is aborted at once so its KV blocks go back to the pool.
+a request whose client went away is aborted at once so its KV blocks go back to the pool. A
+request the engine accepted but could not finish (a step that ran it raised) is a 500 naming an
+internal error: before the first chunk as the response, after it as the stream's last event.
 """
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ from fastapi import Request, Response
 from pydantic import BaseModel
 
 from pagoda_runtime.engine.outputs import RequestOutput
-from pagoda_runtime.engine.protocol import RequestRejected, ServingEngine
+from pagoda_runtime.engine.protocol import RequestFailed, RequestRejected, ServingEngine
 from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.engine.structured_outputs import StructuredOutputs
 from pagoda_runtime.server import sse
-from pagoda_runtime.server.errors import APIError
+from pagoda_runtime.server.errors import APIError, error_body
 from pagoda_runtime.server.protocol import SamplingFields, UsageInfo
 from pagoda_runtime.server.state import ServerState
 
@@ -82,7 +84,7 @@ async def generate(
     A request the engine rejects becomes a 400 naming the field at fault; `fields` renames the
     engine's field names ("prompt", "max_tokens") to the ones this endpoint's request used.
     """
-    finished = refused = False
+    finished = refused = failed = False
     last_token_at = None
     generated = 0
     try:
@@ -105,10 +107,19 @@ async def generate(
         refused = True
         param = (fields or {}).get(exc.param, exc.param)
         raise APIError(400, exc.message, param=param, code=exc.code) from exc
+    except RequestFailed as exc:
+        failed = True
+        state.metrics.ended(generated, len(prompt_ids), "error")
+        raise APIError(
+            500,
+            "The server hit an internal error while generating this request; retry it, and report it "
+            "if it persists.",
+            code="internal_error",
+        ) from exc
     finally:
-        if not finished and not refused:
+        if not (finished or refused or failed):
             await engine.abort(request_id)
-            state.metrics.abandoned(generated, len(prompt_ids))
+            state.metrics.ended(generated, len(prompt_ids), "abort")
 
 
 async def respond(
@@ -141,8 +152,12 @@ async def respond(
         raise
 
     async def events():
-        async for chunk in stream(_prepend(first, outputs)):
-            yield chunk
+        try:
+            async for chunk in stream(_prepend(first, outputs)):
+                yield chunk
+        except APIError as error:
+            # The status line went out with the first chunk: the error is the stream's last event.
+            yield sse.event(error_body(error.status, error.message, error.param, error.code))
         yield sse.DONE
 
     async def close() -> None:

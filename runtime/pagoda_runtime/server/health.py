@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pagoda_runtime.engine.protocol import ServingEngine
+from pagoda_runtime.engine.protocol import RequestFailed, ServingEngine
 from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.loading.load_progress import LOAD_PROGRESS
 
@@ -65,6 +65,12 @@ class Health:
                 self._succeed()
                 return
             self._fail(f"the canary generation took longer than {self.canary_timeout:g}s")
+            return
+        except RequestFailed:
+            if engine.errored is None:
+                # A step it shared with another request failed and the engine served on: no news.
+                return
+            self._fail(f"the engine stopped: {engine.errored}")
             return
         except Exception as exc:  # an engine failure makes the pod unready, not the server dead
             self._fail(f"the canary generation failed: {exc}")

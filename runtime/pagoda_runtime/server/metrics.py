@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from pagoda_runtime.contract.names import (
     E2E_REQUEST_LATENCY,
+    FAILED_STEPS,
     FINISH_REASON_LABEL,
     GENERATION_TOKENS,
     INTER_TOKEN_LATENCY,
@@ -178,6 +179,11 @@ class _EngineStatsCollector:
             ),
             (PREFIX_CACHE_HITS, "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits),
             (PREEMPTIONS, "Sequences preempted for lack of KV cache.", stats.num_preemptions),
+            (
+                FAILED_STEPS,
+                "Engine steps that raised: their requests failed with an internal error, the rest went on.",
+                stats.num_failed_steps,
+            ),
         )
         for name, doc, value in counters:
             counter = CounterMetricFamily(name, doc, labels=[MODEL_NAME_LABEL])
@@ -286,11 +292,12 @@ class ServerMetrics:
         for _ in range(num_tokens):
             child.observe(seconds / num_tokens)
 
-    def abandoned(self, generated_tokens: int, prompt_len: int) -> None:
-        """A request whose client went away before it finished, after generated_tokens (all samples)."""
+    def ended(self, generated_tokens: int, prompt_len: int, reason: str) -> None:
+        """A request that ended before the engine finished it, after generated_tokens (all samples):
+        "abort" when its client went away, "error" when a step that ran it failed."""
         self.prompt_tokens.labels(self.model_name).inc(prompt_len)
         self.generation_tokens.labels(self.model_name).inc(generated_tokens)
-        self.requests.labels(self.model_name, "abort").inc()
+        self.requests.labels(self.model_name, reason).inc()
 
     def finished(self, out: RequestOutput, max_tokens: int) -> None:
         """max_tokens: the most the request allowed (its max_tokens, or what the context left)."""

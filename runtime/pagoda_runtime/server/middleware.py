@@ -1,4 +1,5 @@
-"""The HTTP edge every request crosses first: request id, API key, body size limit, access log.
+"""The HTTP edge every request crosses first: request id, API key, body size and nesting limits,
+access log.
 
 Written as plain ASGI rather than Starlette's BaseHTTPMiddleware because the latter buffers
 streaming responses in ways that delay SSE chunks and hide client disconnects.
@@ -15,6 +16,7 @@ import uuid
 
 from pagoda_runtime.logs import request_id_var
 from pagoda_runtime.server.errors import error_body
+from pagoda_runtime.server.json_depth import MAX_JSON_DEPTH, too_deep
 
 log = logging.getLogger("pagoda.access")
 
@@ -28,8 +30,10 @@ def _header(scope: dict, name: bytes) -> str | None:
     return None
 
 
-async def _send_error(send, status: int, message: str, code: str | None = None, extra_headers=()) -> None:
-    body = json.dumps(error_body(status, message, code=code)).encode()
+async def _send_error(
+    send, status: int, message: str, code: str | None = None, extra_headers=(), param: str | None = None
+) -> None:
+    body = json.dumps(error_body(status, message, param=param, code=code)).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
@@ -97,6 +101,16 @@ class EdgeMiddleware:
                 send,
                 413,
                 f"The request body is larger than the limit of {self.max_body_bytes} bytes; send less.",
+            )
+            return
+        deep, field = too_deep(body)
+        if deep:
+            where = f"'{field}'" if field is not None else "The request body"
+            await _send_error(
+                send,
+                400,
+                f"{where} nests JSON arrays and objects deeper than {MAX_JSON_DEPTH} levels; flatten it.",
+                param=field,
             )
             return
         replayed = False

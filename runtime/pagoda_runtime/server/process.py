@@ -69,14 +69,9 @@ def group_engine_loader(group) -> EngineLoader:
     async def load():
         def construct():
             from pagoda_runtime.engine.async_engine import AsyncLLMEngine
-            from pagoda_runtime.engine.llm_engine import LLMEngine
-            from pagoda_runtime.parallel.rank_worker import spawned_rank
+            from pagoda_runtime.parallel.group_leader import lead_group
 
-            group.start(spawned_rank)
-            member = group.join(0)
-            engine = LLMEngine(member.engine_config, tp=member.tp, layout=group.world.describe())
-            group.lead(member, engine.runner)
-            return AsyncLLMEngine(engine)
+            return AsyncLLMEngine(lead_group(group))
 
         engine = await _in_daemon_thread(construct)
         await engine.start()

@@ -3,6 +3,11 @@
 Fields we know but do not implement are rejected by name instead of being silently ignored, so a
 client never gets a result computed without the behaviour it asked for. Unknown fields are ignored,
 as OpenAI-compatible servers commonly do, so that SDKs sending newer fields keep working.
+
+Every number a request carries is bounded here, next to its field (OpenAI's or vLLM's range where
+they give one, else what the engine's integer types hold), so that no value reaches the engine that
+it cannot represent; a new field declares its bound the same way. Whether token ids lie inside the
+model's vocabulary is the engine's check (request_validation.py), since only it knows the model.
 """
 
 from __future__ import annotations
@@ -16,8 +21,14 @@ from pydantic_core import PydanticCustomError
 
 from pagoda_runtime.server.tools import DeltaToolCall, ToolCall, ToolChoice, ToolDefinition
 
+# The widest integer a token count, a token id or top_k may be: they end up in int32 tensors.
+INT32_MAX = 2**31 - 1
 Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+TokenCount = Annotated[int, Field(ge=1, le=INT32_MAX)]
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+# OpenAI's range for a logit bias.
+LogitBias = Annotated[float, Field(ge=-100.0, le=100.0)]
 StopStrings = str | list[Annotated[str, Field(min_length=1)]] | None
 # OpenAI's documented limit; a longer list is refused by name instead of by a union's type error.
 MAX_STOP_STRINGS = 4
@@ -67,22 +78,34 @@ def _json_or_text(arguments: str) -> Any:
         return arguments
 
 
-def _lone_surrogate_at(value: Any, path: str) -> str | None:
-    """Where a string holds a lone UTF-16 surrogate (JSON allows "\\ud800"; no tokenizer or
-    grammar engine can take it), or None."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
+def _valid(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _lone_surrogate_at(value: Any) -> str | None:
+    """Where a string, or an object's key, holds a lone UTF-16 surrogate (JSON allows "\\ud800"; no
+    tokenizer or grammar engine can take it), or None. The path shows such a key escaped, since the
+    error that names it must itself be valid text."""
+    pending: list[tuple[Any, str]] = [(value, "")]
+    while pending:
+        value, path = pending.pop()
+        if isinstance(value, str) and not _valid(value):
             return path
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            if (found := _lone_surrogate_at(item, f"{path}.{key}" if path else str(key))) is not None:
-                return found
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            if (found := _lone_surrogate_at(item, f"{path}.{i}")) is not None:
-                return found
+        children: list[tuple[Any, str]] = []
+        if isinstance(value, dict):
+            for key, item in value.items():
+                name = str(key) if _valid(str(key)) else str(key).encode("utf-8", "backslashreplace").decode()
+                where = f"{path}.{name}" if path else name
+                if name != str(key):
+                    return where
+                children.append((item, where))
+        elif isinstance(value, list):
+            children = [(item, f"{path}.{i}") for i, item in enumerate(value)]
+        pending.extend(reversed(children))  # the first in document order is reported
     return None
 
 
@@ -92,7 +115,7 @@ class ValidText(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _no_lone_surrogates(cls, data: Any) -> Any:
-        if (path := _lone_surrogate_at(data, "")) is not None:
+        if (path := _lone_surrogate_at(data)) is not None:
             raise PydanticCustomError(
                 "lone_surrogate",
                 "{param} contains a lone UTF-16 surrogate, which is not valid Unicode; send valid text",
@@ -117,14 +140,14 @@ class SamplingFields(ValidText):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, LogitBias] | None = None
     # vLLM's extensions, which load generators and evaluation harnesses rely on.
-    top_k: int = Field(default=0, ge=-1)
+    top_k: int = Field(default=0, ge=-1, le=INT32_MAX)
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0)
-    min_tokens: int = Field(default=0, ge=0)
+    min_tokens: int = Field(default=0, ge=0, le=INT32_MAX)
     ignore_eos: bool = False
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsField | None = None
@@ -158,7 +181,7 @@ class SamplingFields(ValidText):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = Field(default=16, ge=1)
+    max_tokens: TokenCount | None = 16
     logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool = False
     suffix: str | None = None
@@ -238,8 +261,8 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: TokenCount | None = None
+    max_completion_tokens: TokenCount | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[ToolDefinition] | None = None

@@ -3,15 +3,14 @@ through the served model's own tokenizer (and chat template), and token ids back
 
 from __future__ import annotations
 
-from typing import Annotated
-
 from fastapi import Request
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, model_validator
 
+from pagoda_runtime.engine.request_validation import first_out_of_vocabulary
 from pagoda_runtime.server.admission import check_model
 from pagoda_runtime.server.chat import chat_prompt_ids
 from pagoda_runtime.server.errors import APIError
-from pagoda_runtime.server.protocol import ChatMessage, ValidText
+from pagoda_runtime.server.protocol import ChatMessage, TokenId, ValidText
 from pagoda_runtime.server.state import ServerState
 from pagoda_runtime.server.tools import ToolDefinition
 
@@ -43,7 +42,7 @@ class TokenizeResponse(BaseModel):
 
 class DetokenizeRequest(BaseModel):
     model: str | None = None
-    tokens: list[Annotated[int, Field(ge=0)]]
+    tokens: list[TokenId]
 
 
 class DetokenizeResponse(BaseModel):
@@ -74,6 +73,8 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeRes
     check_model(state, body.model, request)
     engine = _engine(state)
     vocab = engine.vocab_size
-    if any(t >= vocab for t in body.tokens):
-        raise APIError(400, f"Token ids must be in [0, {vocab}); check the tokenizer.", param="tokens")
+    bad = first_out_of_vocabulary(body.tokens, vocab)
+    if bad is not None:
+        message = f"Token id {bad} is outside the model's vocabulary of {vocab} tokens; check the tokenizer."
+        raise APIError(400, message, param="tokens")
     return DetokenizeResponse(prompt=engine.tokenizer.decode(body.tokens))

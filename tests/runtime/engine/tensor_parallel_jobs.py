@@ -16,7 +16,7 @@ from pagoda_runtime.engine.llm_engine import LLMEngine
 from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.executor.attention_metadata import AttentionMetadata
 from pagoda_runtime.executor.kernels import get_attention_ops
-from pagoda_runtime.executor.model import LlamaForCausalLM
+from pagoda_runtime.executor.models import build_model
 from pagoda_runtime.loading.model_source import load_model_source
 from pagoda_runtime.parallel.step_broadcast import StepReceiver, StepSender
 
@@ -38,7 +38,7 @@ def sharded_logits(tp, folder: str, quantization: str) -> torch.Tensor:
     """Logits after each token of one prompt, from a model built directly (no engine) on this rank."""
     loaded = load_model_source(folder)
     config = loaded.config
-    model = LlamaForCausalLM(config, get_attention_ops("cpu"), 64, quantization, tp=tp)
+    model = build_model(config, get_attention_ops("cpu"), 64, quantization, tp=tp)
     model.load_weights(loaded.weights)
     ids = torch.tensor(loaded.tokenizer.encode(PROMPTS[0]))
     n, block_size = ids.shape[0], 4
@@ -70,8 +70,15 @@ def greedy_runs(tp, jobs: list[tuple[str, str, dict]], prompts: list[str] = PROM
             arch = load_model_source(model).config.architecture.per_rank(tp.size)
             per_block = kv_bytes_per_block(arch, settings["block_size"], "float32")
             settings["kv_cache_memory"] = kv_blocks * per_block
+        # Groups launch each step before reading the last (their input ids broadcast from rank 0's
+        # device), one process reads each step first: the ids must match across the two.
         engine_config = EngineConfig(
-            model=model, dtype="float32", device="cpu", tensor_parallel_size=tp.size, **settings
+            model=model,
+            dtype="float32",
+            device="cpu",
+            tensor_parallel_size=tp.size,
+            async_scheduling=tp.size > 1,
+            **settings,
         )
         if tp.is_driver:
             runs[name] = _drive(LLMEngine(engine_config, tp=tp), tp, name, prompts)

@@ -1,21 +1,23 @@
-"""The asyncio front: streamed deltas add up to the final output; aborts and cancellations free blocks."""
+"""The asyncio front: streamed deltas add up to the final output; aborts and cancellations free blocks;
+a step that raises fails only its own requests, and only a broken device stops the loop."""
 
 import asyncio
 
 import pytest
+import torch
 from pagoda_runtime.contract.config import EngineConfig
 from pagoda_runtime.engine.async_engine import AsyncLLMEngine
-from pagoda_runtime.engine.protocol import RequestRejected, ServingEngine
+from pagoda_runtime.engine.protocol import RequestFailed, RequestRejected, ServingEngine
 from pagoda_runtime.engine.sampling_params import SamplingParams
 
 from tests.runtime.tiny_models import build_tiny_model
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["sync-output", "async-output"])
+@pytest.fixture(scope="module", params=[False, True], ids=["in-order", "async-scheduling"])
 def engine_config(tmp_path_factory, request):
     folder = build_tiny_model(tmp_path_factory.mktemp("tiny") / "llama3", "llama3")
     return EngineConfig(
-        model=str(folder), dtype="float32", device="cpu", block_size=4, async_output_proc=request.param
+        model=str(folder), dtype="float32", device="cpu", block_size=4, async_scheduling=request.param
     )
 
 
@@ -97,6 +99,59 @@ def test_a_request_that_cannot_fit_raises_before_streaming(engine_config):
         assert isinstance(refused.value, RequestRejected)
         assert (refused.value.code, refused.value.param) == ("context_length_exceeded", "max_tokens")
         engine.abort_all()
+        await engine.shutdown()
+
+    run(main())
+
+
+def fail_steps_running(engine: AsyncLLMEngine, request_id: str, error: Exception) -> None:
+    """Make every step that runs `request_id` raise `error` before it computes anything."""
+    launch = engine.engine.runner.launch
+
+    def launch_or_fail(batch, in_flight=None):
+        if any(seq.group.request_id == request_id for seq in batch.seqs):
+            raise error
+        return launch(batch, in_flight)
+
+    engine.engine.runner.launch = launch_or_fail
+
+
+async def final_text(engine: AsyncLLMEngine, prompt: str, request_id: str, max_tokens: int = 6) -> str:
+    last = None
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    async for out in engine.generate(prompt, params, request_id):
+        last = out
+    return last.outputs[0].text
+
+
+def test_a_failing_step_fails_its_requests_and_the_engine_serves_on(engine_config):
+    async def main():
+        engine = AsyncLLMEngine.from_engine_config(engine_config)
+        await engine.start()
+        expected = await final_text(engine, "Once upon a time", "before")
+        fail_steps_running(engine, "bad", IndexError("index 70000 is out of bounds for dimension 1"))
+        with pytest.raises(RequestFailed, match="a step that ran this request failed: index 70000"):
+            await final_text(engine, "Hello", "bad")
+        assert engine.errored is None and engine.stats().num_failed_steps == 1
+        assert engine.stats().kv_cache_usage == 0.0 and not engine.engine.has_unfinished()
+        # Nothing the failed step left behind changes what the engine computes next.
+        assert await final_text(engine, "Once upon a time", "after") == expected
+        await engine.shutdown()
+
+    run(main())
+
+
+def test_a_broken_device_stops_the_loop_and_says_why(engine_config):
+    async def main():
+        engine = AsyncLLMEngine.from_engine_config(engine_config)
+        await engine.start()
+        broken = torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+        fail_steps_running(engine, "victim", broken)
+        with pytest.raises(RequestFailed, match="the engine stopped after an error: CUDA error"):
+            await final_text(engine, "Hello", "victim")
+        assert engine.errored is broken and engine.stats().num_failed_steps == 0
+        with pytest.raises(RequestFailed, match="illegal memory access"):
+            await final_text(engine, "Hello", "later")
         await engine.shutdown()
 
     run(main())

@@ -15,9 +15,9 @@ def folder(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "smollm", "smollm")
 
 
-# Every behaviour holds in both step orders: text made before the next step (the CPU's default)
-# and while the next step runs (async output processing, CUDA's default).
-@pytest.fixture(scope="module", params=[False, True], ids=["sync-output", "async-output"])
+# Every behaviour holds in both step orders: each step's tokens read before the next is scheduled
+# (the CPU's default), and the next step launched first (async scheduling, CUDA's default).
+@pytest.fixture(scope="module", params=[False, True], ids=["in-order", "async-scheduling"])
 def llm(folder, request):
     return LLM(
         str(folder),
@@ -25,7 +25,7 @@ def llm(folder, request):
         device="cpu",
         block_size=4,
         max_num_batched_tokens=32,
-        async_output_proc=request.param,
+        async_scheduling=request.param,
     )
 
 
@@ -184,3 +184,14 @@ def test_timings_are_recorded_in_order(llm):
 def test_gpu_memory_utilization_is_refused_on_the_cpu_by_name(folder):
     with pytest.raises(ValueError, match="--gpu-memory-utilization 0.5 needs a GPU"):
         LLM(str(folder), dtype="float32", device="cpu", gpu_memory_utilization=0.5)
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_by_field(llm):
+    vocab = llm.engine.model_config.architecture.vocab_size
+    with pytest.raises(ValueError, match=f"outside the model's vocabulary of {vocab}") as refused:
+        llm.generate(PROMPTS[0], SamplingParams(max_tokens=2, min_tokens=1, stop_token_ids=[3, vocab]))
+    assert refused.value.param == "stop_token_ids"
+    with pytest.raises(ValueError, match="Prompt token id -1") as refused:
+        llm.generate([[1, -1]], SamplingParams(max_tokens=2))
+    assert refused.value.param == "prompt"
+    assert not llm.engine.has_unfinished()

@@ -1,6 +1,7 @@
-"""--kv-cache-dtype fp8: the cache holds e4m3 values (per-tensor scale 1.0), a block takes half the
-bytes of bf16 (a quarter of float32), the same budget holds that many more blocks, and the bundled
-model's greedy choices stay those of the float cache.
+"""--kv-cache-dtype fp8: the cache holds e4m3 values divided by per-layer, per-kv-head scales
+calibrated at load (executor/kv_scales.py), a block takes half the bytes of bf16 (a quarter of
+float32), the same budget holds that many more blocks, and the bundled model's greedy choices stay
+those of the float cache.
 
 Measured on the bundled model (6 prompts, 16 greedy tokens each, 2026-11-23): 92 of the 96 tokens an
 fp8-cache engine picks are the float-cache engine's own top choice for the same prefix, and the other
@@ -38,6 +39,23 @@ def test_an_fp8_block_takes_a_fraction_of_the_bytes_and_the_budget_holds_more(fo
     assert fp8.memory.kv_bytes_per_block == one_byte_each
     assert fp8.runner.num_blocks == ratio * auto.runner.num_blocks
     assert (fp8.memory.kv_cache_dtype, auto.memory.kv_cache_dtype) == ("fp8", dtype)
+
+
+def test_an_fp8_cache_is_read_with_scales_calibrated_per_layer_and_head_at_load(folder):
+    def scales(kv_cache_dtype, **kwargs):
+        engine = LLM(
+            str(folder), device="cpu", kv_cache_memory=BUDGET, kv_cache_dtype=kv_cache_dtype, **kwargs
+        ).engine
+        return [layer.self_attn.kv_scales for layer in engine.runner.model.layers]
+
+    fp8, again = scales("fp8"), scales("fp8")
+    for layer, repeat in zip(fp8, again, strict=True):
+        assert layer.shape == (2, layer.shape[1]) and layer.dtype == torch.float32 and (layer > 0).all()
+        assert torch.equal(layer, repeat)  # the weights alone decide them
+    assert not torch.equal(fp8[0][0], fp8[0][1])  # keys and values each get their own
+    assert all(layer is None for layer in scales("auto"))
+    # A context shorter than the calibration prompt calibrates on what fits.
+    assert all(layer is not None for layer in scales("fp8", max_model_len=16))
 
 
 def test_an_unknown_kv_cache_dtype_is_refused_with_the_choices(folder):

@@ -21,12 +21,17 @@ def test_scheduler_and_block_manager_import_without_torch():
 
 
 class Simulation:
-    def __init__(self, num_blocks, block_size, max_num_seqs, budget, prefix_caching=True):
+    """overlapped: each step is scheduled before the tokens of the step before are read (async
+    scheduling); its input for a token still in flight comes from the simulated device."""
+
+    def __init__(self, num_blocks, block_size, max_num_seqs, budget, prefix_caching=True, overlapped=False):
         self.bm = BlockManager(num_blocks, block_size, prefix_caching)
         self.scheduler = Scheduler(self.bm, max_num_seqs, budget)
         self.budget = budget
+        self.overlapped = overlapped
         self.cache: dict[int, tuple[int, int]] = {}  # slot -> (position, token)
         self.groups: list[SequenceGroup] = []
+        self.in_flight: dict[Sequence, int] = {}  # sampled on the device, not read yet
 
     def add(self, prompt, max_tokens, n=1):
         group = SequenceGroup(f"r{len(self.groups)}", prompt, SamplingParams(n=n, max_tokens=max_tokens), 0.0)
@@ -36,26 +41,42 @@ class Simulation:
             self.scheduler.add(seq)
         return group
 
+    def on_device(self, seq):
+        """Its tokens as the device has them: the pending one included."""
+        return seq.token_ids + ([self.in_flight[seq]] if seq.num_pending else [])
+
     def step(self):
         batch = self.scheduler.schedule()
-        assert batch.seqs, "nothing scheduled while requests are unfinished: a deadlock"
+        assert batch.seqs or self.in_flight, "nothing scheduled while requests are unfinished: a deadlock"
         assert batch.num_tokens <= self.budget
         assert len(self.scheduler.running) <= self.scheduler.max_num_seqs
         bs = self.bm.block_size
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens, strict=True):
+            assert not seq.last_token_sampled, f"{seq} computes a token past max_tokens"
+            tokens = self.on_device(seq)
             for pos in range(seq.num_computed_tokens):
                 slot = seq.block_table[pos // bs] * bs + pos % bs
-                assert self.cache[slot] == (pos, seq.token_ids[pos]), f"{seq} reads a wrong key at {pos}"
+                assert self.cache[slot] == (pos, tokens[pos]), f"{seq} reads a wrong key at {pos}"
             for pos in range(seq.num_computed_tokens, seq.num_computed_tokens + num_new):
                 block = seq.block_table[pos // bs]
                 assert self.bm.blocks[block].ref_count == 1, "a shared block was written"
-                self.cache[block * bs + pos % bs] = (pos, seq.token_ids[pos])
+                self.cache[block * bs + pos % bs] = (pos, tokens[pos])
         sampling = [seq for i, seq in enumerate(batch.seqs) if batch.samples(i)]
+        # A deterministic "model" that differs between samples, so forks diverge.
+        sampled = {seq: (sum(self.on_device(seq)[-3:]) * 7 + seq.index) % 50 for seq in sampling}
         self.scheduler.update(batch)
-        for seq in sampling:
-            # A deterministic "model" that differs between samples, so forks diverge.
-            seq.token_ids.append((sum(seq.token_ids[-3:]) * 7 + seq.index) % 50)
-            if seq.num_output_tokens == seq.params.max_tokens:
+        if self.overlapped:
+            self.read(self.in_flight)
+            self.in_flight = sampled
+        else:
+            self.read(sampled)
+
+    def read(self, sampled):
+        for seq, token in sampled.items():
+            if seq.is_finished:
+                continue  # ended while its token was in flight: the token is dropped
+            seq.append_read_token(token)
+            if seq.last_token_read:
                 self.scheduler.finish(seq, "length")
 
     def run(self, max_steps=10_000):
@@ -70,10 +91,11 @@ def all_free(sim):
     return sim.bm.num_free_blocks == sim.bm.num_blocks and all(b.ref_count == 0 for b in sim.bm.blocks)
 
 
+@pytest.mark.parametrize("overlapped", [False, True], ids=["in-order", "async-scheduling"])
 @pytest.mark.parametrize("prefix_caching", [True, False])
-def test_random_workload_under_memory_pressure_finishes_everything(prefix_caching):
+def test_random_workload_under_memory_pressure_finishes_everything(prefix_caching, overlapped):
     rng = random.Random(0)
-    sim = Simulation(num_blocks=24, block_size=4, max_num_seqs=8, budget=16, prefix_caching=prefix_caching)
+    sim = Simulation(24, 4, max_num_seqs=8, budget=16, prefix_caching=prefix_caching, overlapped=overlapped)
     shared = [rng.randrange(50) for _ in range(10)]
     groups = []
     for _ in range(30):

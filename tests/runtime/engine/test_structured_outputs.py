@@ -23,7 +23,7 @@ SCHEMA = {
 }
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["sync-output", "async-output"])
+@pytest.fixture(scope="module", params=[False, True], ids=["in-order", "async-scheduling"])
 def llm(tmp_path_factory, request):
     folder = build_tiny_model(tmp_path_factory.mktemp("tiny") / "smollm", "smollm")
     return LLM(
@@ -32,7 +32,7 @@ def llm(tmp_path_factory, request):
         device="cpu",
         block_size=4,
         enable_prefix_caching=True,
-        async_output_proc=request.param,
+        async_scheduling=request.param,
     )
 
 

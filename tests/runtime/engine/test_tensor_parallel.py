@@ -1,15 +1,19 @@
 """Tensor parallelism on the CPU (gloo): a model split over 2, 3 or 4 ranks computes what one
 process computes. The logits of a sharded forward pass match one process's; greedy ids match on
 every architecture variant, quantized (int8, GPTQ, GGUF) and on the bundled model, with prefix
-caching, chunked prefill and preemption all at work.
+caching, chunked prefill and preemption all at work, the groups with async scheduling (each
+step's input ids sent from rank 0's device) and one process without.
 
 Starting ranks costs seconds each (every one imports torch), so each group size is spawned once
 per module and runs all of its jobs (tensor_parallel_jobs.run_tasks)."""
 
 from __future__ import annotations
 
+import multiprocessing
+
 import pytest
 import torch
+from pagoda_runtime import LLM
 from pagoda_runtime.contract.config import EngineConfig
 from pagoda_runtime.contract.sizing import kv_heads_per_rank
 from pagoda_runtime.engine.llm_engine import LLMEngine
@@ -17,6 +21,7 @@ from pagoda_runtime.executor.quantization import dequantize, quantize_int4, quan
 from pagoda_runtime.parallel.tensor_parallel import SINGLE_PROCESS, TensorParallel
 
 from tests.runtime.engine.tensor_parallel_jobs import (
+    GREEDY,
     PROMPTS,
     TINY_ENGINE,
     TINY_KV_BLOCKS,
@@ -156,3 +161,18 @@ def test_a_row_parallel_shard_never_cuts_a_quantization_group():
         grouped.columns(slice(0, 48))
     per_row = quantize_int8(weight)  # one scale per row: any slice keeps it
     assert per_row.columns(slice(0, 48)).group_size == 48
+
+
+@pytest.mark.slow
+def test_the_offline_llm_splits_over_ranks_as_serve_does(models):
+    folder = next(f for name, f, _ in models["tiny"] if name == "gqa")
+    whole = LLM(folder, dtype="float32", device="cpu", **TINY_ENGINE).generate(PROMPTS, GREEDY)
+    llm = LLM(folder, dtype="float32", device="cpu", tensor_parallel_size=2, **TINY_ENGINE)
+    try:
+        assert llm.engine.runner.tp.size == 2
+        split = llm.generate(PROMPTS, GREEDY)
+        assert [o.outputs[0].token_ids for o in split] == [o.outputs[0].token_ids for o in whole]
+    finally:
+        llm.shutdown()
+    # The spawned rank has exited (finish joined it after the stop).
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("pagoda-rank")]

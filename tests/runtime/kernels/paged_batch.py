@@ -84,8 +84,11 @@ def make_paged_batch(
     )
 
 
-def dense_attention(batch: PagedBatch, scale: float) -> torch.Tensor:
-    """Causal attention computed in float64 from the dense per-sequence keys and values."""
+def dense_attention(
+    batch: PagedBatch, scale: float, window: int | None = None, softcap: float | None = None
+) -> torch.Tensor:
+    """Causal attention computed in float64 from the dense per-sequence keys and values; window: each
+    query sees its `window` latest keys; softcap: scores soft-capped by tanh."""
     starts = batch.meta.query_start_loc.tolist()
     outs = []
     for i, (k, v) in enumerate(zip(batch.keys, batch.values, strict=True)):
@@ -95,8 +98,14 @@ def dense_attention(batch: PagedBatch, scale: float) -> torch.Tensor:
         v = v.double().repeat_interleave(group, dim=1).transpose(0, 1)
         query_len, context_len = q.shape[1], k.shape[1]
         query_pos = torch.arange(context_len - query_len, context_len, device=q.device)
-        allowed = torch.arange(context_len, device=q.device)[None, :] <= query_pos[:, None]
-        scores = (q @ k.transpose(1, 2) * scale).masked_fill(~allowed, float("-inf"))
+        key_pos = torch.arange(context_len, device=q.device)[None, :]
+        allowed = key_pos <= query_pos[:, None]
+        if window is not None:
+            allowed &= key_pos > query_pos[:, None] - window
+        scores = q @ k.transpose(1, 2) * scale
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        scores = scores.masked_fill(~allowed, float("-inf"))
         outs.append((torch.softmax(scores, dim=-1) @ v).transpose(0, 1))
     return torch.cat(outs)
 
@@ -104,3 +113,16 @@ def dense_attention(batch: PagedBatch, scale: float) -> torch.Tensor:
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     assert torch.isfinite(out).all(), "the output holds NaN or inf"
     return float((out.double() - ref.double()).norm() / ref.double().norm())
+
+
+def release_outside_window(batch: PagedBatch, window: int) -> None:
+    """What the block manager does for a window layer: every block wholly before the window of a
+    sequence's first query of the step is handed back (NaN here, so reading it shows) and its table
+    entry names no block (-1)."""
+    block_size = batch.kv_cache.shape[2]
+    starts = batch.meta.query_start_loc.tolist()
+    for i, context_len in enumerate(batch.meta.seq_lens.tolist()):
+        first_query = context_len - (starts[i + 1] - starts[i])
+        for j in range(max(0, first_query - window + 1) // block_size):
+            batch.kv_cache[:, int(batch.meta.block_tables[i, j])] = float("nan")
+            batch.meta.block_tables[i, j] = -1

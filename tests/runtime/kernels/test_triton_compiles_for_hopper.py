@@ -1,5 +1,5 @@
 """Every Triton kernel launch the runtime makes compiles for a Hopper GPU (sm_90) down to a cubin,
-checked on this machine, GPU or not (see hopper_compile.py): the interpreter that runs the other
+checked on this machine, GPU or not (benchmarks/hopper_compile.py): the interpreter that runs the other
 kernel tests on a CPU accepts shapes the compiler rejects, such as a tl.dot over fewer than 16."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def test_every_kernel_launch_compiles_for_sm_90() -> None:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     runtime = str(Path(pagoda_runtime.__file__).parents[1])
     env["PYTHONPATH"] = os.pathsep.join([runtime, str(REPO), env.get("PYTHONPATH", "")])
-    script = Path(__file__).with_name("hopper_compile.py")
+    script = REPO / "benchmarks" / "hopper_compile.py"
     run = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout)

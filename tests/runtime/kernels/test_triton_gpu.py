@@ -6,7 +6,7 @@ import pytest
 import torch
 from pagoda_runtime.contract.config import ModelConfig
 from pagoda_runtime.executor.kernels import build_cos_sin_cache, get_attention_ops, reference
-from pagoda_runtime.executor.kernels.triton_paged_attention import default_num_splits, paged_attention
+from pagoda_runtime.executor.kernels.triton_paged_attention import max_splits, paged_attention
 from pagoda_runtime.executor.kernels.triton_rmsnorm import rms_norm
 from pagoda_runtime.executor.kernels.triton_silu_mul import silu_and_mul
 
@@ -48,6 +48,22 @@ def test_long_context_decode_with_default_splits(dtype, num_seqs) -> None:
     assert relative_error(out, _reference(batch, 128**-0.5)) < 1e-2
 
 
+@pytest.mark.parametrize("contexts", [[130], [4096], [4096, 300, 5000]])
+def test_a_decode_step_is_one_launch_whatever_the_splits_and_leaves_the_counters_zeroed(contexts) -> None:
+    from pagoda_runtime.executor.kernels import triton_paged_attention
+
+    batch = _batch([(c, 1) for c in contexts], 32, 8, 128, 16, torch.bfloat16, seed=len(contexts))
+    paged_attention(batch.q, batch.kv_cache, batch.meta, 128**-0.5)  # compiled before profiling
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        out = paged_attention(batch.q, batch.kv_cache, batch.meta, 128**-0.5)
+        torch.cuda.synchronize()
+    launches = [e.name for e in profile.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert launches == ["_paged_attention_kernel"]
+    assert relative_error(out, _reference(batch, 128**-0.5)) < 1e-2
+    assert not triton_paged_attention._ARRIVALS[torch.device("cuda", 0)][-1].any()
+
+
 def test_the_kernels_are_compiled_not_interpreted() -> None:
     import triton.language as tl
     from pagoda_runtime.executor.kernels import triton_paged_attention
@@ -60,7 +76,7 @@ def test_the_kernels_are_compiled_not_interpreted() -> None:
 
 def test_8k_float32_decode_splits_k_and_matches_float64() -> None:
     seqs = [(8192, 1), (8000, 1)]
-    assert default_num_splits(len(seqs), 8, torch.device("cuda")) > 1
+    assert max_splits(len(seqs), 8, torch.device("cuda")) > 1
     batch = _batch(seqs, 32, 8, 128, 16, torch.float32, seed=8)
     out = paged_attention(batch.q, batch.kv_cache, batch.meta, 128**-0.5)
     # float32 dots in full precision ("ieee"), not TF32.

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from pagoda_runtime.contract.sizing import WEIGHT_FORMATS
-from pagoda_runtime.executor.quantization.gguf_blocks import Q4_1, Q8_0, gguf_to_packed
+from pagoda_runtime.executor.quantization.gguf_block_layouts import BLOCK_LAYOUT, GGMLType
+from pagoda_runtime.executor.quantization.gguf_blocks import gguf_to_packed
 from pagoda_runtime.executor.quantization.linear import make_linear
 from pagoda_runtime.executor.quantization.memory import linear_weight_bytes
 from pagoda_runtime.executor.quantization.online import ONLINE_QUANTIZERS
 from pagoda_runtime.executor.quantization.packed import dequantize
+
+from tests.runtime.k_quants import random_blocks
 
 
 @pytest.mark.parametrize("method", ["int8", "int4", "fp8"])
@@ -38,14 +40,31 @@ def test_unquantized_layer_loads_rows_like_the_quantized_ones() -> None:
     assert torch.allclose(layer(x), x @ torch.cat([gate, up]).t(), atol=1e-5)
 
 
-def test_parts_stored_in_different_formats_are_refused() -> None:
-    layer = make_linear(64, 4, False, "gguf", dtype=torch.float32)
-    rng = np.random.default_rng(0)
-    q4 = np.concatenate([np.full((4, 2), 0x20, np.uint8), np.zeros((4, 18), np.uint8)], axis=1)
-    q8 = rng.integers(0, 255, (4, 34)).astype(np.uint8)
-    layer.load(gguf_to_packed(q4.reshape(-1), Q4_1, (2, 64)), 0)
-    with pytest.raises(ValueError, match="stored differently"):
-        layer.load(gguf_to_packed(q8.reshape(-1), Q8_0, (2, 64)), 2)
+@pytest.mark.parametrize("order", [("q", "k", "v"), ("v", "q", "k")])
+def test_parts_stored_in_different_formats_become_row_blocks_of_their_own(order) -> None:
+    # As in a Q4_K_M file: q and k in Q4_K (int4 in groups of 32), v in Q6_K (int8 in groups of 16).
+    rows = {"q": (0, "Q4_K", 32), "k": (32, "Q4_K", 16), "v": (48, "Q6_K", 16)}
+    parts = {}
+    for i, (name, (_, type_name, count)) in enumerate(rows.items()):
+        _, block_bytes = BLOCK_LAYOUT[GGMLType[type_name]]
+        raw = random_blocks(type_name, count, block_bytes, seed=i).reshape(-1)
+        parts[name] = gguf_to_packed(raw, GGMLType[type_name], (count, 256))
+    layer = make_linear(256, 64, True, "gguf", dtype=torch.float32)
+    for name in order:
+        layer.load(parts[name], rows[name][0])
+    bias = torch.randn(64)
+    layer.load_bias(bias)
+    x = torch.randn(3, 256)
+    expected = x @ torch.cat([dequantize(parts[name]) for name in "qkv"]).t() + bias
+    assert torch.allclose(layer(x), expected, rtol=1e-5, atol=1e-5)
+    kinds = [block.kind for block in layer.row_blocks]
+    assert kinds == (["int4", "int8"] if order[-1] == "v" else ["int4", "int4", "int8"])
+    assert linear_weight_bytes(layer) == sum(part.nbytes for part in parts.values())
+    for module in list(layer.modules()):  # as the model runner does on the CPU
+        if hasattr(module, "pack_for_cpu"):
+            module.pack_for_cpu()
+    assert layer.row_blocks[0].cpu_weight is not None  # int4 rows go to torch's CPU kernel
+    assert torch.allclose(layer(x), expected, rtol=0.02, atol=0.02 * float(expected.abs().max()))
 
 
 def test_a_weight_of_the_wrong_width_is_refused() -> None:

@@ -124,12 +124,24 @@ def test_gguf_blocks_stay_packed_and_generate_what_the_dequantized_file_generate
 
 
 def test_auto_keeps_gguf_blocks_packed_unless_the_cpu_is_asked_for_an_exact_float_dtype():
-    assert select_quantization("auto", "gguf", "cuda", "m.gguf") == "gguf"
-    assert select_quantization("auto", "gguf", "cpu", "m.gguf") == "gguf"
-    assert select_quantization("auto", "gguf", "cpu", "m.gguf", dtype="float32") == "none"
-    assert select_quantization("auto", "gguf", "cuda", "m.gguf", dtype="float32") == "gguf"
-    assert select_quantization("gguf", "gguf", "cpu", "m.gguf") == "gguf"
-    assert select_quantization("int8", "gguf", "cuda", "m.gguf") == "int8"
+    assert select_quantization("auto", "gguf", "cuda", "m.Q4_0.gguf") == "gguf"
+    assert select_quantization("auto", "gguf", "cpu", "m.Q4_0.gguf") == "gguf"
+    assert select_quantization("auto", "gguf", "cpu", "m.Q4_0.gguf", dtype="float32") == "none"
+    assert select_quantization("auto", "gguf", "cuda", "m.Q4_0.gguf", dtype="float32") == "gguf"
+    assert select_quantization("gguf", "gguf", "cpu", "m.Q4_0.gguf") == "gguf"
+    assert select_quantization("int8", "gguf", "cuda", "m.Q4_0.gguf") == "int8"
+
+
+def test_auto_packs_a_gguf_file_only_where_its_main_block_type_has_a_packed_layout():
+    for packed in ("Q4_K_M", "Q4_K_S", "Q6_K", "Q8_0", "Q5_0", "Q4_1"):
+        assert select_quantization("auto", "gguf", "cuda", f"m-{packed}.gguf") == "gguf", packed
+    for dequantized in ("Q5_K_M", "Q5_K_S", "Q3_K_M", "Q2_K", "Q5_1", "F16"):
+        assert select_quantization("auto", "gguf", "cuda", f"m-{dequantized}.gguf") == "none", dequantized
+    # The operator reads the type from the name (unnamed: sized as dequantized); the runtime from the
+    # tensors, which win.
+    assert select_quantization("auto", "gguf", "cuda", "m.gguf") == "none"
+    assert select_quantization("auto", "gguf", "cuda", "m.gguf", gguf_block="Q4_K") == "gguf"
+    assert select_quantization("gguf", "gguf", "cuda", "m-Q5_K_M.gguf") == "gguf"
     assert select_quantization("auto", "awq", "cpu", "m") == "awq"
     assert select_quantization("auto", None, "cuda", "m") == "none"
 

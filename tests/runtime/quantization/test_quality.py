@@ -7,8 +7,10 @@ perplexity 25.36; int8 25.41 (+0.2%, top-1 96.4%, KL 0.0025); fp8 25.56 (+0.8%, 
 4-bit in groups of 32 and re-quantizing them into groups of 64 (hidden width 576) or 128 moves
 almost every weight off its grid; the file's own Q4_1 blocks kept as int4 reproduce the reference
 (top-1 100%, KL below 1e-4: the packed matmul multiplies the very same dequantized values); an fp8
-KV cache 25.51 (+0.6%, top-1 95.5%, KL 0.0049); the CPU's `--dtype auto` path (packed int4 with
-bfloat16 activations, bfloat16 embedding and LM head) 25.35 (top-1 97.3%, KL 0.0006).
+KV cache with per-layer, per-head scales calibrated at load 25.46 (+0.4%, top-1 94.6%, KL 0.0049;
+re-measured 2026-11-26, +0.6% with a per-tensor scale of 1.0 before); the CPU's `--dtype auto` path
+(packed int4 with bfloat16 activations, bfloat16 embedding and LM head) 25.39 (top-1 96.4%, KL
+0.0005; 25.35 and 97.3% on 2026-11-23, before changes outside these kernels).
 Each bound leaves room for float noise while still
 failing if the variant breaks (a wrong nibble order or scale gives a perplexity in the thousands).
 Every variant also holds exactly the weight bytes sizing.py predicts for it, the figure the operator

@@ -127,7 +127,7 @@ class FakeEngine:
         if internal:
             self.internal_ids.add(request_id)
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        check_request(ids, params.max_tokens, params.min_tokens, FakeTokenizer.vocab_size, self.max_model_len)
+        check_request(ids, params, FakeTokenizer.vocab_size, self.max_model_len)
         max_tokens = params.max_tokens or self.max_model_len - len(ids)
         if not internal:
             self.seen_prompts.append(ids)

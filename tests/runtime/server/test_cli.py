@@ -44,9 +44,11 @@ def test_serve_flags_reach_the_engine_config():
     assert (config.block_size, config.kv_cache_memory, config.enable_prefix_caching) == (32, 1e9, False)
     assert (config.device, config.dtype) == ("cpu", "float32")
     assert (config.quantization, config.kv_cache_dtype) == ("gguf", "fp8")
-    assert config.async_output_proc is False
+    assert config.async_scheduling is False
     # Without the flag the device decides (on where it runs apart from the host).
-    assert engine_config(parser().parse_args(["serve"])).async_output_proc is None
+    assert engine_config(parser().parse_args(["serve"])).async_scheduling is None
+    assert engine_config(parser().parse_args(["serve", "--async-scheduling"])).async_scheduling is True
+    assert engine_config(parser().parse_args(["serve", "--no-async-scheduling"])).async_scheduling is False
 
 
 def test_quantization_defaults_to_the_checkpoints_own_and_unknown_choices_are_refused(capsys):

@@ -1,7 +1,8 @@
 """The model's device kernels, chosen by device: Triton on CUDA, the PyTorch reference elsewhere.
 
 `get_attention_ops(device)` gives the attention-side pair the model calls in every layer;
-`rms_norm` and `silu_and_mul` dispatch on their input's device.
+`rms_norm` and `silu_and_mul` dispatch on their input's device; `gelu_tanh_and_mul` (Gemma) is
+PyTorch on every device.
 """
 
 from __future__ import annotations
@@ -14,14 +15,18 @@ import torch
 # First, so that the Triton kernel modules below are decorated compiled or interpreted as it decides.
 from pagoda_runtime.executor import triton_mode  # noqa: F401
 from pagoda_runtime.executor.kernels import reference
+from pagoda_runtime.executor.kernels.reference import gelu_tanh_and_mul
 from pagoda_runtime.executor.kernels.rope_cache import build_cos_sin_cache
 
 
 @dataclass(frozen=True)
 class AttentionOps:
-    """rotary_write_kv(positions, q, k, v, cos_sin_cache, kv_cache, slot_mapping, derived) -> q:
-    q rotated in place, the rotated k and v stored at their slots (negative slots skipped);
-    attention(q, kv_cache, meta, scale) -> out [T, H, D], reading keys and values from the cache only.
+    """rotary_write_kv(positions, q, k, v, cos_sin_cache, kv_cache, slot_mapping, derived, kv_scales)
+    -> q: q rotated in place, the rotated k and v stored at their slots (negative slots skipped);
+    attention(q, kv_cache, meta, scale, kv_scales=None, window=None, softcap=None) -> out [T, H, D],
+    reading keys and values from the cache only. kv_scales: the layer's fp8 cache scales [2, Hkv]
+    (kv_scales.py), or None; window: a sliding-window layer's window (blocks wholly before it are
+    never read); softcap: scores soft-capped by tanh before the mask.
     derived is the step's memo (AttentionMetadata.derived), for an implementation that builds
     tensors from the step once for all layers (the reference path; the Triton kernels need none).
     """
@@ -62,6 +67,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 __all__ = [
     "AttentionOps",
     "build_cos_sin_cache",
+    "gelu_tanh_and_mul",
     "get_attention_ops",
     "rms_norm",
     "silu_and_mul",

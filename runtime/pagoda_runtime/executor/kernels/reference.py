@@ -4,8 +4,9 @@ Everything is computed in float32 with the formulation Hugging Face transformers
 (matmul, scale, mask, float32 softmax, matmul), so a float32 model reproduces its greedy tokens.
 
 The KV cache holds k and v in its own dtype: the model's dtype, or fp8 e4m3 (float8_e4m3fn), where
-values beyond +-448 saturate instead of becoming NaN. The fp8 cache has no scale (a per-tensor
-scale of 1.0, as in vLLM when a checkpoint carries no calibrated KV scales).
+values beyond +-448 saturate instead of becoming NaN. An fp8 cache may have scales, float32
+[2, Hkv] per layer (keys, values; one per kv head, see executor/kv_scales.py): stored values are
+k * (1 / scale), read back as stored * scale. Without them the scale is 1.0.
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ def rotary(
     derived: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q [T, H, D] and k [T, Hkv, D] in place, rotate_half style; returns (q, k)."""
-    cos, sin = _per_step(derived, "rotary_cos_sin", lambda: _cos_sin(positions, cos_sin_cache))
+    # Keyed by the table too: Gemma 3's local and global layers rotate with tables of their own.
+    key = f"rotary_cos_sin/{cos_sin_cache.data_ptr()}"
+    cos, sin = _per_step(derived, key, lambda: _cos_sin(positions, cos_sin_cache))
     half = q.shape[-1] // 2
     for x in (q, k):
         xf = x.float()  # x itself when it is float32, then rotated in place
@@ -59,9 +62,12 @@ def rotary(
     return q, k
 
 
-def to_cache_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """x in the cache's dtype, through float32 as the Triton kernel does; saturated when it is fp8."""
+def to_cache_dtype(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, Hkv, D] in the cache's dtype, through float32 as the Triton kernel does: multiplied
+    by 1 / scale (one per kv head) first when one is given, saturated when the cache is fp8."""
     x = x.float()
+    if scale is not None:
+        x = x * (1 / scale)[:, None]
     if dtype == FP8_KV_DTYPE:
         x = x.clamp(-FP8_MAX, FP8_MAX)
     return x.to(dtype)
@@ -73,16 +79,19 @@ def write_kv(
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     derived: dict | None = None,
+    kv_scales: torch.Tensor | None = None,
 ) -> None:
-    """Store k, v [T, Hkv, D] at their slots of kv_cache [2, blocks, block_size, Hkv, D].
+    """Store k, v [T, Hkv, D] at their slots of kv_cache [2, blocks, block_size, Hkv, D], divided
+    by kv_scales [2, Hkv] when given.
 
     A negative slot marks a padding token (a CUDA-graph batch padded to its bucket) and is skipped.
     """
     keep, slots = _per_step(derived, "write_kv_slots", lambda: _kept_slots(slot_mapping))
     if keep is not None:
         k, v = k[keep], v[keep]
-    kv_cache[0].flatten(0, 1).index_put_((slots,), to_cache_dtype(k, kv_cache.dtype))
-    kv_cache[1].flatten(0, 1).index_put_((slots,), to_cache_dtype(v, kv_cache.dtype))
+    k_scale, v_scale = (None, None) if kv_scales is None else kv_scales
+    kv_cache[0].flatten(0, 1).index_put_((slots,), to_cache_dtype(k, kv_cache.dtype, k_scale))
+    kv_cache[1].flatten(0, 1).index_put_((slots,), to_cache_dtype(v, kv_cache.dtype, v_scale))
 
 
 def rotary_write_kv(
@@ -94,10 +103,11 @@ def rotary_write_kv(
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     derived: dict | None = None,
+    kv_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """rotary, then write_kv: q rotated in place, the rotated k and v in the cache; returns q."""
     q, k = rotary(positions, q, k, cos_sin_cache, derived)
-    write_kv(k, v, kv_cache, slot_mapping, derived)
+    write_kv(k, v, kv_cache, slot_mapping, derived, kv_scales)
     return q
 
 
@@ -109,48 +119,62 @@ def _kept_slots(slot_mapping: torch.Tensor) -> tuple[torch.Tensor | None, torch.
     return keep, slot_mapping[keep]
 
 
-def _slots(block_table: torch.Tensor, context_lens: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Cache slots of key positions 0..max(context_lens)-1 for each row of block_table [S, W]."""
-    positions = torch.arange(int(context_lens.max()), device=block_table.device)
-    pages = block_table[:, positions // block_size].long()
+def _slots(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Cache slots of key `positions` [S, L] of each row of block_table [S, W]."""
+    pages = torch.gather(block_table, 1, positions // block_size).long()
     return pages * block_size + positions % block_size
 
 
 def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """q [.., Hkv, G*M, D], k/v [.., Hkv, L, D], mask broadcastable to the scores (True = attend),
-    or None where every key is attended."""
+    or None where every key is attended; softcap: scores = softcap * tanh(scores / softcap)."""
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32), v)
 
 
-def _gathered(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+def _gathered(cache: torch.Tensor, slots: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """The cache rows at `slots` [..., Hkv, D] in float32, times their kv head's scale if any."""
     values = cache[slots]
-    return values if values.dtype == torch.float32 else values.float()
+    values = values if values.dtype == torch.float32 else values.float()
+    return values if scale is None else values * scale[:, None]
 
 
-def _plan(meta: AttentionMetadata, block_size: int) -> tuple:
+def _plan(meta: AttentionMetadata, block_size: int, window: int | None) -> tuple:
     """The gather slots and masks of a step: (decode rows, their slots, their mask) and for each
-    prefill chunk (start, end, slots, mask). The same for every layer, so built once per step."""
-    return _per_step(meta.derived, "attention_plan", lambda: _build_plan(meta, block_size))
+    prefill chunk (start, end, slots, mask). The same for every layer of a window, so built once per
+    step and window."""
+    return _per_step(meta.derived, f"attention_plan/{window}", lambda: _build_plan(meta, block_size, window))
 
 
-def _build_plan(meta: AttentionMetadata, block_size: int) -> tuple:
+def _build_plan(meta: AttentionMetadata, block_size: int, window: int | None) -> tuple:
+    """With a window, only the keys some query of the row still sees are gathered: a block wholly
+    before the window is never read (its table entry may no longer name a block)."""
     device = meta.query_start_loc.device
     starts = meta.query_start_loc.tolist()
     query_lens = meta.query_start_loc.diff()
     decode = None
     rows = torch.nonzero(query_lens == 1).flatten()
     if rows.numel():
-        lens = meta.seq_lens[rows]
-        slots = _slots(meta.block_tables[rows], lens, block_size)
-        mask = torch.arange(slots.shape[1], device=device)[None, :] < lens[:, None]
+        lens = meta.seq_lens[rows].long()
+        first = torch.zeros_like(lens) if window is None else (lens - window).clamp(min=0)
+        width = int((lens - first).max())
+        positions = first[:, None] + torch.arange(width, device=device)[None, :]
+        mask = positions < lens[:, None]
         # Padding positions read a real key of their own sequence: the rest of the cache may hold
         # NaN garbage, and a zero probability times NaN is still NaN.
-        slots = torch.where(mask, slots, slots[:, :1])
+        positions = torch.where(mask, positions, first[:, None])
+        slots = _slots(meta.block_tables[rows], positions, block_size)
         # Ops saved in every layer: a step of decode rows only needs no gather and scatter of its
         # rows, and one whose rows have one context length (batch 1 always) no mask.
         all_rows = rows.numel() == meta.query_start_loc.shape[0] - 1 == int(meta.query_start_loc[-1])
@@ -163,10 +187,15 @@ def _build_plan(meta: AttentionMetadata, block_size: int) -> tuple:
     for i in torch.nonzero(query_lens > 1).flatten().tolist():
         start, end = starts[i], starts[i + 1]
         context_len = int(meta.seq_lens[i])
-        slots = _slots(meta.block_tables[i : i + 1], meta.seq_lens[i : i + 1], block_size)[0]
-        key_pos = torch.arange(context_len, device=device)
-        query_pos = torch.arange(context_len - (end - start), context_len, device=device)
-        prefills.append((start, end, slots, key_pos[None, :] <= query_pos[:, None]))
+        first_query = context_len - (end - start)
+        first_key = 0 if window is None else max(0, first_query - window + 1)
+        key_pos = torch.arange(first_key, context_len, device=device)
+        slots = _slots(meta.block_tables[i : i + 1], key_pos[None, :], block_size)[0]
+        query_pos = torch.arange(first_query, context_len, device=device)
+        causal = key_pos[None, :] <= query_pos[:, None]
+        if window is not None:
+            causal &= key_pos[None, :] > query_pos[:, None] - window
+        prefills.append((start, end, slots, causal))
     return decode, prefills
 
 
@@ -175,8 +204,15 @@ def attention(
     kv_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    kv_scales: torch.Tensor | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of q [T, H, D] over the paged cache; returns [T, H, D] in q's dtype.
+    kv_scales [2, Hkv]: what the stored keys and values were divided by, or None.
+
+    window: each query sees only the `window` keys up to its own position (a sliding-window layer);
+    softcap: the scores are soft-capped by tanh before the mask (Gemma 2).
 
     Decode rows of the batch are done together (one gather, one padded batch); each prefill chunk
     is done alone, since padding chunks of different lengths to one shape wastes more than it saves.
@@ -186,27 +222,29 @@ def attention(
     group = num_heads // num_kv_heads
     key_cache = kv_cache[0].flatten(0, 1)
     value_cache = kv_cache[1].flatten(0, 1)
-    decode, prefills = _plan(meta, block_size)
+    decode, prefills = _plan(meta, block_size, window)
+    k_scale, v_scale = (None, None) if kv_scales is None else kv_scales
     out = torch.empty_like(q)
 
     if decode is not None:
         rows, slots, mask = decode
-        k = _gathered(key_cache, slots).permute(0, 2, 1, 3)  # [S, Hkv, L, D]
-        v = _gathered(value_cache, slots).permute(0, 2, 1, 3)
+        k = _gathered(key_cache, slots, k_scale).permute(0, 2, 1, 3)  # [S, Hkv, L, D]
+        v = _gathered(value_cache, slots, v_scale).permute(0, 2, 1, 3)
         qd = (q if rows is None else q[rows]).float().view(-1, num_kv_heads, group, head_dim)
-        o = _attend(qd, k, v, mask, scale).reshape(-1, num_heads, head_dim).to(q.dtype)
+        o = _attend(qd, k, v, mask, scale, softcap).reshape(-1, num_heads, head_dim).to(q.dtype)
         if rows is None:
             return o
         out[rows] = o
 
     for start, end, slots, causal in prefills:
         query_len = end - start
-        k = _gathered(key_cache, slots).transpose(0, 1)  # [Hkv, L, D]
-        v = _gathered(value_cache, slots).transpose(0, 1)
+        k = _gathered(key_cache, slots, k_scale).transpose(0, 1)  # [Hkv, L, D]
+        v = _gathered(value_cache, slots, v_scale).transpose(0, 1)
         # [M, H, D] -> [Hkv, G*M, D], rows ordered (head in group, token).
         qp = q[start:end].float().view(query_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
         qp = qp.reshape(num_kv_heads, group * query_len, head_dim)
-        o = _attend(qp, k, v, causal.repeat(group, 1), scale).view(num_kv_heads, group, query_len, head_dim)
+        o = _attend(qp, k, v, causal.repeat(group, 1), scale, softcap)
+        o = o.view(num_kv_heads, group, query_len, head_dim)
         out[start:end] = o.permute(2, 0, 1, 3).reshape(query_len, num_heads, head_dim).to(q.dtype)
     return out
 
@@ -230,3 +268,9 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """SiLU(gate) * up for gate_up [T, 2 * I] holding gate in the first half."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate).mul_(up)
+
+
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """GELU(gate) * up, GELU tanh-approximated (Gemma's GeGLU), for gate_up as silu_and_mul's."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh").mul_(up)

@@ -1,8 +1,17 @@
 """The rotary-embedding table: cos and sin of every (position, frequency) pair, computed once.
 
 The inverse frequencies follow Hugging Face transformers' rope types ("default", "linear",
-"llama3") operation for operation, and the table is computed on the CPU in float32 the way
-`LlamaRotaryEmbedding.forward` does, so a float32 model reproduces transformers' values exactly.
+"llama3", "longrope") operation for operation, and the table is computed on the CPU in float32 the
+way the models' rotary embeddings do, so a float32 model reproduces transformers' values exactly.
+
+LongRoPE (Phi-3) rotates with its short factors up to original_max_position_embeddings and with its
+long factors past it, position by position: a key keeps the rotation it was cached with, so the
+cache and prefix sharing stay exact. (transformers switches a whole forward to the long factors
+once its longest position passes the original context, so a prompt longer than that differs.)
+
+Partial rotary embeddings (Phi-4-mini rotates 3/4 of each head) keep the table head_dim wide: the
+rotated pairs come first in each half and the rest get cos 1 and sin 0, which the model matches by
+permuting each head's q and k rows as it loads them (rotary_row_order).
 """
 
 from __future__ import annotations
@@ -14,11 +23,11 @@ import torch
 from pagoda_runtime.contract.config import ROPE_TYPES, ModelConfig, RopeScaling
 
 
-def _inverse_frequencies(config: ModelConfig) -> torch.Tensor:
-    dim = config.architecture.head_dim
+def _inverse_frequencies(theta: float, dim: int, scaling: RopeScaling | None, factors=None) -> torch.Tensor:
     exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(dtype=torch.float) / dim
-    inv_freq = 1.0 / (config.rope_theta**exponents)
-    scaling = config.rope_scaling
+    if factors is not None:
+        return 1.0 / (torch.tensor(factors, dtype=torch.float32) * theta**exponents)
+    inv_freq = 1.0 / (theta**exponents)
     if scaling is None or scaling.rope_type == "default":
         return inv_freq
     if scaling.rope_type == "linear":
@@ -46,13 +55,64 @@ def _llama3_frequencies(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.T
     return torch.where(is_medium, smoothed, scaled)
 
 
-def build_cos_sin_cache(
-    config: ModelConfig, max_position: int, device: torch.device | str, dtype: torch.dtype
-) -> torch.Tensor:
-    """[max_position, head_dim]: cos(position * inv_freq) in the first half, sin in the second."""
-    inv_freq = _inverse_frequencies(config)
-    positions = torch.arange(max_position, dtype=torch.int64).float()
+def _longrope_attention_factor(scaling: RopeScaling) -> float:
+    if scaling.attention_factor is not None:
+        return scaling.attention_factor
+    if scaling.factor <= 1.0:
+        return 1.0
+    return math.sqrt(1 + math.log(scaling.factor) / math.log(scaling.original_max_position_embeddings))
+
+
+def _table(inv_freq: torch.Tensor, positions: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     # An outer product written as a matmul, as transformers writes it, so the rounding is the same.
     freqs = (inv_freq[:, None] @ positions[None, :]).t()
-    cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
-    return cache.to(device=device, dtype=dtype)
+    cos, sin = freqs.cos(), freqs.sin()
+    if scale != 1.0:
+        cos, sin = cos * scale, sin * scale
+    return cos, sin
+
+
+def build_cos_sin_cache(
+    config: ModelConfig,
+    max_position: int,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    local: bool = False,
+) -> torch.Tensor:
+    """[max_position, head_dim]: cos(position * inv_freq) in the first half, sin in the second.
+
+    local: the table of the sliding-window layers (config.local_rope_theta, unscaled)."""
+    theta, scaling = config.rope_theta, config.rope_scaling
+    if local:
+        theta, scaling = config.local_rope_theta, None
+    dim = config.rotary_dim
+    positions = torch.arange(max_position, dtype=torch.int64).float()
+    if scaling is not None and scaling.rope_type == "longrope":
+        scale = _longrope_attention_factor(scaling)
+        short = _table(_inverse_frequencies(theta, dim, None, scaling.short_factor), positions, scale)
+        long = _table(_inverse_frequencies(theta, dim, None, scaling.long_factor), positions, scale)
+        is_long = (positions >= scaling.original_max_position_embeddings)[:, None]
+        cos, sin = (torch.where(is_long, lo, sh) for sh, lo in zip(short, long, strict=True))
+    else:
+        cos, sin = _table(_inverse_frequencies(theta, dim, scaling), positions)
+    unrotated = config.architecture.head_dim // 2 - dim // 2
+    if unrotated:
+        cos = torch.cat((cos, torch.ones(max_position, unrotated)), dim=-1)
+        sin = torch.cat((sin, torch.zeros(max_position, unrotated)), dim=-1)
+    return torch.cat((cos, sin), dim=-1).to(device=device, dtype=dtype)
+
+
+def rotary_row_order(config: ModelConfig) -> torch.Tensor | None:
+    """The order a head's q and k rows are held in so that the full-width table rotates only the
+    first rotary_dim dimensions: rotated pairs (i, i + rotary_dim / 2) at (i, i + head_dim / 2), the
+    rest after them in each half. None when the whole head is rotated."""
+    head_dim, rotary = config.architecture.head_dim, config.rotary_dim
+    if rotary == head_dim:
+        return None
+    half, rotary_half, rest = head_dim // 2, rotary // 2, head_dim - rotary
+    first = list(range(rotary_half)) + [rotary + j for j in range(rest // 2)]
+    second = [rotary_half + i for i in range(rotary_half)] + [
+        rotary + rest // 2 + j for j in range(rest // 2)
+    ]
+    assert len(first) == len(second) == half
+    return torch.tensor(first + second)

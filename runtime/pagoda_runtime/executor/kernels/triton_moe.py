@@ -13,9 +13,9 @@ the tensor cores. One launch covers every expert:
    the top_k rows of a token are then summed (a [T, k, H] sum, in the activations' dtype as
    transformers adds them).
 
-Quantized experts (PackedExperts) are widened in registers, as quantization/triton_gemm.py does
-for one matrix: int8 and fp8 to the activation dtype with the row scale applied to the float32
-product (per tile for groups); int4 split into its even and odd inputs with the affine form
+Quantized experts (PackedExperts) are widened in registers: int8 and fp8 to the activation dtype
+with the row scale applied to the float32 product (per tile for groups); int4 split into its even
+and odd inputs with the affine form
     x . (q * s + o) = (x . q) * s + sum(x) * o
 per group, so BLOCK_K never straddles a group. Padding rows of a block load nothing and store
 nothing; blocks past the last expert's return at once, so the grid depends only on T, k and E and a

@@ -4,12 +4,28 @@ One program per (sequence, kv head, query tile[, KV split]). Its rows are the qu
 share the kv head times the tile's tokens, so grouped-query attention reads each key and value
 once for the whole group. Keys are walked in tiles of BLOCK_N positions, each position's cache row
 found through the block table, with an online softmax in float32 (exp2 of log2-scaled scores).
-Keys and values are widened to q's dtype as they load (an fp8 cache included, which has no scale).
+Keys and values are widened to q's dtype as they load (an fp8 cache in registers, triton_helpers);
+an fp8 cache may carry a scale per kv head for keys and for values, which fold into the score
+scale and the output.
 
-Split-K (flash-decoding): when a decode batch has too few (sequence, kv head) pairs to fill the
-GPU, each program takes one of NUM_SPLITS contiguous key ranges and writes a partial output and
-its log-sum-exp; a second kernel merges the splits. NUM_SPLITS depends only on the batch size,
-never on context lengths, so a captured CUDA graph stays valid as sequences grow.
+The key loop is a `tl.range` with `num_stages`, so the compiler software-pipelines it: the block
+table entries and the key and value tiles of the next steps are in flight (cp.async into shared
+memory) while the current one is multiplied. Triton's interpreter cannot take a loaded bound in a
+range(), so there the same step runs in a `while` loop.
+
+Split-K (flash-decoding): a decode batch with too few (sequence, kv head) pairs to fill the GPU
+launches up to NUM_SPLITS programs per pair, a number that depends only on the batch size, so a
+captured CUDA graph stays valid as contexts grow. How many of them work is decided per sequence,
+inside the kernel, from its context: one split per MIN_SPLIT_TOKENS keys (no split at all below
+that), the others return at once. A sequence with one split writes its output directly; with
+several, each writes a partial output and its log-sum-exp, and the last one to finish (an atomic
+arrival counter per sequence, kv head and tile, which it resets) merges them: no second kernel.
+
+Sliding window (HAS_WINDOW): a query at position p sees the keys p - window + 1 .. p. A tile's
+key walk (and so its splits) starts at its first query's window, so the blocks wholly before it
+are never read (their table entries may name no block: the block manager released them), and keys
+before a query's own window are masked. Soft-cap (HAS_SOFTCAP): scores become
+softcap * tanh(scores / softcap) before the mask (Gemma 2).
 """
 
 from __future__ import annotations
@@ -21,12 +37,83 @@ import triton
 import triton.language as tl
 
 from pagoda_runtime.executor.attention_metadata import AttentionMetadata
-from pagoda_runtime.executor.triton_mode import dot_precision
+from pagoda_runtime.executor.triton_helpers import dot, fp8_asm, fp8_widened
+from pagoda_runtime.executor.triton_mode import INTERPRETED, dot_precision
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 32
+# A split takes at least this many keys: below it, one program walks the whole context.
+MIN_SPLIT_TOKENS = 256
 # Compiled tl.dot multiplies along at least 16 elements: smaller head dims are padded (masked) to it.
 MIN_DOT_K = 16
+DECODE_STAGES, PREFILL_STAGES = 3, 2
+
+
+@triton.jit
+def _widened(x, DTYPE: tl.constexpr, FP8_ASM: tl.constexpr, INTERPRETED: tl.constexpr):
+    """Cache values in q's dtype: an fp8 cache through triton_helpers' widening into bf16 or fp16."""
+    if x.dtype == tl.float8e4nv and tl.float32 != DTYPE:
+        return fp8_widened(x, DTYPE, FP8_ASM, INTERPRETED)
+    return x.to(DTYPE)
+
+
+@triton.jit
+def _attend_keys(
+    q,
+    m_i,
+    l_i,
+    acc,
+    start,
+    kv_hi,
+    query_pos,
+    seq,
+    kv_head,
+    dims,
+    dim_valid,
+    block_tables_ptr,
+    stride_bt,
+    k_cache_ptr,
+    v_cache_ptr,
+    qk_scale,
+    window,
+    softcap,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    FP8_ASM: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """The online softmax's state after the keys [start, start + BLOCK_N) below kv_hi."""
+    keys = start + tl.arange(0, BLOCK_N)
+    key_valid = keys < kv_hi
+    page = tl.load(block_tables_ptr + seq * stride_bt + keys // BLOCK_SIZE, mask=key_valid, other=0)
+    slot = page.to(tl.int64) * BLOCK_SIZE + keys % BLOCK_SIZE
+    kv_offsets = slot[:, None] * (NUM_KV_HEADS * HEAD_DIM) + kv_head * HEAD_DIM + dims[None, :]
+    kv_mask = key_valid[:, None] & dim_valid[None, :]
+    k = _widened(tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0), q.dtype, FP8_ASM, INTERPRETED)
+    scores = dot(q, tl.trans(k), None, INTERPRETED, DOT_PRECISION) * qk_scale
+    if HAS_SOFTCAP:
+        # qk_scale carries log2(e): cap the natural-log scores (tanh through sigmoid), then return
+        # to base 2.
+        tanh = 2.0 * tl.sigmoid(2.0 * 0.6931471805599453 * scores / softcap) - 1.0
+        scores = tanh * softcap * LOG2E
+    allowed = key_valid[None, :] & (keys[None, :] <= query_pos[:, None])
+    if HAS_WINDOW:
+        allowed &= keys[None, :] > query_pos[:, None] - window
+    scores = tl.where(allowed, scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    # A row with no allowed key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(scores - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = _widened(tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0), q.dtype, FP8_ASM, INTERPRETED)
+    acc = dot(p, v, acc * alpha[:, None], INTERPRETED, DOT_PRECISION)
+    return m_new, l_i, acc
 
 
 # The block table's row stride is its width, which follows the batch's longest sequence; left to
@@ -36,13 +123,17 @@ def _paged_attention_kernel(
     q_ptr,
     k_cache_ptr,
     v_cache_ptr,
+    kv_scales_ptr,
     block_tables_ptr,
     seq_lens_ptr,
     query_start_ptr,
     out_ptr,
     partial_out_ptr,
     partial_lse_ptr,
+    arrivals_ptr,
     qk_scale,
+    window,
+    softcap,
     stride_qt,
     stride_qh,
     stride_bt,
@@ -56,7 +147,15 @@ def _paged_attention_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    MIN_SPLIT_TOKENS: tl.constexpr,
+    KV_SCALED: tl.constexpr,
+    FP8_ASM: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    INTERPRETED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q // GROUP_PAD  # query tokens per tile
     seq = tl.program_id(0)
@@ -69,6 +168,20 @@ def _paged_attention_kernel(
         return
     context_len = tl.load(seq_lens_ptr + seq)
     prefix_len = context_len - query_len
+    kv_end = tl.minimum(context_len, prefix_len + (tile + 1) * BLOCK_M)  # causal: no key past the tile
+    kv_begin = 0
+    if HAS_WINDOW:
+        kv_begin = tl.maximum(prefix_len + tile * BLOCK_M - window + 1, 0)
+    # This sequence's splits: one per MIN_SPLIT_TOKENS keys, at most NUM_SPLITS, whole key tiles
+    # each; num_splits is recomputed from the rounded size so that none is left empty.
+    span = kv_end - kv_begin
+    wanted = tl.minimum(NUM_SPLITS, tl.cdiv(span, MIN_SPLIT_TOKENS))
+    per_split = tl.cdiv(tl.cdiv(span, wanted), BLOCK_N) * BLOCK_N
+    num_splits = tl.cdiv(span, per_split)
+    if split >= num_splits:
+        return
+    kv_lo = kv_begin + split * per_split
+    kv_hi = tl.minimum(kv_end, kv_lo + per_split)
 
     rows = tl.arange(0, BLOCK_Q)
     token = tile * BLOCK_M + rows // GROUP_PAD
@@ -79,44 +192,39 @@ def _paged_attention_kernel(
     q_offsets = (query_start + token).to(tl.int64)[:, None] * stride_qt + head[:, None] * stride_qh
     q = tl.load(q_ptr + q_offsets + dims[None, :], mask=row_valid[:, None] & dim_valid[None, :], other=0.0)
     query_pos = prefix_len + token
-
-    kv_end = tl.minimum(context_len, prefix_len + (tile + 1) * BLOCK_M)  # causal: no key past the tile
-    per_split = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    kv_lo = split * per_split
-    kv_hi = tl.minimum(kv_end, kv_lo + per_split)
+    if KV_SCALED:
+        # Keys were stored divided by their head's scale: it multiplies every score.
+        qk_scale = qk_scale * tl.load(kv_scales_ptr + kv_head)
 
     m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
     acc = tl.zeros([BLOCK_Q, BLOCK_D], dtype=tl.float32)
-    start = kv_lo
-    # A while loop: Triton's interpreter cannot take a loaded scalar as a range() bound.
-    while start < kv_hi:
-        keys = start + tl.arange(0, BLOCK_N)
-        key_valid = keys < kv_hi
-        page = tl.load(block_tables_ptr + seq * stride_bt + keys // BLOCK_SIZE, mask=key_valid, other=0)
-        slot = page.to(tl.int64) * BLOCK_SIZE + keys % BLOCK_SIZE
-        kv_offsets = slot[:, None] * (NUM_KV_HEADS * HEAD_DIM) + kv_head * HEAD_DIM + dims[None, :]
-        kv_mask = key_valid[:, None] & dim_valid[None, :]
-        k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(q.dtype)
-        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        allowed = key_valid[None, :] & (keys[None, :] <= query_pos[:, None])
-        scores = tl.where(allowed, scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        # A row with no allowed key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(scores - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
-        start += BLOCK_N
+    if INTERPRETED:
+        start = kv_lo
+        while start < kv_hi:
+            m_i, l_i, acc = _attend_keys(
+                q, m_i, l_i, acc, start, kv_hi, query_pos, seq, kv_head, dims, dim_valid,
+                block_tables_ptr, stride_bt, k_cache_ptr, v_cache_ptr, qk_scale, window, softcap,
+                NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N, HAS_WINDOW, HAS_SOFTCAP, FP8_ASM,
+                INTERPRETED, DOT_PRECISION,
+            )  # fmt: skip
+            start += BLOCK_N
+    else:
+        for start in tl.range(kv_lo, kv_hi, BLOCK_N, num_stages=NUM_STAGES):
+            m_i, l_i, acc = _attend_keys(
+                q, m_i, l_i, acc, start, kv_hi, query_pos, seq, kv_head, dims, dim_valid,
+                block_tables_ptr, stride_bt, k_cache_ptr, v_cache_ptr, qk_scale, window, softcap,
+                NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N, HAS_WINDOW, HAS_SOFTCAP, FP8_ASM,
+                INTERPRETED, DOT_PRECISION,
+            )  # fmt: skip
+    if KV_SCALED:
+        acc = acc * tl.load(kv_scales_ptr + NUM_KV_HEADS + kv_head)
 
     has_keys = l_i > 0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     out_rows = (query_start + token).to(tl.int64) * NUM_HEADS + head
     store_mask = row_valid[:, None] & dim_valid[None, :]
-    if NUM_SPLITS == 1:
+    if NUM_SPLITS == 1 or num_splits == 1:
         tl.store(
             out_ptr + out_rows[:, None] * HEAD_DIM + dims[None, :],
             out.to(out_ptr.dtype.element_ty),
@@ -127,32 +235,63 @@ def _paged_attention_kernel(
         tl.store(partial_out_ptr + partial_rows[:, None] * HEAD_DIM + dims[None, :], out, mask=store_mask)
         lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
         tl.store(partial_lse_ptr + partial_rows, lse, mask=row_valid)
+        # Every thread's stores are issued before the arrival; the atomic releases them to the
+        # program that arrives last, which acquires them, and they are read around the L1 cache.
+        tl.debug_barrier()
+        num_tiles = tl.num_programs(2) // NUM_SPLITS
+        arrival = arrivals_ptr + (seq * NUM_KV_HEADS + kv_head) * num_tiles + tile
+        if tl.atomic_add(arrival, 1, sem="acq_rel") == num_splits - 1:
+            tl.atomic_xchg(arrival, 0)  # ready for the next launch
+            _merge_splits(
+                partial_out_ptr, partial_lse_ptr, out_ptr, out_rows, row_valid, dims, dim_valid,
+                num_splits, HEAD_DIM, NUM_SPLITS, SPLITS_PAD,
+            )  # fmt: skip
 
 
 @triton.jit
-def _merge_splits_kernel(
+def _merge_splits(
     partial_out_ptr,
     partial_lse_ptr,
     out_ptr,
+    out_rows,
+    row_valid,
+    dims,
+    dim_valid,
+    num_splits,
     HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
-    BLOCK_S: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64) * tl.num_programs(1) + tl.program_id(1)  # token * H + head
-    splits = tl.arange(0, BLOCK_S)
-    dims = tl.arange(0, BLOCK_D)
-    split_valid = splits < NUM_SPLITS
-    # Splits with no keys (past a short context) carry lse = -inf and weigh nothing.
-    lse = tl.load(partial_lse_ptr + row * NUM_SPLITS + splits, mask=split_valid, other=float("-inf"))
-    weight = tl.exp2(lse - tl.max(lse, axis=0))
-    partial = tl.load(
-        partial_out_ptr + (row * NUM_SPLITS + splits)[:, None] * HEAD_DIM + dims[None, :],
-        mask=(weight > 0)[:, None] & (dims < HEAD_DIM)[None, :],
-        other=0.0,
+    """The splits' partial outputs weighted by their share of the softmax: exp2(lse_s - max lse)."""
+    splits = tl.arange(0, SPLITS_PAD)
+    lse_mask = row_valid[:, None] & (splits[None, :] < num_splits)
+    lse = tl.load(
+        partial_lse_ptr + out_rows[:, None] * NUM_SPLITS + splits[None, :],
+        mask=lse_mask,
+        other=float("-inf"),
+        cache_modifier=".cg",
     )
-    out = tl.sum(partial * weight[:, None], axis=0) / tl.sum(weight, axis=0)
-    tl.store(out_ptr + row * HEAD_DIM + dims, out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
+    m = tl.max(lse, axis=1)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    total = tl.sum(tl.exp2(lse - m[:, None]), axis=1)
+    out = tl.zeros([out_rows.shape[0], dims.shape[0]], dtype=tl.float32)
+    for s in range(0, NUM_SPLITS):
+        if s < num_splits:
+            rows = out_rows * NUM_SPLITS + s
+            lse_s = tl.load(partial_lse_ptr + rows, mask=row_valid, other=float("-inf"), cache_modifier=".cg")
+            part = tl.load(
+                partial_out_ptr + rows[:, None] * HEAD_DIM + dims[None, :],
+                mask=row_valid[:, None] & dim_valid[None, :] & (lse_s > float("-inf"))[:, None],
+                other=0.0,
+                cache_modifier=".cg",
+            )
+            out += part * tl.exp2(lse_s - m)[:, None]
+    out = out / tl.where(total > 0, total, 1.0)[:, None]
+    tl.store(
+        out_ptr + out_rows[:, None] * HEAD_DIM + dims[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_valid[:, None] & dim_valid[None, :],
+    )
 
 
 @functools.cache
@@ -160,12 +299,26 @@ def _multiprocessor_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def default_num_splits(num_seqs: int, num_kv_heads: int, device: torch.device) -> int:
-    """Enough KV splits for about two programs per multiprocessor in a decode batch."""
+def max_splits(num_seqs: int, num_kv_heads: int, device: torch.device) -> int:
+    """Enough KV splits for about two programs per multiprocessor in a decode batch (how many of
+    them work is the kernel's choice per sequence, from its context)."""
     if device.type != "cuda":
         return 1
     programs = num_seqs * num_kv_heads
     return max(1, min(MAX_SPLITS, triton.cdiv(2 * _multiprocessor_count(device.index or 0), programs)))
+
+
+# Per device, every arrival-counter buffer ever made: a captured CUDA graph keeps the address it
+# was captured with, so a buffer outgrown by a larger batch must stay allocated.
+_ARRIVALS: dict[torch.device, list[torch.Tensor]] = {}
+
+
+def _arrival_counters(device: torch.device, count: int) -> torch.Tensor:
+    """Zeroed int32 counters, at least `count`; the kernel leaves them zeroed after each launch."""
+    buffers = _ARRIVALS.setdefault(device, [])
+    if not buffers or buffers[-1].numel() < count:
+        buffers.append(torch.zeros(max(count, 1024), dtype=torch.int32, device=device))
+    return buffers[-1]
 
 
 def paged_attention(
@@ -173,12 +326,20 @@ def paged_attention(
     kv_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    kv_scales: torch.Tensor | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
     num_splits: int | None = None,
+    min_split_tokens: int = MIN_SPLIT_TOKENS,
 ) -> torch.Tensor:
     """Causal attention of q [T, H, D] over kv_cache [2, blocks, block_size, Hkv, D] -> [T, H, D].
 
-    num_splits: KV splits per (sequence, kv head); by default split-K for decode-only batches
-    that would leave the GPU idle, one split otherwise.
+    kv_scales: float32 [2, Hkv], what the cache's keys and values were divided by when stored (an
+    fp8 cache's scales), or None. num_splits: the most KV splits per (sequence, kv head, query
+    tile); by default enough for a decode-only batch to fill the GPU, one otherwise. Each sequence
+    uses one split per min_split_tokens keys of its context, up to that.
+    window: each query sees only the `window` keys up to its own (a sliding-window layer);
+    softcap: scores soft-capped by tanh (Gemma 2).
     """
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
@@ -189,10 +350,12 @@ def paged_attention(
     if meta.is_decode_only:
         block_q = max(16, group_pad)
         if num_splits is None:
-            num_splits = default_num_splits(num_seqs, num_kv_heads, q.device)
+            num_splits = max_splits(num_seqs, num_kv_heads, q.device)
+        stages = DECODE_STAGES
     else:
         block_q = max(64, group_pad)
         num_splits = num_splits or 1
+        stages = PREFILL_STAGES
     num_tiles = triton.cdiv(meta.max_query_len, block_q // group_pad)
     out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
     if num_splits > 1:
@@ -200,19 +363,24 @@ def paged_attention(
             num_tokens, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
         )
         partial_lse = torch.empty(num_tokens, num_heads, num_splits, dtype=torch.float32, device=q.device)
+        arrivals = _arrival_counters(q.device, num_seqs * num_kv_heads * num_tiles)
     else:
-        partial_out = partial_lse = out
+        partial_out = partial_lse = arrivals = out
     _paged_attention_kernel[(num_seqs, num_kv_heads, num_tiles * num_splits)](
         q,
         kv_cache[0],
         kv_cache[1],
+        kv_scales if kv_scales is not None else out,
         meta.block_tables,
         meta.seq_lens,
         meta.query_start_loc,
         out,
         partial_out,
         partial_lse,
+        arrivals,
         scale * LOG2E,
+        window or 0,
+        softcap or 0.0,
         q.stride(0),
         q.stride(1),
         meta.block_tables.stride(0),
@@ -226,17 +394,15 @@ def paged_attention(
         BLOCK_Q=block_q,
         BLOCK_N=64 if head_dim <= 128 else 32,
         NUM_SPLITS=num_splits,
+        SPLITS_PAD=triton.next_power_of_2(num_splits),
+        MIN_SPLIT_TOKENS=min_split_tokens,
+        KV_SCALED=kv_scales is not None,
+        FP8_ASM=fp8_asm(q.dtype),
+        NUM_STAGES=stages,
+        INTERPRETED=INTERPRETED,
         DOT_PRECISION=dot_precision(q.dtype),
+        HAS_WINDOW=window is not None,
+        HAS_SOFTCAP=softcap is not None,
         num_warps=4,
     )
-    if num_splits > 1:
-        _merge_splits_kernel[(num_tokens, num_heads)](
-            partial_out,
-            partial_lse,
-            out,
-            HEAD_DIM=head_dim,
-            BLOCK_D=triton.next_power_of_2(head_dim),
-            NUM_SPLITS=num_splits,
-            BLOCK_S=triton.next_power_of_2(num_splits),
-        )
     return out

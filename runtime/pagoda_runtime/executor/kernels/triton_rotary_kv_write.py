@@ -8,8 +8,8 @@ token's position.
 
 slot_mapping[t] = block * block_size + offset names the cache row of token t; the cache's
 [blocks, block_size] dimensions are contiguous, so the slot indexes a flat row of Hkv * D values.
-The cache holds k and v as the model computes them (see kernels/reference.py), saturated to +-448
-when it is fp8 e4m3.
+The cache holds k and v as the model computes them (see kernels/reference.py), times 1 / scale of
+their kv head when the cache has scales, saturated to +-448 when it is fp8 e4m3.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ def _rotary_kv_write_kernel(
     cos_sin_ptr,
     cache_ptr,
     slot_ptr,
+    inverse_scales_ptr,
     stride_qt,
     stride_qh,
     stride_kt,
@@ -70,6 +71,7 @@ def _rotary_kv_write_kernel(
     BLOCK_KV_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     FP8: tl.constexpr,
+    SCALED: tl.constexpr,
 ):
     token = tl.program_id(0)
     position = tl.load(positions_ptr + token).to(tl.int64)
@@ -99,6 +101,11 @@ def _rotary_kv_write_kernel(
     v_first = v_ptr + token * stride_vt + kv_heads * stride_vh + dims
     v1 = tl.load(v_first, mask=kv_mask).to(tl.float32)
     v2 = tl.load(v_first + HALF, mask=kv_mask).to(tl.float32)
+    if SCALED:
+        k_inverse = tl.load(inverse_scales_ptr + kv_heads, mask=kv_heads < NUM_KV_HEADS)
+        v_inverse = tl.load(inverse_scales_ptr + NUM_KV_HEADS + kv_heads, mask=kv_heads < NUM_KV_HEADS)
+        rotated1, rotated2 = rotated1 * k_inverse, rotated2 * k_inverse
+        v1, v2 = v1 * v_inverse, v2 * v_inverse
     row = cache_ptr + slot * NUM_KV_HEADS * 2 * HALF + kv_heads * 2 * HALF + dims
     tl.store(row, _to_cache(rotated1, FP8).to(cache_ptr.dtype.element_ty), mask=kv_mask)
     tl.store(row + HALF, _to_cache(rotated2, FP8).to(cache_ptr.dtype.element_ty), mask=kv_mask)
@@ -115,15 +122,18 @@ def rotary_write_kv(
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     derived: dict | None = None,
+    kv_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rotate q [T, H, D] in place and store the rotated k and v [T, Hkv, D] (last dims
-    contiguous) at their slots of kv_cache [2, blocks, block_size, Hkv, D]; returns q. k itself is
-    left as it was."""
+    contiguous) at their slots of kv_cache [2, blocks, block_size, Hkv, D], divided by kv_scales
+    [2, Hkv] when given; returns q. k itself is left as it was."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
     assert cos_sin_cache.is_contiguous() and kv_cache.is_contiguous()
     if num_tokens:
+        # The reciprocal as the reference computes it: the kernel multiplies, bit for bit alike.
+        inverse_scales = None if kv_scales is None else 1 / kv_scales
         _rotary_kv_write_kernel[(num_tokens,)](
             positions,
             q,
@@ -132,6 +142,7 @@ def rotary_write_kv(
             cos_sin_cache,
             kv_cache,
             slot_mapping,
+            inverse_scales if inverse_scales is not None else cos_sin_cache,
             q.stride(0),
             q.stride(1),
             k.stride(0),
@@ -146,5 +157,6 @@ def rotary_write_kv(
             BLOCK_KV_H=triton.next_power_of_2(num_kv_heads),
             BLOCK_HALF=triton.next_power_of_2(head_dim // 2),
             FP8=kv_cache.dtype == FP8_KV_DTYPE,
+            SCALED=kv_scales is not None,
         )
     return q

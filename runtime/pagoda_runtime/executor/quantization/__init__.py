@@ -13,7 +13,6 @@ from pagoda_runtime.executor.quantization.linear import (
     DenseLinear,
     QuantizedLinear,
     make_linear,
-    quantized_matmul,
 )
 from pagoda_runtime.executor.quantization.online import quantize_fp8, quantize_int4, quantize_int8
 from pagoda_runtime.executor.quantization.packed import PackedWeight, dequantize
@@ -32,5 +31,4 @@ __all__ = [
     "quantize_fp8",
     "quantize_int4",
     "quantize_int8",
-    "quantized_matmul",
 ]

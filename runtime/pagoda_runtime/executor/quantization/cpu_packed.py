@@ -6,7 +6,7 @@ kernels for that, both fast only with bfloat16 activations (float32 ones measure
 
 - `_weight_int4pack_mm_for_cpu`: 4-bit weights in its own blocked layout (output rows interleaved,
   so it is built once after every row is loaded), groups of 32 to 256 inputs, w = (q - 8) * scale
-  + zero, the scale and zero in bfloat16. Every int4 PackedWeight (GGUF Q4_0/Q4_1, AWQ, GPTQ,
+  + zero, the scale and zero in bfloat16. Every int4 PackedWeight (GGUF Q4_0/Q4_1/Q4_K, AWQ, GPTQ,
   online int4) maps onto it with zero = offset + 8 * scale.
 - `_weight_int8pack_mm`: int8 with one scale per output channel (online int8; GGUF Q8_0's groups
   of 32 do not fit it).

@@ -7,16 +7,19 @@ from torch import nn
 
 from pagoda_runtime.contract.sizing import decode_read_bytes
 from pagoda_runtime.executor.quantization.linear import DenseLinear, QuantizedLinear
+from pagoda_runtime.executor.vocab_parallel import VocabParallel
 
 
 def linear_weight_bytes(model: nn.Module) -> int:
     """Stored bytes of every projection built by make_linear (packed weights, scales, offsets)."""
     total = 0
     for module in model.modules():
-        if isinstance(module, QuantizedLinear) and module.cpu_weight is not None:
-            total += sum(t.numel() * t.element_size() for t in module.cpu_weight.buffers())
-        elif isinstance(module, QuantizedLinear) and module.qweight is not None:
-            total += module.weight.nbytes
+        if isinstance(module, QuantizedLinear):
+            packed = module.cpu_weight if module.cpu_weight is not None else module.gpu_weight
+            if packed is not None:
+                total += sum(t.numel() * t.element_size() for t in packed.buffers())
+            elif module.qweight is not None:
+                total += module.weight.nbytes
         elif isinstance(module, DenseLinear):
             total += module.weight.numel() * module.weight.element_size()
     return total
@@ -25,13 +28,18 @@ def linear_weight_bytes(model: nn.Module) -> int:
 def model_weight_bytes(model: nn.Module) -> int:
     """Stored bytes of everything a checkpoint fills: parameters and packed buffers, but not derived
     buffers such as the rotary cos/sin table, which are not saved with the model. A layer packed for
-    the CPU kernels holds only its packed buffers, so no weight is counted twice."""
-    return sum(tensor.numel() * tensor.element_size() for tensor in model.state_dict().values())
+    its kernels (CPU or GPU) holds only its packed buffers, so no weight is counted twice; an LM head
+    packed for fbgemm (vocab_parallel.py) is counted beside its lookup table."""
+    stored = sum(tensor.numel() * tensor.element_size() for tensor in model.state_dict().values())
+    return stored + sum(m.head_bytes for m in model.modules() if isinstance(m, VocabParallel))
 
 
 def decode_weight_bytes(model: nn.Module) -> int:
-    """Bytes of weights one decode step of `model` (a LlamaForCausalLM) reads, as stored: the rule
-    is sizing.decode_read_bytes, which sizing.decode_weight_bytes applies to the estimate."""
-    embedding = model.embed_tokens.weight
-    tied = model.lm_head is None
-    return decode_read_bytes(model_weight_bytes(model), embedding.numel() * embedding.element_size(), tied)
+    """Bytes of weights one decode step of `model` (a CausalLM) reads, as stored: the rule is
+    sizing.decode_read_bytes, which sizing.decode_weight_bytes applies to the estimate; a token
+    reads only the experts it is routed to (idle_expert_bytes of a mixture-of-experts layer)."""
+    embedding = model.embed_tokens
+    # Tied: the LM head reads the lookup table itself, unless it keeps a packed copy of its own.
+    tied = model.lm_head is None and not embedding.head_bytes
+    idle = sum(m.idle_expert_bytes() for m in model.modules() if hasattr(m, "idle_expert_bytes"))
+    return decode_read_bytes(model_weight_bytes(model) - idle, embedding.weight.nbytes, tied)

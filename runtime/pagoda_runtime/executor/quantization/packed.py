@@ -6,7 +6,7 @@ rows of fused layers (qkv, gate_up), shards and GGUF's permuted q/k rows move as
 - int8: `qweight` int8 [N, K], w = q * scale; `scales` float16 [N, K // group_size].
 - int4: `qweight` uint8 [N, K // 2], input 2j in the low nibble and 2j + 1 in the high one;
   w = q * scale + offset with q in 0..15; `scales` and `offsets` float16 [N, K // group_size].
-  Symmetric (GGUF Q4_0), zero-point (AWQ, GPTQ) and min/max (GGUF Q4_1, online) int4 all fit
+  Symmetric (GGUF Q4_0), zero-point (AWQ, GPTQ) and min/max (GGUF Q4_1, Q4_K, online) int4 all fit
   this one affine form, so a single kernel serves them.
 - fp8: `qweight` float8_e4m3fn [N, K], w = q * scale; `scales` float32 [N, 1] (torch._scaled_mm
   wants float32 row scales).

@@ -31,6 +31,21 @@ def _model_path(source: RemoteSource, folder: Path, files: list[Expected]) -> Pa
     return folder
 
 
+def _one_model(source: RemoteSource, files: list[Expected]) -> None:
+    """Refuses, before any byte is downloaded, a selection the runtime could not open as one model:
+    a repository of several GGUF files (one per quantization) and no config.json."""
+    ggufs = sorted(f.path for f in files if f.path.endswith(".gguf"))
+    if len(ggufs) > 1 and not any(f.path == "config.json" for f in files):
+        example = ggufs[0]
+        raise ValueError(
+            f"{source.uri} holds {len(ggufs)} GGUF files ({', '.join(ggufs[:8])}): name the one to serve, "
+            f"as hf://{getattr(source, 'repo', 'org/name')}/{example} or with allowPatterns ['{example}']"
+            if isinstance(source, HubSource)
+            else f"{source.uri} holds {len(ggufs)} GGUF files ({', '.join(ggufs[:8])}): name the one to "
+            "serve, as s3://bucket/path/file.gguf"
+        )
+
+
 def fetch(source: RemoteSource, root: Path, emit=print, progress_interval: float = 5.0) -> dict:
     """Downloads `source` into `root` unless it is there; returns the manifest."""
     done = layout.read_manifest(root)
@@ -41,6 +56,7 @@ def fetch(source: RemoteSource, root: Path, emit=print, progress_interval: float
     partial.mkdir(parents=True, exist_ok=True)
     if isinstance(source, HubSource):
         files = hub.list_files(source)
+        _one_model(source, files)
         total = sum(f.size for f in files)
         with ProgressReporter(partial, total, emit, progress_interval):
             hub.download(source, partial)
@@ -48,9 +64,10 @@ def fetch(source: RemoteSource, root: Path, emit=print, progress_interval: float
         client = s3.client()
         listed = s3.list_files(source, client)
         files = [expected for _, expected, _ in listed]
+        _one_model(source, files)
         total = sum(f.size for f in files)
         with ProgressReporter(partial, total, emit, progress_interval):
-            s3.download(source, partial, client)
+            s3.download(source, partial, client, listed)
     for expected in files:
         verify_file(partial, expected)
     model_path = _model_path(source, partial, files)

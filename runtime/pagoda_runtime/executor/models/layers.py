@@ -1,0 +1,173 @@
+"""The layers the families are built from, gpt-fast style: norms, attention over the paged cache, the
+gated MLP, and the pre-norm decoder layer of the Llama family.
+
+q, k and v share one fused projection, as do gate and up; the model's `load_weights` fills the
+fused weights from Hugging Face's separate tensors. Attention goes through the device's kernels:
+rotate q and k, write this step's keys and values into the layer's paged cache, attend over the
+cache.
+
+Split over tensor-parallel ranks (Megatron-style), each rank holds its query heads and their
+key/value heads and its part of the MLP channels: qkv_proj and gate_up_proj are column-parallel
+(each fused part cut by rank, so a rank's q, k and v heads stay together), o_proj and down_proj
+row-parallel with a sum over the ranks after them. Norms are whole on every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from pagoda_runtime.contract.config import ModelConfig
+from pagoda_runtime.contract.sizing import kv_heads_per_rank
+from pagoda_runtime.executor.attention_metadata import AttentionMetadata
+from pagoda_runtime.executor.kernels import AttentionOps, rms_norm, silu_and_mul
+from pagoda_runtime.executor.quantization import make_linear
+from pagoda_runtime.parallel.tensor_parallel import TensorParallel
+
+
+class RMSNorm(nn.Module):
+    """Llama's RMSNorm: weight * normalized(x), the product in x's dtype."""
+
+    def __init__(self, size: int, eps: float, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size, device=device, dtype=dtype), requires_grad=False)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return rms_norm(x, self.weight, self.eps, residual)
+
+
+class Attention(nn.Module):
+    """Self-attention of one layer over its paged KV cache.
+
+    qk_norm: the per-head norm q and k go through before rotation (Qwen3, Gemma 3), or None. The
+    layer's sliding window (passed per layer: Gemma's layers alternate), its softmax scale and its
+    logit soft-cap come from the config.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        layer: int,
+        ops: AttentionOps,
+        quantization: str,
+        device: torch.device,
+        dtype: torch.dtype,
+        tp: TensorParallel,
+        qk_norm: Callable[[int, float, torch.device, torch.dtype], nn.Module] | None = None,
+    ) -> None:
+        super().__init__()
+        arch = config.architecture
+        self.ops = ops
+        self.tp = tp
+        self.num_heads = tp.shard(arch.num_attention_heads, "attention heads")
+        self.num_kv_heads = kv_heads_per_rank(arch.num_key_value_heads, tp.size)
+        self.head_dim = arch.head_dim
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.scale = config.attention_scale
+        # An fp8 KV cache's scales for this layer, float32 [2, Hkv] (executor/kv_scales.py); not a
+        # buffer: the checkpoint does not hold them.
+        self.kv_scales: torch.Tensor | None = None
+        self.window = arch.layer_window(layer)
+        self.softcap = config.attn_logit_softcapping
+        self.qkv_proj = make_linear(
+            arch.hidden_size,
+            self.q_size + 2 * self.kv_size,
+            arch.attention_bias,
+            quantization,
+            device,
+            dtype,
+        )
+        self.o_proj = make_linear(
+            self.q_size,
+            arch.hidden_size,
+            False,  # a row-parallel bias would be added once per rank; no supported model has one
+            quantization,
+            device,
+            dtype,
+            input_part=tp.part(arch.q_size, "attention heads") if tp.size > 1 else None,
+        )
+        self.q_norm = self.k_norm = None
+        if qk_norm is not None:
+            self.q_norm = qk_norm(self.head_dim, config.rms_norm_eps, device, dtype)
+            self.k_norm = qk_norm(self.head_dim, config.rms_norm_eps, device, dtype)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        x: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        cos_sin_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(-1, self.num_heads, self.head_dim)
+        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
+        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            # Over each head's dimensions, heads as rows.
+            q = self.q_norm(q.reshape(-1, self.head_dim))[0].view(-1, self.num_heads, self.head_dim)
+            k = self.k_norm(k.reshape(-1, self.head_dim))[0].view(-1, self.num_kv_heads, self.head_dim)
+        meta = meta.for_window(self.window)
+        q = self.ops.rotary_write_kv(
+            positions, q, k, v, cos_sin_cache, kv_cache, meta.slot_mapping, meta.derived, self.kv_scales
+        )
+        out = self.ops.attention(
+            q, kv_cache, meta, self.scale, self.kv_scales, window=self.window, softcap=self.softcap
+        )
+        return self.tp.all_reduce(self.o_proj(out.reshape(-1, self.q_size)))
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)); act_and_mul takes [T, 2 * I] with gate in the first half."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        quantization: str,
+        device: torch.device,
+        dtype: torch.dtype,
+        tp: TensorParallel,
+        act_and_mul: Callable[[torch.Tensor], torch.Tensor] = silu_and_mul,
+    ) -> None:
+        super().__init__()
+        arch = config.architecture
+        self.tp = tp
+        self.act_and_mul = act_and_mul
+        channels = tp.shard(arch.intermediate_size, "MLP channels")
+        self.gate_up_proj = make_linear(arch.hidden_size, 2 * channels, False, quantization, device, dtype)
+        self.down_proj = make_linear(
+            channels,
+            arch.hidden_size,
+            False,
+            quantization,
+            device,
+            dtype,
+            input_part=tp.part(arch.intermediate_size, "MLP channels") if tp.size > 1 else None,
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_reduce(self.down_proj(self.act_and_mul(self.gate_up_proj(x))))
+
+
+class DecoderLayer(nn.Module):
+    """Llama's pre-norm layer: x + attn(norm(x)), then x + mlp(norm(x)), the residual sums fused
+    into the norms."""
+
+    def __init__(self, config: ModelConfig, attention: Attention, mlp: nn.Module, device, dtype) -> None:
+        super().__init__()
+        hidden = config.architecture.hidden_size
+        self.input_layernorm = RMSNorm(hidden, config.rms_norm_eps, device, dtype)
+        self.self_attn = attention
+        self.post_attention_layernorm = RMSNorm(hidden, config.rms_norm_eps, device, dtype)
+        self.mlp = mlp
+
+    def forward(self, positions, x, residual, kv_cache, meta, cos_sin_cache):
+        x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x, kv_cache, meta, cos_sin_cache)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual

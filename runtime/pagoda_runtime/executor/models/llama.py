@@ -1,0 +1,102 @@
+"""The Llama family (Llama 1/2/3, Mistral, Qwen2, SmolLM): pre-norm layers, grouped-query attention
+with rotary embeddings, the SwiGLU MLP; Qwen2 adds a bias to q, k and v."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from pagoda_runtime.contract.config import ModelConfig, RopeScaling
+from pagoda_runtime.contract.sizing import ModelArchitecture
+from pagoda_runtime.contract.weight_layout import decoder_shapes
+from pagoda_runtime.executor.kernels import AttentionOps
+from pagoda_runtime.executor.models.decoder import CausalLM
+from pagoda_runtime.executor.models.hf_config import (
+    ConfigError,
+    architecture_fields,
+    check_activation,
+    layer_types,
+    rope_parameters,
+    rope_scaling,
+)
+from pagoda_runtime.executor.models.layers import Attention, DecoderLayer, GatedMLP
+
+MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
+
+
+class LlamaForCausalLM(CausalLM):
+    def make_layer(
+        self, layer: int, ops: AttentionOps, quantization: str, device: torch.device, dtype: torch.dtype
+    ) -> nn.Module:
+        config, tp = self.config, self.tp
+        attention = Attention(config, layer, ops, quantization, device, dtype, tp)
+        return DecoderLayer(
+            config, attention, GatedMLP(config, quantization, device, dtype, tp), device, dtype
+        )
+
+    def checkpoint_shapes(self) -> dict[str, tuple[int, ...]]:
+        return weight_shapes(self.config)
+
+
+def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    return decoder_shapes(config.architecture)
+
+
+def config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
+    model_type = MODEL_TYPES[architecture]
+    check_activation(raw, "hidden_act", "silu", "Llama")
+    fields = architecture_fields(raw, "Llama")
+    # Mistral's sliding_window applies to every layer; Qwen2's to the layers use_sliding_window and
+    # max_window_layers name. Llama has none.
+    windows = {}
+    if model_type != "llama":
+        windows = layer_types(raw, fields["num_hidden_layers"], "Llama", per_layer=model_type == "qwen2")
+    rope = rope_parameters(raw)
+    return ModelConfig(
+        model_type=model_type,
+        architecture=ModelArchitecture(
+            **fields, attention_bias=model_type == "qwen2" or raw.get("attention_bias", False), **windows
+        ),
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+        rope_theta=rope.get("rope_theta", 10000.0),
+        rope_scaling=rope_scaling(rope, "Llama"),
+        bos_token_id=raw.get("bos_token_id"),
+    )
+
+
+def config_from_gguf(arch: str, meta: dict[str, Any], tensors: set[str], read: Any) -> ModelConfig:
+    """llama and qwen2 GGUF files, as llama.cpp's converter writes them."""
+    if "rope_freqs.weight" in tensors:
+        raise ConfigError(
+            "carries per-frequency rope factors (Llama 3.1 scaling), which Pagoda reads only from "
+            "Hugging Face folders; load the original folder instead"
+        )
+    scaling_type = meta.get(f"{arch}.rope.scaling.type", "none")
+    if scaling_type not in ("none", "linear"):
+        raise ConfigError(f"uses rope scaling {scaling_type!r}; Pagoda reads none or linear from GGUF")
+    rope_scaling = None
+    if scaling_type == "linear":
+        rope_scaling = RopeScaling("linear", factor=float(meta[f"{arch}.rope.scaling.factor"]))
+    hidden = meta[f"{arch}.embedding_length"]
+    heads = meta[f"{arch}.attention.head_count"]
+    return ModelConfig(
+        model_type=arch,
+        architecture=ModelArchitecture(
+            num_hidden_layers=meta[f"{arch}.block_count"],
+            hidden_size=hidden,
+            intermediate_size=meta[f"{arch}.feed_forward_length"],
+            num_attention_heads=heads,
+            num_key_value_heads=meta.get(f"{arch}.attention.head_count_kv", heads),
+            head_dim=meta.get(f"{arch}.attention.key_length", hidden // heads),
+            vocab_size=meta.get(f"{arch}.vocab_size", len(meta["tokenizer.ggml.tokens"])),
+            max_position_embeddings=meta[f"{arch}.context_length"],
+            tie_word_embeddings="output.weight" not in tensors,
+            attention_bias="blk.0.attn_q.bias" in tensors,
+        ),
+        rms_norm_eps=meta[f"{arch}.attention.layer_norm_rms_epsilon"],
+        rope_theta=meta.get(f"{arch}.rope.freq_base", 10000.0),
+        rope_scaling=rope_scaling,
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+    )

@@ -1,0 +1,291 @@
+"""Mixture-of-experts families: Qwen3-MoE (Qwen3-30B-A3B: Qwen3's attention, 128 experts of which
+8 per token, each 768 channels wide) and Mixtral (Mixtral-8x7B: Mistral's attention, 8 experts of
+which 2 per token).
+
+A sparse layer routes each token to its top-k experts (softmax over the router's logits, the
+chosen weights renormalized where the config says so) and sums their SwiGLU outputs weighted by
+the router (kernels/moe.py: the grouped Triton kernel on CUDA, the reference on the CPU). Each
+projection's experts are one fused weight of the layer, [E * 2I, H] for gate and up and [E * H, I]
+for down, built by make_linear like any projection, so int8, fp8 and int4 experts are quantized
+as they load; the router stays in the model's float dtype. Tensor parallelism shards every
+expert's intermediate channels (kernels/moe_weights.py), and the partial outputs are summed over
+the ranks as after a row-parallel layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from pagoda_runtime.contract.config import ModelConfig
+from pagoda_runtime.contract.sizing import ModelArchitecture
+from pagoda_runtime.contract.weight_layout import (
+    attention_shapes,
+    layer_prefix,
+    mlp_shapes,
+    norm_shapes,
+    vocabulary_shapes,
+)
+from pagoda_runtime.executor.kernels import AttentionOps
+from pagoda_runtime.executor.kernels.moe import fused_moe
+from pagoda_runtime.executor.kernels.moe_weights import ExpertWeights, PackedExperts
+from pagoda_runtime.executor.models.decoder import CausalLM, Weight
+from pagoda_runtime.executor.models.hf_config import (
+    architecture_fields,
+    check_activation,
+    field,
+    layer_types,
+    rope_parameters,
+    rope_scaling,
+)
+from pagoda_runtime.executor.models.layers import Attention, DecoderLayer, GatedMLP, RMSNorm
+from pagoda_runtime.executor.quantization import PackedWeight, QuantizedLinear, make_linear
+from pagoda_runtime.parallel.tensor_parallel import TensorParallel
+
+
+class Router(nn.Module):
+    """The gate: one logit per expert, never quantized (as in vLLM)."""
+
+    def __init__(self, num_experts: int, hidden: int, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden, device=device, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight)
+
+
+class SparseMoE(nn.Module):
+    # Its packed experts stay in the grouped kernel's layout (CausalLM.pack_for_cpu leaves them):
+    # torch's CPU kernels take one matrix, not E of them.
+    grouped_experts = True
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        quantization: str,
+        device: torch.device,
+        dtype: torch.dtype,
+        tp: TensorParallel,
+    ) -> None:
+        super().__init__()
+        arch = config.architecture
+        self.tp = tp
+        self.num_experts, self.top_k = arch.num_experts, arch.num_experts_per_tok
+        self.renormalize = config.norm_topk_prob
+        self.hidden = arch.hidden_size
+        width = arch.moe_intermediate_size
+        self.channels = tp.shard(width, "expert MLP channels")
+        self.rows = tp.part(width, "expert MLP channels")
+        self.gate = Router(self.num_experts, self.hidden, device, dtype)
+        self.experts_gate_up = make_linear(
+            self.hidden, self.num_experts * 2 * self.channels, False, quantization, device, dtype
+        )
+        self.experts_down = make_linear(
+            self.channels,
+            self.num_experts * self.hidden,
+            False,
+            quantization,
+            device,
+            dtype,
+            input_part=self.rows if tp.size > 1 else None,
+        )
+
+    def load_expert(self, expert: int, name: str, tensor: Weight) -> None:
+        """Place checkpoint tensor `name` (gate_proj.weight, up_proj.weight or down_proj.weight) of
+        expert `expert`; this rank keeps its channels."""
+        if not 0 <= expert < self.num_experts:
+            raise ValueError(f"the checkpoint holds expert {expert}, but the config has {self.num_experts}")
+        width = 2 * self.channels
+        if name == "down_proj.weight":
+            self.experts_down.load(tensor, expert * self.hidden)
+            return
+        offsets = {"gate_proj.weight": 0, "up_proj.weight": self.channels}
+        if name not in offsets:
+            raise ValueError(f"an expert has no tensor {name!r}; it has gate_proj, up_proj and down_proj")
+        part = tensor.rows(self.rows) if isinstance(tensor, PackedWeight) else tensor[self.rows]
+        self.experts_gate_up.load(part, expert * width + offsets[name])
+
+    def idle_expert_bytes(self) -> int:
+        """Bytes of the experts one token is not routed to: what a batch-1 step does not read."""
+        stored = sum(
+            t.numel() * t.element_size()
+            for projection in (self.experts_gate_up, self.experts_down)
+            for t in projection.state_dict().values()
+        )
+        return stored * (self.num_experts - self.top_k) // self.num_experts
+
+    def _experts(self, projection: nn.Module, rows: int) -> ExpertWeights:
+        if isinstance(projection, QuantizedLinear):
+            return PackedExperts(projection.weight, self.num_experts)
+        return projection.weight.view(self.num_experts, rows, projection.in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = fused_moe(
+            x,
+            self.gate(x),
+            self._experts(self.experts_gate_up, 2 * self.channels),
+            self._experts(self.experts_down, self.hidden),
+            self.top_k,
+            self.renormalize,
+        )
+        return self.tp.all_reduce(out)
+
+
+class _MoEModel(CausalLM):
+    qk_norm: type[nn.Module] | None = None
+
+    def make_layer(
+        self, layer: int, ops: AttentionOps, quantization: str, device: torch.device, dtype: torch.dtype
+    ) -> nn.Module:
+        config, tp = self.config, self.tp
+        attention = Attention(config, layer, ops, quantization, device, dtype, tp, self.qk_norm)
+        if config.architecture.is_sparse_layer(layer):
+            mlp = SparseMoE(config, quantization, device, dtype, tp)
+        else:
+            mlp = GatedMLP(config, quantization, device, dtype, tp)
+        return DecoderLayer(config, attention, mlp, device, dtype)
+
+    def checkpoint_shapes(self) -> dict[str, tuple[int, ...]]:
+        return weight_shapes(self.config)
+
+
+class Qwen3MoeForCausalLM(_MoEModel):
+    qk_norm = RMSNorm
+
+
+# Mixtral's checkpoint names for what Qwen3-MoE (and the model) call mlp.gate, mlp.experts.N.gate_proj, ...
+_MIXTRAL_NAMES = {
+    "w1.weight": "gate_proj.weight",
+    "w3.weight": "up_proj.weight",
+    "w2.weight": "down_proj.weight",
+}
+
+
+class MixtralForCausalLM(_MoEModel):
+    def checkpoint_parts(self, name: str, tensor: Weight) -> Iterator[tuple[str, Weight]]:
+        name = name.replace(".block_sparse_moe.", ".mlp.")
+        head, dot, leaf = name.rpartition(".experts.")
+        if dot:
+            expert, _, rest = leaf.partition(".")
+            name = f"{head}.experts.{expert}.{_MIXTRAL_NAMES.get(rest, rest)}"
+        yield name, tensor
+
+
+def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    arch = config.architecture
+    hidden, width = arch.hidden_size, arch.moe_intermediate_size
+    mixtral = config.model_type == "mixtral"
+    block = "block_sparse_moe." if mixtral else "mlp."
+    names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    shapes = vocabulary_shapes(arch)
+    for i in range(arch.num_hidden_layers):
+        layer = layer_prefix(i)
+        shapes |= norm_shapes(layer, ("input_layernorm", "post_attention_layernorm"), hidden)
+        shapes |= attention_shapes(arch, layer)
+        if not mixtral:
+            shapes |= norm_shapes(layer + "self_attn.", ("q_norm", "k_norm"), arch.head_dim)
+        if not arch.is_sparse_layer(i):
+            shapes |= mlp_shapes(layer + "mlp.", hidden, arch.intermediate_size)
+            continue
+        shapes[f"{layer}{block}gate.weight"] = (arch.num_experts, hidden)
+        for e in range(arch.num_experts):
+            expert = f"{layer}{block}experts.{e}."
+            gate, up, down = names
+            shapes |= {
+                f"{expert}{gate}.weight": (width, hidden),
+                f"{expert}{up}.weight": (width, hidden),
+                f"{expert}{down}.weight": (hidden, width),
+            }
+    return shapes
+
+
+def _moe_config(raw: dict[str, Any], model_type: str, family: str, **fields: Any) -> ModelConfig:
+    check_activation(raw, "hidden_act", "silu", family)
+    arch = architecture_fields(raw, family)
+    rope = rope_parameters(raw)
+    # Qwen3-MoE's configs say num_experts, Mixtral's (and transformers 5's for both) num_local_experts.
+    num_experts = raw.get("num_experts") or field(raw, "num_local_experts", family)
+    return ModelConfig(
+        model_type=model_type,
+        architecture=ModelArchitecture(
+            **arch,
+            **fields,
+            num_experts=num_experts,
+            num_experts_per_tok=field(raw, "num_experts_per_tok", family),
+            attention_bias=raw.get("attention_bias", False),
+            **layer_types(raw, arch["num_hidden_layers"], family, per_layer=model_type == "qwen3_moe"),
+        ),
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+        rope_theta=rope.get("rope_theta", 10000.0),
+        rope_scaling=rope_scaling(rope, family),
+        bos_token_id=raw.get("bos_token_id"),
+        norm_topk_prob=model_type == "mixtral" or raw.get("norm_topk_prob", False),
+    )
+
+
+def qwen3_moe_config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
+    family = "Qwen3-MoE"
+    layers = field(raw, "num_hidden_layers", family)
+    step = raw.get("decoder_sparse_step", 1) or 1
+    # A layer is sparse when it is not listed dense and falls on the sparse step (transformers' rule).
+    dense = sorted(set(raw.get("mlp_only_layers") or ()) | {i for i in range(layers) if (i + 1) % step})
+    return _moe_config(
+        raw,
+        "qwen3_moe",
+        family,
+        moe_intermediate_size=field(raw, "moe_intermediate_size", family),
+        mlp_only_layers=tuple(dense),
+    )
+
+
+def mixtral_config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
+    family = "Mixtral"
+    # Every Mixtral layer is sparse and its experts are intermediate_size wide.
+    return _moe_config(raw, "mixtral", family, moe_intermediate_size=field(raw, "intermediate_size", family))
+
+
+def qwen3_moe_config_from_gguf(arch: str, meta: dict[str, Any], tensors: set[str], read: Any) -> ModelConfig:
+    """qwen3moe GGUF files, as llama.cpp's converter writes them (experts merged per layer); a layer
+    without a router is a dense one."""
+    heads = meta[f"{arch}.attention.head_count"]
+    hidden = meta[f"{arch}.embedding_length"]
+    layers = meta[f"{arch}.block_count"]
+    return ModelConfig(
+        model_type="qwen3_moe",
+        architecture=ModelArchitecture(
+            num_hidden_layers=layers,
+            hidden_size=hidden,
+            intermediate_size=meta.get(
+                f"{arch}.feed_forward_length", meta[f"{arch}.expert_feed_forward_length"]
+            ),
+            num_attention_heads=heads,
+            num_key_value_heads=meta.get(f"{arch}.attention.head_count_kv", heads),
+            head_dim=meta.get(f"{arch}.attention.key_length", hidden // heads),
+            vocab_size=meta.get(f"{arch}.vocab_size", len(meta["tokenizer.ggml.tokens"])),
+            max_position_embeddings=meta[f"{arch}.context_length"],
+            tie_word_embeddings="output.weight" not in tensors,
+            num_experts=meta[f"{arch}.expert_count"],
+            num_experts_per_tok=meta[f"{arch}.expert_used_count"],
+            moe_intermediate_size=meta[f"{arch}.expert_feed_forward_length"],
+            mlp_only_layers=tuple(i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensors),
+        ),
+        rms_norm_eps=meta[f"{arch}.attention.layer_norm_rms_epsilon"],
+        rope_theta=meta.get(f"{arch}.rope.freq_base", 10000.0),
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        # llama.cpp's qwen3moe graph renormalizes the chosen experts' weights unless told otherwise.
+        norm_topk_prob=meta.get(f"{arch}.expert_weights_norm", True),
+    )
+
+
+# blk.N.<GGUF name> -> model.layers.N.<Hugging Face name>; {} is the expert of a merged tensor.
+QWEN3_MOE_GGUF_NAMES = {
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    "ffn_gate_exps.weight": "mlp.experts.{}.gate_proj.weight",
+    "ffn_up_exps.weight": "mlp.experts.{}.up_proj.weight",
+    "ffn_down_exps.weight": "mlp.experts.{}.down_proj.weight",
+}

@@ -1,0 +1,140 @@
+"""The model families Pagoda serves: the one place a family is added.
+
+Each family names the Hugging Face architectures it serves, its model class, how it reads a
+config.json, the tensors its checkpoints hold, and (where llama.cpp writes it) how it reads a GGUF
+file's metadata and tensor names. The loaders, the random-weight models, the model runner and the
+README's table of supported models all read this table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pagoda_runtime.contract.config import ModelConfig
+from pagoda_runtime.executor.models import gemma, llama, moe, phi3, qwen3
+from pagoda_runtime.executor.models.decoder import CausalLM, Weight
+
+Shapes = dict[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class GGUFLayout:
+    """How llama.cpp writes a family: its general.architecture names, the ModelConfig its metadata
+    gives (arch, metadata, tensor names, a reader of a tensor's values), and its per-layer tensor
+    names beyond the shared ones (blk.N.<gguf name> -> model.layers.N.<Hugging Face name>)."""
+
+    architectures: tuple[str, ...]
+    config: Callable[[str, dict[str, Any], set[str], Callable], ModelConfig]
+    layer_names: dict[str, str] = field(default_factory=dict)
+    # The architectures whose q and k rows llama.cpp's converter interleaves per head for its RoPE
+    # (its LLaMA converter); the loader undoes it.
+    permuted_qk: tuple[str, ...] = ()
+    # (Hugging Face name, tensor as stored) -> the tensor the model takes, where llama.cpp stores it
+    # otherwise.
+    tensor: Callable[[str, Weight], Weight] | None = None
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    architectures: tuple[str, ...]  # config.json "architectures" it serves
+    model_types: tuple[str, ...]  # ModelConfig.model_type of its configs
+    model: type[CausalLM]
+    # (raw config.json, the architecture named there) -> ModelConfig; raises hf_config.ConfigError.
+    config_from_hf: Callable[[dict[str, Any], str], ModelConfig]
+    weight_shapes: Callable[[ModelConfig], Shapes]
+    gguf: GGUFLayout | None = None
+    # How the projections can be held (README's table): float, quantized online, or as stored.
+    quantizations: tuple[str, ...] = ("none", "int8", "int4", "fp8", "awq", "gptq", "gguf")
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family(
+        name="Llama",
+        architectures=tuple(llama.MODEL_TYPES),
+        model_types=tuple(llama.MODEL_TYPES.values()),
+        model=llama.LlamaForCausalLM,
+        config_from_hf=llama.config_from_hf,
+        weight_shapes=llama.weight_shapes,
+        gguf=GGUFLayout(("llama", "qwen2"), llama.config_from_gguf, permuted_qk=("llama",)),
+    ),
+    Family(
+        name="Qwen3",
+        architectures=("Qwen3ForCausalLM",),
+        model_types=("qwen3",),
+        model=qwen3.Qwen3ForCausalLM,
+        config_from_hf=qwen3.config_from_hf,
+        weight_shapes=qwen3.weight_shapes,
+        gguf=GGUFLayout(("qwen3",), qwen3.config_from_gguf, qwen3.GGUF_NAMES),
+    ),
+    Family(
+        name="Qwen3-MoE",
+        architectures=("Qwen3MoeForCausalLM",),
+        model_types=("qwen3_moe",),
+        model=moe.Qwen3MoeForCausalLM,
+        config_from_hf=moe.qwen3_moe_config_from_hf,
+        weight_shapes=moe.weight_shapes,
+        gguf=GGUFLayout(("qwen3moe",), moe.qwen3_moe_config_from_gguf, moe.QWEN3_MOE_GGUF_NAMES),
+        quantizations=("none", "int8", "int4", "fp8", "gguf"),
+    ),
+    Family(
+        name="Mixtral",
+        architectures=("MixtralForCausalLM",),
+        model_types=("mixtral",),
+        model=moe.MixtralForCausalLM,
+        config_from_hf=moe.mixtral_config_from_hf,
+        weight_shapes=moe.weight_shapes,
+        quantizations=("none", "int8", "int4", "fp8"),
+    ),
+    Family(
+        name="Gemma 2",
+        architectures=("Gemma2ForCausalLM",),
+        model_types=("gemma2",),
+        model=gemma.Gemma2ForCausalLM,
+        config_from_hf=gemma.config_from_hf,
+        weight_shapes=gemma.weight_shapes,
+        gguf=GGUFLayout(("gemma2",), gemma.config_from_gguf, gemma.GGUF_NAMES, tensor=gemma.gguf_tensor),
+    ),
+    Family(
+        name="Gemma 3 (text)",
+        architectures=("Gemma3ForCausalLM",),
+        model_types=("gemma3_text",),
+        model=gemma.Gemma3ForCausalLM,
+        config_from_hf=gemma.config_from_hf,
+        weight_shapes=gemma.weight_shapes,
+        gguf=GGUFLayout(("gemma3",), gemma.config_from_gguf, gemma.GGUF_NAMES, tensor=gemma.gguf_tensor),
+    ),
+    Family(
+        name="Phi-3 / Phi-4-mini",
+        architectures=("Phi3ForCausalLM",),
+        model_types=("phi3",),
+        model=phi3.Phi3ForCausalLM,
+        config_from_hf=phi3.config_from_hf,
+        weight_shapes=phi3.weight_shapes,
+        gguf=GGUFLayout(("phi3",), phi3.config_from_gguf, phi3.GGUF_NAMES),
+    ),
+)
+
+HF_ARCHITECTURES: dict[str, Family] = {a: f for f in FAMILIES for a in f.architectures}
+GGUF_ARCHITECTURES: dict[str, Family] = {a: f for f in FAMILIES if f.gguf for a in f.gguf.architectures}
+_BY_MODEL_TYPE: dict[str, Family] = {t: f for f in FAMILIES for t in f.model_types}
+
+
+def family_of(config: ModelConfig) -> Family:
+    if config.model_type not in _BY_MODEL_TYPE:
+        raise ValueError(
+            f"no model family builds model_type {config.model_type!r}; known: {', '.join(_BY_MODEL_TYPE)}"
+        )
+    return _BY_MODEL_TYPE[config.model_type]
+
+
+def weight_shapes(config: ModelConfig) -> Shapes:
+    """Every tensor a checkpoint of `config` holds, by Hugging Face name, with its shape."""
+    return family_of(config).weight_shapes(config)
+
+
+def build_model(config: ModelConfig, *args, **kwargs) -> CausalLM:
+    """The family's model for `config`; the arguments are CausalLM's."""
+    return family_of(config).model(config, *args, **kwargs)

@@ -1,0 +1,131 @@
+"""The model runner's step tensors, built with numpy in one pass over the batch, hold what a plain
+token-by-token construction holds: for chunked prefills, decodes, forks, prefix-cache hits and,
+with async scheduling, tokens still on the device; decode batches padded to a CUDA graph's size."""
+
+import itertools
+
+import pytest
+import torch
+from pagoda_runtime import LLM, SamplingParams
+from pagoda_runtime.executor.model_runner import graph_batch_sizes
+
+from tests.runtime.tiny_models import build_tiny_model
+
+PROMPTS = ["Hello, world! How are", "def add(a, b):", "The quick brown fox", "Once upon a time there"]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "smollm", "smollm")
+
+
+def token_by_token(batch, in_flight) -> dict[str, list]:
+    """The step's inputs the slow, obvious way; a token not read yet is the in-flight step's sample."""
+    bs = 4
+    pending = {}
+    if in_flight is not None and in_flight.samples is not None:
+        tokens = in_flight.samples.tokens.tolist()
+        pending = {in_flight.batch.seqs[i].seq_id: tokens[k] for k, i in enumerate(in_flight.rows)}
+    ids, positions, slots, query_start, seq_lens, rows = [], [], [], [0], [], []
+    for seq, num_new in zip(batch.seqs, batch.num_new_tokens, strict=True):
+        start = seq.num_computed_tokens
+        for p in range(start, start + num_new):
+            ids.append(seq.token_ids[p] if p < len(seq.token_ids) else pending[seq.seq_id])
+            positions.append(p)
+            slots.append(seq.block_table[p // bs] * bs + p % bs)
+        query_start.append(query_start[-1] + num_new)
+        seq_lens.append(start + num_new)
+        if start + num_new == seq.num_tokens:
+            rows.append(query_start[-1] - 1)
+    width = max(len(seq.block_table) for seq in batch.seqs)
+    tables = [seq.block_table + [0] * (width - len(seq.block_table)) for seq in batch.seqs]
+    return {
+        "input_ids": ids,
+        "positions": positions,
+        "slot_mapping": slots,
+        "query_start_loc": query_start,
+        "seq_lens": seq_lens,
+        "block_tables": tables,
+        "logits_rows": rows,
+    }
+
+
+@pytest.mark.parametrize("overlapped", [False, True], ids=["in-order", "async-scheduling"])
+def test_the_vectorized_step_inputs_equal_the_token_by_token_ones(folder, overlapped):
+    llm = LLM(
+        str(folder),
+        dtype="float32",
+        device="cpu",
+        block_size=4,
+        max_num_batched_tokens=12,  # prompts arrive in chunks next to decodes
+        async_scheduling=overlapped,
+    )
+    runner = llm.engine.runner
+    prepare, checked = runner._prepare, []
+
+    def compared(batch, in_flight, every_logit=False):
+        expected = token_by_token(batch, in_flight)
+        step, launched = prepare(batch, in_flight, every_logit)
+        meta = step.meta
+        got = {
+            "input_ids": step.input_ids,
+            "positions": step.positions,
+            "slot_mapping": meta.slot_mapping,
+            "query_start_loc": meta.query_start_loc,
+            "seq_lens": meta.seq_lens,
+            "block_tables": meta.block_tables,
+            "logits_rows": step.logits_rows,
+        }
+        assert {k: v.tolist() for k, v in got.items()} == expected
+        assert (meta.max_query_len, meta.max_seq_len) == (
+            max(batch.num_new_tokens),
+            max(expected["seq_lens"]),
+        )
+        checked.append(sum(1 for seq in batch.seqs if seq.num_pending))
+        return step, launched
+
+    runner._prepare = compared
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True),
+        SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=8, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True),
+    ]
+    llm.generate(PROMPTS, params)
+    llm.generate(PROMPTS[:2], params[:2])  # again: prefix-cache hits
+    assert len(checked) > 10
+    # With async scheduling most steps read a token still on the device; in order none does.
+    assert (sum(checked) > 0) == overlapped
+
+
+def test_a_decode_batch_is_padded_to_its_graphs_size(folder):
+    llm = LLM(str(folder), dtype="float32", device="cpu", block_size=4)
+    engine = llm.engine
+    for i, prompt in enumerate(PROMPTS[:3]):
+        engine.add_request(f"r{i}", prompt, SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
+    engine.step()  # the prompts
+    runner = engine.runner
+    # Pretend graphs of sizes 1, 2 and 4 were captured (a CPU captures none) and build the next step.
+    runner._graph_sizes, runner._max_graph_size = [1, 2, 4], 4
+    batch = engine.scheduler.schedule()
+    step, launched = runner._prepare(batch, None)
+    real = token_by_token(batch, None)
+    meta = step.meta
+    assert step.replayable and meta.num_seqs == 4 and launched.rows == [0, 1, 2]
+    assert step.input_ids.tolist() == real["input_ids"] + [0]
+    assert meta.slot_mapping.tolist() == real["slot_mapping"] + [-1]  # the padding writes nowhere
+    assert meta.seq_lens.tolist() == real["seq_lens"] + [1]
+    assert meta.query_start_loc.tolist() == [0, 1, 2, 3, 4]
+    assert meta.block_tables.tolist() == real["block_tables"] + [[0] * meta.block_tables.shape[1]]
+    assert step.logits_rows.tolist() == [0, 1, 2]  # only the real rows are sampled
+    assert torch.equal(step.positions[:3], torch.tensor(real["positions"]))
+
+
+def test_graph_sizes_step_by_8_then_by_16():
+    assert graph_batch_sizes(8) == [1, 2, 4, 8]
+    assert graph_batch_sizes(20) == [1, 2, 4, 8, 16, 20]
+    sizes = graph_batch_sizes(256)
+    assert sizes[:6] == [1, 2, 4, 8, 16, 24] and sizes[-3:] == [224, 240, 256]
+    assert all(b - a == 8 for a, b in itertools.pairwise(sizes[3:]) if b <= 128)
+    assert all(b - a == 16 for a, b in itertools.pairwise(sizes) if a >= 128)
+    assert graph_batch_sizes(200)[-2:] == [192, 200]

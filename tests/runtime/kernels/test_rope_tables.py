@@ -1,0 +1,54 @@
+"""The rotary tables of the new families equal transformers' cos and sin: Phi-3's LongRoPE (short
+factors before the original context, long ones from it on, both scaled by the attention factor;
+half of each head rotated) and Gemma 3's two tables (the global layers' scaled one, the local
+layers' own base)."""
+
+from pathlib import Path
+
+import torch
+from pagoda_runtime.executor.kernels.rope_cache import build_cos_sin_cache, rotary_row_order
+from pagoda_runtime.loading.model_source import config_from_hf
+from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
+from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+
+from tests.runtime.tiny_models import _SIZES, FAMILY_VARIANTS
+
+CONTEXT = 160
+
+
+def _configs(variant: str, architecture: str):
+    config_class, _, extra = FAMILY_VARIANTS[variant]
+    hf = config_class(**{**_SIZES, **extra}, vocab_size=64)
+    return hf, config_from_hf({**hf.to_dict(), "architectures": [architecture]}, Path("config.json"))
+
+
+def _hf_table(rotary, positions: list[int], **kwargs) -> torch.Tensor:
+    cos, sin = rotary(torch.zeros(1), torch.tensor([positions]), **kwargs)
+    half = cos.shape[-1] // 2
+    return torch.cat((cos[0, :, :half], sin[0, :, :half]), dim=-1)
+
+
+def test_longrope_rotates_with_short_factors_before_the_original_context_and_long_ones_after():
+    hf, ours = _configs("phi3", "Phi3ForCausalLM")
+    original = ours.rope_scaling.original_max_position_embeddings
+    table = build_cos_sin_cache(ours, CONTEXT, "cpu", torch.float32)
+    rotated = ours.rotary_dim // 2
+    half = ours.architecture.head_dim // 2
+    short = _hf_table(Phi3RotaryEmbedding(hf), list(range(original)))  # transformers: short factors
+    long = _hf_table(Phi3RotaryEmbedding(hf), list(range(original, CONTEXT)))  # past it: long ones
+    for rows, expected in ((slice(0, original), short), (slice(original, CONTEXT), long)):
+        torch.testing.assert_close(table[rows, :rotated], expected[:, :rotated], rtol=0, atol=0)
+        torch.testing.assert_close(table[rows, half : half + rotated], expected[:, rotated:], rtol=0, atol=0)
+        # The dimensions left unrotated: cos 1, sin 0.
+        assert bool((table[rows, rotated:half] == 1).all() and (table[rows, half + rotated :] == 0).all())
+    order = rotary_row_order(ours)
+    assert sorted(order.tolist()) == list(range(ours.architecture.head_dim))
+
+
+def test_gemma3_local_layers_rotate_with_their_own_base_and_global_ones_with_the_scaled_one():
+    hf, ours = _configs("gemma3", "Gemma3ForCausalLM")
+    rotary = Gemma3RotaryEmbedding(hf)
+    positions = list(range(CONTEXT))
+    for local, layer_type in ((False, "full_attention"), (True, "sliding_attention")):
+        table = build_cos_sin_cache(ours, CONTEXT, "cpu", torch.float32, local=local)
+        torch.testing.assert_close(table, _hf_table(rotary, positions, layer_type=layer_type), rtol=0, atol=0)
