@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             runtime_image=args.runtime_image,
             service_monitor_labels=dict(args.service_monitor_label),
             keda=settings.KedaSettings(args.prometheus_url, args.gateway_request_counter),
+            namespaces=tuple(args.namespace),
         )
     )
     from pagoda_operator import handlers  # importing registers the handlers with kopf

@@ -35,6 +35,8 @@ class OperatorSettings:
     # release=<its release name>).
     service_monitor_labels: dict[str, str] = field(default_factory=dict)
     keda: KedaSettings = KedaSettings()
+    # The namespaces watched (--namespace, globs allowed); none: every namespace.
+    namespaces: tuple[str, ...] = ()
 
 
 _current = OperatorSettings()
