@@ -1070,9 +1070,20 @@ class ControlPlane:
         """Unregister external.metrics.k8s.io and stop KEDA (see stop_prometheus_adapter for why)."""
         self.kubectl("delete", "apiservice", "v1beta1.external.metrics.k8s.io", "--ignore-not-found")
         self.kubectl("delete", "service", "keda-metrics-apiserver", "-n", "kube-system", "--ignore-not-found")
+        # KEDA's operator removes the finalizer it puts on each ScaledObject: deleted after it stops,
+        # the objects of namespaces still being deleted would keep the CRDs below Terminating, and
+        # still served, for ever.
+        self.kubectl("delete", "scaledobjects", "--all", "-A", "--timeout=60s", check=False)
         for c in [c for c in self._components if c.name in ("keda-adapter", "keda-operator")]:
             self._terminate(c)
             self._components.remove(c)
+        left = self.kubectl("get", "scaledobjects", "-A", "-o", "json", check=False)
+        for obj in json.loads(left.stdout)["items"] if left.returncode == 0 else []:
+            meta = obj["metadata"]
+            self.kubectl(
+                "patch", "scaledobject", meta["name"], "-n", meta["namespace"], "--type=merge",
+                "-p", '{"metadata":{"finalizers":null}}', check=False,
+            )  # fmt: skip
         # Uninstalled, so that later tests see a cluster without KEDA (the operator renders HPAs).
         crds = binary_path("keda-operator").parent / "keda-crds.yaml"
         self.kubectl("delete", "-f", str(crds), "--ignore-not-found", "--timeout=60s", check=False)
