@@ -112,7 +112,7 @@ def _apply_workload(k: Kube, body, manifest: dict, variant, live: dict | None) -
             "Normal",
             "OperatorUpgrade",
             f"rolling {manifest['kind']} {meta['name']} to the pods this operator renders (one workload "
-            "of the cluster at a time, within rollout.maxSurge and rollout.maxUnavailable)",
+            "at a time among the services it watches, within rollout.maxSurge and rollout.maxUnavailable)",
         )
         return None
     return f"{manifest['kind']} {meta['name']} waits for {blocker} to finish rolling out"

@@ -246,8 +246,7 @@ def progressing_condition(
             "Progressing",
             True,
             "UpgradeQueued",
-            "a new operator renders new pods; they roll one workload of the cluster at a time: "
-            + "; ".join(upgrade_queued),
+            "a new operator renders new pods; they roll one workload at a time: " + "; ".join(upgrade_queued),
         )
     if changing := workloads.missing + workloads.rolling:
         return _condition("Progressing", True, "RollingOut", f"variants rolling out: {', '.join(changing)}")
