@@ -483,11 +483,6 @@ INVALID = {
         ),
         "quantization gguf needs a GGUF model source",
     ),
-    "tensor-size-that-does-not-split-the-family": (
-        lambda s: s["resources"].update(gpus=2),
-        "parallelism.tensor (resources.gpus x parallelism.nodes) does not split model family smollm2-135m "
-        "evenly over its ranks (attention heads, key/value heads, MLP); use one of 1, 3",
-    ),
     "tensor-size-other-than-gpus-times-nodes": (
         lambda s: s.update(parallelism={"tensor": 2, "nodes": 3}),
         "parallelism.tensor must equal resources.gpus x parallelism.nodes",
