@@ -16,7 +16,8 @@ def test_reports_the_shape_of_a_folder_and_of_a_gguf_file(tmp_path, capsys):
     assert main(["inspect", str(tiny), "--termination-log", str(log)]) == 0
     facts = json.loads(log.read_text())
     assert facts == {
-        "architecture": vars(load_model_source(tiny).config.architecture),
+        # As JSON carries it: the architecture's tuples (layer types, dense layers) as lists.
+        "architecture": json.loads(json.dumps(vars(load_model_source(tiny).config.architecture))),
         "storedQuantization": None,
     }
     assert json.loads(capsys.readouterr().out.strip()) == facts
