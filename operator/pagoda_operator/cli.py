@@ -63,17 +63,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="reconcile every InferenceService again this often, undoing changes made to its children",
     )
     p.add_argument(
-        "--prometheus-url",
-        default=settings.DEFAULT_PROMETHEUS_URL,
-        help="the Prometheus KEDA's ScaledObjects query for queue depth and gateway demand",
-    )
-    p.add_argument(
-        "--gateway-request-counter",
-        default=settings.DEFAULT_REQUEST_COUNTER,
-        help="PromQL series selector of the gateway's request counter per HTTPRoute rule, with "
-        "{namespace}, {route} and {rules}: what wakes a variant scaled to zero (default: Traefik's)",
-    )
-    p.add_argument(
         "--runtime-image",
         default=os.environ.get("PAGODA_RUNTIME_IMAGE") or settings.DEFAULT_RUNTIME_IMAGE,
         help="the pagoda-runtime image of every InferenceService that names none (spec.runtime.image); "
@@ -99,10 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     kopf.configure(verbose=args.verbose, log_prefix=True)
     settings.configure(
         settings.OperatorSettings(
-            runtime_image=args.runtime_image,
-            service_monitor_labels=dict(args.service_monitor_label),
-            keda=settings.KedaSettings(args.prometheus_url, args.gateway_request_counter),
-            namespaces=tuple(args.namespace),
+            runtime_image=args.runtime_image, service_monitor_labels=dict(args.service_monitor_label)
         )
     )
     from pagoda_operator import handlers  # importing registers the handlers with kopf
@@ -116,9 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             clusterwide=not args.namespace,
             namespaces=args.namespace,
             standalone=args.standalone,
-            # A peering name makes kopf's peering mandatory, and kopf pauses a standalone operator
-            # whose mandatory peering it never sets up: name one only where peering runs.
-            peering_name=None if args.standalone else args.peering_name,
+            peering_name=args.peering_name,
             priority=args.priority,
             liveness_endpoint=args.liveness or None,
         )

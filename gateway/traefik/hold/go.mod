@@ -1,3 +1,0 @@
-module pagoda.dev/hold
-
-go 1.26.0
