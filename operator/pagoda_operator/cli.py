@@ -88,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     kopf.configure(verbose=args.verbose, log_prefix=True)
     settings.configure(
         settings.OperatorSettings(
-            runtime_image=args.runtime_image, service_monitor_labels=dict(args.service_monitor_label)
+            runtime_image=args.runtime_image,
+            service_monitor_labels=dict(args.service_monitor_label),
+            namespaces=tuple(args.namespace),
         )
     )
     from pagoda_operator import handlers  # importing registers the handlers with kopf

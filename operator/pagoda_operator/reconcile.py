@@ -41,8 +41,10 @@ from pagoda_operator.retire import plan_retirement, replacements_ready, serving_
 from pagoda_operator.status_refresh import Observed, observe, refresh_status, report_invalid
 
 
-def _every_workload(k: Kube) -> list[dict]:
-    return [w for kind in workload_kinds(k) for w in k.list_all(kind, LABEL_ISVC)]
+def watched_workloads(k: Kube) -> list[dict]:
+    """The InferenceServices' workloads in the namespaces this operator watches."""
+    workloads = [w for kind in workload_kinds(k) for w in k.list_all(kind, LABEL_ISVC)]
+    return upgrade.in_namespaces(workloads, settings.current().namespaces)
 
 
 def _apply_workload(k: Kube, body, manifest: dict, variant, live: dict | None) -> str | None:
@@ -64,7 +66,7 @@ def _apply_workload(k: Kube, body, manifest: dict, variant, live: dict | None) -
         return None
     meta = manifest["metadata"]
     blocker = upgrade.GATE.run_if_idle(
-        lambda: _every_workload(k),
+        lambda: watched_workloads(k),
         (manifest["kind"], meta["namespace"], meta["name"]),
         lambda: k.apply(manifest, force=True),
     )

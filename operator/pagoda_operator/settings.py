@@ -16,6 +16,8 @@ class OperatorSettings:
     # Labels of every ServiceMonitor, for a Prometheus that selects them (kube-prometheus-stack:
     # release=<its release name>).
     service_monitor_labels: dict[str, str] = field(default_factory=dict)
+    # The namespaces watched (--namespace, globs allowed); none: every namespace.
+    namespaces: tuple[str, ...] = ()
 
 
 _current = OperatorSettings()

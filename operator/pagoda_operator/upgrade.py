@@ -6,12 +6,14 @@ at once, every variant of every service would roll together and, with a GPU vari
 maxSurge 0, each one-replica variant would be down at the same time. So each workload carries the
 spec generation and the hash of the pod template it was rendered from; a template that differs while
 the generation is the same is the operator's change, and it is applied only while no other workload
-of any InferenceService is rolling out. Inside one workload its own rollout rules (maxSurge,
+of any InferenceService in the namespaces this operator watches is rolling out: workloads elsewhere
+are another operator's to roll, or none's. Inside one workload its own rollout rules (maxSurge,
 maxUnavailable) hold as for any rollout. The workloads waiting keep their pods and say so in status.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import threading
@@ -53,6 +55,18 @@ def operator_change(manifest: dict, live: dict | None, generation: int) -> bool:
     if annotations.get(TEMPLATE_HASH) == template_hash(manifest):
         return False
     return annotations.get(SPEC_GENERATION) in (None, str(generation))
+
+
+def in_namespaces(workloads: list[dict], namespaces: tuple[str, ...]) -> list[dict]:
+    """The workloads in the namespaces given as the operator's --namespace globs; every one when none
+    are given (an operator watching the whole cluster)."""
+    if not namespaces:
+        return workloads
+    return [
+        w
+        for w in workloads
+        if any(fnmatch.fnmatch(w["metadata"]["namespace"], pattern) for pattern in namespaces)
+    ]
 
 
 def _deadline_exceeded(workload: dict) -> bool:

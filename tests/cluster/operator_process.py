@@ -30,9 +30,18 @@ _IN_CLUSTER_VARIABLES = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")
 
 class OperatorProcess:
     def __init__(
-        self, kubeconfig: Path, logs_dir: Path, *, resync_seconds: float, args: tuple[str, ...] = ()
+        self,
+        kubeconfig: Path,
+        logs_dir: Path,
+        *,
+        resync_seconds: float,
+        namespaces: tuple[str, ...] = (),
+        args: tuple[str, ...] = (),
     ):
         self.kubeconfig = kubeconfig
+        # The namespaces it watches (--namespace, which argparse refuses beside --all-namespaces);
+        # none: every namespace.
+        self.namespaces = namespaces
         self.args = args  # more flags, as an install's values would set them
         self.logs_dir = logs_dir
         self.resync_seconds = resync_seconds
@@ -50,7 +59,7 @@ class OperatorProcess:
             sys.executable,
             "-m",
             "pagoda_operator.cli",
-            "--all-namespaces",
+            *([f"--namespace={n}" for n in self.namespaces] or ["--all-namespaces"]),
             f"--liveness={health_url}",
             "--metrics-port=0",
             f"--resync-seconds={self.resync_seconds}",

@@ -35,14 +35,22 @@ def _service(name: str, image: str | None = None) -> dict:
 
 
 @pytest.fixture
-def operator_at(operator_kubeconfig, tmp_path):
+def operator_at(operator_kubeconfig, isvc_namespace, tmp_path):
+    """Starts the operator with a runtime image default, watching the test's namespace alone: the
+    services earlier tests left in namespaces still being deleted are no part of its upgrade."""
     started: list[OperatorProcess] = []
 
     def start(image: str) -> OperatorProcess:
         for running in started:
             running.stop()
         operator = OperatorProcess(
-            operator_kubeconfig, tmp_path, resync_seconds=2.0, args=(f"--runtime-image={image}",)
+            operator_kubeconfig,
+            tmp_path,
+            resync_seconds=2.0,
+            namespaces=(isvc_namespace,),
+            # Watching namespaces, kopf peers through the namespaced KopfPeering CRD, which
+            # manifests/ does not install; one operator runs at a time here.
+            args=("--standalone", f"--runtime-image={image}"),
         )
         operator.start()
         started.append(operator)

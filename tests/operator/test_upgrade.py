@@ -6,10 +6,12 @@ import threading
 import time
 
 from operator_specs import spec
+from pagoda_operator import settings
 from pagoda_operator.plan import plan_service
+from pagoda_operator.reconcile import watched_workloads
 from pagoda_operator.render import RenderOptions, render
 from pagoda_operator.status import compute_status
-from pagoda_operator.upgrade import UpgradeGate, operator_change, rolling_out, stamped
+from pagoda_operator.upgrade import UpgradeGate, in_namespaces, operator_change, rolling_out, stamped
 
 
 def _deployment(image: str, generation: int = 3) -> dict:
@@ -31,11 +33,11 @@ def test_a_new_operator_default_with_the_same_spec_is_the_operators_change():
     assert not operator_change(_deployment("pagoda-runtime:0.2.0"), None, 3)
 
 
-def _workload(name, *, desired=2, updated=2, ready=2, replicas=2, deadline=False) -> dict:
+def _workload(name, *, desired=2, updated=2, ready=2, replicas=2, deadline=False, namespace="ml") -> dict:
     conditions = [{"type": "Progressing", "reason": "ProgressDeadlineExceeded"}] if deadline else []
     return {
         "kind": "Deployment",
-        "metadata": {"namespace": "ml", "name": name, "generation": 2},
+        "metadata": {"namespace": namespace, "name": name, "generation": 2},
         "spec": {"replicas": desired},
         "status": {
             "observedGeneration": 2,
@@ -90,6 +92,47 @@ def test_a_reconcile_sees_the_rollout_another_one_just_started():
     )
     first.join()
     assert waits_for == "Deployment ml/a" and applied_b == []
+
+
+class _Cluster:
+    """The Kube calls the gate's listing makes: every InferenceService workload of the cluster."""
+
+    def __init__(self, workloads: list[dict]):
+        self.workloads = workloads
+
+    def has_api(self, *_) -> bool:
+        return False  # no LeaderWorkerSet CRD
+
+    def list_all(self, kind: str, _selector: str) -> list[dict]:
+        return [w for w in self.workloads if w["kind"] == kind]
+
+
+def test_an_operator_watching_namespaces_waits_only_for_rollouts_in_them(monkeypatch):
+    own = ("Deployment", "team-a", "chat")
+    cluster = _Cluster(
+        [
+            _workload("chat", namespace="team-a"),
+            _workload("left-over", ready=0, namespace="op-1234"),  # another operator's, or none's
+            _workload("embed", ready=1, namespace="team-b"),
+        ]
+    )
+    gate, applied = UpgradeGate(), []
+
+    def gate_with(namespaces: tuple[str, ...]) -> str | None:
+        monkeypatch.setattr(settings, "_current", settings.OperatorSettings(namespaces=namespaces))
+        return gate.run_if_idle(lambda: watched_workloads(cluster), own, lambda: applied.append(namespaces))
+
+    assert gate_with(("team-a",)) is None
+    assert gate_with(("team-*",)) == "Deployment team-b/embed"  # --namespace takes globs, as kopf does
+    assert gate_with(()) == "Deployment op-1234/left-over"  # every namespace
+    assert applied == [("team-a",)]
+
+
+def test_namespace_globs_select_workloads_as_kopf_selects_namespaces():
+    workloads = [_workload("a", namespace=ns) for ns in ("team-a", "team-b", "prod", "team")]
+    picked = {w["metadata"]["namespace"] for w in in_namespaces(workloads, ("team-?", "prod"))}
+    assert picked == {"team-a", "team-b", "prod"}
+    assert in_namespaces(workloads, ()) == workloads
 
 
 def test_status_says_the_upgrade_waits_its_turn():
