@@ -104,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
             clusterwide=not args.namespace,
             namespaces=args.namespace,
             standalone=args.standalone,
-            peering_name=args.peering_name,
+            # A peering name makes kopf's peering mandatory, and kopf pauses a standalone operator
+            # whose mandatory peering it never sets up: name one only where peering runs.
+            peering_name=None if args.standalone else args.peering_name,
             priority=args.priority,
             liveness_endpoint=args.liveness or None,
         )
