@@ -100,7 +100,7 @@ def _attend_keys(
         # qk_scale carries log2(e): cap the natural-log scores (tanh through sigmoid), then return
         # to base 2.
         tanh = 2.0 * tl.sigmoid(2.0 * 0.6931471805599453 * scores / softcap) - 1.0
-        scores = tanh * softcap * LOG2E
+        scores = tanh * softcap * 1.4426950408889634
     allowed = key_valid[None, :] & (keys[None, :] <= query_pos[:, None])
     if HAS_WINDOW:
         allowed &= keys[None, :] > query_pos[:, None] - window
