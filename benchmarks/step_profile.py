@@ -335,7 +335,6 @@ def _labelled(label: str, fn: Callable) -> Callable:
 @contextmanager
 def labelled_parts(engine: LLMEngine) -> Iterator[None]:
     """Wrap every part of a step in a profiler label (PARTS); the originals come back on exit."""
-    import pagoda_runtime.executor.models.layers as model_module
 
     undo: list[Callable[[], None]] = []
 
@@ -368,7 +367,10 @@ def labelled_parts(engine: LLMEngine) -> Iterator[None]:
     wrap(model.norm, "forward", "final norm")
     wrap(model, "compute_logits", "logits (lm_head)")
     wrap(type(runner.sampler), "__call__", "sampler")  # Python looks special methods up on the class
-    wrap(model_module, "silu_and_mul", "silu_and_mul")
+    for layer in model.layers:
+        # The gated MLP holds its activation (GatedMLP.act_and_mul), bound when it was built.
+        if hasattr(layer.mlp, "act_and_mul"):
+            wrap(layer.mlp, "act_and_mul", "silu_and_mul")
     try:
         yield
     finally:

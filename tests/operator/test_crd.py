@@ -176,6 +176,7 @@ def test_examples_parse(path):
 NOT_IN_FULL = {
     ".spec.scheduling.priorityClassName": "names a PriorityClass of the user's cluster (a comment shows it)",
     ".spec.model.s3.credentialsSecretName": "excludes serviceAccountName; s3-cache.yaml shows it",
+    ".spec.model.architecture.slidingWindow": "Llama 3 attends to the whole context (a comment names it)",
 }
 
 

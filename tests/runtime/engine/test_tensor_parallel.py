@@ -110,7 +110,11 @@ def test_tiny_models_greedy_ids_do_not_depend_on_the_tensor_parallel_size(one_pr
     for name, run in runs.items():
         whole = one_process["tiny"][name]
         assert run["ids"] == whole["ids"], name
-        assert run["preemptions"] > 0 and run["prefix_hits"] > 0, name
+        if not name.endswith("_window"):
+            # A model whose layers slide holds only its window per sequence and hands back the blocks
+            # behind it: the tiny cache never runs short nor keeps a prefix, so the runs are
+            # required to preempt and hit the prefix cache for the other models only.
+            assert run["preemptions"] > 0 and run["prefix_hits"] > 0, name
         # Each rank caches its KV heads only (a copy of one when there are fewer heads than ranks),
         # and holds the weights sizing.py predicts for one GPU of the group.
         per_rank = kv_heads_per_rank(run["kv_heads"], size)
