@@ -135,7 +135,10 @@ def test_transformers_baseline_rotates_positions_like_the_engine(shape):
     else:
         expected, _ = ROPE_INIT_FUNCTIONS[rope_type](hf, "cpu")
     assert rope_type == ("llama3" if config.rope_scaling else "default")
-    torch.testing.assert_close(_inverse_frequencies(config.rope_theta, config.rotary_dim, config.rope_scaling).float(), expected.float())
+    torch.testing.assert_close(
+        _inverse_frequencies(config.rope_theta, config.rotary_dim, config.rope_scaling).float(),
+        expected.float(),
+    )
 
 
 def test_batch_sweep_writes_a_table_and_a_plot_per_batch_size(tmp_path):
