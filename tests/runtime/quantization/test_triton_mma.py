@@ -101,11 +101,12 @@ def _awq(n: int, k: int, group: int) -> PackedWeight:
 
 
 def _gguf_q4_0(n: int, k: int) -> PackedWeight:
-    from pagoda_runtime.executor.quantization.gguf_blocks import Q4_0, gguf_to_packed
+    from pagoda_runtime.executor.quantization.gguf_block_layouts import GGMLType
+    from pagoda_runtime.executor.quantization.gguf_blocks import gguf_to_packed
 
     blocks = np.random.default_rng(0).integers(0, 256, (n, k // 32, 18), dtype=np.uint8)
     blocks[..., :2] = np.full((n, k // 32, 1), 0.01, np.float16).view(np.uint8)  # each block's scale
-    return gguf_to_packed(blocks.reshape(-1), Q4_0, (n, k))
+    return gguf_to_packed(blocks.reshape(-1), GGMLType.Q4_0, (n, k))
 
 
 @pytest.mark.parametrize("checkpoint", ["awq", "gguf q4_0"])
