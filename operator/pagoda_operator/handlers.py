@@ -15,13 +15,17 @@ import threading
 
 import kopf
 
-from pagoda_operator import model_cache_cluster, resync
+from pagoda_operator import model_cache_cluster, peering, resync
+from pagoda_operator import settings as operator_settings
 from pagoda_operator.kube import kube
 from pagoda_operator.leader_worker_set import LWS_GROUP, LWS_PLURAL, LWS_VERSION
 from pagoda_operator.models import GROUP, PLURAL, VERSION
 from pagoda_operator.names import LABEL_ISVC, LABEL_MODEL_CACHE
 from pagoda_operator.reconcile import reconcile
 from pagoda_operator.status_refresh import refresh_status
+
+# Ends the thread that creates kopf's namespaced peering objects (peering.py).
+_stop_peering = threading.Event()
 
 
 @kopf.on.startup()
@@ -35,9 +39,14 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.execution.max_workers = 8
-    if settings.peering.clusterwide and not settings.peering.standalone:
-        kube().ensure_cluster_peering(settings.peering.name)
+    if not settings.peering.standalone:
+        peering.start(kube(), settings.peering.name, operator_settings.current().namespaces, _stop_peering)
     kube()
+
+
+@kopf.on.cleanup()
+def stop_peering(**_) -> None:
+    _stop_peering.set()
 
 
 @kopf.on.create(GROUP, VERSION, PLURAL)

@@ -221,14 +221,17 @@ class Kube:
             raise
         return any(r.get("name") == plural for r in resources.get("resources", []))
 
-    def ensure_cluster_peering(self, name: str) -> None:
-        """Creates the ClusterKopfPeering object through which replicas elect the active one."""
+    def ensure_peering(self, name: str, namespace: str | None = None) -> None:
+        """Creates kopf's peering object through which replicas elect the active one: the
+        ClusterKopfPeering `name`, or with a namespace the KopfPeering `name` in it."""
+        if namespace:
+            kind, path = "KopfPeering", f"/apis/kopf.dev/v1/namespaces/{namespace}/kopfpeerings"
+            metadata = {"name": name, "namespace": namespace}
+        else:
+            kind, path = "ClusterKopfPeering", "/apis/kopf.dev/v1/clusterkopfpeerings"
+            metadata = {"name": name}
         try:
-            self.request(
-                "POST",
-                "/apis/kopf.dev/v1/clusterkopfpeerings",
-                body={"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": name}},
-            )
+            self.request("POST", path, body={"apiVersion": "kopf.dev/v1", "kind": kind, "metadata": metadata})
         except client.ApiException as exc:
             if exc.status != 409:
                 raise

@@ -13,12 +13,12 @@ maxUnavailable) hold as for any rollout. The workloads waiting keep their pods a
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
 import threading
 
 from pagoda_operator.models import GROUP
+from pagoda_operator.watched_namespaces import watched
 
 SPEC_GENERATION = f"{GROUP}/spec-generation"
 TEMPLATE_HASH = f"{GROUP}/pod-template-hash"
@@ -60,13 +60,7 @@ def operator_change(manifest: dict, live: dict | None, generation: int) -> bool:
 def in_namespaces(workloads: list[dict], namespaces: tuple[str, ...]) -> list[dict]:
     """The workloads in the namespaces given as the operator's --namespace globs; every one when none
     are given (an operator watching the whole cluster)."""
-    if not namespaces:
-        return workloads
-    return [
-        w
-        for w in workloads
-        if any(fnmatch.fnmatch(w["metadata"]["namespace"], pattern) for pattern in namespaces)
-    ]
+    return [w for w in workloads if watched(w["metadata"]["namespace"], namespaces)]
 
 
 def _deadline_exceeded(workload: dict) -> bool:

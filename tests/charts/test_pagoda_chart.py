@@ -18,6 +18,8 @@ NAMESPACE = "pagoda-system"
 KUBE_VERSION = "1.36.3"
 # What Helm adds to keep an object on uninstall; kubectl has no such notion.
 KEEP = "helm.sh/resource-policy"
+# kopf's peering CRDs: the cluster-wide operator's and the one of an operator watching namespaces.
+KOPF_PEERING_CRDS = ("clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev")
 
 
 def _tool(name: str) -> str:
@@ -91,6 +93,8 @@ def test_the_chart_renders_the_objects_of_the_kustomization():
         assert without_keep(chart[identity]) == obj, identity
     crd = chart[("CustomResourceDefinition", "inferenceservices.pagoda.dev")]
     assert crd["metadata"]["annotations"][KEEP] == "keep"  # uninstalling must not delete every model server
+    # Both of kopf's peering kinds: watchNamespaces makes the operator peer in each watched namespace.
+    assert {("CustomResourceDefinition", name) for name in KOPF_PEERING_CRDS} <= set(chart)
 
 
 def test_images_set_once_in_either_install_are_the_same(tmp_path):
@@ -148,12 +152,13 @@ def test_crds_can_be_left_out_or_deleted_with_the_release():
         "annotations", {}
     )
     argo = by_identity(helm_template("crds.annotations.argocd\\.argoproj\\.io/sync-options=Prune=false"))
-    for name in ("inferenceservices.pagoda.dev", "clusterkopfpeerings.kopf.dev"):
+    for name in ("inferenceservices.pagoda.dev", *KOPF_PEERING_CRDS):
         annotations = argo[("CustomResourceDefinition", name)]["metadata"]["annotations"]
         assert annotations == {KEEP: "keep", "argocd.argoproj.io/sync-options": "Prune=false"}
-    # Another kopf operator installed kopf's peering CRD already: Helm must not try to own it.
+    # Another kopf operator installed kopf's peering CRDs already: Helm must not try to own them.
     shared = by_identity(helm_template("kopfPeering.installCRD=false"))
-    assert ("CustomResourceDefinition", "clusterkopfpeerings.kopf.dev") not in shared
+    for name in KOPF_PEERING_CRDS:
+        assert ("CustomResourceDefinition", name) not in shared
     assert ("CustomResourceDefinition", "inferenceservices.pagoda.dev") in shared
 
 

@@ -133,6 +133,7 @@ def test_install_from_manifests(control_plane, pagoda_install):
     for applied in (
         "customresourcedefinition.apiextensions.k8s.io/inferenceservices.pagoda.dev",
         "customresourcedefinition.apiextensions.k8s.io/clusterkopfpeerings.kopf.dev",
+        "customresourcedefinition.apiextensions.k8s.io/kopfpeerings.kopf.dev",
         f"namespace/{OPERATOR_NAMESPACE}",
         f"serviceaccount/{OPERATOR_ACCOUNT}",
         "clusterrole.rbac.authorization.k8s.io/pagoda-operator",

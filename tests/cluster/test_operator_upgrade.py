@@ -48,9 +48,9 @@ def operator_at(operator_kubeconfig, isvc_namespace, tmp_path):
             tmp_path,
             resync_seconds=2.0,
             namespaces=(isvc_namespace,),
-            # Watching namespaces, kopf peers through the namespaced KopfPeering CRD, which
-            # manifests/ does not install; one operator runs at a time here.
-            args=("--standalone", f"--runtime-image={image}"),
+            # Peering as deployed: through the KopfPeering the operator creates in the namespace,
+            # which the stopped operator left.
+            args=(f"--runtime-image={image}",),
         )
         operator.start()
         started.append(operator)

@@ -132,6 +132,9 @@ def test_namespace_globs_select_workloads_as_kopf_selects_namespaces():
     workloads = [_workload("a", namespace=ns) for ns in ("team-a", "team-b", "prod", "team")]
     picked = {w["metadata"]["namespace"] for w in in_namespaces(workloads, ("team-?", "prod"))}
     assert picked == {"team-a", "team-b", "prod"}
+    # kopf's exclusions: `kopf run --namespace='team-*,!team-b'` serves team-a and team alone.
+    picked = {w["metadata"]["namespace"] for w in in_namespaces(workloads, ("team*, !team-b",))}
+    assert picked == {"team-a", "team"}
     assert in_namespaces(workloads, ()) == workloads
 
 

@@ -12,8 +12,8 @@ app.kubernetes.io/part-of: pagoda
 {{- end -}}
 
 {{/* A CRD of files/, kept on uninstall when crds.keep is set, with crds.annotations. */}}
-{{- define "pagoda.keptFile" -}}
-{{- $object := .root.Files.Get .file | fromYaml -}}
+{{- define "pagoda.keptCRD" -}}
+{{- $object := .object -}}
 {{- $annotations := merge (deepCopy .root.Values.crds.annotations) ($object.metadata.annotations | default dict) -}}
 {{- if .root.Values.crds.keep -}}
 {{- $_ := set $annotations "helm.sh/resource-policy" "keep" -}}
