@@ -1,6 +1,7 @@
 """The Helm chart installed, upgraded and uninstalled on a control plane of its own (the suite's shared
 one holds the kustomize install). The operator runs on the host with the installed ServiceAccount's
-token and the runtime image the installed Deployment gives it, as it would in its pod."""
+token, the runtime image and the watched namespaces (operator.watchNamespaces, so it peers through
+the chart's KopfPeering CRD) that the installed Deployment gives it, as it would in its pod."""
 
 from __future__ import annotations
 
@@ -33,10 +34,20 @@ def helm(cp, *args: str) -> str:
     return done.stdout
 
 
-def runtime_image_of_install(cp) -> str:
+def operator_container_of_install(cp) -> dict:
     deployment = get(cp, "deployment", "pagoda-operator", "-n", NAMESPACE)
-    env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    return deployment["spec"]["template"]["spec"]["containers"][0]
+
+
+def runtime_image_of_install(cp) -> str:
+    env = operator_container_of_install(cp)["env"]
     return next(e["value"] for e in env if e["name"] == "PAGODA_RUNTIME_IMAGE")
+
+
+def watched_namespaces_of_install(cp) -> tuple[str, ...]:
+    """The namespaces of the installed Deployment's --namespace arguments (operator.watchNamespaces)."""
+    args = operator_container_of_install(cp)["args"]
+    return tuple(a.removeprefix("--namespace=") for a in args if a.startswith("--namespace="))
 
 
 def start_operator(cp, tmp_path, attempt: int) -> OperatorProcess:
@@ -46,6 +57,7 @@ def start_operator(cp, tmp_path, attempt: int) -> OperatorProcess:
         write_operator_kubeconfig(cp, logs / "kubeconfig"),
         logs,
         resync_seconds=1.0,
+        namespaces=watched_namespaces_of_install(cp),
         args=(f"--runtime-image={runtime_image_of_install(cp)}",),
     )
     operator.start()
@@ -64,14 +76,19 @@ def test_install_upgrade_and_uninstall(own_control_plane, tmp_path):
         "--create-namespace",
         "--set",
         "runtime.image.tag=0.1.0",
+        # Peering in the watched namespace, through the CRD and RBAC the chart installs.
+        "--set",
+        "operator.watchNamespaces={served}",
     )
     cp.kubectl("wait", "--for=condition=Established", "--timeout=30s", "crd/inferenceservices.pagoda.dev")
     assert runtime_image_of_install(cp) == "pagoda-runtime:0.1.0"
+    assert watched_namespaces_of_install(cp) == ("served",)
     cp.kubectl("create", "namespace", "served")
     operator = start_operator(cp, tmp_path, 1)
     try:
         apply(cp, "served", inference_service(variants=[("bf16", "none")], max_replicas=1))
         wait_ready(cp, operator, "served", "chat")
+        assert get_or_none(cp, "kopfpeerings.kopf.dev", "pagoda-operator", "-n", "served") is not None
     finally:
         operator.stop()
     assert not operator.failures(), operator.failures()
