@@ -25,54 +25,71 @@ logger = logging.getLogger(__name__)
 # recreates a peering object deleted in the meantime.
 WATCH_SECONDS = 300
 RETRY_SECONDS = 5.0
+# How long the start waits for the namespaces that exist to have theirs, so that kopf's first
+# keep-alive finds them.
+FIRST_PASS_SECONDS = 10.0
 
 
 def start(k: Kube, name: str, namespaces: tuple[str, ...], stop: threading.Event) -> None:
-    """The peering objects of an operator watching these --namespace patterns (none: the cluster).
-
-    Those of the namespaces that exist now are there before kopf's first keep-alive; a thread adds
-    those of namespaces created later."""
+    """The peering objects of an operator watching these --namespace patterns (none: the cluster)."""
     if not namespaces:
         k.ensure_peering(name)
         return
-    listed = client.CoreV1Api(k.api).list_namespace()
-    for namespace in listed.items:
-        if watched(namespace.metadata.name, namespaces):
-            ensure_namespaced(k, name, namespace.metadata.name)
-    args = (k, name, namespaces, listed.metadata.resource_version, stop)
+    first_pass = threading.Event()
+    args = (k, name, namespaces, stop, first_pass)
     threading.Thread(target=keep_namespaced, args=args, name="peering", daemon=True).start()
+    first_pass.wait(FIRST_PASS_SECONDS)
 
 
 def keep_namespaced(
-    k: Kube, name: str, namespaces: tuple[str, ...], resource_version: str | None, stop: threading.Event
+    k: Kube, name: str, namespaces: tuple[str, ...], stop: threading.Event, first_pass: threading.Event
 ) -> None:
-    """Creates the KopfPeering `name` in each watched namespace that appears after `resource_version`
-    (then in each one every WATCH_SECONDS), until `stop` is set."""
-    core = client.CoreV1Api(k.api)
+    """Creates the KopfPeering `name` in each watched namespace, those that exist (then sets
+    `first_pass`) and those created later, until `stop` is set; after a failure it tries them all
+    again."""
     while not stop.is_set():
-        try:
-            stream = watch.Watch().stream(
-                core.list_namespace, resource_version=resource_version, timeout_seconds=WATCH_SECONDS
-            )
-            for event in stream:
-                namespace = event["object"].metadata.name
-                if event["type"] == "ADDED" and watched(namespace, namespaces):
-                    ensure_namespaced(k, name, namespace)
-        except Exception:
-            logger.exception("Watching namespaces for kopf's peering objects failed; retrying")
+        if not _list_and_watch(k, name, namespaces, first_pass):
             stop.wait(RETRY_SECONDS)
-        # A watch from no version starts with every namespace that exists.
-        resource_version = None
 
 
-def ensure_namespaced(k: Kube, name: str, namespace: str) -> None:
+def _list_and_watch(k: Kube, name: str, namespaces: tuple[str, ...], first_pass: threading.Event) -> bool:
+    """One list of the namespaces and one watch from it; False after a failure."""
+    core = client.CoreV1Api(k.api)
+    try:
+        listed = core.list_namespace()
+        existing = [n.metadata.name for n in listed.items if watched(n.metadata.name, namespaces)]
+        if not all([ensure_namespaced(k, name, namespace) for namespace in existing]):
+            return False
+        first_pass.set()
+        stream = watch.Watch().stream(
+            core.list_namespace,
+            resource_version=listed.metadata.resource_version,
+            timeout_seconds=WATCH_SECONDS,
+            # A connection that silently died must not end the watching for good.
+            _request_timeout=WATCH_SECONDS + 30,
+        )
+        for event in stream:
+            namespace = event["object"].metadata.name
+            added = event["type"] == "ADDED" and watched(namespace, namespaces)
+            if added and not ensure_namespaced(k, name, namespace):
+                return False
+        return True
+    except Exception:
+        logger.exception("Watching namespaces for kopf's peering objects failed; retrying")
+        return False
+
+
+def ensure_namespaced(k: Kube, name: str, namespace: str) -> bool:
+    """Whether the namespace has its KopfPeering (or needs none: it is being deleted)."""
     try:
         k.ensure_peering(name, namespace)
     except client.ApiException as exc:
         if exc.status == 403 and being_deleted(exc):
-            return  # a namespace being deleted, which kopf stops watching
+            return True  # kopf stops watching a namespace being deleted
         logger.error(
             f"Cannot create kopf's KopfPeering {name!r} in namespace {namespace!r}, without which the "
             f"operator stays paused: {api_message(exc)} (install manifests/kopf-peering-crd.yaml and "
-            "the kopfpeerings rule of manifests/rbac.yaml)"
+            "the kopfpeerings rule of manifests/rbac.yaml); retrying"
         )
+        return False
+    return True

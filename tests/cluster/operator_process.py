@@ -19,9 +19,11 @@ from loopback_client import free_port
 OPERATOR_NAMESPACE = "pagoda-system"
 OPERATOR_ACCOUNT = "pagoda-operator"
 # kopf's words for a handler that raised something other than kopf's own errors (with which the
-# operator reports a refusal), and the apiserver's for a request that RBAC refused.
+# operator reports a refusal), the operator's for a peering object it could not create, and the
+# apiserver's for a request that RBAC refused.
 _FAILURE = re.compile(
     rf"(Handler|Timer) '\w+' failed with an exception|Resync failed with an exception"
+    "|Cannot create kopf's KopfPeering"
     rf"|system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_ACCOUNT}\\?\" cannot"
 )
 # In-cluster settings would win over the kubeconfig if the tests themselves run in a pod.
