@@ -8,6 +8,7 @@ import json
 import pytest
 from kubernetes_schema import validate
 from operator_specs import MINIMAL, spec
+from pagoda_operator import resync
 from pagoda_operator.inference_service import error_text, plan_with_cache
 from pagoda_operator.model_cache import (
     CacheStatus,
@@ -266,3 +267,29 @@ def test_a_draft_the_spec_does_not_size_is_sized_from_what_its_job_read():
     assert plan.variants[0].fit.draft_weight_bytes == weight_bytes(
         KNOWN_ARCHITECTURES["llama-3.2-1b"], "none"
     )
+
+
+def test_a_draft_download_is_followed_like_the_models(monkeypatch):
+    # status.modelCache shows the model's cache only; a draft's download shows in Ready's reason.
+    bodies = {
+        ("ml", "draft-downloading"): {
+            "status": {"conditions": [{"type": "Ready", "reason": "ModelCacheDownloading"}]}
+        },
+        ("ml", "model-downloading"): {"status": {"modelCache": {"phase": "Downloading"}}},
+        ("ml", "serving"): {"status": {"conditions": [{"type": "Ready", "reason": "Serving"}]}},
+    }
+
+    class Cluster:
+        def get_inference_service(self, namespace, name):
+            return bodies[(namespace, name)]
+
+    refreshed = []
+    monkeypatch.setattr(resync.status_refresh, "refresh_status", lambda k, ns, name: refreshed.append(name))
+    for namespace, name in bodies:
+        resync.remember("ADDED", namespace, name)
+    try:
+        resync.refresh_downloading(Cluster())
+    finally:
+        for namespace, name in bodies:
+            resync.remember("DELETED", namespace, name)
+    assert refreshed == ["draft-downloading", "model-downloading"]
