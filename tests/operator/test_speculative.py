@@ -19,6 +19,7 @@ from pagoda_operator.model_cache import (
     job_ref,
     replica_model_path,
 )
+from pagoda_operator.model_cache_cluster import cache_users
 from pagoda_operator.models import InferenceServiceSpec
 from pagoda_operator.names import variant_object_name
 from pagoda_operator.plan import Checkpoint, plan_service, plan_variant
@@ -293,3 +294,18 @@ def test_a_draft_download_is_followed_like_the_models(monkeypatch):
         for namespace, name in bodies:
             resync.remember("DELETED", namespace, name)
     assert refreshed == ["draft-downloading", "model-downloading"]
+
+
+def test_a_draft_cache_job_event_refreshes_the_services_using_that_draft():
+    with_draft = {**MINIMAL, "variants": [_variant(_draft(DRAFT_HF))]}
+    items = [
+        {"metadata": {"name": "with-draft", "namespace": NS}, "spec": with_draft},
+        {"metadata": {"name": "without", "namespace": NS}, "spec": MINIMAL},
+    ]
+
+    class Cluster:
+        def request(self, method, path):
+            return {"items": items}
+
+    s = InferenceServiceSpec.model_validate(with_draft)
+    assert cache_users(Cluster(), NS, cache_ref(draft_spec(s, s.variants[0])).key) == ["with-draft"]
