@@ -3,6 +3,9 @@ and its plan once the model cache's state is known."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 from pydantic import ValidationError
 
 from pagoda_operator.model_cache import CacheStatus
@@ -28,7 +31,15 @@ def error_text(exc: ValidationError | ValueError) -> str:
     return str(exc)
 
 
-def plan_with_cache(spec: InferenceServiceSpec, cache: CacheStatus | None) -> ServicePlan:
-    if cache is None:
-        return plan_service(spec)
-    return plan_service(spec, cache.checkpoint, held=cache.holds_replicas)
+def plan_with_cache(
+    spec: InferenceServiceSpec,
+    cache: CacheStatus | None,
+    drafts: Mapping[str, CacheStatus] = MappingProxyType({}),
+) -> ServicePlan:
+    """drafts: the caches (or sizing Jobs) of the variants' draft models, by variant name."""
+    return plan_service(
+        spec,
+        cache.checkpoint if cache is not None else None,
+        held=any(c.holds_replicas for c in (cache, *drafts.values()) if c is not None),
+        draft_checkpoints={name: c.checkpoint for name, c in drafts.items() if c.checkpoint is not None},
+    )

@@ -26,7 +26,7 @@ from pagoda_runtime.contract.download_progress import parse_progress
 from pagoda_runtime.contract.sizing import ModelArchitecture
 from pagoda_runtime.contract.sources import cache_key, parse_pvc
 
-from pagoda_operator.models import InferenceServiceSpec, ModelCacheSpec, ModelSpec
+from pagoda_operator.models import InferenceServiceSpec, ModelCacheSpec, ModelSpec, VariantSpec
 from pagoda_operator.names import LABEL_MODEL_CACHE
 from pagoda_operator.plan import Checkpoint
 
@@ -81,6 +81,19 @@ def sizing_ref(spec: InferenceServiceSpec) -> CacheRef | None:
 def job_ref(spec: InferenceServiceSpec) -> CacheRef | None:
     """The Job whose outcome the status shows and the plan is sized by, if any."""
     return cache_ref(spec) or sizing_ref(spec)
+
+
+def draft_spec(spec: InferenceServiceSpec, variant: VariantSpec) -> InferenceServiceSpec | None:
+    """The variant's draft model as the model of the service otherwise unchanged (its runtime image,
+    tolerations and security), so that a draft is downloaded, sized and mounted as any model is;
+    None where the variant has no draft model."""
+    draft = variant.speculative.draft if variant.speculative else None
+    return None if draft is None else spec.model_copy(update={"model": draft})
+
+
+def draft_specs(spec: InferenceServiceSpec) -> dict[str, InferenceServiceSpec]:
+    """draft_spec of each variant that speculates with a draft model, by variant name."""
+    return {v.name: d for v in spec.variants if (d := draft_spec(spec, v)) is not None}
 
 
 def _labels(ref: CacheRef) -> dict[str, str]:
@@ -294,15 +307,22 @@ def pod_labels(spec: InferenceServiceSpec) -> dict[str, str]:
     return {LABEL_MODEL_CACHE: ref.key} if ref is not None else {}
 
 
-def replica_volume(ref: CacheRef) -> dict:
-    return {"name": VOLUME, "persistentVolumeClaim": {"claimName": ref.name, "readOnly": True}}
+def replica_volume(ref: CacheRef, name: str = VOLUME) -> dict:
+    return {"name": name, "persistentVolumeClaim": {"claimName": ref.name, "readOnly": True}}
 
 
-def wait_container(spec: InferenceServiceSpec, mount: str, security: PodSecurity) -> dict:
+def wait_container(
+    spec: InferenceServiceSpec,
+    mount: str,
+    security: PodSecurity,
+    *,
+    volume: str = VOLUME,
+    name: str = WAIT_CONTAINER,
+) -> dict:
     """Holds a replica until the cache is complete: the manifest appears with the final folder."""
     marker = f"{mount}/{MODEL_DIR}/{MANIFEST}"
     return {
-        "name": WAIT_CONTAINER,
+        "name": name,
         "image": spec.runtime.image,
         "imagePullPolicy": spec.runtime.image_pull_policy,
         "command": [
@@ -310,7 +330,7 @@ def wait_container(spec: InferenceServiceSpec, mount: str, security: PodSecurity
             "-c",
             f'until [ -f "{marker}" ]; do echo "waiting for the model cache"; sleep 5; done',
         ],
-        "volumeMounts": [{"name": VOLUME, "mountPath": mount, "readOnly": True}],
+        "volumeMounts": [{"name": volume, "mountPath": mount, "readOnly": True}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": security.container,
     }

@@ -43,14 +43,29 @@ def ensure_model_cache(k: Kube, spec: InferenceServiceSpec, namespace: str) -> C
     return read_cache_status(k, spec, namespace)
 
 
+def read_draft_cache_statuses(k: Kube, spec: InferenceServiceSpec, namespace: str) -> dict[str, CacheStatus]:
+    """read_cache_status of each variant's draft model that has a cache or sizing Job, by variant."""
+    drafts = model_cache.draft_specs(spec).items()
+    return {name: status for name, draft in drafts if (status := read_cache_status(k, draft, namespace))}
+
+
+def ensure_draft_caches(k: Kube, spec: InferenceServiceSpec, namespace: str) -> dict[str, CacheStatus]:
+    """ensure_model_cache of each variant's draft model, by variant: a draft is downloaded (or its
+    pvc:// checkpoint read) as the model is, into a cache any service with the same draft shares."""
+    drafts = model_cache.draft_specs(spec).items()
+    return {name: status for name, draft in drafts if (status := ensure_model_cache(k, draft, namespace))}
+
+
 def cache_users(k: Kube, namespace: str, key: str) -> list[str]:
-    """The InferenceServices of the namespace whose model is the cache (or sizing Job) `key`."""
+    """The InferenceServices of the namespace whose model or a draft model is the cache (or sizing Job)
+    `key`."""
     users = []
     for item in k.request("GET", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}").get("items", []):
         try:
-            ref = model_cache.job_ref(parse(item))
+            spec = parse(item)
         except (ValidationError, ValueError):
             continue
-        if ref is not None and ref.key == key:
+        models = (spec, *model_cache.draft_specs(spec).values())
+        if any((ref := model_cache.job_ref(m)) is not None and ref.key == key for m in models):
             users.append(item["metadata"]["name"])
     return users

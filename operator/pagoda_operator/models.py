@@ -19,6 +19,7 @@ from pagoda_runtime.contract.names import REQUESTS_WAITING
 from pagoda_runtime.contract.serve_settings import LOG_FORMATS, ServerSettings
 from pagoda_runtime.contract.sizing import ModelArchitecture
 from pagoda_runtime.contract.sources import COMMIT_PATTERN
+from pagoda_runtime.contract.speculative import MAX_SPECULATIVE_TOKENS
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
@@ -42,6 +43,8 @@ DNS_LABEL_OR_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 Quantization = Literal[QUANTIZATION_CHOICES]
 KvCacheDtype = Literal[KV_CACHE_DTYPES]
 Dtype = Literal[DTYPES]
+# The proposers a variant can ask for, under vLLM's method names.
+SpeculativeMethod = Literal["ngram", "draft_model"]
 LogFormat = Literal[LOG_FORMATS]
 
 
@@ -172,7 +175,9 @@ class S3Spec(Spec):
     )
 
 
-class ModelSpec(Spec):
+class ModelSourceSpec(Spec):
+    """Where a model comes from and how it is sized: the served model's and a draft model's."""
+
     RULES = (
         Rule(
             "self.source.startsWith('hf://') || (!has(self.tokenSecretRef) && !has(self.revision) "
@@ -225,11 +230,6 @@ class ModelSpec(Spec):
         "(mounted read-only), file:///path (baked into the image) or bundled://smollm2-135m (the small "
         "model shipped in the runtime image).",
     )
-    served_name: str | None = Field(
-        default=None,
-        description="Model name clients send in requests; defaults to the InferenceService's name.",
-    )
-    max_model_len: int | None = runtime_setting(EngineConfig, "max_model_len", ge=16)
     family: str | None = Field(
         default=None,
         description="Known model family whose architecture sizes the pods: "
@@ -293,6 +293,14 @@ class ModelSpec(Spec):
         return KNOWN_ARCHITECTURES.get(self.family) if self.family else None
 
 
+class ModelSpec(ModelSourceSpec):
+    served_name: str | None = Field(
+        default=None,
+        description="Model name clients send in requests; defaults to the InferenceService's name.",
+    )
+    max_model_len: int | None = runtime_setting(EngineConfig, "max_model_len", ge=16)
+
+
 class EnvVar(Spec):
     name: str = Field(min_length=1, description="Environment variable name.")
     value: str = Field(default="", description="Environment variable value.")
@@ -348,6 +356,75 @@ class ReplicaRange(Spec):
     max: int = Field(default=1, ge=0, description="Most replicas; equal to min disables autoscaling.")
 
 
+class SpeculativeSpec(Spec):
+    RULES = (
+        Rule(
+            "self.method != 'draft_model' || has(self.model)",
+            lambda s: s.method != "draft_model" or s.model is not None,
+            "speculative.method draft_model needs speculative.model: the draft model's source",
+        ),
+        Rule(
+            "self.method == 'draft_model' || !has(self.model)",
+            lambda s: s.method == "draft_model" or s.model is None,
+            "speculative.model applies only to method draft_model; the ngram method needs no model",
+        ),
+        Rule(
+            "self.method == 'ngram' || (!has(self.promptLookupMax) && !has(self.promptLookupMin))",
+            lambda s: s.method == "ngram" or (s.prompt_lookup_max is None and s.prompt_lookup_min is None),
+            "speculative.promptLookupMax and promptLookupMin apply only to method ngram",
+        ),
+        Rule(
+            "!has(self.promptLookupMax) || !has(self.promptLookupMin) || "
+            "self.promptLookupMin <= self.promptLookupMax",
+            lambda s: (
+                None in (s.prompt_lookup_max, s.prompt_lookup_min)
+                or s.prompt_lookup_min <= s.prompt_lookup_max
+            ),
+            "speculative.promptLookupMin must not exceed promptLookupMax",
+        ),
+        Rule(
+            "!has(self.model) || !has(self.model.cache) || !has(self.model.cache.accessMode) || "
+            "self.model.cache.accessMode != 'ReadWriteOnce'",
+            lambda s: (
+                s.model is None or s.model.cache is None or s.model.cache.access_mode != "ReadWriteOnce"
+            ),
+            "speculative.model.cache.accessMode must be ReadWriteMany: the replicas mount the draft's "
+            "cache on whichever node they run on",
+        ),
+    )
+
+    method: SpeculativeMethod = Field(
+        description="The proposer that drafts tokens for the target model to verify: ngram (prompt "
+        "lookup: tokens that followed the same n-gram earlier in the sequence, no extra model) or "
+        "draft_model (a small model with the target's tokenizer, its own KV cache beside the target's).",
+    )
+    num_speculative_tokens: int = Field(
+        ge=1,
+        le=MAX_SPECULATIVE_TOKENS,
+        description="Tokens drafted per step, all verified in one step of the target model.",
+    )
+    prompt_lookup_max: int | None = Field(
+        default=None,
+        ge=1,
+        description="ngram: the longest n-gram looked up in the sequence's earlier tokens; unset, "
+        "promptLookupMin, or the runtime's default when both are unset.",
+    )
+    prompt_lookup_min: int | None = Field(
+        default=None, ge=1, description="ngram: the shortest n-gram looked up; unset, promptLookupMax."
+    )
+    model: ModelSourceSpec | None = Field(
+        default=None,
+        description="draft_model: the draft's source, as model's (downloaded into a cache claim of its "
+        "own, mounted read-only, or bundled), and its family or architecture, which size its weights "
+        "and KV cache in the fit check.",
+    )
+
+    @property
+    def draft(self) -> ModelSpec | None:
+        """The draft as a model of its own, for the cache and sizing code every model goes through."""
+        return None if self.model is None else ModelSpec(**dict(self.model))
+
+
 class VariantSpec(Spec):
     name: str = Field(
         pattern=DNS_LABEL, max_length=20, description="Variant name, used in child object names and labels."
@@ -362,6 +439,11 @@ class VariantSpec(Spec):
         "bytes of bf16, so twice the cached tokens).",
     )
     replicas: ReplicaRange = Field(default=ReplicaRange(), description="Replica range of this variant.")
+    speculative: SpeculativeSpec | None = Field(
+        default=None,
+        description="Speculative decoding: a proposer drafts tokens that the model verifies in one step, "
+        "keeping its output distribution exactly (the runtime's --speculative-config).",
+    )
 
 
 class ResourcesSpec(Spec):
@@ -542,7 +624,9 @@ class _Open(Spec):
 
 
 class NamedVolume(_Open):
-    name: str = Field(min_length=1, description="Volume name; dshm, tmp, cache and model are the runtime's.")
+    name: str = Field(
+        min_length=1, description="Volume name; dshm, tmp, cache, model and draft are the runtime's."
+    )
 
 
 class NamedVolumeMount(_Open):
@@ -554,7 +638,7 @@ class NamedEnvVar(_Open):
     name: str = Field(min_length=1, description="Environment variable name (value or valueFrom as in a pod).")
 
 
-_RUNTIME_VOLUMES = ("dshm", "tmp", "cache", "model")
+_RUNTIME_VOLUMES = ("dshm", "tmp", "cache", "model", "draft")
 
 
 class PodTemplateOverrides(Spec):

@@ -6,11 +6,13 @@ pagoda_runtime.contract.sizing own the rules; this applies them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from kubernetes.utils import parse_quantity
 from pagoda_runtime.contract.quantization_selection import select_quantization
-from pagoda_runtime.contract.sizing import FitResult, ModelArchitecture, fits, gguf_block_type
+from pagoda_runtime.contract.sizing import DraftModel, FitResult, ModelArchitecture, fits, gguf_block_type
 
 from pagoda_operator.models import InferenceServiceSpec, VariantSpec
 from pagoda_operator.parallelism import split_error
@@ -86,11 +88,40 @@ def _architecture(spec: InferenceServiceSpec, checkpoint: Checkpoint | None) -> 
     return spec.model.sizing_architecture() or (checkpoint.architecture if checkpoint else None)
 
 
+def draft_source(variant: VariantSpec) -> str | None:
+    """The source of the variant's draft model, if it speculates with one."""
+    speculative = variant.speculative
+    return speculative.model.source if speculative and speculative.model else None
+
+
+def _draft(
+    spec: InferenceServiceSpec, variant: VariantSpec, checkpoint: Checkpoint | None
+) -> DraftModel | None:
+    """The variant's draft model as the fit check counts it, None where it has none or where neither
+    the spec nor its checkpoint tells its shape. The runtime loads a draft with --quantization auto:
+    a GGUF draft stays in its blocks, a float one in floats."""
+    draft = variant.speculative.draft if variant.speculative else None
+    if draft is None:
+        return None
+    arch = draft.sizing_architecture() or (checkpoint.architecture if checkpoint else None)
+    if arch is None:
+        return None
+    stored = checkpoint.stored_quantization if checkpoint else ("gguf" if draft.is_gguf else None)
+    device_type = "cuda" if spec.resources.gpus else "cpu"
+    quantization = select_quantization("auto", stored, device_type, draft.source, spec.runtime.dtype)
+    return DraftModel(arch, quantization, gguf_block_type(draft.source) if quantization == "gguf" else None)
+
+
 def _fit(
-    spec: InferenceServiceSpec, variant: VariantSpec, quantization: str, arch: ModelArchitecture | None
+    spec: InferenceServiceSpec,
+    variant: VariantSpec,
+    quantization: str,
+    arch: ModelArchitecture | None,
+    draft_checkpoint: Checkpoint | None = None,
 ) -> FitResult | None:
     capacity = capacity_bytes(spec)
-    if arch is None or capacity is None:
+    draft = _draft(spec, variant, draft_checkpoint)
+    if arch is None or capacity is None or (draft is None and draft_source(variant) is not None):
         return None
     max_model_len = spec.model.max_model_len or arch.max_position_embeddings
     return fits(
@@ -101,23 +132,36 @@ def _fit(
         kv_dtype=variant.kv_cache_dtype,
         gguf_block=gguf_block_type(spec.model.source),
         tensor_parallel_size=spec.tensor_parallel_size,
+        draft=draft,
     )
 
 
 def plan_variant(
-    spec: InferenceServiceSpec, variant: VariantSpec, checkpoint: Checkpoint | None = None
+    spec: InferenceServiceSpec,
+    variant: VariantSpec,
+    checkpoint: Checkpoint | None = None,
+    draft_checkpoint: Checkpoint | None = None,
 ) -> VariantPlan:
     quantization = sized_quantization(spec, variant, checkpoint)
     autoscales = spec.autoscaling.enabled and variant.replicas.max > variant.replicas.min
     arch = _architecture(spec, checkpoint)
     split = split_error(arch, spec.tensor_parallel_size, quantization) if arch is not None else None
-    fit = None if split else _fit(spec, variant, quantization, arch)
+    fit = None if split else _fit(spec, variant, quantization, arch, draft_checkpoint)
     return VariantPlan(variant, quantization, fit, autoscales, split)
 
 
 def plan_service(
-    spec: InferenceServiceSpec, checkpoint: Checkpoint | None = None, *, held: bool = False
+    spec: InferenceServiceSpec,
+    checkpoint: Checkpoint | None = None,
+    *,
+    held: bool = False,
+    draft_checkpoints: Mapping[str, Checkpoint] = MappingProxyType({}),
 ) -> ServicePlan:
     """checkpoint: read from the files once an hf:// or s3:// model is downloaded, or a pvc:// one
-    read; held: while that read is under way (ServicePlan.held)."""
-    return ServicePlan(spec, tuple(plan_variant(spec, v, checkpoint) for v in spec.variants), held)
+    read; held: while that read, or a draft model's, is under way (ServicePlan.held);
+    draft_checkpoints: the same of the variants' draft models, by variant name."""
+    return ServicePlan(
+        spec,
+        tuple(plan_variant(spec, v, checkpoint, draft_checkpoints.get(v.name)) for v in spec.variants),
+        held,
+    )

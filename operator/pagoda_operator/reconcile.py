@@ -32,7 +32,7 @@ from pagoda_operator.kube import (
     workload_kinds,
 )
 from pagoda_operator.leader_worker_set import LWS_GROUP
-from pagoda_operator.model_cache_cluster import ensure_model_cache
+from pagoda_operator.model_cache_cluster import ensure_draft_caches, ensure_model_cache
 from pagoda_operator.names import LABEL_ISVC, LABEL_VARIANT, WORKLOAD_KINDS, child_selector
 from pagoda_operator.plan import ServicePlan
 from pagoda_operator.render import RenderOptions, render, with_runtime_image
@@ -181,11 +181,12 @@ def reconcile(k: Kube, body, *, announce: bool) -> None:
     )
     try:
         cache = ensure_model_cache(k, with_runtime_image(spec, options), namespace)
+        drafts = ensure_draft_caches(k, with_runtime_image(spec, options), namespace)
     except ApiException as exc:
         _refused(k, body, exc, announce=announce)
         return
     try:
-        plan = plan_with_cache(spec, cache)
+        plan = plan_with_cache(spec, cache, drafts)
         service_monitor = k.has_api(*SERVICE_MONITOR_API)
         manifests = render(
             plan,

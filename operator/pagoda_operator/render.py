@@ -9,11 +9,12 @@ why.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
 from pagoda_runtime.contract.config import EngineConfig
-from pagoda_runtime.contract.flags import to_args
+from pagoda_runtime.contract.flags import option, to_args
 from pagoda_runtime.contract.names import (
     API_KEY_ENV,
     DISTRIBUTED_PORT,
@@ -28,7 +29,7 @@ from pagoda_runtime.contract.sources import parse_pvc
 
 from pagoda_operator import model_cache
 from pagoda_operator.leader_worker_set import LEADER_SELECTOR, LWS_API_VERSION, LWS_KIND, leader_worker_set
-from pagoda_operator.models import GROUP, KIND, VERSION, InferenceServiceSpec, VariantSpec
+from pagoda_operator.models import GROUP, KIND, VERSION, InferenceServiceSpec, ModelSpec, VariantSpec
 from pagoda_operator.names import (
     LABEL_VARIANT,
     PORT,
@@ -43,6 +44,11 @@ from pagoda_operator.settings import DEFAULT_RUNTIME_IMAGE
 RUNTIME_CONTAINER = "runtime"
 RUNTIME_UID = 10001  # the user images/runtime.Dockerfile creates
 MODEL_MOUNT = "/models"
+# A variant's speculative-decoding draft model: its volume, where it is mounted, and the init
+# container that holds the pod until its cache is filled.
+DRAFT_VOLUME = "draft"
+DRAFT_MOUNT = "/draft"
+DRAFT_WAIT_CONTAINER = "wait-for-draft"
 CACHE_MOUNT = "/cache"
 SHUTDOWN_MARGIN_SECONDS = 15
 PROBE_PERIOD_SECONDS = 10
@@ -86,13 +92,28 @@ def _metadata(object_name: str, namespace: str, name: str, uid: str, variant: st
     }
 
 
-def _model_argument(spec: InferenceServiceSpec) -> str:
-    scheme, rest = spec.model.source.split("://", 1)
+def _model_argument(model: ModelSpec, mount: str) -> str:
+    scheme, rest = model.source.split("://", 1)
     if scheme == "pvc":
-        return parse_pvc(spec.model.source).under(MODEL_MOUNT)
+        return parse_pvc(model.source).under(mount)
     if scheme in ("hf", "s3"):
-        return model_cache.replica_model_path(MODEL_MOUNT)
+        return model_cache.replica_model_path(mount)
     return rest  # file:///x keeps its leading slash; bundled://name is the runtime's own name
+
+
+def _speculative_args(variant: VariantSpec) -> list[str]:
+    """--speculative-config in vLLM's JSON; a draft model by the path its volume is mounted at."""
+    speculative = variant.speculative
+    if speculative is None:
+        return []
+    config = {"method": speculative.method, "num_speculative_tokens": speculative.num_speculative_tokens}
+    if speculative.prompt_lookup_max is not None:
+        config["prompt_lookup_max"] = speculative.prompt_lookup_max
+    if speculative.prompt_lookup_min is not None:
+        config["prompt_lookup_min"] = speculative.prompt_lookup_min
+    if (draft := speculative.draft) is not None:
+        config["model"] = _model_argument(draft, DRAFT_MOUNT)
+    return [option(EngineConfig, "speculative_config"), json.dumps(config)]
 
 
 # The serve flags every pod gets, in the order they have always been rendered in (a reordering
@@ -123,7 +144,7 @@ def runtime_args(spec: InferenceServiceSpec, variant: VariantSpec, served_name: 
     that is unset (max_model_len, max_queue) is left to the runtime's default."""
     rt = spec.runtime
     engine = EngineConfig(
-        model=_model_argument(spec),
+        model=_model_argument(spec.model, MODEL_MOUNT),
         device="cuda" if spec.resources.gpus else "cpu",
         dtype=rt.dtype,
         quantization=variant.quantization,
@@ -144,8 +165,14 @@ def runtime_args(spec: InferenceServiceSpec, variant: VariantSpec, served_name: 
         termination_log=TERMINATION_LOG,
         log_format=rt.log_format,
     )
-    names = _SERVE_ARGS + (_GROUP_ARGS if spec.tensor_parallel_size > 1 else ()) + _LAST_ARGS
-    return ["serve", *to_args(names, engine, server, DistributedSettings()), *rt.extra_args]
+    group = _GROUP_ARGS if spec.tensor_parallel_size > 1 else ()
+    return [
+        "serve",
+        *to_args(_SERVE_ARGS, engine, server, DistributedSettings()),
+        *_speculative_args(variant),
+        *to_args(group + _LAST_ARGS, engine, server, DistributedSettings()),
+        *rt.extra_args,
+    ]
 
 
 _CONTAINER_SECURITY = {
@@ -215,6 +242,9 @@ def _runtime_container(
     ]
     if spec.model.scheme in ("pvc", "hf", "s3"):
         mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+    draft = model_cache.draft_spec(spec, variant)
+    if draft is not None and draft.model.scheme in ("pvc", "hf", "s3"):
+        mounts.append({"name": DRAFT_VOLUME, "mountPath": DRAFT_MOUNT, "readOnly": True})
     container = {
         "name": RUNTIME_CONTAINER,
         "image": rt.image,
@@ -254,18 +284,26 @@ def _runtime_container(
     return container
 
 
-def _volumes(spec: InferenceServiceSpec) -> list[dict]:
+def _model_volume(spec: InferenceServiceSpec, name: str) -> list[dict]:
+    """The volume the model of `spec` is read from: its own claim, or the cache it is downloaded into."""
+    model = spec.model
+    if model.scheme == "pvc":
+        claim = parse_pvc(model.source).claim
+        return [{"name": name, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}]
+    if (ref := model_cache.cache_ref(spec)) is not None:
+        return [model_cache.replica_volume(ref, name)]
+    return []
+
+
+def _volumes(spec: InferenceServiceSpec, variant: VariantSpec) -> list[dict]:
     volumes = [
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
         {"name": "tmp", "emptyDir": {}},
         {"name": "cache", "emptyDir": {}},
+        *_model_volume(spec, "model"),
     ]
-    model = spec.model
-    if model.scheme == "pvc":
-        claim = parse_pvc(model.source).claim
-        volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
-    elif (ref := model_cache.cache_ref(spec)) is not None:
-        volumes.append(model_cache.replica_volume(ref))
+    if (draft := model_cache.draft_spec(spec, variant)) is not None:
+        volumes += _model_volume(draft, DRAFT_VOLUME)
     return volumes
 
 
@@ -307,12 +345,22 @@ def _pod_spec(spec: InferenceServiceSpec, variant: VariantSpec, served_name: str
             spec.drain.endpoint_removal_seconds + spec.drain.timeout_seconds + SHUTDOWN_MARGIN_SECONDS
         ),
         "containers": [_runtime_container(spec, variant, served_name, serves=serves)],
-        "volumes": _volumes(spec),
+        "volumes": _volumes(spec, variant),
     }
+    waits = []
     if (ref := model_cache.cache_ref(spec)) is not None:
-        pod["initContainers"] = [model_cache.wait_container(spec, MODEL_MOUNT, POD_SECURITY)]
+        waits.append(model_cache.wait_container(spec, MODEL_MOUNT, POD_SECURITY))
         if model_cache.shares_one_node(spec):
             affinity.update(model_cache.same_node_affinity(ref))
+    draft = model_cache.draft_spec(spec, variant)
+    if draft is not None and model_cache.cache_ref(draft) is not None:
+        waits.append(
+            model_cache.wait_container(
+                draft, DRAFT_MOUNT, POD_SECURITY, volume=DRAFT_VOLUME, name=DRAFT_WAIT_CONTAINER
+            )
+        )
+    if waits:
+        pod["initContainers"] = waits
     if affinity:
         pod["affinity"] = affinity
     if node_selector:

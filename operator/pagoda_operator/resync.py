@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 CACHE_PROGRESS_SECONDS = 15.0
 
 _known: set[tuple[str, str]] = set()
+_UNDER_WAY = ("Pending", "Downloading", "Sizing")  # cache phases whose status the refresh follows
 
 
 def remember(event_type: str, namespace: str, name: str) -> None:
@@ -57,8 +58,11 @@ def refresh_downloading(k: Kube) -> None:
     """The Job changes only when a download ends; its progress is in its log, read this often."""
     for namespace, name in sorted(_known):
         body = k.get_inference_service(namespace, name)
-        cache = ((body or {}).get("status") or {}).get("modelCache") or {}
-        if cache.get("phase") in ("Pending", "Downloading", "Sizing"):
+        status = (body or {}).get("status") or {}
+        cache = status.get("modelCache") or {}
+        # Ready's reason covers a draft model's cache too, which status.modelCache does not show.
+        ready = next((c for c in status.get("conditions", []) if c.get("type") == "Ready"), {})
+        if cache.get("phase") in _UNDER_WAY or ready.get("reason") in {f"ModelCache{p}" for p in _UNDER_WAY}:
             status_refresh.refresh_status(k, namespace, name)
 
 

@@ -8,7 +8,9 @@ status of a settled service yields exactly the stored one and the handler writes
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from pagoda_operator.model_cache import CacheStatus
 from pagoda_operator.models import (
@@ -19,7 +21,7 @@ from pagoda_operator.models import (
     VariantStatus,
 )
 from pagoda_operator.names import LABEL_VARIANT, service_url, workload_name
-from pagoda_operator.plan import ServicePlan, VariantPlan
+from pagoda_operator.plan import ServicePlan, VariantPlan, draft_source
 
 # Container waiting reasons that mean the pod will not get better on its own.
 _STUCK_REASONS = (
@@ -57,22 +59,34 @@ def model_fits_condition(plan: ServicePlan) -> Condition:
         if variant.fit is None:
             unknown.append(variant.name)
         elif not variant.fit.fits:
-            misfits.append(f"variant {variant.name} ({variant.quantization}) {variant.fit.describe()}")
+            draft = draft_source(variant.variant)
+            with_draft = f" with draft model {draft}" if draft else ""
+            misfits.append(
+                f"variant {variant.name} ({variant.quantization}){with_draft} {variant.fit.describe()}"
+            )
     if misfits:
+        drafts = any(draft_source(v.variant) for v in plan.variants)
         return _condition(
             "ModelFits",
             False,
             "InsufficientMemory",
             "; ".join(misfits)
-            + ": pick a smaller quantization or kvCacheDtype fp8, a shorter maxModelLen or a larger GPU",
+            + ": pick a smaller quantization or kvCacheDtype fp8, a shorter maxModelLen"
+            + (", a smaller draft model" if drafts else "")
+            + " or a larger GPU",
         )
     if unknown:
+        drafts = (
+            " (and speculative.model's, for a draft model)"
+            if any(draft_source(v.variant) for v in plan.variants)
+            else ""
+        )
         return _condition(
             "ModelFits",
             None,
             "SizeUnknown",
-            f"cannot size variants {', '.join(unknown)}: set model.family or model.architecture (an "
-            "hf://, s3:// or pvc:// model is sized from its files once read), and resources.gpuMemory "
+            f"cannot size variants {', '.join(unknown)}: set model.family or model.architecture{drafts} "
+            "(an hf://, s3:// or pvc:// model is sized from its files once read), and resources.gpuMemory "
             "(resources.memory for CPU pods)",
         )
     return _condition("ModelFits", True, "Fits", "every variant fits its pods")
@@ -249,7 +263,12 @@ def degraded_condition(problems: _Problems) -> Condition:
 
 
 def ready_condition(
-    workloads: _Workloads, problems: _Problems, fits: Condition, cache: CacheStatus | None, url: str
+    workloads: _Workloads,
+    problems: _Problems,
+    fits: Condition,
+    cache: CacheStatus | None,
+    url: str,
+    draft_caches: Mapping[str, CacheStatus] = MappingProxyType({}),
 ) -> Condition:
     if problems.clashes:
         return _condition("Ready", False, *problems.clashes[0])
@@ -259,6 +278,14 @@ def ready_condition(
         return _condition(
             "Ready", False, f"ModelCache{cache.phase}", f"model cache {cache.summary()}: {cache.message}"
         )
+    for variant, draft in draft_caches.items():
+        if not draft.ready:
+            return _condition(
+                "Ready",
+                False,
+                f"ModelCache{draft.phase}",
+                f"variant {variant}'s draft model cache {draft.summary()}: {draft.message}",
+            )
     if not_ready := workloads.not_ready:
         reason = problems.all[0][0] if problems.all else "Starting"
         return _condition("Ready", False, reason, f"variants not ready: {', '.join(not_ready)}")
@@ -334,19 +361,21 @@ def compute_status(
     retiring: dict | None = None,
     cache: CacheStatus | None = None,
     upgrade_queued: list[str] = (),
+    draft_caches: Mapping[str, CacheStatus] = MappingProxyType({}),
 ) -> InferenceServiceStatus:
     """`deployments` (its Deployments and LeaderWorkerSets), `pods` and `hpas`: the
     InferenceService's own; `previous`: the stored status, as JSON; `clashes`: objects in the way
     that belong to someone else; `retiring`: old children kept serving (RetiringStatus's fields);
     `cache`: the shared model cache of an hf:// or s3:// source, or the sizing Job of a pvc:// one
     (the plan was made with its checkpoint); `upgrade_queued`: workloads whose operator upgrade waits
-    its turn (upgrade.py)."""
+    its turn (upgrade.py); `draft_caches`: the same as `cache` for the variants' draft models, by
+    variant name."""
     workloads = _Workloads(plan, name, {d["metadata"]["name"]: d for d in deployments})
     problems = _problems(workloads, deployments, pods, list(hpas), list(clashes))
     retiring_status = RetiringStatus.model_validate(retiring) if retiring else None
     url = service_url(name, namespace)
     fits = model_fits_condition(plan)
-    ready = ready_condition(workloads, problems, fits, cache, url)
+    ready = ready_condition(workloads, problems, fits, cache, url, draft_caches)
     progressing = progressing_condition(workloads, retiring_status, list(upgrade_queued))
     degraded = degraded_condition(problems)
     conditions = [ready, progressing, degraded, fits, *kstatus_conditions(ready, progressing, degraded)]

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from pagoda_operator import metrics
 from pagoda_operator.inference_service import ids, parse, plan_with_cache
 from pagoda_operator.kube import Kube, being_deleted, owned, workload_kinds
-from pagoda_operator.model_cache_cluster import read_cache_status
+from pagoda_operator.model_cache_cluster import read_cache_status, read_draft_cache_statuses
 from pagoda_operator.models import InferenceServiceStatus
 from pagoda_operator.names import child_selector
 from pagoda_operator.retire import TIME_FORMAT
@@ -60,7 +60,8 @@ def refresh_status(k: Kube, namespace: str, name: str) -> None:
         except (ValidationError, ValueError):
             return  # the spec handler reports it
         cache = read_cache_status(k, spec, namespace)
-        plan = plan_with_cache(spec, cache)
+        drafts = read_draft_cache_statuses(k, spec, namespace)
+        plan = plan_with_cache(spec, cache, drafts)
         _, _, uid, generation = ids(body)
         selector = child_selector(name)
         observed = _observed.get((namespace, name), Observed())
@@ -81,6 +82,7 @@ def refresh_status(k: Kube, namespace: str, name: str) -> None:
             previous=previous,
             now=_now(),
             cache=cache,
+            draft_caches=drafts,
         )
         new = status_patch(status)
         if not status_changed(previous, new):

@@ -488,6 +488,14 @@ INVALID = {
         ),
         "parallelism.nodes above 1 needs model.cache.accessMode ReadWriteMany",
     ),
+    "draft-model-without-its-source": (
+        lambda s: s["variants"][0].update(speculative={"method": "draft_model", "numSpeculativeTokens": 4}),
+        "speculative.method draft_model needs speculative.model",
+    ),
+    "too-many-speculative-tokens": (
+        lambda s: s["variants"][0].update(speculative={"method": "ngram", "numSpeculativeTokens": 17}),
+        "spec.variants[0].speculative.numSpeculativeTokens: Invalid value: 17",
+    ),
     "bad-model-source-scheme": (
         lambda s: s["model"].update(source="gs://bucket/llama"),
         'spec.model.source: Invalid value: "gs://bucket/llama"',

@@ -591,10 +591,19 @@ class FitResult:
     capacity_bytes: int  # of one GPU
     all_reduce_bytes: int = 0
     tensor_parallel_size: int = 1
+    draft_weight_bytes: int = 0  # a speculative-decoding draft model's, whole on every GPU
+    draft_kv_bytes: int = 0  # the draft's KV of one sequence of max_model_len tokens
 
     @property
     def required_bytes(self) -> int:
-        return self.weight_bytes + self.kv_bytes + self.overhead_bytes + self.all_reduce_bytes
+        return (
+            self.weight_bytes
+            + self.kv_bytes
+            + self.overhead_bytes
+            + self.all_reduce_bytes
+            + self.draft_weight_bytes
+            + self.draft_kv_bytes
+        )
 
     def describe(self) -> str:
         verdict = "fits in" if self.fits else "does not fit in"
@@ -603,12 +612,29 @@ class FitResult:
         if self.tensor_parallel_size > 1:
             per_gpu = f" per GPU of {self.tensor_parallel_size}"
             collectives = f", all-reduce buffers {self.all_reduce_bytes / GIB:.1f} GiB"
+        draft = ""
+        if self.draft_weight_bytes:
+            draft = (
+                f", draft weights {self.draft_weight_bytes / GIB:.2f} GiB and KV "
+                f"{self.draft_kv_bytes / GIB:.2f} GiB"
+            )
         return (
             f"needs {self.required_bytes / GIB:.1f} GiB{per_gpu} (weights {self.weight_bytes / GIB:.1f} GiB, "
-            f"KV for one full-length sequence {self.kv_bytes / GIB:.2f} GiB, overhead "
+            f"KV for one full-length sequence {self.kv_bytes / GIB:.2f} GiB{draft}, overhead "
             f"{self.overhead_bytes / GIB:.1f} GiB{collectives}), which {verdict} "
             f"{self.capacity_bytes / GIB:.1f} GiB"
         )
+
+
+@dataclass(frozen=True)
+class DraftModel:
+    """A speculative-decoding draft model, as the fit check counts it: its weights and its own KV
+    cache, whole on every GPU (a draft is small; counting it unsplit never admits a pod that cannot
+    hold it, however the ranks share it)."""
+
+    architecture: ModelArchitecture
+    quantization: str
+    gguf_block: str | None = None
 
 
 def fits(
@@ -621,8 +647,10 @@ def fits(
     gguf_block: str | None = None,
     overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
     tensor_parallel_size: int = 1,
+    draft: DraftModel | None = None,
 ) -> FitResult:
-    """Whether the weights plus the KV cache of one max_model_len sequence fit the device memory.
+    """Whether the weights plus the KV cache of one max_model_len sequence fit the device memory,
+    with a draft model's weights and KV of that sequence beside them when it speculates with one.
 
     With tensor_parallel_size > 1 every figure is one GPU's (capacity_bytes too): its slice of the
     weights and of the KV heads, plus the all-reduce buffers. Raises ValueError (check_tensor_parallel)
@@ -632,12 +660,19 @@ def fits(
     weights = weight_bytes(sliced, quantization, gguf_block=gguf_block)
     kv = kv_bytes_for_context(sliced, max_model_len, kv_dtype)
     collectives = all_reduce_bytes(tensor_parallel_size)
-    return FitResult(
-        fits=weights + kv + overhead_bytes + collectives <= capacity_bytes,
+    draft_weights = draft_kv = 0
+    if draft is not None:
+        draft_weights = weight_bytes(draft.architecture, draft.quantization, gguf_block=draft.gguf_block)
+        draft_kv = kv_bytes_for_context(draft.architecture, max_model_len, kv_dtype)
+    result = FitResult(
+        fits=False,
         weight_bytes=weights,
         kv_bytes=kv,
         overhead_bytes=overhead_bytes,
         capacity_bytes=capacity_bytes,
         all_reduce_bytes=collectives,
         tensor_parallel_size=tensor_parallel_size,
+        draft_weight_bytes=draft_weights,
+        draft_kv_bytes=draft_kv,
     )
+    return replace(result, fits=result.required_bytes <= capacity_bytes)

@@ -1,0 +1,311 @@
+"""A variant's speculative field: checked at the edge, rendered as the runtime's --speculative-config,
+a draft model downloaded and mounted as the model is, and counted by the fit check."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kubernetes_schema import validate
+from operator_specs import MINIMAL, spec
+from pagoda_operator import resync
+from pagoda_operator.inference_service import error_text, plan_with_cache
+from pagoda_operator.model_cache import (
+    CacheStatus,
+    JobPlacement,
+    cache_manifests,
+    cache_ref,
+    draft_spec,
+    job_ref,
+    replica_model_path,
+)
+from pagoda_operator.model_cache_cluster import cache_users
+from pagoda_operator.models import InferenceServiceSpec
+from pagoda_operator.names import variant_object_name
+from pagoda_operator.plan import Checkpoint, plan_service, plan_variant
+from pagoda_operator.render import DRAFT_MOUNT, POD_SECURITY, RenderOptions, pod_tolerations, render
+from pagoda_operator.status import compute_status, status_patch
+from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES
+from pagoda_runtime.contract.sizing import kv_bytes_for_context, weight_bytes
+from pagoda_runtime.contract.speculative import parse_speculative_config
+from pydantic import ValidationError
+
+NS, NAME, UID = "ml", "llama", "0b7e1d2a-0000-4000-8000-000000000001"
+COMMIT = "0e9e39f249a16976918f6564b8830bc894c89659"
+DRAFT_HF = {"source": "hf://meta-llama/Llama-3.2-1B-Instruct", "revision": COMMIT, "family": "llama-3.2-1b"}
+TARGET = {"source": "pvc://models/llama-3-8b", "family": "llama-3-8b", "maxModelLen": 8192}
+
+
+def _variant(speculative: dict | None, name: str = "bf16") -> dict:
+    return {"name": name, **({"speculative": speculative} if speculative is not None else {})}
+
+
+def _draft(model: dict, k: int = 4) -> dict:
+    return {"method": "draft_model", "numSpeculativeTokens": k, "model": model}
+
+
+def _deployment(s, variant: str = "bf16") -> dict:
+    objects = render(plan_service(s), namespace=NS, name=NAME, uid=UID, options=RenderOptions())
+    for obj in objects:
+        validate(obj)
+    return next(
+        o
+        for o in objects
+        if o["kind"] == "Deployment" and o["metadata"]["name"] == variant_object_name(NAME, variant)
+    )
+
+
+def _speculative_config(pod: dict) -> dict | None:
+    args = pod["containers"][0]["args"]
+    if "--speculative-config" not in args:
+        return None
+    return json.loads(args[args.index("--speculative-config") + 1])
+
+
+# ---- the spec ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "speculative, message",
+    [
+        ({"method": "eagle", "numSpeculativeTokens": 4}, "speculative.method: Input should be 'ngram' or"),
+        ({"method": "ngram", "numSpeculativeTokens": 0}, "numSpeculativeTokens: Input should be greater"),
+        (
+            {"method": "ngram", "numSpeculativeTokens": 17},
+            "numSpeculativeTokens: Input should be less than or equal to 16",
+        ),
+        ({"method": "ngram"}, "numSpeculativeTokens: Field required"),
+        ({"method": "draft_model", "numSpeculativeTokens": 4}, "draft_model needs speculative.model"),
+        (
+            {"method": "ngram", "numSpeculativeTokens": 4, "model": {"source": "bundled://smollm2-135m"}},
+            "speculative.model applies only to method draft_model",
+        ),
+        (
+            {**_draft({"source": "bundled://smollm2-135m"}), "promptLookupMax": 3},
+            "promptLookupMax and promptLookupMin apply only to method ngram",
+        ),
+        (
+            {"method": "ngram", "numSpeculativeTokens": 4, "promptLookupMin": 5, "promptLookupMax": 3},
+            "promptLookupMin must not exceed promptLookupMax",
+        ),
+        (
+            {"method": "ngram", "numSpeculativeTokens": 4, "promptLookupMin": 0},
+            "promptLookupMin: Input should be greater than or equal to 1",
+        ),
+        (_draft({"source": "gs://bucket/draft"}), "source: String should match pattern"),
+        (_draft({"source": "hf://org/draft"}), "an hf:// source needs revision"),
+        (
+            _draft({**DRAFT_HF, "cache": {"accessMode": "ReadWriteOnce"}}),
+            "speculative.model.cache.accessMode must be ReadWriteMany",
+        ),
+        (_draft({**DRAFT_HF, "servedName": "draft"}), "servedName: Extra inputs are not permitted"),
+    ],
+)
+def test_a_bad_speculative_field_is_refused_naming_the_field(speculative, message):
+    with pytest.raises(ValidationError) as refused:
+        InferenceServiceSpec.model_validate({**MINIMAL, "variants": [_variant(speculative)]})
+    assert "spec.variants.0.speculative" in error_text(refused.value)
+    assert message in error_text(refused.value)
+
+
+# ---- the runtime's flag --------------------------------------------------------------------------
+
+
+def test_ngram_is_rendered_as_the_json_the_runtime_parses():
+    ngram = {"method": "ngram", "numSpeculativeTokens": 4, "promptLookupMax": 4, "promptLookupMin": 2}
+    s = spec(variants=[_variant(ngram), _variant(None, "plain")])
+    pod = _deployment(s)["spec"]["template"]["spec"]
+    config = _speculative_config(pod)
+    assert config == {
+        "method": "ngram",
+        "num_speculative_tokens": 4,
+        "prompt_lookup_max": 4,
+        "prompt_lookup_min": 2,
+    }
+    parsed = parse_speculative_config(json.dumps(config))
+    assert (parsed.num_speculative_tokens, parsed.prompt_lookup_max, parsed.prompt_lookup_min) == (4, 4, 2)
+    # Unset bounds are left to the runtime's defaults, as vLLM's are.
+    bare = spec(variants=[_variant({"method": "ngram", "numSpeculativeTokens": 3})])
+    assert _speculative_config(_deployment(bare)["spec"]["template"]["spec"]) == {
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+    }
+    # A variant that does not speculate gets no flag, and no draft volume.
+    plain = _deployment(s, "plain")["spec"]["template"]["spec"]
+    assert _speculative_config(plain) is None
+    assert all(v["name"] != "draft" for v in plain["volumes"])
+
+
+def test_a_cached_draft_is_downloaded_and_mounted_as_the_model_is():
+    s = spec(model=TARGET, variants=[_variant(_draft(DRAFT_HF))])
+    draft = draft_spec(s, s.variants[0])
+    ref = cache_ref(draft)
+    assert ref is not None and ref != cache_ref(s)
+
+    # Its claim and download Job are the cache code's, for the draft's source and revision.
+    placement = JobPlacement(POD_SECURITY, pod_tolerations(draft))
+    shared = {m["kind"]: m for m in cache_manifests(draft, NS, placement)}
+    assert set(shared) == {"PersistentVolumeClaim", "Job"}
+    command = shared["Job"]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:3] == ["pagoda-runtime", "fetch", DRAFT_HF["source"]] and COMMIT in command
+
+    pod = _deployment(s)["spec"]["template"]["spec"]
+    assert _speculative_config(pod) == {
+        "method": "draft_model",
+        "num_speculative_tokens": 4,
+        "model": replica_model_path(DRAFT_MOUNT),
+    }
+    volume = next(v for v in pod["volumes"] if v["name"] == "draft")
+    assert volume["persistentVolumeClaim"] == {"claimName": ref.name, "readOnly": True}
+    mounts = pod["containers"][0]["volumeMounts"]
+    assert {"name": "draft", "mountPath": DRAFT_MOUNT, "readOnly": True} in mounts
+    # The pod waits for the draft's cache as for the model's (here a pvc:// model: no wait of its own).
+    (wait,) = pod["initContainers"]
+    assert wait["name"] == "wait-for-draft" and wait["volumeMounts"][0]["name"] == "draft"
+    assert f"{DRAFT_MOUNT}/" in wait["command"][-1]
+
+
+def test_pvc_and_bundled_drafts_are_read_where_they_are():
+    on_claim = spec(
+        model=TARGET,
+        variants=[_variant(_draft({"source": "pvc://drafts/llama-1b", "family": "llama-3.2-1b"}))],
+    )
+    pod = _deployment(on_claim)["spec"]["template"]["spec"]
+    assert _speculative_config(pod)["model"] == f"{DRAFT_MOUNT}/llama-1b"
+    volume = next(v for v in pod["volumes"] if v["name"] == "draft")
+    assert volume["persistentVolumeClaim"] == {"claimName": "drafts", "readOnly": True}
+    assert "initContainers" not in pod
+
+    bundled = spec(
+        model={"source": "bundled://smollm2-135m", "family": "smollm2-135m"},
+        variants=[_variant(_draft({"source": "bundled://smollm2-135m", "family": "smollm2-135m"}))],
+        resources={"gpus": 0, "memory": "4Gi"},
+    )
+    pod = _deployment(bundled)["spec"]["template"]["spec"]
+    assert _speculative_config(pod)["model"] == "smollm2-135m"
+    assert all(v["name"] != "draft" for v in pod["volumes"])
+
+
+# ---- the fit check -------------------------------------------------------------------------------
+
+
+def _status(s, plan, **kwargs) -> dict:
+    status = compute_status(
+        plan,
+        namespace=NS,
+        name=NAME,
+        generation=1,
+        deployments=[],
+        pods=[],
+        previous=None,
+        now="2026-01-01T00:00:00Z",
+        **kwargs,
+    )
+    return {c["type"]: c for c in status_patch(status)["conditions"]}
+
+
+def test_a_variant_that_fits_only_without_its_draft_gets_no_pods_and_the_status_names_the_draft():
+    # Llama 3 8B in bf16 with one 8k sequence needs 18.0 GiB; its 1B draft adds 2.3 GiB of weights
+    # and 0.25 GiB of KV.
+    s = spec(
+        model=TARGET,
+        variants=[_variant(None, "plain"), _variant(_draft(DRAFT_HF), "draft")],
+        resources={"gpuMemory": "19Gi"},
+    )
+    plain, drafted = plan_service(s).variants
+    assert plain.fit.fits and not drafted.fit.fits
+    draft_arch = KNOWN_ARCHITECTURES["llama-3.2-1b"]
+    assert drafted.fit.draft_weight_bytes == weight_bytes(draft_arch, "none")
+    assert drafted.fit.draft_kv_bytes == kv_bytes_for_context(draft_arch, 8192)
+    assert drafted.fit.required_bytes == (
+        plain.fit.required_bytes + drafted.fit.draft_weight_bytes + drafted.fit.draft_kv_bytes
+    )
+
+    names = {
+        o["metadata"]["name"]
+        for o in render(plan_service(s), namespace=NS, name=NAME, uid=UID, options=RenderOptions())
+    }
+    assert variant_object_name(NAME, "plain") in names and variant_object_name(NAME, "draft") not in names
+    fits = _status(s, plan_service(s))["ModelFits"]
+    assert fits["status"] == "False" and fits["reason"] == "InsufficientMemory"
+    assert f"variant draft (none) with draft model {DRAFT_HF['source']} needs" in fits["message"]
+    assert "draft weights 2.30 GiB" in fits["message"] and "a smaller draft model" in fits["message"]
+    assert "variant plain" not in fits["message"]
+
+
+def test_a_gguf_draft_is_sized_in_its_blocks():
+    target = {"source": "pvc://models/smollm2-1.7b", "family": "smollm2-1.7b"}
+    blocks = {"source": "bundled://smollm2-135m", "family": "smollm2-135m"}
+    floats = {"source": "pvc://drafts/smollm2-135m", "family": "smollm2-135m"}
+    sized = []
+    for draft in (blocks, floats):
+        s = spec(model=target, variants=[_variant(_draft(draft))], resources={"gpuMemory": "80Gi"})
+        sized.append(plan_variant(s, s.variants[0]).fit.draft_weight_bytes)
+    assert 0 < sized[0] < sized[1] // 2
+
+
+def test_a_draft_the_spec_does_not_size_is_sized_from_what_its_job_read():
+    unsized = {"source": "pvc://drafts/llama-1b"}
+    s = spec(model=TARGET, variants=[_variant(_draft(unsized))], resources={"gpuMemory": "80Gi"})
+    draft = draft_spec(s, s.variants[0])
+    assert job_ref(draft) is not None and job_ref(draft).prefix == "pagoda-size"
+
+    # While its sizing Job reads it the variant is unsized and gets no pods yet.
+    sizing = CacheStatus("drafts", "Sizing", "reading", holds_replicas=True)
+    plan = plan_with_cache(s, None, {"bf16": sizing})
+    assert plan.held and plan.variants[0].fit is None
+    conditions = _status(s, plan, draft_caches={"bf16": sizing})
+    assert (
+        conditions["ModelFits"]["status"] == "Unknown"
+        and "speculative.model" in conditions["ModelFits"]["message"]
+    )
+    assert conditions["Ready"]["reason"] == "ModelCacheSizing"
+    assert "variant bf16's draft model cache" in conditions["Ready"]["message"]
+
+    read = CacheStatus("drafts", "Ready", "sized", checkpoint=Checkpoint(KNOWN_ARCHITECTURES["llama-3.2-1b"]))
+    plan = plan_with_cache(s, None, {"bf16": read})
+    assert not plan.held and plan.servable
+    assert plan.variants[0].fit.draft_weight_bytes == weight_bytes(
+        KNOWN_ARCHITECTURES["llama-3.2-1b"], "none"
+    )
+
+
+def test_a_draft_download_is_followed_like_the_models(monkeypatch):
+    # status.modelCache shows the model's cache only; a draft's download shows in Ready's reason.
+    bodies = {
+        ("ml", "draft-downloading"): {
+            "status": {"conditions": [{"type": "Ready", "reason": "ModelCacheDownloading"}]}
+        },
+        ("ml", "model-downloading"): {"status": {"modelCache": {"phase": "Downloading"}}},
+        ("ml", "serving"): {"status": {"conditions": [{"type": "Ready", "reason": "Serving"}]}},
+    }
+
+    class Cluster:
+        def get_inference_service(self, namespace, name):
+            return bodies[(namespace, name)]
+
+    refreshed = []
+    monkeypatch.setattr(resync.status_refresh, "refresh_status", lambda k, ns, name: refreshed.append(name))
+    for namespace, name in bodies:
+        resync.remember("ADDED", namespace, name)
+    try:
+        resync.refresh_downloading(Cluster())
+    finally:
+        for namespace, name in bodies:
+            resync.remember("DELETED", namespace, name)
+    assert refreshed == ["draft-downloading", "model-downloading"]
+
+
+def test_a_draft_cache_job_event_refreshes_the_services_using_that_draft():
+    with_draft = {**MINIMAL, "variants": [_variant(_draft(DRAFT_HF))]}
+    items = [
+        {"metadata": {"name": "with-draft", "namespace": NS}, "spec": with_draft},
+        {"metadata": {"name": "without", "namespace": NS}, "spec": MINIMAL},
+    ]
+
+    class Cluster:
+        def request(self, method, path):
+            return {"items": items}
+
+    s = InferenceServiceSpec.model_validate(with_draft)
+    assert cache_users(Cluster(), NS, cache_ref(draft_spec(s, s.variants[0])).key) == ["with-draft"]
