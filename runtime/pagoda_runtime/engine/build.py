@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import partial
 
 from pagoda_runtime.contract.config import EngineConfig, ModelConfig
 from pagoda_runtime.contract.lora_modules import parse_lora_module
@@ -27,6 +28,7 @@ from pagoda_runtime.executor.devices import Placement, resolve_placement
 from pagoda_runtime.executor.model_runner import ModelRunner
 from pagoda_runtime.executor.models import weight_shapes
 from pagoda_runtime.loading.load_progress import LOAD_PROGRESS
+from pagoda_runtime.loading.lora_source import adapter_folder
 from pagoda_runtime.loading.model_source import LoadedModel, load_model_source
 from pagoda_runtime.loading.random_model import random_model
 from pagoda_runtime.parallel.tensor_parallel import SINGLE_PROCESS, TensorParallel
@@ -103,7 +105,13 @@ def build_engine(
     loras = None
     if runner.lora_slots is not None:
         max_cpu_loras = engine_config.max_cpu_loras or engine_config.max_loras
-        loras = LoraManager(runner.lora_slots, loaded.config, engine_config.max_loras, max_cpu_loras)
+        loras = LoraManager(
+            runner.lora_slots,
+            loaded.config,
+            engine_config.max_loras,
+            max_cpu_loras,
+            locate=partial(adapter_folder, download_dir=engine_config.download_dir),
+        )
         for word in engine_config.lora_modules:
             module = parse_lora_module(word)
             loras.add(module.name, module.path, module.base_model_name)

@@ -1,7 +1,8 @@
 """Which LoRA adapters the engine serves, which are in host memory and which sit in device slots.
 
 - served: every adapter loaded by name (--lora-modules at start, POST /v1/load_lora_adapter live),
-  each with a lora_int_id new at every load; a request holds its adapter (`acquire`) until it ends
+  from a folder or an hf:// or s3:// source downloaded first (loading/lora_source.py), each with a
+  lora_int_id new at every load; a request holds its adapter (`acquire`) until it ends
   (`release`), and an adapter unloaded while requests hold it is gone for new requests at once and
   dropped when the last of them ends.
 - host memory: up to --max-cpu-loras adapters as ready-made slot tensors (pinned on a GPU), least
@@ -28,6 +29,7 @@ from pagoda_runtime.engine.protocol import LoraAdapterError, LoraNotFound
 from pagoda_runtime.engine.sequence import LoraRequest, Sequence
 from pagoda_runtime.executor.models.lora_layers import LoraSlots
 from pagoda_runtime.loading.lora_adapter import LoraAdapter, load_lora_adapter
+from pagoda_runtime.loading.lora_source import adapter_folder
 
 
 @dataclass
@@ -48,6 +50,7 @@ class LoraManager:
         max_loras: int,
         max_cpu_loras: int,
         read: Callable[[str, str, ModelConfig, int], LoraAdapter] = load_lora_adapter,
+        locate: Callable[[str, str], str] = adapter_folder,
     ) -> None:
         if max_cpu_loras < max_loras:
             raise ValueError(
@@ -59,6 +62,7 @@ class LoraManager:
         self.max_loras = max_loras
         self.max_cpu_loras = max_cpu_loras
         self._read = read
+        self._locate = locate  # (name, path or source) -> the adapter's local folder
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._served: dict[str, _Adapter] = {}  # by name, the adapters new requests may name
@@ -72,10 +76,11 @@ class LoraManager:
     # ---- what the server changes -------------------------------------------------------------
 
     def add(self, name: str, path: str, parent: str | None = None) -> LoraRequest:
-        """Read, check and serve the adapter at `path` as `name`; LoraAdapterError if it cannot run
-        here or the name is taken."""
+        """Read, check and serve the adapter at `path` (a folder, or a source downloaded first) as
+        `name`; LoraAdapterError if it cannot run here or the name is taken."""
         with self._lock:
             self._check_free(name)
+        path = self._locate(name, path)
         weights, scaling = self._read_slot_weights(name, path)
         with self._lock:
             self._check_free(name)
