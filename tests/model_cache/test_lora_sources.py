@@ -10,6 +10,7 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 from pagoda_runtime import LLM, SamplingParams
+from pagoda_runtime.cli import main
 from pagoda_runtime.contract import cache_layout as layout
 from pagoda_runtime.contract.config import EngineConfig
 from pagoda_runtime.engine.async_engine import AsyncLLMEngine
@@ -92,6 +93,10 @@ def test_hub_adapter_is_pinned_cached_once_and_serves_like_its_folder(llm, mirro
         ("hf://acme/nothing", r"^LoRA adapter 'x': the hub has no repository acme/nothing that this server"),
         ("hf://acme/tiny-lora@v9", r"^LoRA adapter 'x': hf://acme/tiny-lora@v9 names a revision its"),
         (
+            "hf://acme/tiny-lora/tiny.gguf",
+            r"^LoRA adapter 'x': hf://acme/tiny-lora/tiny.gguf is not a hub repository; give hf://org/name",
+        ),
+        (
             "hf://acme/weights-only",
             rf"^LoRA adapter 'x': hf://acme/weights-only at {COMMIT} holds no adapter_config.json; give",
         ),
@@ -140,3 +145,21 @@ def test_load_endpoint_takes_a_source_and_refuses_a_bad_one_with_400(folders, mi
             "LoRA adapter 'b': the hub has no repository acme/nothing"
         )
         assert [m["id"] for m in client.get("/v1/models").json()["data"]][1:] == ["a"]
+
+
+def test_the_download_job_fetches_an_adapter_for_the_operator(mirror, tmp_path):
+    def fetch(source: str, cache: str) -> tuple[int, str]:
+        log = tmp_path / f"{cache}.log"
+        args = ["fetch", "--adapter", source, "--revision", COMMIT, "--cache-dir", str(tmp_path / cache)]
+        return main([*args, "--termination-log", str(log)]), log.read_text()
+
+    code, summary = fetch("hf://acme/tiny-lora", "ok")
+    assert code == 0
+    assert json.loads(summary)["adapter"]["r"] == 8
+    assert sorted(p.name for p in layout.model_dir(tmp_path / "ok").iterdir()) == [
+        ".pagoda-model.json",
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
+    code, message = fetch("hf://acme/weights-only", "bad")
+    assert code == 1 and "holds no adapter_config.json" in message

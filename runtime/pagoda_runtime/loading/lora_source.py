@@ -61,13 +61,25 @@ def adapter_folder(name: str, path: str, download_dir: str | Path | None = None)
     return str(layout.model_dir(root) / manifest["modelPath"])
 
 
+def adapter_source(uri: str, revision: str | None = None) -> RemoteSource:
+    """An adapter's source as the cache fetches it (`pagoda-runtime fetch --adapter` too): of a hub
+    repository, at a pinned commit, the adapter's two files only; ValueError says what is wrong."""
+    if not uri.startswith("hf://"):
+        return parse_remote(uri, revision)
+    if uri.endswith(".gguf"):
+        raise ValueError(f"{uri} names a GGUF file; give the repository of a PEFT adapter, hf://org/name")
+    return parse_remote(uri, revision, allow_patterns=ADAPTER_FILES)
+
+
 def _source(path: str) -> RemoteSource:
     if not path.startswith("hf://"):
-        return parse_remote(path)
+        return adapter_source(path)
     uri, _, revision = path.partition("@")
+    if not re.fullmatch(r"hf://[^/\s]+/[^/\s]+", uri):
+        raise ValueError(f"{uri} is not a hub repository; give hf://org/name[@revision]")
     if not re.match(COMMIT_PATTERN, revision):
         revision = commit_of(uri.removeprefix("hf://"), revision or "main")
-    return parse_remote(uri, revision, allow_patterns=ADAPTER_FILES)
+    return adapter_source(uri, revision)
 
 
 def _check_adapter(source: RemoteSource, files: list[Expected]) -> None:

@@ -102,6 +102,7 @@ def fetch(
 
 
 def termination_summary(manifest: dict) -> str:
-    """The line the Job leaves in its termination message, which the operator reads (< 4 KiB)."""
-    keep = ("revision", "bytes", "modelPath", "architecture", "storedQuantization")
-    return json.dumps({k: manifest[k] for k in keep}, separators=(",", ":"))
+    """The line the Job leaves in its termination message, which the operator reads (< 4 KiB): a
+    model's architecture, or an adapter's rank, alpha, targets and base model."""
+    keep = ("revision", "bytes", "modelPath", "architecture", "storedQuantization", "adapter")
+    return json.dumps({k: manifest[k] for k in keep if k in manifest}, separators=(",", ":"))
