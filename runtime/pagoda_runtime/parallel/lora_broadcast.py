@@ -26,7 +26,8 @@ AdapterWeights = Mapping[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
 class LoraLoad:
     slot: int
     scaling: float
-    weights: AdapterWeights  # (layer, module) -> (A [r, in], B [out, r]), float32 in host memory
+    # (layer, module) -> (A [r, in], B [out, r]) in host memory: as read on rank 0, float32 as received.
+    weights: AdapterWeights
 
 
 def pack(load: LoraLoad, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

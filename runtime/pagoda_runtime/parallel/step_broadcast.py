@@ -4,11 +4,11 @@ Rank 0 flattens a scheduled batch into the tensors the forward reads (model_runn
 them as two broadcasts over the group's own backend: a fixed header of nine integers (what kind
 of message, and the sizes), then one int64 tensor holding every field end to end (each token's
 LoRA slot too, when the step has adapter tokens). Between steps it sends the LoRA adapters it puts
-in device slots (lora_broadcast.py), which every rank puts in the same slot before the next step. Nothing is
-pickled, the same path works between processes of one machine and between pods (gloo on the
-CPU, NCCL on GPUs, where the tensors never leave the device), and the other ranks rebuild exactly
-the tensors rank 0 runs on, so every rank takes the same path (eager or CUDA graph) and calls the
-same collectives in the same order.
+in device slots (lora_broadcast.py), which every rank puts in the same slot before the next step.
+Nothing is pickled, the same path works between processes of one machine and between pods (gloo
+on the CPU, NCCL on GPUs, where the tensors never leave the device), and the other ranks rebuild
+exactly the tensors rank 0 runs on, so every rank takes the same path (eager or CUDA graph) and
+calls the same collectives in the same order.
 
 Rank 0 holds a lock over each step, from the send to the last collective of its forward, and
 sends a keepalive whenever no step went out for a while: a waiting rank then only ever waits
