@@ -126,10 +126,14 @@ def run_tasks(tp, tasks: dict[str, tuple[str, tuple]]) -> dict:
     return {name: globals()[function](tp, *args) for name, (function, args) in tasks.items()}
 
 
-def lora_runs(tp, model: str, adapters: dict[str, str], settings: dict) -> dict:
-    """Rank 0: each prompt's greedy ids with the base model and with each adapter, in one run through
-    fewer device slots than adapters, each adapter loaded live while the others run; and how often
-    adapters were swapped into a slot (each swap reaches every rank)."""
+def lora_runs(tp, model: str, adapters: dict[str, str], jobs: dict[str, dict]) -> dict[str, dict]:
+    """job name -> (rank 0) each prompt's greedy ids with the base model and with each adapter, in
+    one run through fewer device slots than adapters, each adapter loaded live while the others run;
+    and how often adapters were swapped into a slot (each swap reaches every rank)."""
+    return {name: _lora_run(tp, model, adapters, settings) for name, settings in jobs.items()}
+
+
+def _lora_run(tp, model: str, adapters: dict[str, str], settings: dict) -> dict:
     engine_config = EngineConfig(
         model=model,
         dtype="float32",

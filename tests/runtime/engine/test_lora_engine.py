@@ -245,9 +245,9 @@ def _seq_with(lora):
 
 @pytest.mark.slow
 def test_two_tensor_parallel_ranks_give_the_tokens_of_one_process(tmp_path):
-    """GQA (8 query heads on 2 KV heads): each rank keeps its rows of B for q/k/v and gate/up and its
-    columns of A for o and down; one slot for two adapters, so each swap (the second adapter loaded
-    live) reaches the other rank between steps."""
+    """GQA (8 query heads on 2 KV heads), float32 and int8 base weights: each rank keeps its rows of
+    B for q/k/v and gate/up and its columns of A for o and down; one slot for two adapters, each
+    loaded live, so each swap reaches the other rank between steps."""
     base = build_tiny_model(tmp_path / "gqa", "gqa")
     adapters = {
         "all8": str(build_tiny_adapter(tmp_path / "all8", base, 8, seed=1)),
@@ -258,11 +258,14 @@ def test_two_tensor_parallel_ranks_give_the_tokens_of_one_process(tmp_path):
         ),
     }
     settings = dict(block_size=4, kv_cache_memory=2**22, max_loras=1, max_lora_rank=8)
-    whole = lora_runs(SINGLE_PROCESS, str(base), adapters, settings)
-    split = run_on_ranks(2, lora_runs, str(base), adapters, settings)
-    assert split["ids"] == whole["ids"]
-    assert whole["ids"]["all8"] != whole["ids"][None] != whole["ids"]["attn4"] != whole["ids"]["all8"]
-    assert split["swaps"] == whole["swaps"] >= 2
+    # int8: o_proj's and down_proj's packed columns cut like A's.
+    jobs = {"float32": settings, "int8": {**settings, "quantization": "int8"}}
+    whole = lora_runs(SINGLE_PROCESS, str(base), adapters, jobs)
+    split = run_on_ranks(2, lora_runs, str(base), adapters, jobs)
+    for job, run in whole.items():
+        assert split[job]["ids"] == run["ids"], job
+        assert run["ids"]["all8"] != run["ids"][None] != run["ids"]["attn4"] != run["ids"]["all8"], job
+        assert split[job]["swaps"] == run["swaps"] >= 2, job
 
 
 @pytest.mark.gpu
