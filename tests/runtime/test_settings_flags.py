@@ -28,7 +28,7 @@ SERVE_OPTIONS = {
     "--allowed-methods", "--allowed-headers", "--allow-credentials", "--metrics-compat",
     "--termination-log", "--log-format", "--log-level", "--pipeline-parallel-size", "-pp",
     "--distributed-port", "--distributed-timeout", "--enable-lora", "--lora-modules", "--max-loras",
-    "--max-lora-rank", "--max-cpu-loras",
+    "--max-lora-rank", "--max-cpu-loras", "--download-dir",
 }  # fmt: skip
 
 

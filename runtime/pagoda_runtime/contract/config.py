@@ -185,7 +185,8 @@ class EngineConfig:
     )
     lora_modules: tuple[str, ...] = setting(
         (),
-        "LoRA adapters served from the start, each name=path (a PEFT folder) or vLLM's JSON "
+        "LoRA adapters served from the start, each name=path (a PEFT folder, hf://org/name[@revision] or "
+        "s3://bucket/prefix) or vLLM's JSON "
         '{"name": ..., "path": ..., "base_model_name": ...}; a request names one as its model',
         many=True,
         parse=checked_lora_module,
@@ -194,4 +195,10 @@ class EngineConfig:
     max_lora_rank: int = setting(16, "largest LoRA rank an adapter may have")
     max_cpu_loras: int | None = setting(
         None, "LoRA adapters kept in host memory, least recently used evicted (default: --max-loras)"
+    )
+    download_dir: str | None = setting(
+        None,
+        "folder that hf://org/name[@revision] and s3://bucket/prefix LoRA adapters are downloaded into, "
+        "once per source and revision (default: ~/.cache/pagoda; hub ids of --model go to the Hugging "
+        "Face cache)",
     )

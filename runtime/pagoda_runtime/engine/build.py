@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import partial
 
 from pagoda_runtime.contract.config import EngineConfig, ModelConfig
 from pagoda_runtime.contract.lora_modules import parse_lora_module
@@ -27,6 +28,7 @@ from pagoda_runtime.executor.devices import Placement, resolve_placement
 from pagoda_runtime.executor.model_runner import ModelRunner
 from pagoda_runtime.executor.models import weight_shapes
 from pagoda_runtime.loading.load_progress import LOAD_PROGRESS
+from pagoda_runtime.loading.lora_source import adapter_folder
 from pagoda_runtime.loading.model_source import LoadedModel, load_model_source
 from pagoda_runtime.loading.random_model import random_model
 from pagoda_runtime.parallel.tensor_parallel import SINGLE_PROCESS, TensorParallel
@@ -101,9 +103,17 @@ def build_engine(
     weights = LOAD_PROGRESS.track(loaded.weights, len(weight_shapes(loaded.config)), arch.num_hidden_layers)
     runner = ModelRunner(loaded.config, weights, engine_config, placement, limit, quantization, tp)
     loras = None
-    if runner.lora_slots is not None:
+    # Rank 0 alone serves adapters; it sends each to the others as it puts it in a device slot.
+    if runner.lora_slots is not None and tp.is_driver:
         max_cpu_loras = engine_config.max_cpu_loras or engine_config.max_loras
-        loras = LoraManager(runner.lora_slots, loaded.config, engine_config.max_loras, max_cpu_loras)
+        loras = LoraManager(
+            runner.lora_slots,
+            loaded.config,
+            engine_config.max_loras,
+            max_cpu_loras,
+            load=runner.load_lora,
+            locate=partial(adapter_folder, download_dir=engine_config.download_dir),
+        )
         for word in engine_config.lora_modules:
             module = parse_lora_module(word)
             loras.add(module.name, module.path, module.base_model_name)
@@ -193,10 +203,6 @@ def _check_lora_settings(engine_config: EngineConfig) -> None:
         if engine_config.lora_modules:
             raise ValueError("--lora-modules needs --enable-lora")
         return
-    if engine_config.tensor_parallel_size > 1:
-        raise ValueError(
-            "--enable-lora does not run with --tensor-parallel-size above 1 yet; serve adapters on one GPU"
-        )
     for flag, value in (
         ("--max-loras", engine_config.max_loras),
         ("--max-lora-rank", engine_config.max_lora_rank),

@@ -1,7 +1,8 @@
 """Which LoRA adapters the engine serves, which are in host memory and which sit in device slots.
 
 - served: every adapter loaded by name (--lora-modules at start, POST /v1/load_lora_adapter live),
-  each with a lora_int_id new at every load; a request holds its adapter (`acquire`) until it ends
+  from a folder or an hf:// or s3:// source downloaded first (loading/lora_source.py), each with a
+  lora_int_id new at every load; a request holds its adapter (`acquire`) until it ends
   (`release`), and an adapter unloaded while requests hold it is gone for new requests at once and
   dropped when the last of them ends.
 - host memory: up to --max-cpu-loras adapters as ready-made slot tensors (pinned on a GPU), least
@@ -10,6 +11,9 @@
 - device: --max-loras slots; `activate` puts the adapters of a step in slots before it runs,
   swapping out the least recently used adapter no request holds (else any not in this step). The
   scheduler lets no more than --max-loras adapters run at once, so a step always fits.
+- tensor parallelism: this manager runs on rank 0 only. It keeps each adapter in host memory also
+  whole, as read, and every swap into a device slot sends it to the other ranks, which cut their
+  own shards (ModelRunner.load_lora); they keep nothing between swaps.
 
 Thread-safe: the server loads and unloads from its event loop while the engine thread runs steps.
 """
@@ -28,6 +32,14 @@ from pagoda_runtime.engine.protocol import LoraAdapterError, LoraNotFound
 from pagoda_runtime.engine.sequence import LoraRequest, Sequence
 from pagoda_runtime.executor.models.lora_layers import LoraSlots
 from pagoda_runtime.loading.lora_adapter import LoraAdapter, load_lora_adapter
+from pagoda_runtime.loading.lora_source import adapter_folder
+from pagoda_runtime.parallel.lora_broadcast import AdapterWeights
+
+
+@dataclass(frozen=True)
+class _HostCopy:
+    weights: list  # this rank's slot tensors (LoraSlots.slot_weights)
+    whole: AdapterWeights | None  # the adapter as read, for the other ranks; None without any
 
 
 @dataclass
@@ -47,7 +59,9 @@ class LoraManager:
         model_config: ModelConfig,
         max_loras: int,
         max_cpu_loras: int,
+        load: Callable[[int, list, float, AdapterWeights | None], None],
         read: Callable[[str, str, ModelConfig, int], LoraAdapter] = load_lora_adapter,
+        locate: Callable[[str, str], str] = adapter_folder,
     ) -> None:
         if max_cpu_loras < max_loras:
             raise ValueError(
@@ -58,12 +72,14 @@ class LoraManager:
         self.model_config = model_config
         self.max_loras = max_loras
         self.max_cpu_loras = max_cpu_loras
+        self._load = load  # (slot, slot tensors, scaling, whole adapter) -> on the device of every rank
         self._read = read
+        self._locate = locate  # (name, path or source) -> the adapter's local folder
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._served: dict[str, _Adapter] = {}  # by name, the adapters new requests may name
         self._held: dict[int, _Adapter] = {}  # by id, every adapter a request may still run with
-        self._host: OrderedDict[int, list] = OrderedDict()  # id -> slot tensors, least recent first
+        self._host: OrderedDict[int, _HostCopy] = OrderedDict()  # by id, least recent first
         self._device: OrderedDict[int, int] = OrderedDict()  # id -> slot, least recent first
         self.num_swaps = 0  # host -> device copies
         self.num_reads = 0  # adapters read from their folders
@@ -72,17 +88,18 @@ class LoraManager:
     # ---- what the server changes -------------------------------------------------------------
 
     def add(self, name: str, path: str, parent: str | None = None) -> LoraRequest:
-        """Read, check and serve the adapter at `path` as `name`; LoraAdapterError if it cannot run
-        here or the name is taken."""
+        """Read, check and serve the adapter at `path` (a folder, or a source downloaded first) as
+        `name`; LoraAdapterError if it cannot run here or the name is taken."""
         with self._lock:
             self._check_free(name)
-        weights, scaling = self._read_slot_weights(name, path)
+        path = self._locate(name, path)
+        copy, scaling = self._read_slot_weights(name, path)
         with self._lock:
             self._check_free(name)
             entry = _Adapter(LoraRequest(name, next(self._ids)), path, parent, scaling)
             self._served[name] = self._held[entry.lora.lora_int_id] = entry
             self.num_reads += 1
-            self._keep_in_host(entry.lora.lora_int_id, weights)
+            self._keep_in_host(entry.lora.lora_int_id, copy)
             return entry.lora
 
     def remove(self, name: str) -> None:
@@ -131,16 +148,16 @@ class LoraManager:
                     self._device.move_to_end(lora_id)
                     continue
                 entry = self._held[lora_id]
-                weights = self._host.get(lora_id)
-            read = weights is None
+                copy = self._host.get(lora_id)
+            read = copy is None
             if read:
-                weights, _ = self._read_slot_weights(entry.lora.lora_name, entry.path)
+                copy, _ = self._read_slot_weights(entry.lora.lora_name, entry.path)
             with self._lock:
                 self.num_reads += read
-                self._keep_in_host(lora_id, weights)
+                self._keep_in_host(lora_id, copy)
                 slot = self._free_slot(wanted)
                 started = time.perf_counter()
-                self.slots.load_slot(slot, weights, entry.scaling)
+                self._load(slot, copy.weights, entry.scaling, copy.whole)
                 self.last_swap_s = time.perf_counter() - started
                 self._device[lora_id] = slot
                 self.num_swaps += 1
@@ -162,12 +179,14 @@ class LoraManager:
 
     # ---- internals (under the lock, but for reading) -------------------------------------------
 
-    def _read_slot_weights(self, name: str, path: str) -> tuple[list, float]:
+    def _read_slot_weights(self, name: str, path: str) -> tuple[_HostCopy, float]:
         adapter = self._read(name, path, self.model_config, self.slots.max_rank)
         try:
-            return self.slots.slot_weights(name, adapter.weights), adapter.scaling
+            weights = self.slots.slot_weights(name, adapter.weights)
         except ValueError as exc:
             raise LoraAdapterError(str(exc)) from exc
+        whole = dict(adapter.weights) if self.slots.sharded else None
+        return _HostCopy(weights, whole), adapter.scaling
 
     def _check_free(self, name: str) -> None:
         if name in self._served:
@@ -186,8 +205,8 @@ class LoraManager:
         victim = (idle or [i for i in self._device if i not in wanted])[0]
         return self._device.pop(victim)
 
-    def _keep_in_host(self, lora_id: int, weights: list) -> None:
-        self._host[lora_id] = weights
+    def _keep_in_host(self, lora_id: int, copy: _HostCopy) -> None:
+        self._host[lora_id] = copy
         self._host.move_to_end(lora_id)
         while len(self._host) > self.max_cpu_loras:
             idle = [i for i in self._host if i != lora_id and self._held[i].users == 0]

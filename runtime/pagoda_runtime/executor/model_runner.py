@@ -56,6 +56,7 @@ from pagoda_runtime.executor.quantization.memory import decode_weight_bytes, mod
 from pagoda_runtime.executor.rejection_sampler import Drafts
 from pagoda_runtime.executor.sampler import DeviceSamples, Sampler, SamplerOutput, uses_history
 from pagoda_runtime.executor.staging import Staging
+from pagoda_runtime.parallel.lora_broadcast import AdapterWeights, LoraLoad
 from pagoda_runtime.parallel.step_broadcast import StepInputs, StepSender
 from pagoda_runtime.parallel.tensor_parallel import SINGLE_PROCESS, TensorParallel
 
@@ -227,6 +228,20 @@ class ModelRunner:
         self.step_sender: StepSender | None = None
         if self.device.type == "cuda" and not engine_config.enforce_eager:
             self._capture_graphs(engine_config.max_num_seqs)
+
+    def load_lora(self, slot: int, weights: list, scaling: float, whole: AdapterWeights | None) -> None:
+        """Put an adapter in device slot `slot` on every rank: `weights`, this rank's slot tensors
+        (LoraSlots.slot_weights), here; `whole`, the adapter as read, to the other ranks first."""
+        if self.step_sender is not None:
+            self.step_sender.send_lora(LoraLoad(slot, scaling, whole))
+        self.lora_slots.load_slot(slot, weights, scaling)
+
+    def receive_lora(self, load: LoraLoad) -> None:
+        """The other ranks: rank 0's adapter, cut to this rank's shard, into the same slot."""
+        slots = self.lora_slots
+        if slots is None:
+            raise RuntimeError("rank 0 sent a LoRA adapter, but this rank runs without --enable-lora")
+        slots.load_slot(load.slot, slots.slot_weights(f"in slot {load.slot}", load.weights), load.scaling)
 
     @property
     def kv_cache_dtype_name(self) -> str:

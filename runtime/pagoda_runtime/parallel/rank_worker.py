@@ -35,7 +35,7 @@ def compute(group: RankGroup, local_rank: int) -> str | None:
         member = group.join(local_rank)
         parts = build_engine(member.engine_config, tp=member.tp)
         group.all_loaded(member)
-        receiver = StepReceiver(member.tp, member.device)
+        receiver = StepReceiver(member.tp, member.device, parts.runner.receive_lora)
         while (step := receiver.receive()) is not None:
             parts.runner.run(step)
     except Exception as exc:

@@ -1,12 +1,14 @@
 """One step's inputs, from rank 0 (which schedules) to every other rank of the tensor-parallel group.
 
 Rank 0 flattens a scheduled batch into the tensors the forward reads (model_runner.py) and sends
-them as two broadcasts over the group's own backend: a fixed header of eight integers (what kind
-of message, and the sizes), then one int64 tensor holding every field end to end. Nothing is
-pickled, the same path works between processes of one machine and between pods (gloo on the
-CPU, NCCL on GPUs, where the tensors never leave the device), and the other ranks rebuild exactly
-the tensors rank 0 runs on, so every rank takes the same path (eager or CUDA graph) and calls the
-same collectives in the same order.
+them as two broadcasts over the group's own backend: a fixed header of nine integers (what kind
+of message, and the sizes), then one int64 tensor holding every field end to end (each token's
+LoRA slot too, when the step has adapter tokens). Between steps it sends the LoRA adapters it puts
+in device slots (lora_broadcast.py), which every rank puts in the same slot before the next step.
+Nothing is pickled, the same path works between processes of one machine and between pods (gloo
+on the CPU, NCCL on GPUs, where the tensors never leave the device), and the other ranks rebuild
+exactly the tensors rank 0 runs on, so every rank takes the same path (eager or CUDA graph) and
+calls the same collectives in the same order.
 
 Rank 0 holds a lock over each step, from the send to the last collective of its forward, and
 sends a keepalive whenever no step went out for a while: a waiting rank then only ever waits
@@ -27,10 +29,11 @@ import torch.distributed as dist
 
 from pagoda_runtime.executor.attention_metadata import AttentionMetadata
 from pagoda_runtime.executor.devices import host_list_on
+from pagoda_runtime.parallel.lora_broadcast import LoraLoad, num_values, pack, unpack
 from pagoda_runtime.parallel.tensor_parallel import TensorParallel
 
-KEEPALIVE, STEP, STOP = 0, 1, 2
-_HEADER_LEN = 8
+KEEPALIVE, STEP, STOP, LORA = 0, 1, 2, 3
+_HEADER_LEN = 9
 # Rank 0 sends a keepalive after this long without a step, and at least four within a timeout.
 MAX_KEEPALIVE_INTERVAL_S = 10.0
 
@@ -45,7 +48,6 @@ class StepInputs:
     logits_rows: torch.Tensor  # int64 [rows]: token rows whose logits are computed (and sampled)
     replayable: bool  # padded to a captured CUDA graph's batch size, which every rank replays
     # int32 [num_tokens]: each token's LoRA slot (-1: the base model); None when no token has one.
-    # Rank 0 only: the engine refuses LoRA with tensor parallelism (engine/build.py).
     lora_slots: torch.Tensor | None = None
 
 
@@ -66,6 +68,7 @@ def _header(kind: int, step: StepInputs | None = None) -> list[int]:
         meta.max_seq_len,
         step.logits_rows.shape[0],
         int(step.replayable),
+        int(step.lora_slots is not None),
     ]
 
 
@@ -79,14 +82,16 @@ def _payload(step: StepInputs) -> torch.Tensor:
         meta.seq_lens,
         meta.block_tables.reshape(-1),
         step.logits_rows,
+        *(() if step.lora_slots is None else (step.lora_slots,)),
     )
     return torch.cat([part.to(torch.int64) for part in parts])
 
 
 def _unpack(header: list[int], payload: torch.Tensor) -> StepInputs:
-    _, num_tokens, num_seqs, width, max_query_len, max_seq_len, num_rows, replayable = header
+    _, num_tokens, num_seqs, width, max_query_len, max_seq_len, num_rows, replayable, lora = header
     sizes = [num_tokens, num_tokens, num_tokens, num_seqs + 1, num_seqs, num_seqs * width, num_rows]
-    input_ids, positions, slots, query_start, seq_lens, tables, rows = payload.split(sizes)
+    sizes.append(num_tokens * lora)
+    input_ids, positions, slots, query_start, seq_lens, tables, rows, lora_slots = payload.split(sizes)
     meta = AttentionMetadata(
         slot_mapping=slots,
         query_start_loc=query_start.to(torch.int32),
@@ -95,7 +100,9 @@ def _unpack(header: list[int], payload: torch.Tensor) -> StepInputs:
         max_query_len=max_query_len,
         max_seq_len=max_seq_len,
     )
-    return StepInputs(input_ids, positions, meta, rows, bool(replayable))
+    return StepInputs(
+        input_ids, positions, meta, rows, bool(replayable), lora_slots.to(torch.int32) if lora else None
+    )
 
 
 class StepSender:
@@ -132,6 +139,19 @@ class StepSender:
                 raise
             self._last_sent = time.monotonic()
 
+    def send_lora(self, load: LoraLoad) -> None:
+        """Put an adapter in a device slot of every other rank, before the next step."""
+        with self._lock:
+            try:
+                index, values = pack(load, self._device)
+                self._send([LORA, load.slot, index.shape[0]] + [0] * (_HEADER_LEN - 3))
+                dist.broadcast(index, group_src=0, group=self._tp.group)
+                dist.broadcast(values, group_src=0, group=self._tp.group)
+            except Exception as exc:
+                self._on_failure(f"rank 0: sending a LoRA adapter to the group failed: {_describe(exc)}")
+                raise
+            self._last_sent = time.monotonic()
+
     def stop(self) -> None:
         """Tell every rank to exit (after a drain); no step may follow."""
         self._stopped.set()
@@ -158,11 +178,13 @@ class StepSender:
 
 
 class StepReceiver:
-    """The other ranks' side: the next step, skipping keepalives; None once rank 0 says stop."""
+    """The other ranks' side: the next step, skipping keepalives; None once rank 0 says stop. A
+    LoRA adapter that comes between steps goes to `on_lora` (ModelRunner.receive_lora)."""
 
-    def __init__(self, tp: TensorParallel, device: torch.device) -> None:
+    def __init__(self, tp: TensorParallel, device: torch.device, on_lora: Callable[[LoraLoad], None]) -> None:
         self._tp = tp
         self._device = device
+        self._on_lora = on_lora
 
     def receive(self) -> StepInputs | None:
         while True:
@@ -173,10 +195,19 @@ class StepReceiver:
                 return None
             if fields[0] == STEP:
                 break
-        size = 3 * fields[1] + 2 * fields[2] + 1 + fields[2] * fields[3] + fields[6]
+            if fields[0] == LORA:
+                self._receive_lora(fields[1], fields[2])
+        size = 3 * fields[1] + 2 * fields[2] + 1 + fields[2] * fields[3] + fields[6] + fields[1] * fields[8]
         payload = torch.empty(size, dtype=torch.int64, device=self._device)
         dist.broadcast(payload, group_src=0, group=self._tp.group)
         return _unpack(fields, payload)
+
+    def _receive_lora(self, slot: int, rows: int) -> None:
+        index = torch.empty(rows, 5, dtype=torch.int64, device=self._device)
+        dist.broadcast(index, group_src=0, group=self._tp.group)
+        values = torch.empty(num_values(index.cpu()), dtype=torch.float32, device=self._device)
+        dist.broadcast(values, group_src=0, group=self._tp.group)
+        self._on_lora(unpack(slot, index, values))
 
 
 def _describe(exc: BaseException) -> str:

@@ -1,10 +1,11 @@
 """POST /v1/load_lora_adapter and /v1/unload_lora_adapter: vLLM's bodies, answers and errors, so that
 the same clients and gateways change the served adapters live, without a restart.
 
-Loading reads and checks the folder before the adapter is served (a bad folder, an adapter that
-does not fit the model or a rank above --max-lora-rank is a 400 naming the problem; a name already
-served is a 400); unloading a name not served is a 404. An adapter unloaded while requests run
-with it is refused to new requests at once and freed when those finish.
+`lora_path` is a folder or, as in --lora-modules, an hf:// or s3:// source downloaded first into
+the download dir. Loading reads and checks the folder before the adapter is served (a bad folder or
+source, an adapter that does not fit the model or a rank above --max-lora-rank is a 400 naming the
+problem; a name already served is a 400); unloading a name not served is a 404. An adapter
+unloaded while requests run with it is refused to new requests at once and freed when those finish.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ LLMEngine whose steps go to the others through step_broadcast.py, the others onl
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from pagoda_runtime.contract.config import EngineConfig
 from pagoda_runtime.contract.sizing import kv_bytes_per_block, kv_heads_per_rank
@@ -114,7 +116,7 @@ def _drive(engine: LLMEngine, tp, name: str, prompts: list[str]) -> dict:
 
 def _follow(runner, tp) -> None:
     """Every other rank, as rank_worker.py runs it: the steps rank 0 sends, until it says stop."""
-    receiver = StepReceiver(tp, runner.device)
+    receiver = StepReceiver(tp, runner.device, runner.receive_lora)
     while (step := receiver.receive()) is not None:
         runner.run(step)
 
@@ -122,3 +124,54 @@ def _follow(runner, tp) -> None:
 def run_tasks(tp, tasks: dict[str, tuple[str, tuple]]) -> dict:
     """task name -> (function name in this module, its arguments) -> task name -> its result."""
     return {name: globals()[function](tp, *args) for name, (function, args) in tasks.items()}
+
+
+def lora_runs(tp, model: str, adapters: dict[str, str], jobs: dict[str, dict]) -> dict[str, dict]:
+    """job name -> (rank 0) each prompt's greedy ids with the base model and with each adapter, in
+    one run through fewer device slots than adapters, each adapter loaded live while the others run;
+    and how often adapters were swapped into a slot (each swap reaches every rank)."""
+    return {name: _lora_run(tp, model, adapters, settings) for name, settings in jobs.items()}
+
+
+def _lora_run(tp, model: str, adapters: dict[str, str], settings: dict) -> dict:
+    engine_config = EngineConfig(
+        model=model,
+        dtype="float32",
+        device="cpu",
+        tensor_parallel_size=tp.size,
+        async_scheduling=tp.size > 1,
+        enable_lora=True,
+        **settings,
+    )
+    if not tp.is_driver:
+        _follow(build_engine(engine_config, tp=tp).runner, tp)
+        return {}
+    engine = LLMEngine(engine_config, tp=tp)
+    sender = None
+    if tp.size > 1:
+        sender = StepSender(tp, engine.runner.device, keepalive_s=3600, on_failure=lambda why: None)
+        engine.runner.step_sender = sender
+    *first, last = adapters
+    # The requests that join at steps 0, 1 and 2, each adapter loaded as its requests join: the
+    # first step has no adapter token, the later ones mix adapters and the base model.
+    joining = [[None], first, [last]]
+    finished = {}
+    for step in itertools.count():
+        if step < len(joining):
+            for name in joining[step]:
+                if name is not None:
+                    engine.add_lora(name, adapters[name])
+                for i, prompt in enumerate(PROMPTS[:2]):
+                    engine.add(engine.make_request(f"{name}-{i}", prompt, GREEDY, lora_name=name))
+        elif not engine.has_unfinished():
+            break
+        finished.update({o.request_id: o for o in engine.step() if o.finished})
+    if sender is not None:
+        sender.stop()
+    return {
+        "ids": {
+            name: [finished[f"{name}-{i}"].outputs[0].token_ids for i in range(2)]
+            for name in (None, *adapters)
+        },
+        "swaps": engine.loras.num_swaps,
+    }

@@ -7,15 +7,16 @@ adapters that cannot run on the model refused with a sentence saying why."""
 import pytest
 import torch
 from pagoda_runtime import LLM, SamplingParams
-from pagoda_runtime.contract.config import EngineConfig
-from pagoda_runtime.engine.build import build_engine
 from pagoda_runtime.engine.protocol import LoraAdapterError
 from pagoda_runtime.engine.request_validation import RequestRejected
 from pagoda_runtime.engine.sequence import Sequence, SequenceGroup
 from pagoda_runtime.executor.kernels.lora_slots import lora_batch
 from pagoda_runtime.loading.lora_adapter import load_lora_adapter
+from pagoda_runtime.parallel.tensor_parallel import SINGLE_PROCESS
 
 from tests.runtime.engine.hf_reference import hf_greedy
+from tests.runtime.engine.tensor_parallel_jobs import lora_runs
+from tests.runtime.tensor_parallel_ranks import run_on_ranks
 from tests.runtime.tiny_lora import build_tiny_adapter, merged_reference
 from tests.runtime.tiny_models import build_tiny_model
 
@@ -242,10 +243,29 @@ def _seq_with(lora):
     return Sequence(group, 0)
 
 
-def test_tensor_parallel_lora_is_refused_up_front(family):
-    base, _, _ = family
-    with pytest.raises(ValueError, match="--enable-lora does not run with --tensor-parallel-size"):
-        build_engine(EngineConfig(model=str(base), enable_lora=True, tensor_parallel_size=2))
+@pytest.mark.slow
+def test_two_tensor_parallel_ranks_give_the_tokens_of_one_process(tmp_path):
+    """GQA (8 query heads on 2 KV heads), float32 and int8 base weights: each rank keeps its rows of
+    B for q/k/v and gate/up and its columns of A for o and down; one slot for two adapters, each
+    loaded live, so each swap reaches the other rank between steps."""
+    base = build_tiny_model(tmp_path / "gqa", "gqa")
+    adapters = {
+        "all8": str(build_tiny_adapter(tmp_path / "all8", base, 8, seed=1)),
+        "attn4": str(
+            build_tiny_adapter(
+                tmp_path / "attn4", base, 4, seed=2, targets=("q_proj", "k_proj", "v_proj", "o_proj")
+            )
+        ),
+    }
+    settings = dict(block_size=4, kv_cache_memory=2**22, max_loras=1, max_lora_rank=8)
+    # int8: o_proj's and down_proj's packed columns cut like A's.
+    jobs = {"float32": settings, "int8": {**settings, "quantization": "int8"}}
+    whole = lora_runs(SINGLE_PROCESS, str(base), adapters, jobs)
+    split = run_on_ranks(2, lora_runs, str(base), adapters, jobs)
+    for job, run in whole.items():
+        assert split[job]["ids"] == run["ids"], job
+        assert run["ids"]["all8"] != run["ids"][None] != run["ids"]["attn4"] != run["ids"]["all8"], job
+        assert split[job]["swaps"] == run["swaps"] >= 2, job
 
 
 @pytest.mark.gpu

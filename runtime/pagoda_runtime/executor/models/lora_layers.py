@@ -49,6 +49,11 @@ class LoraSlots:
         self.projections: list[LoraProjection] = []
         self.model: nn.Module | None = None
 
+    @property
+    def sharded(self) -> bool:
+        """Whether the model is one rank's part of a tensor-parallel group."""
+        return self.model.tp.size > 1
+
     def slot_weights(
         self, name: str, adapter: Mapping[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -2,13 +2,17 @@
 
 Runs in the download Job. Idempotent: a complete cache is left as it is; a partial one resumes.
 The files land in `<root>/.partial`, are checked against the sizes and hashes the server announced,
-opened as the runtime would open them, and only then renamed to `<root>/model`.
+opened as the runtime would open them, and only then renamed to `<root>/model`. What is fetched is
+a model unless told otherwise (`Contents`): a LoRA adapter is checked and described by its own
+rules (loading/lora_source.py).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from pagoda_runtime.contract import cache_layout as layout
@@ -46,7 +50,21 @@ def _one_model(source: RemoteSource, files: list[Expected]) -> None:
         )
 
 
-def fetch(source: RemoteSource, root: Path, emit=print, progress_interval: float = 5.0) -> dict:
+@dataclass(frozen=True)
+class Contents:
+    """What a cache holds: `check` refuses a listing before any byte is downloaded, `facts` describes
+    the downloaded files for the manifest (and fails on files the runtime could not open)."""
+
+    check: Callable[[RemoteSource, list[Expected]], None]
+    facts: Callable[[Path], dict]
+
+
+MODEL = Contents(_one_model, checkpoint_facts)
+
+
+def fetch(
+    source: RemoteSource, root: Path, emit=print, progress_interval: float = 5.0, contents: Contents = MODEL
+) -> dict:
     """Downloads `source` into `root` unless it is there; returns the manifest."""
     done = layout.read_manifest(root)
     if done is not None:
@@ -56,7 +74,7 @@ def fetch(source: RemoteSource, root: Path, emit=print, progress_interval: float
     partial.mkdir(parents=True, exist_ok=True)
     if isinstance(source, HubSource):
         files = hub.list_files(source)
-        _one_model(source, files)
+        contents.check(source, files)
         total = sum(f.size for f in files)
         with ProgressReporter(partial, total, emit, progress_interval):
             hub.download(source, partial)
@@ -64,7 +82,7 @@ def fetch(source: RemoteSource, root: Path, emit=print, progress_interval: float
         client = s3.client()
         listed = s3.list_files(source, client)
         files = [expected for _, expected, _ in listed]
-        _one_model(source, files)
+        contents.check(source, files)
         total = sum(f.size for f in files)
         with ProgressReporter(partial, total, emit, progress_interval):
             s3.download(source, partial, client, listed)
@@ -77,13 +95,14 @@ def fetch(source: RemoteSource, root: Path, emit=print, progress_interval: float
         "bytes": total,
         "files": {f.path: f.size for f in files},
         "modelPath": str(model_path.relative_to(partial)),
-        **checkpoint_facts(model_path),
+        **contents.facts(model_path),
     }
     layout.commit(root, manifest)
     return manifest
 
 
 def termination_summary(manifest: dict) -> str:
-    """The line the Job leaves in its termination message, which the operator reads (< 4 KiB)."""
-    keep = ("revision", "bytes", "modelPath", "architecture", "storedQuantization")
-    return json.dumps({k: manifest[k] for k in keep}, separators=(",", ":"))
+    """The line the Job leaves in its termination message, which the operator reads (< 4 KiB): a
+    model's architecture, or an adapter's rank, alpha, targets and base model."""
+    keep = ("revision", "bytes", "modelPath", "architecture", "storedQuantization", "adapter")
+    return json.dumps({k: manifest[k] for k in keep if k in manifest}, separators=(",", ":"))

@@ -62,6 +62,11 @@ def list_files(source: HubSource) -> list[Expected]:
     return files
 
 
+def commit_of(repo: str, revision: str) -> str:
+    """The commit a branch or tag of `repo` points at now (what pins a source named by a branch)."""
+    return HfApi(endpoint=_endpoint(), token=_token()).model_info(repo, revision=revision).sha
+
+
 def download(source: HubSource, folder: Path) -> None:
     snapshot_download(
         source.repo,
