@@ -242,6 +242,36 @@ def test_a_moe_q4_k_m_file_is_sized_expert_by_expert_in_each_tensors_block_type(
     assert decode_weight_bytes(arch, "gguf", gguf_block="Q4_K_M") == read
 
 
+def test_a_fused_qkv_is_sized_in_the_block_type_llama_cpp_gives_attn_qkv():
+    # Phi-4-mini's checkpoint stores q, k and v as one tensor, which Q4_K_M stores in Q5_K: served
+    # dequantized, in bf16, while its unfused parts would be Q4_K.
+    arch = KNOWN_ARCHITECTURES["phi-4-mini"]
+    assert arch.fused_qkv
+    unfused = replace(arch, fused_qkv=False)
+    qkv = (arch.q_size + 2 * arch.kv_size) * arch.hidden_size * arch.num_hidden_layers
+    q4_k = GGUF_BLOCK_FORMATS["Q4_K"]
+    q4_k_qkv = sum(
+        q4_k.linear_bytes(rows, arch.hidden_size) * arch.num_hidden_layers
+        for rows in (arch.q_size, arch.kv_size, arch.kv_size)
+    )
+    fused, split = (
+        weight_bytes(arch, "gguf", gguf_block="Q4_K_M"),
+        weight_bytes(unfused, "gguf", gguf_block="Q4_K_M"),
+    )
+    # The unfused model's attn_v is bounded at bf16 (the 70B rule) beside Q6_K in the wider layers.
+    n = arch.num_hidden_layers
+    wider = sum(i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2 for i in range(n))
+    value = arch.kv_size * arch.hidden_size
+    split_v = (
+        wider * GGUF_BLOCK_FORMATS["Q6_K"].linear_bytes(arch.kv_size, arch.hidden_size)
+        + (n - wider) * 2 * value
+    )
+    split_qkv = q4_k_qkv - q4_k.linear_bytes(arch.kv_size, arch.hidden_size) * n + split_v
+    assert fused - split == 2 * qkv - split_qkv
+    # Q6_K stores attn_qkv in Q6_K like the rest.
+    assert weight_bytes(arch, "gguf", gguf_block="Q6_K") == weight_bytes(unfused, "gguf", gguf_block="Q6_K")
+
+
 def test_an_8b_q4_k_m_fits_a_12_gib_gpu_that_its_dequantized_weights_do_not():
     arch = KNOWN_ARCHITECTURES["llama-3-8b"]
     assert fits(arch, "gguf", 8192, 12 * GIB, gguf_block="Q4_K_M").fits

@@ -126,6 +126,11 @@ class ModelArchitecture:
     qk_norm: bool = _shape_field(
         "Whether each layer normalizes its queries and keys per head (Qwen3, Gemma 3).", default=False
     )
+    fused_qkv: bool = _shape_field(
+        "Whether the checkpoint stores q, k and v as one projection (Phi-3's qkv_proj), which a GGUF "
+        "file quantizes as one tensor.",
+        default=False,
+    )
 
     def __post_init__(self) -> None:
         # Reports and specs carry JSON lists; the architecture stays hashable (sizing caches by it).
@@ -343,7 +348,8 @@ class GGUFFileType:
     """A GGUF file type as llama.cpp's mix (llama-quant.cpp's llama_tensor_get_type) stores each
     projection: `main` for most, attn_v (`value`) and ffn_down (`down`, a sparse layer's experts
     included) wider in the layers `value_layers` and `down_layers` pick, and in a model of exactly
-    8 experts attn_k and attn_v in Q8_0 and attn_output in `eight_experts_output`. Where the mix
+    8 experts attn_k and attn_v in Q8_0 and attn_output in `eight_experts_output`; a fused attn_qkv
+    in `fused_qkv`. Where the mix
     turns on what sizing cannot see, the wider type bounds it: a dense model's attn_v is counted at
     `large_value` where llama.cpp widens a 70B model's (Q4_K_M: Q5_K), and an importance matrix's
     choices at theirs."""
@@ -355,6 +361,7 @@ class GGUFFileType:
     down: str | None = None
     down_layers: str = "all"
     eight_experts_output: str | None = None
+    fused_qkv: str | None = None  # attn_qkv, where the checkpoint fuses q, k and v (Phi-3)
 
     def projection_type(self, arch: ModelArchitecture, layer: int, projection: str) -> str:
         """The block type of layer `layer`'s projection (ModelArchitecture.layer_linear_shapes'
@@ -365,6 +372,8 @@ class GGUFFileType:
                 return "Q8_0"
             if projection == "o" and self.eight_experts_output:
                 return self.eight_experts_output
+        if arch.fused_qkv and projection in ("q", "k", "v"):
+            return self.fused_qkv or self.main
         if projection == "v" and self.value and _LAYER_PICKS[self.value_layers](layer, n):
             return self.value
         if projection == "v" and self.large_value and not arch.num_experts:
@@ -394,6 +403,7 @@ GGUF_FILE_TYPES: dict[str, GGUFFileType] = {
         down="Q6_K",
         down_layers="more_bits",
         eight_experts_output="Q5_K",
+        fused_qkv="Q5_K",
     ),
 }
 # A GGUF source whose name does not say its type is sized as dequantized, the most it can take.
