@@ -198,14 +198,9 @@ class ModelArchitecture:
         """(out_features, in_features, how many) of layer `layer`'s projections by llama.cpp's short
         names: q, k, v, o, and gate, up, down, one of each per expert in a sparse layer."""
         q, kv, h = self.q_size, self.kv_size, self.hidden_size
-        width, count = (
-            (self.moe_intermediate_size, self.num_experts)
-            if self.is_sparse_layer(layer)
-            else (
-                self.intermediate_size,
-                1,
-            )
-        )
+        sparse = self.is_sparse_layer(layer)
+        width = self.moe_intermediate_size if sparse else self.intermediate_size
+        count = self.num_experts if sparse else 1
         return {
             "q": (q, h, 1),
             "k": (kv, h, 1),
@@ -349,10 +344,9 @@ class GGUFFileType:
     projection: `main` for most, attn_v (`value`) and ffn_down (`down`, a sparse layer's experts
     included) wider in the layers `value_layers` and `down_layers` pick, and in a model of exactly
     8 experts attn_k and attn_v in Q8_0 and attn_output in `eight_experts_output`; a fused attn_qkv
-    in `fused_qkv`. Where the mix
-    turns on what sizing cannot see, the wider type bounds it: a dense model's attn_v is counted at
-    `large_value` where llama.cpp widens a 70B model's (Q4_K_M: Q5_K), and an importance matrix's
-    choices at theirs."""
+    in `fused_qkv`. Where the mix turns on what sizing cannot see, the wider type bounds it: a dense
+    model's other attn_v is counted at `large_value`, where llama.cpp widens a 70B model's (Q4_K_M:
+    Q5_K), and an importance matrix's choices at theirs."""
 
     main: str
     value: str | None = None
