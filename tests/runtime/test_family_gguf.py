@@ -223,3 +223,24 @@ def test_dequantized_k_quant_weights_are_the_files_values_bit_for_bit(k_folders,
         np.testing.assert_array_equal(
             weights[hf_name].numpy(), expected if expert is None else expected[expert]
         )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", sorted(K_FAMILIES))
+def test_k_quant_files_stay_packed_on_the_gpu_and_choose_the_dequantized_files_tokens(
+    k_folders, tmp_path, variant
+):
+    from pagoda_runtime import LLM
+
+    path = build_tiny_gguf(k_folders(variant), tmp_path / "tiny.Q4_K_M.gguf", "Q4_K_M")
+    kwargs = dict(dtype="float32", device="cuda", max_num_seqs=4, kv_cache_memory=2**26)
+    kept, dense = LLM(str(path), **kwargs), LLM(str(path), quantization="none", **kwargs)
+    assert (kept.engine.quantization, dense.engine.quantization) == ("gguf", "none")
+    family = variant if variant in ("phi3", "qwen3_moe") else "dense"
+    for projection, layout in SERVED[family, "Q4_K_M"].items():
+        assert _served(kept.engine, projection) == layout, projection
+    # Triton's GEMV, GEMM and grouped MoE kernels over int4 groups of 32 and int8 groups of 16 and
+    # 32, row blocks included, against the exactly dequantized file.
+    ids = kept.get_tokenizer().encode(" ".join(PROMPTS))
+    assert _relative(score(kept.engine, ids), score(dense.engine, ids)) < 0.02
+    assert_same_greedy_choices(kept.engine, dense.engine)
