@@ -1,7 +1,10 @@
 """GGUF files of the families llama.cpp writes (qwen3, qwen3moe, gemma2, gemma3, phi3), converted from
 tiny Hugging Face folders the way llama.cpp's converter does: the metadata gives the folder's
 config, the tensors its weights under their Hugging Face names, and Q8_0 blocks served packed keep
-the model's predictions."""
+the model's predictions. K-quant files mixed as llama.cpp's llama-quantize mixes them (Q4_K_M,
+Q6_K, and Q5_K_M for the experts without a packed layout) serve each part packed in its block
+type's layout, choose the dequantized file's greedy tokens, dequantize bit for bit as the gguf
+package does, and a mixture-of-experts file's weights are sized exactly, expert by expert."""
 
 import dataclasses
 

@@ -28,7 +28,7 @@ built with tokenizer="chatml") to a GGUF file the way llama.cpp's converter does
 permuted for the llama architecture included, with the 2-D weights stored as F32, F16, BF16,
 Q8_0, Q5_0, Q5_1, Q4_0 or Q4_1 (row length 64 fits the 32-element blocks), or, for a folder built
 with rows of a multiple of 256 (`overrides`), as Q4_K, Q5_K, or llama.cpp's mixes Q4_K_M, Q5_K_M
-and Q6_K (MIXES).
+and Q6_K (MIXES: each tensor, merged experts included, in the type llama-quantize gives it).
 """
 
 from __future__ import annotations
