@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from gguf.quants import dequantize as reference_dequantize
+from pagoda_runtime.contract.sizing import decode_weight_bytes
 from pagoda_runtime.engine.scoring import score
 from pagoda_runtime.executor.quantization.linear import DenseLinear
 from pagoda_runtime.executor.quantization.quality import compare
@@ -185,8 +186,11 @@ def test_k_quant_files_serve_packed_and_choose_the_dequantized_files_tokens(
 
     memory = engine.memory
     if variant == "qwen3_moe" and file_type != "Q5_K_M":
-        # Sized tensor by tensor as the operator sizes the file's name: each expert in its own type.
+        # Sized tensor by tensor as the operator sizes the file's name: each expert in its own type,
+        # and a decode step reads the routed experts of each layer in theirs.
         assert memory.predicted_weight_bytes == memory.weight_bytes
+        read = decode_weight_bytes(engine.model_config.architecture, "gguf", "float32", file_type)
+        assert engine.runner.decode_weight_bytes == read
     else:
         assert memory.weight_bytes <= memory.predicted_weight_bytes < memory.weight_bytes * 1.2
     assert memory.weight_bytes < reference.memory.weight_bytes * (0.85 if file_type == "Q5_K_M" else 0.5)
