@@ -498,10 +498,7 @@ def build_tiny_gguf(hf_folder: str | Path, path: str | Path, ggml_type: str = "F
     experts: dict[str, dict[int, np.ndarray]] = {}
     tensors = _hf_tensors(hf_folder)
     mix = MIXES.get(ggml_type)
-    layers, num_experts = (
-        config["num_hidden_layers"],
-        config.get("num_experts") or config.get("num_local_experts", 0),
-    )
+    layers, num_experts = config["num_hidden_layers"], config.get("num_local_experts", 0)
     tied = "lm_head.weight" not in tensors
 
     def stored(gguf_name: str) -> str:
@@ -529,9 +526,8 @@ def build_tiny_gguf(hf_folder: str | Path, path: str | Path, ggml_type: str = "F
             data = data + 1
         _add_gguf_tensor(writer, gguf_name, data, stored(gguf_name))
     for gguf_name, by_expert in experts.items():
-        _add_gguf_tensor(
-            writer, gguf_name, np.stack([by_expert[e] for e in sorted(by_expert)]), stored(gguf_name)
-        )
+        merged = np.stack([by_expert[e] for e in sorted(by_expert)])
+        _add_gguf_tensor(writer, gguf_name, merged, stored(gguf_name))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
