@@ -26,7 +26,14 @@ from pagoda_runtime.executor.quantization.packed import PackedWeight
 # Mixture-of-experts layers: (hidden, intermediate, top_k, dtype, expert kinds, batch sizes). The
 # batches' pairs per expert pick each default tile shape (1, 24, 100, 300 for bf16).
 MOE_LAYERS = {
-    "qwen3-30b-a3b": (2048, 768, 8, torch.bfloat16, ("float", "int8", "fp8", "int4"), (1, 24, 100, 300)),
+    "qwen3-30b-a3b": (
+        2048,
+        768,
+        8,
+        torch.bfloat16,
+        ("float", "int8", "fp8", "int4", "Q4_K_M"),
+        (1, 24, 100, 300),
+    ),
     "mixtral-8x7b": (4096, 14336, 2, torch.bfloat16, ("float",), (1, 300)),
     "tiny": (64, 32, 2, torch.float32, ("float",), (1, 24)),
 }
@@ -79,19 +86,24 @@ def _attention_cases(batches) -> list:
     return found
 
 
-def _packed_experts(kind: str, experts: int, n: int, k: int) -> PackedExperts:
-    """Uninitialized experts of the real layout: only shapes and types reach the compiler."""
+def _packed_experts(kind: str, experts: int, n: int, k: int, group: int | None = None) -> PackedExperts:
+    """Uninitialized experts of the real layout: only shapes and types reach the compiler. group:
+    int4's (128 unless given) or int8's (per channel unless given)."""
     rows = experts * n
     if kind == "int4":
+        group = group or 128
         weight = PackedWeight(
             "int4",
             torch.empty(rows, k // 2, dtype=torch.uint8),
-            torch.empty(rows, k // 128, dtype=torch.float16),
-            128,
-            torch.empty(rows, k // 128, dtype=torch.float16),
+            torch.empty(rows, k // group, dtype=torch.float16),
+            group,
+            torch.empty(rows, k // group, dtype=torch.float16),
         )
     elif kind == "int8":
-        weight = PackedWeight("int8", torch.empty(rows, k, dtype=torch.int8), torch.empty(rows, 1).half(), k)
+        group = group or k
+        weight = PackedWeight(
+            "int8", torch.empty(rows, k, dtype=torch.int8), torch.empty(rows, k // group).half(), group
+        )
     else:
         weight = PackedWeight("fp8", torch.empty(rows, k, dtype=torch.float8_e4m3fn), torch.empty(rows, 1), k)
     return PackedExperts(weight, experts)
@@ -106,6 +118,11 @@ def _moe_cases() -> list:
             if kind == "float":
                 w_gate_up = torch.empty(experts, 2 * inter, hidden, dtype=dtype)
                 w_down = torch.empty(experts, hidden, inter, dtype=dtype)
+            elif kind == "Q4_K_M":
+                # A GGUF file's experts as served: Q4_K gate/up in int4 groups of 32, Q6_K down
+                # projections in int8 groups of 16.
+                w_gate_up = _packed_experts("int4", experts, 2 * inter, hidden, 32)
+                w_down = _packed_experts("int8", experts, hidden, inter, 16)
             else:
                 w_gate_up = _packed_experts(kind, experts, 2 * inter, hidden)
                 w_down = _packed_experts(kind, experts, hidden, inter)

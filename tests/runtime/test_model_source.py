@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -207,7 +208,8 @@ def test_truncated_gguf_is_named(folders, tmp_path):
         load_model_source(path)
 
 
-def test_gguf_with_llama31_rope_factors_is_refused(folders, tmp_path):
+def _tiny_llama_gguf_with(folders, tmp_path, add) -> Path:
+    """The gqa folder's GGUF file with what `add(writer)` writes besides."""
     import gguf
 
     source = gguf.GGUFReader(build_tiny_gguf(folders["gqa", False], tmp_path / "a.gguf"))
@@ -218,13 +220,27 @@ def test_gguf_with_llama31_rope_factors_is_refused(folders, tmp_path):
             writer.add_key_value(key, field.contents(), field.types[0], sub_type=item_type)
     for tensor in source.tensors:
         writer.add_tensor(tensor.name, tensor.data)
-    writer.add_tensor("rope_freqs.weight", torch.ones(4).numpy())
+    add(writer)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    return tmp_path / "b.gguf"
+
+
+def test_gguf_with_llama31_rope_factors_is_refused(folders, tmp_path):
+    path = _tiny_llama_gguf_with(
+        folders, tmp_path, lambda writer: writer.add_tensor("rope_freqs.weight", torch.ones(4).numpy())
+    )
     with pytest.raises(ModelLoadError, match="per-frequency rope factors"):
-        load_model_source(tmp_path / "b.gguf")
+        load_model_source(path)
+
+
+def test_a_mixtral_gguf_is_refused_naming_what_to_load_instead(folders, tmp_path):
+    # llama.cpp writes Mixtral as the llama architecture with an expert count.
+    path = _tiny_llama_gguf_with(folders, tmp_path, lambda writer: writer.add_expert_count(8))
+    with pytest.raises(ModelLoadError, match="mixture-of-experts llama model.*load the original folder"):
+        load_model_source(path)
 
 
 def test_path_that_is_no_model_is_refused(tmp_path):

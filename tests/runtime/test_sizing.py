@@ -9,7 +9,9 @@ from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES
 from pagoda_runtime.contract.sizing import (
     GGUF_BLOCK_FORMATS,
     GIB,
+    WeightFormat,
     check_tensor_parallel,
+    decode_weight_bytes,
     fits,
     gguf_block_type,
     kv_bytes_for_context,
@@ -195,6 +197,79 @@ def test_k_quant_and_legacy_files_take_the_bits_of_their_packed_layout():
     )
     with pytest.raises(ValueError, match="unknown GGUF file type 'Q4_K_XL'.*Q4_K_M"):
         weight_bytes(arch, "gguf", gguf_block="Q4_K_XL")
+
+
+def _moe_q4_k_m_linear_bytes(arch, float_bytes=2):
+    """The projections of llama.cpp's Q4_K_M of a mixture-of-experts model as Pagoda holds them: each
+    expert's down projection Q6_K in the layers use_more_bits picks, as attn_v; with exactly 8
+    experts attn_k and attn_v Q8_0 and attn_output Q5_K (dequantized); the rest Q4_K."""
+    n = arch.num_hidden_layers
+    wider = [i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2 for i in range(n)]
+    eight = arch.num_experts == 8
+    q4_k, q6_k, q8_0 = (GGUF_BLOCK_FORMATS[t] for t in ("Q4_K", "Q6_K", "Q8_0"))
+    q5_k = WeightFormat(bits=8 * float_bytes)
+    h, q, kv, m = arch.hidden_size, arch.q_size, arch.kv_size, arch.moe_intermediate_size
+    total = 0
+    for layer in range(n):
+        value = q8_0 if eight else q6_k if wider[layer] else q4_k
+        total += q4_k.linear_bytes(q, h) + (q8_0 if eight else q4_k).linear_bytes(kv, h)
+        total += value.linear_bytes(kv, h) + (q5_k if eight else q4_k).linear_bytes(h, q)
+        down = q6_k if wider[layer] else q4_k
+        total += arch.num_experts * (2 * q4_k.linear_bytes(m, h) + down.linear_bytes(h, m))
+    return total
+
+
+@pytest.mark.parametrize("family", ["qwen3-30b-a3b", "mixtral-8x7b"])
+def test_a_moe_q4_k_m_file_is_sized_expert_by_expert_in_each_tensors_block_type(family):
+    arch = KNOWN_ARCHITECTURES[family]
+    served = 2 * arch.unquantized_parameters() + _moe_q4_k_m_linear_bytes(arch)
+    assert weight_bytes(arch, "gguf", gguf_block="Q4_K_M") == served
+    # Counted as if every expert were Q4_K (as served: 5 bits a weight), the Q6_K down projections
+    # (9 bits) of 24 of Qwen3-30B-A3B's 48 layers would be missed: 2.3 of its 19.7 GiB.
+    main = GGUF_BLOCK_FORMATS["Q4_K"]
+    all_q4_k = sum(main.linear_bytes(o, i) * c for o, i, c in arch.linear_shapes())
+    assert served - 2 * arch.unquantized_parameters() > all_q4_k * 1.03
+    # A batch-1 step reads the experts it is routed to: of each layer, num_experts_per_tok in the
+    # layer's own block types.
+    idle = arch.num_experts - arch.num_experts_per_tok
+    n, m, h = arch.num_hidden_layers, arch.moe_intermediate_size, arch.hidden_size
+    wider = sum(i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2 for i in range(n))
+    q6_k = GGUF_BLOCK_FORMATS["Q6_K"]
+    expert = n * (2 * main.linear_bytes(m, h) + main.linear_bytes(h, m))
+    expert += wider * (q6_k.linear_bytes(h, m) - main.linear_bytes(h, m))
+    embedding = arch.vocab_size * h * 2
+    read = served - idle * expert - (0 if arch.tie_word_embeddings else embedding)
+    assert decode_weight_bytes(arch, "gguf", gguf_block="Q4_K_M") == read
+
+
+def test_a_fused_qkv_is_sized_in_the_block_type_llama_cpp_gives_attn_qkv():
+    # Phi-4-mini's checkpoint stores q, k and v as one tensor, which Q4_K_M stores in Q5_K: served
+    # dequantized, in bf16, while its unfused parts would be Q4_K.
+    arch = KNOWN_ARCHITECTURES["phi-4-mini"]
+    assert arch.fused_qkv
+    unfused = replace(arch, fused_qkv=False)
+    qkv = (arch.q_size + 2 * arch.kv_size) * arch.hidden_size * arch.num_hidden_layers
+    q4_k = GGUF_BLOCK_FORMATS["Q4_K"]
+    q4_k_qkv = sum(
+        q4_k.linear_bytes(rows, arch.hidden_size) * arch.num_hidden_layers
+        for rows in (arch.q_size, arch.kv_size, arch.kv_size)
+    )
+    fused, split = (
+        weight_bytes(arch, "gguf", gguf_block="Q4_K_M"),
+        weight_bytes(unfused, "gguf", gguf_block="Q4_K_M"),
+    )
+    # The unfused model's attn_v is bounded at bf16 (the 70B rule) beside Q6_K in the wider layers.
+    n = arch.num_hidden_layers
+    wider = sum(i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2 for i in range(n))
+    value = arch.kv_size * arch.hidden_size
+    split_v = (
+        wider * GGUF_BLOCK_FORMATS["Q6_K"].linear_bytes(arch.kv_size, arch.hidden_size)
+        + (n - wider) * 2 * value
+    )
+    split_qkv = q4_k_qkv - q4_k.linear_bytes(arch.kv_size, arch.hidden_size) * n + split_v
+    assert fused - split == 2 * qkv - split_qkv
+    # Q6_K stores attn_qkv in Q6_K like the rest.
+    assert weight_bytes(arch, "gguf", gguf_block="Q6_K") == weight_bytes(unfused, "gguf", gguf_block="Q6_K")
 
 
 def test_an_8b_q4_k_m_fits_a_12_gib_gpu_that_its_dequantized_weights_do_not():

@@ -27,8 +27,8 @@ variants: llama3 without its rope scaling, qwen2, smollm, gqa, and the families 
 built with tokenizer="chatml") to a GGUF file the way llama.cpp's converter does, Q/K rows
 permuted for the llama architecture included, with the 2-D weights stored as F32, F16, BF16,
 Q8_0, Q5_0, Q5_1, Q4_0 or Q4_1 (row length 64 fits the 32-element blocks), or, for a folder built
-with rows of a multiple of 256 (`overrides`), as Q4_K, Q5_K, Q6_K or the mixes Q4_K_M and Q5_K_M
-(MIXES).
+with rows of a multiple of 256 (`overrides`), as Q4_K, Q5_K, or llama.cpp's mixes Q4_K_M, Q5_K_M
+and Q6_K (MIXES: each tensor, merged experts included, in the type llama-quantize gives it).
 """
 
 from __future__ import annotations
@@ -334,7 +334,9 @@ def _add_gguf_tensor(writer, name: str, data: np.ndarray, stored: str) -> None:
 
     quantized = gguf.GGMLQuantizationType[stored]
     if data.ndim >= 2 and stored in K_QUANTIZERS:
-        writer.add_tensor(name, K_QUANTIZERS[stored](data), raw_dtype=quantized)
+        # Merged experts [E, N, K] are E * N rows of blocks.
+        blocks = K_QUANTIZERS[stored](data.reshape(-1, data.shape[-1]))
+        writer.add_tensor(name, blocks.reshape(*data.shape[:-1], -1), raw_dtype=quantized)
     elif data.ndim >= 2 and stored != "F32":
         writer.add_tensor(name, gguf.quants.quantize(data, quantized), raw_dtype=quantized)
     else:
@@ -357,18 +359,42 @@ def _hf_tensors(folder: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _k_mix(main: str, more: str):
-    """llama.cpp's K-quant mixes in small: attn_v and ffn_down of the first layer (one of the
-    layers its use_more_bits picks) and the LM head in `more`, every other 2-D tensor in `main`."""
+def _more_bits(layer: int, layers: int) -> bool:
+    """llama.cpp's use_more_bits: the first and last eighth of the layers, and every third between."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
 
-    def type_of(gguf_name: str) -> str:
-        wider = gguf_name in ("blk.0.attn_v.weight", "blk.0.ffn_down.weight", "output.weight")
-        return more if wider else main
+
+def _k_mix(main: str, more: str, qkv: str, eight_experts_output: str | None = None):
+    """llama.cpp's K-quant mixes (llama-quant.cpp's llama_tensor_get_type) for the tensors these
+    files hold: the LM head (or a tied embedding) in `more`; attn_v and ffn_down, a layer's merged
+    experts' included, in `more` in the layers use_more_bits picks; a fused attn_qkv in `qkv`; and,
+    in a model of exactly 8 experts, attn_k and attn_v in Q8_0 and attn_output in
+    `eight_experts_output`. Every other 2-D tensor in `main`."""
+
+    def type_of(gguf_name: str, layers: int, experts: int, tied: bool) -> str:
+        if gguf_name == "output.weight" or (tied and gguf_name == "token_embd.weight"):
+            return more
+        if not gguf_name.startswith("blk."):
+            return main
+        layer, name = int(gguf_name.split(".")[1]), gguf_name.split(".", 2)[2]
+        if experts == 8 and name in ("attn_k.weight", "attn_v.weight"):
+            return "Q8_0"
+        if experts == 8 and name == "attn_output.weight" and eight_experts_output:
+            return eight_experts_output
+        if name == "attn_qkv.weight":
+            return qkv
+        if name in ("attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight") and _more_bits(layer, layers):
+            return more
+        return main
 
     return type_of
 
 
-MIXES = {"Q4_K_M": _k_mix("Q4_K", "Q6_K"), "Q5_K_M": _k_mix("Q5_K", "Q6_K")}
+MIXES = {
+    "Q4_K_M": _k_mix("Q4_K", "Q6_K", "Q5_K", "Q5_K"),
+    "Q5_K_M": _k_mix("Q5_K", "Q6_K", "Q6_K"),
+    "Q6_K": _k_mix("Q6_K", "Q6_K", "Q6_K"),
+}
 
 
 _GGUF_ARCHES = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "gemma2": "gemma2"}
@@ -470,7 +496,15 @@ def build_tiny_gguf(hf_folder: str | Path, path: str | Path, ggml_type: str = "F
 
     layer_names = _GGUF_LAYER_NAMES | _GGUF_FAMILY_NAMES | (_GGUF_GEMMA_NORMS if "gemma" in arch else {})
     experts: dict[str, dict[int, np.ndarray]] = {}
-    for name, tensor in _hf_tensors(hf_folder).items():
+    tensors = _hf_tensors(hf_folder)
+    mix = MIXES.get(ggml_type)
+    layers, num_experts = config["num_hidden_layers"], config.get("num_local_experts", 0)
+    tied = "lm_head.weight" not in tensors
+
+    def stored(gguf_name: str) -> str:
+        return mix(gguf_name, layers, num_experts, tied) if mix else ggml_type
+
+    for name, tensor in tensors.items():
         data = tensor.float().numpy()
         if name == "model.embed_tokens.weight":
             gguf_name = "token_embd.weight"
@@ -490,10 +524,10 @@ def build_tiny_gguf(hf_folder: str | Path, path: str | Path, ggml_type: str = "F
                 data = _llama_cpp_permute(data, heads if "q_proj" in rest else kv_heads)
         if "gemma" in arch and name.endswith("norm.weight"):
             data = data + 1
-        stored = MIXES[ggml_type](gguf_name) if ggml_type in MIXES else ggml_type
-        _add_gguf_tensor(writer, gguf_name, data, stored)
+        _add_gguf_tensor(writer, gguf_name, data, stored(gguf_name))
     for gguf_name, by_expert in experts.items():
-        _add_gguf_tensor(writer, gguf_name, np.stack([by_expert[e] for e in sorted(by_expert)]), ggml_type)
+        merged = np.stack([by_expert[e] for e in sorted(by_expert)])
+        _add_gguf_tensor(writer, gguf_name, merged, stored(gguf_name))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -54,6 +54,8 @@ class RopeScaling:
 # hidden_size per layer, per-head query and key norms). Set on the architecture here, the one place
 # every family's config (config.json, GGUF, the catalogue) passes, so that sizing counts them.
 _FAMILY_NORMS = {"gemma2": (4, False), "gemma3_text": (4, True), "qwen3": (2, True), "qwen3_moe": (2, True)}
+# Families whose checkpoints store q, k and v as one tensor (a GGUF mix quantizes it as one).
+_FUSED_QKV = {"phi3"}
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,8 @@ class ModelConfig:
             per_layer, qk_norm = _FAMILY_NORMS[self.model_type]
             architecture = replace(self.architecture, norms_per_layer=per_layer, qk_norm=qk_norm)
             object.__setattr__(self, "architecture", architecture)
+        if self.model_type in _FUSED_QKV:
+            object.__setattr__(self, "architecture", replace(self.architecture, fused_qkv=True))
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,11 @@ class ModelArchitecture:
     qk_norm: bool = _shape_field(
         "Whether each layer normalizes its queries and keys per head (Qwen3, Gemma 3).", default=False
     )
+    fused_qkv: bool = _shape_field(
+        "Whether the checkpoint stores q, k and v as one projection (Phi-3's qkv_proj), which a GGUF "
+        "file quantizes as one tensor.",
+        default=False,
+    )
 
     def __post_init__(self) -> None:
         # Reports and specs carry JSON lists; the architecture stays hashable (sizing caches by it).
@@ -188,6 +193,23 @@ class ModelArchitecture:
             m, experts = self.moe_intermediate_size, self.num_sparse_layers * self.num_experts
             shapes += [(m, h, experts), (m, h, experts), (h, m, experts)]
         return shapes
+
+    def layer_linear_shapes(self, layer: int) -> dict[str, tuple[int, int, int]]:
+        """(out_features, in_features, how many) of layer `layer`'s projections by llama.cpp's short
+        names: q, k, v, o, and gate, up, down, one of each per expert in a sparse layer."""
+        q, kv, h = self.q_size, self.kv_size, self.hidden_size
+        sparse = self.is_sparse_layer(layer)
+        width = self.moe_intermediate_size if sparse else self.intermediate_size
+        count = self.num_experts if sparse else 1
+        return {
+            "q": (q, h, 1),
+            "k": (kv, h, 1),
+            "v": (kv, h, 1),
+            "o": (h, q, 1),
+            "gate": (width, h, count),
+            "up": (width, h, count),
+            "down": (h, width, count),
+        }
 
     def active_linear_parameters(self) -> int:
         """Weights of the linear layers one token goes through: of a sparse layer's experts, only the
@@ -302,30 +324,57 @@ GGUF_BLOCK_FORMATS: dict[str, WeightFormat] = {
 }
 
 
-def _more_bits_layers(num_layers: int) -> int:
-    """How many layers llama.cpp's use_more_bits picks: the first and last eighth, and every third
-    layer between."""
-    eighth, last = num_layers // 8, 7 * num_layers // 8
-    return sum(1 for i in range(num_layers) if i < eighth or i >= last or (i - eighth) % 3 == 2)
+def _more_bits(layer: int, num_layers: int) -> bool:
+    """llama.cpp's use_more_bits: the first and last eighth of the layers, and every third between."""
+    eighth = num_layers // 8
+    return layer < eighth or layer >= 7 * num_layers // 8 or (layer - eighth) % 3 == 2
+
+
+_LAYER_PICKS = {
+    "all": lambda layer, n: True,
+    "more_bits": _more_bits,
+    "first_eighth": lambda layer, n: layer < max(4, n // 8),
+}
+_FLOAT_FILE_TYPES = ("F32", "F16", "BF16")
 
 
 @dataclass(frozen=True)
 class GGUFFileType:
-    """A GGUF file type as sizing bounds it: the block type of most projections, and those that
-    llama.cpp's mix (llama-quant.cpp) may give attn_v in any layer and ffn_down in some, where
-    they take more bytes as served (a 70B model's Q4_K_M attn_v is Q5_K, otherwise Q6_K)."""
+    """A GGUF file type as llama.cpp's mix (llama-quant.cpp's llama_tensor_get_type) stores each
+    projection: `main` for most, attn_v (`value`) and ffn_down (`down`, a sparse layer's experts
+    included) wider in the layers `value_layers` and `down_layers` pick, and in a model of exactly
+    8 experts attn_k and attn_v in Q8_0 and attn_output in `eight_experts_output`; a fused attn_qkv
+    in `fused_qkv`. Where the mix turns on what sizing cannot see, the wider type bounds it: a dense
+    model's other attn_v is counted at `large_value`, where llama.cpp widens a 70B model's (Q4_K_M:
+    Q5_K), and an importance matrix's choices at theirs."""
 
     main: str
     value: str | None = None
+    value_layers: str = "all"  # a key of _LAYER_PICKS
+    large_value: str | None = None
     down: str | None = None
-    down_layers: str = "all"  # "all", "more_bits" (use_more_bits) or "first_eighth"
+    down_layers: str = "all"
+    eight_experts_output: str | None = None
+    fused_qkv: str | None = None  # attn_qkv, where the checkpoint fuses q, k and v (Phi-3)
 
-    def wider_down_layers(self, num_layers: int) -> int:
-        if self.down_layers == "more_bits":
-            return _more_bits_layers(num_layers)
-        if self.down_layers == "first_eighth":
-            return min(num_layers, max(4, num_layers // 8))
-        return num_layers
+    def projection_type(self, arch: ModelArchitecture, layer: int, projection: str) -> str:
+        """The block type of layer `layer`'s projection (ModelArchitecture.layer_linear_shapes'
+        names)."""
+        n = arch.num_hidden_layers
+        if arch.num_experts == 8 and self.main not in _FLOAT_FILE_TYPES:
+            if projection in ("k", "v"):
+                return "Q8_0"
+            if projection == "o" and self.eight_experts_output:
+                return self.eight_experts_output
+        if arch.fused_qkv and projection in ("q", "k", "v"):
+            return self.fused_qkv or self.main
+        if projection == "v" and self.value and _LAYER_PICKS[self.value_layers](layer, n):
+            return self.value
+        if projection == "v" and self.large_value and not arch.num_experts:
+            return self.large_value
+        if projection == "down" and self.down and _LAYER_PICKS[self.down_layers](layer, n):
+            return self.down
+        return self.main
 
 
 # By the name llama.cpp's files carry (`Meta-Llama-3-8B-Instruct.Q4_K_M.gguf`); the bare block types
@@ -337,8 +386,19 @@ GGUF_FILE_TYPES: dict[str, GGUFFileType] = {
     "Q5_0": GGUFFileType("Q5_0", down="Q5_1", down_layers="first_eighth"),
     # Mixes whose wider tensors are dequantized like the rest, or packed in fewer bytes (Q4_K).
     **{name: GGUFFileType(name[:4]) for name in ("Q2_K_S", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q5_K_S", "Q5_K_M")},
-    "Q4_K_S": GGUFFileType("Q4_K", value="Q5_K", down="Q5_K", down_layers="first_eighth"),
-    "Q4_K_M": GGUFFileType("Q4_K", value="Q5_K", down="Q6_K", down_layers="more_bits"),
+    "Q4_K_S": GGUFFileType(
+        "Q4_K", value="Q5_K", down="Q5_K", down_layers="first_eighth", eight_experts_output="Q5_K"
+    ),
+    "Q4_K_M": GGUFFileType(
+        "Q4_K",
+        value="Q6_K",
+        value_layers="more_bits",
+        large_value="Q5_K",
+        down="Q6_K",
+        down_layers="more_bits",
+        eight_experts_output="Q5_K",
+        fused_qkv="Q5_K",
+    ),
 }
 # A GGUF source whose name does not say its type is sized as dequantized, the most it can take.
 UNNAMED_GGUF_FILE_TYPE = "F16"
@@ -369,22 +429,23 @@ def gguf_is_packed(file_type: str) -> bool:
     return GGUF_FILE_TYPES[file_type].main in GGUF_BLOCK_FORMATS
 
 
-def _gguf_linear_bytes(arch: ModelArchitecture, file_type: str, float_bytes: int) -> float:
-    """One rank's projections of a GGUF file served `gguf`: packed where its block types have a
-    layout, floats elsewhere, attn_v and ffn_down as wide as the file type's mix may make them."""
+def _gguf_layer_bytes(arch: ModelArchitecture, file_type: str, float_bytes: int) -> list[tuple[float, float]]:
+    """Each layer's (projections besides the experts, one expert) of one rank of a GGUF file served
+    `gguf`, every tensor in its own block type (GGUFFileType.projection_type): packed where that
+    type has a layout, floats elsewhere."""
     kind = _gguf_file_type(file_type)
     dequantized = WeightFormat(bits=8 * float_bytes)
-
-    def served(block: str | None) -> WeightFormat:
-        return GGUF_BLOCK_FORMATS.get(block or kind.main, dequantized)
-
-    main = served(kind.main)
-    layers = arch.num_hidden_layers
-    linear = sum(main.linear_bytes(out, inp) * count for out, inp, count in arch.linear_shapes())
-    value, down = (arch.kv_size, arch.hidden_size), (arch.hidden_size, arch.intermediate_size)
-    linear += max(served(kind.value).linear_bytes(*value) - main.linear_bytes(*value), 0) * layers
-    wider = max(served(kind.down).linear_bytes(*down) - main.linear_bytes(*down), 0)
-    return linear + wider * kind.wider_down_layers(layers)
+    layers = []
+    for layer in range(arch.num_hidden_layers):
+        shared = expert = 0.0
+        for projection, (out, inp, count) in arch.layer_linear_shapes(layer).items():
+            fmt = GGUF_BLOCK_FORMATS.get(kind.projection_type(arch, layer, projection), dequantized)
+            if arch.is_sparse_layer(layer) and projection in ("gate", "up", "down"):
+                expert += fmt.linear_bytes(out, inp)
+            else:
+                shared += fmt.linear_bytes(out, inp) * count
+        layers.append((shared, expert))
+    return layers
 
 
 def weight_bytes(
@@ -406,9 +467,10 @@ def weight_bytes(
         raise ValueError(f"unknown dtype {float_dtype!r}; use one of {', '.join(FLOAT_DTYPE_BYTES)}")
     float_bytes = _float_bytes(quantization, float_dtype)
     if quantization == "gguf" and gguf_block is not None:
-        linear = _gguf_linear_bytes(arch, gguf_block, float_bytes)
+        layers = _gguf_layer_bytes(arch, gguf_block, float_bytes)
+        linear = sum(shared + expert * arch.num_experts for shared, expert in layers)
     else:
-        fmt = _linear_format(quantization, float_dtype, None)
+        fmt = _linear_format(quantization, float_dtype)
         linear = sum(fmt.linear_bytes(out, inp) * count for out, inp, count in arch.linear_shapes())
     unquantized = arch.unquantized_parameters() * float_bytes
     if vocab_dtype is not None:
@@ -424,13 +486,10 @@ def _gguf_file_type(file_type: str) -> GGUFFileType:
     return GGUF_FILE_TYPES[file_type]
 
 
-def _linear_format(quantization: str, float_dtype: str, gguf_block: str | None) -> WeightFormat:
-    """How most projections are held: a GGUF file's by its file type's main block type."""
-    dequantized = WeightFormat(bits=8 * _float_bytes(quantization, float_dtype))
+def _linear_format(quantization: str, float_dtype: str) -> WeightFormat:
+    """How the projections are held, but those of a GGUF file of a known type (_gguf_layer_bytes)."""
     if quantization == "none":
-        return dequantized
-    if quantization == "gguf" and gguf_block is not None:
-        return GGUF_BLOCK_FORMATS.get(_gguf_file_type(gguf_block).main, dequantized)
+        return WeightFormat(bits=8 * _float_bytes(quantization, float_dtype))
     return WEIGHT_FORMATS[quantization]
 
 
@@ -457,11 +516,16 @@ def decode_weight_bytes(
     experts it is routed to."""
     stored = weight_bytes(arch, quantization, float_dtype, gguf_block, vocab_dtype)
     if arch.num_sparse_layers:
-        fmt = _linear_format(quantization, float_dtype, gguf_block)
-        width, hidden = arch.moe_intermediate_size, arch.hidden_size
-        expert = 2 * fmt.linear_bytes(width, hidden) + fmt.linear_bytes(hidden, width)
         idle = arch.num_experts - arch.num_experts_per_tok
-        stored -= int(expert * idle * arch.num_sparse_layers)
+        if quantization == "gguf" and gguf_block is not None:
+            float_bytes = _float_bytes(quantization, float_dtype)
+            experts = sum(expert for _, expert in _gguf_layer_bytes(arch, gguf_block, float_bytes))
+        else:
+            fmt = _linear_format(quantization, float_dtype)
+            width, hidden = arch.moe_intermediate_size, arch.hidden_size
+            expert = 2 * fmt.linear_bytes(width, hidden) + fmt.linear_bytes(hidden, width)
+            experts = expert * arch.num_sparse_layers
+        stored -= int(experts * idle)
     vocab_bytes = FLOAT_DTYPE_BYTES[vocab_dtype] if vocab_dtype else _float_bytes(quantization, float_dtype)
     embedding = arch.vocab_size * arch.hidden_size * vocab_bytes
     # A vocab_dtype holds the LM head apart from the lookup table even when tied (weight_bytes).

@@ -28,13 +28,13 @@ def _layer(tokens: int, hidden: int, intermediate: int, experts: int, seed: int)
     return x, logits, w_gate_up, w_down
 
 
-def _q8_0_like(weights: torch.Tensor) -> PackedExperts:
-    """int8 in groups of 32 along the input, as GGUF Q8_0 stores it."""
+def _int8_groups(weights: torch.Tensor, group: int) -> PackedExperts:
+    """int8 in groups of `group` along the input, as GGUF files are served: Q8_0 (32) and Q6_K (16)."""
     e, n, k = weights.shape
-    groups = weights.reshape(e * n, k // 32, 32)
+    groups = weights.reshape(e * n, k // group, group)
     scales = (groups.abs().amax(dim=2) / 127).half()
     q = torch.round(groups / scales.float()[..., None]).clamp(-127, 127).to(torch.int8).reshape(e * n, k)
-    return PackedExperts(PackedWeight("int8", q, scales, 32), e)
+    return PackedExperts(PackedWeight("int8", q, scales, group), e)
 
 
 @pytest.mark.parametrize(
@@ -108,7 +108,8 @@ def test_bfloat16_follows_the_float32_layer(bf16_as_on_gpu) -> None:
 
 QUANTIZED = {
     "int8 per channel": lambda w: quantize_experts(w, "int8"),
-    "int8 groups of 32": _q8_0_like,
+    "int8 groups of 32": lambda w: _int8_groups(w, 32),
+    "int8 groups of 16": lambda w: _int8_groups(w, 16),
     "fp8 per channel": lambda w: quantize_experts(w, "fp8"),
     "int4 groups of 32": lambda w: quantize_experts(w, "int4", 32),
     "int4 groups of 64": lambda w: quantize_experts(w, "int4", 64),

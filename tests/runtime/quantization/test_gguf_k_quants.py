@@ -28,6 +28,10 @@ from .test_prequantized_loading import PROMPTS, _engine, _greedy
 
 # K-quant blocks are 256 weights long: every row of the tiny model must be a multiple of that.
 K_SIZES = {"hidden_size": 256, "intermediate_size": 512}
+# Where the exactly dequantized file's best next token leads the packed model's choice by less than
+# this share of its largest logit, the packed scales' fp16 rounding (0.1 to 0.6% of the logits) may
+# pick the other: a tie, not an error. Tiny random models meet such ties every few dozen tokens.
+NEAR_TIE = 0.01
 
 
 @pytest.fixture(scope="module")
@@ -51,14 +55,27 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
+def assert_same_greedy_choices(engine: LLMEngine, reference: LLMEngine) -> None:
+    """At every step of the reference's greedy generations (teacher-forced), the engine's choice is
+    the reference's best token, or ties with it within NEAR_TIE."""
+    for prompt, generated in zip(PROMPTS, _greedy(reference), strict=True):
+        prompt_ids = reference.tokenizer.encode(prompt)
+        ids = prompt_ids + generated
+        got, want = score(engine, ids), score(reference, ids)
+        for row in range(len(prompt_ids) - 1, len(ids) - 1):
+            lead = want[row].max() - want[row, int(got[row].argmax())]
+            assert lead <= NEAR_TIE * want[row].abs().max(), (prompt, row - len(prompt_ids) + 1, float(lead))
+
+
 @pytest.mark.parametrize(
     "file_type,first_layer,second_layer",
     [
-        # llama.cpp's Q4_K_M: attn_v and ffn_down in Q6_K in some layers (here the first), the rest Q4_K.
+        # llama.cpp's Q4_K_M: attn_v and ffn_down in Q6_K in the layers use_more_bits picks (of two
+        # layers, the last), the rest Q4_K.
         (
             "Q4_K_M",
-            {"qkv_proj": [("int4", 32), ("int8", 16)], "down_proj": [("int8", 16)]},
             {"qkv_proj": [("int4", 32)], "down_proj": [("int4", 32)]},
+            {"qkv_proj": [("int4", 32), ("int8", 16)], "down_proj": [("int8", 16)]},
         ),
         ("Q6_K", {"qkv_proj": [("int8", 16)], "down_proj": [("int8", 16)]}, None),
     ],
@@ -80,7 +97,7 @@ def test_k_quant_files_serve_packed_and_generate_what_the_dequantized_file_gener
     ids = engine.tokenizer.encode(" ".join(PROMPTS))
     packed, dequantized = score(engine, ids), score(reference, ids)
     assert _relative(packed, dequantized) < 0.02  # measured 0.6% (Q4_K_M), the fp16 scales
-    assert _greedy(engine) == _greedy(reference)
+    assert_same_greedy_choices(engine, reference)
 
 
 def test_dequantized_k_quant_weights_are_the_files_values_bit_for_bit(k_folder, tmp_path):
@@ -88,8 +105,8 @@ def test_dequantized_k_quant_weights_are_the_files_values_bit_for_bit(k_folder, 
     raw = GGUFFile(path)
     weights = dict(load_model_source(path).weights)  # dequantized: not through the packed fp16 scales
     for gguf_name, hf_name in [
-        ("blk.0.attn_v.weight", "model.layers.0.self_attn.v_proj.weight"),  # Q6_K
-        ("blk.1.ffn_down.weight", "model.layers.1.mlp.down_proj.weight"),  # Q4_K
+        ("blk.1.attn_v.weight", "model.layers.1.self_attn.v_proj.weight"),  # Q6_K
+        ("blk.0.ffn_down.weight", "model.layers.0.mlp.down_proj.weight"),  # Q4_K
     ]:
         info = raw.tensors[gguf_name]
         expected = reference_dequantize(raw.raw_bytes(gguf_name), gguf.GGMLQuantizationType(info.ggml_type))
@@ -103,11 +120,11 @@ def test_a_q5_k_m_file_is_dequantized_by_auto_and_exact_when_served_gguf(k_folde
     assert LLMEngine(config).quantization == "none"
 
     engine, reference = _engine(path, "gguf"), _engine(path, "none")
-    # Q5_K projections stay float, as dequantized; the Q6_K attn_v and ffn_down of the first layer
+    # Q5_K projections stay float, as dequantized; the Q6_K attn_v and ffn_down of the last layer
     # are packed beside them.
-    assert _layout(_layer(engine, 0, "qkv_proj")) == [("float", 0), ("float", 0), ("int8", 16)]
-    assert _layout(_layer(engine, 0, "down_proj")) == [("int8", 16)]
-    assert _layout(_layer(engine, 1, "gate_up_proj")) == [("float", 0), ("float", 0)]
+    assert _layout(_layer(engine, 1, "qkv_proj")) == [("float", 0), ("float", 0), ("int8", 16)]
+    assert _layout(_layer(engine, 1, "down_proj")) == [("int8", 16)]
+    assert _layout(_layer(engine, 0, "gate_up_proj")) == [("float", 0), ("float", 0)]
     ids = engine.tokenizer.encode(" ".join(PROMPTS))
     assert _relative(score(engine, ids), score(reference, ids)) < 0.005
     assert _greedy(engine) == _greedy(reference)
@@ -154,4 +171,4 @@ def test_k_quants_stay_packed_on_the_gpu_and_match_the_dequantized_file(k_folder
     graphs = [o.outputs[0].token_ids for o in kept.generate(PROMPTS, greedy)]
     eager = LLM(str(path), enforce_eager=True, **kwargs)
     assert graphs == [o.outputs[0].token_ids for o in eager.generate(PROMPTS, greedy)]
-    assert graphs == [o.outputs[0].token_ids for o in dense.generate(PROMPTS, greedy)]
+    assert_same_greedy_choices(kept.engine, dense.engine)

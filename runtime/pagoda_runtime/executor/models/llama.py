@@ -68,6 +68,11 @@ def config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
 
 def config_from_gguf(arch: str, meta: dict[str, Any], tensors: set[str], read: Any) -> ModelConfig:
     """llama and qwen2 GGUF files, as llama.cpp's converter writes them."""
+    if meta.get(f"{arch}.expert_count", 0) > 0:
+        raise ConfigError(
+            f"holds a mixture-of-experts {arch} model (Mixtral), which Pagoda reads only from Hugging "
+            "Face folders; load the original folder instead"
+        )
     if "rope_freqs.weight" in tensors:
         raise ConfigError(
             "carries per-frequency rope factors (Llama 3.1 scaling), which Pagoda reads only from "

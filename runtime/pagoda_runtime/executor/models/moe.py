@@ -42,7 +42,13 @@ from pagoda_runtime.executor.models.hf_config import (
     rope_scaling,
 )
 from pagoda_runtime.executor.models.layers import Attention, DecoderLayer, GatedMLP, RMSNorm
-from pagoda_runtime.executor.quantization import PackedWeight, QuantizedLinear, make_linear
+from pagoda_runtime.executor.quantization import (
+    DenseLinear,
+    PackedWeight,
+    QuantizedLinear,
+    dequantize,
+    make_linear,
+)
 from pagoda_runtime.parallel.tensor_parallel import TensorParallel
 
 
@@ -79,6 +85,7 @@ class SparseMoE(nn.Module):
         width = arch.moe_intermediate_size
         self.channels = tp.shard(width, "expert MLP channels")
         self.rows = tp.part(width, "expert MLP channels")
+        self.device, self.dtype = device, dtype
         self.gate = Router(self.num_experts, self.hidden, device, dtype)
         self.experts_gate_up = make_linear(
             self.hidden, self.num_experts * 2 * self.channels, False, quantization, device, dtype
@@ -100,13 +107,43 @@ class SparseMoE(nn.Module):
             raise ValueError(f"the checkpoint holds expert {expert}, but the config has {self.num_experts}")
         width = 2 * self.channels
         if name == "down_proj.weight":
-            self.experts_down.load(tensor, expert * self.hidden)
+            self._place("experts_down", tensor, expert * self.hidden)
             return
         offsets = {"gate_proj.weight": 0, "up_proj.weight": self.channels}
         if name not in offsets:
             raise ValueError(f"an expert has no tensor {name!r}; it has gate_proj, up_proj and down_proj")
         part = tensor.rows(self.rows) if isinstance(tensor, PackedWeight) else tensor[self.rows]
-        self.experts_gate_up.load(part, expert * width + offsets[name])
+        self._place("experts_gate_up", part, expert * width + offsets[name])
+
+    def _place(self, name: str, weight: Weight, row_offset: int) -> None:
+        """Load rows of the experts' projection `name`. The grouped kernel reads one layout per
+        projection, so where a GGUF file's experts arrive as floats (a block type without a packed
+        layout: Q5_K_M's Q5_K, Q4_K_S's Q5_K down projections) the projection holds floats, packed
+        rows included, dequantized. Float experts of an online quantization are quantized as ever."""
+        projection = getattr(self, name)
+        floats = isinstance(projection, QuantizedLinear) and projection.method == "none"
+        if floats and not isinstance(weight, PackedWeight):
+            projection = self._as_floats(projection)
+            setattr(self, name, projection)
+        if isinstance(projection, DenseLinear) and isinstance(weight, PackedWeight):
+            weight = dequantize(weight, self.dtype)
+        projection.load(weight, row_offset)
+
+    def _as_floats(self, projection: QuantizedLinear) -> DenseLinear:
+        dense = make_linear(
+            projection.in_features,
+            projection.out_features,
+            False,
+            "none",
+            self.device,
+            self.dtype,
+            input_part=projection.input_part,
+        )
+        if projection.qweight is not None:
+            held = dequantize(projection.weight, self.dtype)  # this rank's inputs already
+            for start, stop in projection.loaded_rows:
+                dense.weight.data[start:stop] = held[start:stop]
+        return dense
 
     def idle_expert_bytes(self) -> int:
         """Bytes of the experts one token is not routed to: what a batch-1 step does not read."""
