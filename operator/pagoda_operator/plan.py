@@ -10,7 +10,13 @@ from dataclasses import dataclass
 
 from kubernetes.utils import parse_quantity
 from pagoda_runtime.contract.quantization_selection import select_quantization
-from pagoda_runtime.contract.sizing import FitResult, ModelArchitecture, fits, gguf_block_type
+from pagoda_runtime.contract.sizing import (
+    FitResult,
+    ModelArchitecture,
+    fits,
+    gguf_block_type,
+    lora_slot_bytes,
+)
 
 from pagoda_operator.models import InferenceServiceSpec, VariantSpec
 from pagoda_operator.parallelism import split_error
@@ -93,6 +99,10 @@ def _fit(
     if arch is None or capacity is None:
         return None
     max_model_len = spec.model.max_model_len or arch.max_position_embeddings
+    lora = 0
+    if spec.lora_enabled:
+        rt = spec.runtime
+        lora = lora_slot_bytes(arch, rt.max_loras, spec.max_lora_rank, rt.dtype, spec.tensor_parallel_size)
     return fits(
         arch,
         quantization,
@@ -101,6 +111,7 @@ def _fit(
         kv_dtype=variant.kv_cache_dtype,
         gguf_block=gguf_block_type(spec.model.source),
         tensor_parallel_size=spec.tensor_parallel_size,
+        lora_bytes=lora,
     )
 
 

@@ -26,7 +26,7 @@ from pagoda_runtime.contract.names import (
 from pagoda_runtime.contract.serve_settings import DistributedSettings, ServerSettings
 from pagoda_runtime.contract.sources import parse_pvc
 
-from pagoda_operator import model_cache
+from pagoda_operator import adapter_cache, model_cache
 from pagoda_operator.leader_worker_set import LEADER_SELECTOR, LWS_API_VERSION, LWS_KIND, leader_worker_set
 from pagoda_operator.models import GROUP, KIND, VERSION, InferenceServiceSpec, VariantSpec
 from pagoda_operator.names import (
@@ -115,6 +115,9 @@ _SERVE_ARGS = (
     "max_queue",
 )
 _GROUP_ARGS = ("tensor_parallel_size", "distributed_port")  # only where a replica has several ranks
+# Only where the pods serve LoRA; the adapters themselves are loaded through the runtime's API
+# (adapter_loading.py), so that the set of adapters is no part of the pod template.
+_LORA_ARGS = ("enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras")
 _LAST_ARGS = ("drain_timeout", "termination_log", "log_format")
 
 
@@ -135,6 +138,10 @@ def runtime_args(spec: InferenceServiceSpec, variant: VariantSpec, served_name: 
         kv_cache_memory=rt.kv_cache_memory,
         enable_prefix_caching=rt.enable_prefix_caching,
         tensor_parallel_size=spec.tensor_parallel_size,
+        enable_lora=spec.lora_enabled,
+        max_loras=rt.max_loras,
+        max_lora_rank=spec.max_lora_rank,
+        max_cpu_loras=rt.max_cpu_loras,
     )
     server = ServerSettings(
         served_model_names=(served_name,),
@@ -144,7 +151,12 @@ def runtime_args(spec: InferenceServiceSpec, variant: VariantSpec, served_name: 
         termination_log=TERMINATION_LOG,
         log_format=rt.log_format,
     )
-    names = _SERVE_ARGS + (_GROUP_ARGS if spec.tensor_parallel_size > 1 else ()) + _LAST_ARGS
+    names = (
+        _SERVE_ARGS
+        + (_GROUP_ARGS if spec.tensor_parallel_size > 1 else ())
+        + (_LORA_ARGS if spec.lora_enabled else ())
+        + _LAST_ARGS
+    )
     return ["serve", *to_args(names, engine, server, DistributedSettings()), *rt.extra_args]
 
 
@@ -215,6 +227,8 @@ def _runtime_container(
     ]
     if spec.model.scheme in ("pvc", "hf", "s3"):
         mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+    if spec.lora_enabled:
+        mounts.append(adapter_cache.replica_mount())
     container = {
         "name": RUNTIME_CONTAINER,
         "image": rt.image,
@@ -266,6 +280,8 @@ def _volumes(spec: InferenceServiceSpec) -> list[dict]:
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
     elif (ref := model_cache.cache_ref(spec)) is not None:
         volumes.append(model_cache.replica_volume(ref))
+    if spec.lora_enabled:
+        volumes.append(adapter_cache.replica_volume())
     return volumes
 
 

@@ -8,10 +8,12 @@ status of a settled service yields exactly the stored one and the handler writes
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pagoda_operator.model_cache import CacheStatus
 from pagoda_operator.models import (
+    AdapterStatus,
     Condition,
     InferenceServiceStatus,
     ModelCacheStatus,
@@ -129,6 +131,7 @@ class _Workloads:
     plan: ServicePlan
     name: str
     by_name: dict[str, dict]
+    adapters: Mapping[str, list[AdapterStatus]]  # by variant
 
     def of(self, variant: str) -> dict | None:
         return self.by_name.get(workload_name(self.name, variant, spans_nodes=self.plan.spec.spans_nodes))
@@ -168,6 +171,7 @@ class _Workloads:
             replicas=status.get("replicas", 0),
             ready_replicas=status.get("readyReplicas", 0),
             **known_fit,
+            **({"adapters": self.adapters[variant.name]} if variant.name in self.adapters else {}),
         )
 
 
@@ -334,14 +338,16 @@ def compute_status(
     retiring: dict | None = None,
     cache: CacheStatus | None = None,
     upgrade_queued: list[str] = (),
+    adapters: Mapping[str, list[AdapterStatus]] | None = None,
 ) -> InferenceServiceStatus:
     """`deployments` (its Deployments and LeaderWorkerSets), `pods` and `hpas`: the
     InferenceService's own; `previous`: the stored status, as JSON; `clashes`: objects in the way
     that belong to someone else; `retiring`: old children kept serving (RetiringStatus's fields);
     `cache`: the shared model cache of an hf:// or s3:// source, or the sizing Job of a pvc:// one
     (the plan was made with its checkpoint); `upgrade_queued`: workloads whose operator upgrade waits
-    its turn (upgrade.py)."""
-    workloads = _Workloads(plan, name, {d["metadata"]["name"]: d for d in deployments})
+    its turn (upgrade.py); `adapters`: each variant's adapters as the pods were last found
+    (adapter_cluster.py)."""
+    workloads = _Workloads(plan, name, {d["metadata"]["name"]: d for d in deployments}, adapters or {})
     problems = _problems(workloads, deployments, pods, list(hpas), list(clashes))
     retiring_status = RetiringStatus.model_validate(retiring) if retiring else None
     url = service_url(name, namespace)

@@ -187,7 +187,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _add_fetch(sub) -> None:
     p = sub.add_parser("fetch", help="download a model revision into a cache folder, once")
-    p.add_argument("source", help="hf://org/name or s3://bucket/prefix")
+    p.add_argument("source", help="hf://org/name or s3://bucket/prefix (with --adapter, also a folder)")
     p.add_argument("--revision", default=None, help="commit id of an hf:// model")
     p.add_argument(
         "--allow-pattern",
@@ -202,30 +202,42 @@ def _add_fetch(sub) -> None:
         help="of an hf:// repository, leave out files matching this fnmatch pattern (repeatable)",
     )
     p.add_argument("--cache-dir", required=True, help="the cache folder (the model lands in CACHE_DIR/model)")
+    p.add_argument(
+        "--adapter",
+        action="store_true",
+        help="the source is a PEFT LoRA adapter (checked and reported by its rank), or a folder to copy",
+    )
     p.add_argument("--termination-log", default=None, help="file for the outcome line (default: as serve)")
     p.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress lines")
 
 
 def _fetch(args: argparse.Namespace) -> int:
     import logging
+    from functools import partial
     from pathlib import Path
 
     from pagoda_runtime.contract.sources import parse_remote
+    from pagoda_runtime.loading.model_cache.adapter import adapter_facts, copy_adapter
+    from pagoda_runtime.loading.model_cache.architecture import checkpoint_facts
     from pagoda_runtime.loading.model_cache.fetch import fetch, termination_summary
     from pagoda_runtime.termination import default_termination_log, write_termination_message
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     termination_log = args.termination_log or default_termination_log()
     try:
-        source = parse_remote(
-            args.source, args.revision, tuple(args.allow_pattern), tuple(args.ignore_pattern)
-        )
-        manifest = fetch(
-            source,
-            Path(args.cache_dir),
-            emit=lambda line: print(line, flush=True),
-            progress_interval=args.progress_interval,
-        )
+        if args.adapter and not args.source.startswith(("hf://", "s3://")):
+            manifest = copy_adapter(Path(args.source), Path(args.cache_dir))
+        else:
+            source = parse_remote(
+                args.source, args.revision, tuple(args.allow_pattern), tuple(args.ignore_pattern)
+            )
+            manifest = fetch(
+                source,
+                Path(args.cache_dir),
+                emit=lambda line: print(line, flush=True),
+                progress_interval=args.progress_interval,
+                facts=partial(adapter_facts, source=args.source) if args.adapter else checkpoint_facts,
+            )
     except Exception as exc:  # every failure ends the Job with its one-line reason for the operator
         message = f"downloading {args.source} failed: {type(exc).__name__}: {exc}".replace("\n", " ")
         print(message, file=sys.stderr, flush=True)

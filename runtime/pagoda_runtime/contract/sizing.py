@@ -577,6 +577,28 @@ def check_tensor_parallel(
     return sliced
 
 
+def lora_slot_bytes(
+    arch: ModelArchitecture,
+    max_loras: int,
+    max_rank: int,
+    dtype: str = "bfloat16",
+    tensor_parallel_size: int = 1,
+) -> int:
+    """Device memory of the runtime's LoRA slots on each GPU (--enable-lora): --max-loras slots, each
+    with A [rank, in] and B [out, rank] at --max-lora-rank on q, k, v, o, gate, up and down of every
+    layer, whatever the adapters in them target (an MoE layer's MLP takes none), in the model's
+    dtype ("auto": 16 bits). Under tensor parallelism a column-parallel projection's B and a
+    row-parallel one's A are split like its base weight (the per-rank slice's sizes), the other
+    half whole."""
+    sliced = arch.per_rank(tensor_parallel_size)
+    q, kv, h, i = sliced.q_size, sliced.kv_size, sliced.hidden_size, sliced.intermediate_size
+    attention = (q + h) * 2 + (kv + h) * 2  # q and o; k and v
+    mlp = (i + h) * 3  # gate, up and down
+    dense = sliced.num_hidden_layers - sliced.num_sparse_layers
+    per_rank_unit = attention * sliced.num_hidden_layers + mlp * dense
+    return max_loras * max_rank * per_rank_unit * FLOAT_DTYPE_BYTES.get(dtype, 2)
+
+
 def all_reduce_bytes(tensor_parallel_size: int) -> int:
     """Memory each GPU of a tensor-parallel group spends on the collectives beyond one GPU's."""
     return 0 if tensor_parallel_size == 1 else NCCL_COMMUNICATOR_BYTES
@@ -591,22 +613,27 @@ class FitResult:
     capacity_bytes: int  # of one GPU
     all_reduce_bytes: int = 0
     tensor_parallel_size: int = 1
+    lora_bytes: int = 0  # the LoRA adapter slots (lora_slot_bytes)
 
     @property
     def required_bytes(self) -> int:
-        return self.weight_bytes + self.kv_bytes + self.overhead_bytes + self.all_reduce_bytes
+        return (
+            self.weight_bytes + self.kv_bytes + self.overhead_bytes + self.all_reduce_bytes + self.lora_bytes
+        )
 
     def describe(self) -> str:
         verdict = "fits in" if self.fits else "does not fit in"
         per_gpu = ""
-        collectives = ""
+        extras = ""
         if self.tensor_parallel_size > 1:
             per_gpu = f" per GPU of {self.tensor_parallel_size}"
-            collectives = f", all-reduce buffers {self.all_reduce_bytes / GIB:.1f} GiB"
+            extras = f", all-reduce buffers {self.all_reduce_bytes / GIB:.1f} GiB"
+        if self.lora_bytes:
+            extras += f", LoRA adapter slots {self.lora_bytes / GIB:.2f} GiB"
         return (
             f"needs {self.required_bytes / GIB:.1f} GiB{per_gpu} (weights {self.weight_bytes / GIB:.1f} GiB, "
             f"KV for one full-length sequence {self.kv_bytes / GIB:.2f} GiB, overhead "
-            f"{self.overhead_bytes / GIB:.1f} GiB{collectives}), which {verdict} "
+            f"{self.overhead_bytes / GIB:.1f} GiB{extras}), which {verdict} "
             f"{self.capacity_bytes / GIB:.1f} GiB"
         )
 
@@ -621,6 +648,7 @@ def fits(
     gguf_block: str | None = None,
     overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
     tensor_parallel_size: int = 1,
+    lora_bytes: int = 0,
 ) -> FitResult:
     """Whether the weights plus the KV cache of one max_model_len sequence fit the device memory.
 
@@ -633,11 +661,12 @@ def fits(
     kv = kv_bytes_for_context(sliced, max_model_len, kv_dtype)
     collectives = all_reduce_bytes(tensor_parallel_size)
     return FitResult(
-        fits=weights + kv + overhead_bytes + collectives <= capacity_bytes,
+        fits=weights + kv + overhead_bytes + collectives + lora_bytes <= capacity_bytes,
         weight_bytes=weights,
         kv_bytes=kv,
         overhead_bytes=overhead_bytes,
         capacity_bytes=capacity_bytes,
         all_reduce_bytes=collectives,
         tensor_parallel_size=tensor_parallel_size,
+        lora_bytes=lora_bytes,
     )

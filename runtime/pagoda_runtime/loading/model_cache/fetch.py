@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from pagoda_runtime.contract import cache_layout as layout
@@ -46,8 +47,16 @@ def _one_model(source: RemoteSource, files: list[Expected]) -> None:
         )
 
 
-def fetch(source: RemoteSource, root: Path, emit=print, progress_interval: float = 5.0) -> dict:
-    """Downloads `source` into `root` unless it is there; returns the manifest."""
+def fetch(
+    source: RemoteSource,
+    root: Path,
+    emit=print,
+    progress_interval: float = 5.0,
+    facts: Callable[[Path], dict] = checkpoint_facts,
+) -> dict:
+    """Downloads `source` into `root` unless it is there; returns the manifest. `facts`: what the
+    files hold, read (and so checked) before the folder is renamed into place: a model's
+    architecture, or a LoRA adapter's rank (adapter_facts)."""
     done = layout.read_manifest(root)
     if done is not None:
         log.info("%s is already cached in %s", source.uri, layout.model_dir(root))
@@ -77,7 +86,7 @@ def fetch(source: RemoteSource, root: Path, emit=print, progress_interval: float
         "bytes": total,
         "files": {f.path: f.size for f in files},
         "modelPath": str(model_path.relative_to(partial)),
-        **checkpoint_facts(model_path),
+        **facts(model_path),
     }
     layout.commit(root, manifest)
     return manifest
@@ -85,5 +94,5 @@ def fetch(source: RemoteSource, root: Path, emit=print, progress_interval: float
 
 def termination_summary(manifest: dict) -> str:
     """The line the Job leaves in its termination message, which the operator reads (< 4 KiB)."""
-    keep = ("revision", "bytes", "modelPath", "architecture", "storedQuantization")
-    return json.dumps({k: manifest[k] for k in keep}, separators=(",", ":"))
+    keep = ("revision", "bytes", "modelPath", "architecture", "storedQuantization", "adapter")
+    return json.dumps({k: manifest[k] for k in keep if k in manifest}, separators=(",", ":"))
