@@ -779,6 +779,14 @@ class InferenceServiceSpec(Spec):
             "adapters need runtime.enableLora: set it true or leave it unset",
         ),
         Rule(
+            "!((has(self.runtime.enableLora) && self.runtime.enableLora) || (!has(self.runtime.enableLora) "
+            f"&& has(self.adapters) && self.adapters.size() > 0)) || {RANKS_PER_POD_CEL} * "
+            "self.parallelism.nodes == 1",
+            lambda s: not s.lora_enabled or s.tensor_parallel_size == 1,
+            "LoRA adapters run on one tensor-parallel rank for now (the runtime refuses --enable-lora with "
+            "--tensor-parallel-size above 1): serve them with resources.gpus 1 and parallelism.nodes 1",
+        ),
+        Rule(
             "!has(self.adapters) || !has(self.runtime.maxLoraRank) || "
             "self.adapters.all(a, !has(a.rank) || a.rank <= self.runtime.maxLoraRank)",
             lambda s: (
