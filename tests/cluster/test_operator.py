@@ -487,6 +487,19 @@ INVALID = {
         ),
         "parallelism.nodes above 1 needs model.cache.accessMode ReadWriteMany",
     ),
+    "duplicate-adapter-names": (
+        lambda s: s.update(
+            adapters=[{"name": "sql", "source": "pvc://a/x"}, {"name": "sql", "source": "pvc://a/y"}]
+        ),
+        "adapter names must be unique",
+    ),
+    "adapter-rank-above-the-limit": (
+        lambda s: (
+            s.update(adapters=[{"name": "sql", "source": "pvc://a/x", "rank": 64}]),
+            s.setdefault("runtime", {}).update(maxLoraRank=16),
+        ),
+        "an adapter's rank is above runtime.maxLoraRank",
+    ),
     "bad-model-source-scheme": (
         lambda s: s["model"].update(source="gs://bucket/llama"),
         'spec.model.source: Invalid value: "gs://bucket/llama"',
