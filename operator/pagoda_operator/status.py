@@ -197,6 +197,16 @@ class _Problems:
         return self.clashes + self.splits + self.children
 
 
+def adapter_problems(adapters: Mapping[str, list[AdapterStatus]]) -> list[Problem]:
+    """Adapters that cannot be served: the copy failed, the rank is too large, a pod refused it."""
+    return [
+        ("AdapterFailed", f"adapter {a.name} in variant {variant}: {a.message}")
+        for variant, states in adapters.items()
+        for a in states
+        if a.state == "Failed"
+    ]
+
+
 def _problems(
     workloads: _Workloads, deployments: list[dict], pods: list[dict], hpas: list[dict], clashes: list[str]
 ) -> _Problems:
@@ -218,7 +228,10 @@ def _problems(
             for v in workloads.plan.variants
             if v.split_error
         ],
-        children=deployment_problems(deployments) + hpa_problems(hpas) + pod_problems(own_pods),
+        children=deployment_problems(deployments)
+        + hpa_problems(hpas)
+        + pod_problems(own_pods)
+        + adapter_problems(workloads.adapters),
     )
 
 

@@ -263,6 +263,26 @@ def test_the_status_lists_adapters_under_each_variant():
     )
     dumped = status.model_dump(mode="json", by_alias=True)
     assert [v["adapters"][0]["state"] for v in dumped["variants"]] == ["Loaded", "Loading"]
+    assert next(c for c in status.conditions if c.type == "Degraded").status == "False"
+
+
+def test_a_failed_adapter_degrades_the_service():
+    s = spec(adapters=[SQL])
+    failed = {"sql": AdapterDownload("Failed", "downloading hf://org/sql-lora failed: 401")}
+    status = compute_status(
+        plan_service(s),
+        namespace=NS,
+        name=NAME,
+        generation=1,
+        deployments=[],
+        pods=[],
+        previous=None,
+        now="2026-01-01T00:00:00Z",
+        adapters={"bf16": adapter_statuses(s, failed, [])},
+    )
+    degraded = next(c for c in status.conditions if c.type == "Degraded")
+    assert (degraded.status, degraded.reason) == ("True", "AdapterFailed")
+    assert degraded.message == "adapter sql in variant bf16: downloading hf://org/sql-lora failed: 401"
 
 
 # ---- loading into pods -----------------------------------------------------------------------------
