@@ -424,21 +424,21 @@ class RuntimeSpec(Spec):
         default=DEFAULT_MAX_LORAS,
         ge=1,
         le=256,
-        description="Adapters resident on each GPU at once, hence in one step (--max-loras); each slot "
+        description="LoRA adapters resident on each GPU at once, hence in one step (--max-loras); each slot "
         "costs maxLoraRank's weights, which the fit check counts. More adapters than this take turns.",
     )
     max_lora_rank: int | None = Field(
         default=None,
         ge=1,
         le=512,
-        description="Largest adapter rank the pods accept (--max-lora-rank). Unset: the largest "
+        description="Largest LoRA rank an adapter may have (--max-lora-rank). Unset: the largest "
         "adapters[].rank rounded up to a power of two, at least 16, so that adding an adapter of no "
         "larger rank restarts nothing (a larger one needs larger slots, which only new pods have).",
     )
     max_cpu_loras: int | None = Field(
         default=None,
         ge=1,
-        description="Adapters kept in host memory, swapped onto the GPU on demand (--max-cpu-loras); "
+        description="LoRA adapters kept in host memory, swapped onto the GPU on demand (--max-cpu-loras); "
         "unset: maxLoras. Those beyond are read from the adapter cache again when used.",
     )
     max_queue: int | None = runtime_setting(ServerSettings, "max_queue", ge=0)
