@@ -101,7 +101,7 @@ def sync_adapters(k: Kube, spec: InferenceServiceSpec, namespace: str, name: str
             memory = memories.setdefault(pod["metadata"]["uid"], PodMemory())
             base_url = f"http://{pod['status']['podIP']}:{PORT}"
             by_variant[variant].append(
-                adapter_loading.sync_pod(pod["metadata"]["name"], base_url, wanted, memory)
+                adapter_loading.sync_pod(pod["metadata"]["name"], base_url, wanted, memory, paths.keys())
             )
         _seen[(namespace, name)] = AdapterObservation(downloads, by_variant)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from pagoda_operator.adapter_cache import AdapterDownload
@@ -98,11 +98,17 @@ class PodAdapters:
     unreachable: str | None = None
 
 
-def sync_pod(pod: str, base_url: str, wanted: Mapping[str, str], memory: PodMemory) -> PodAdapters:
-    """Brings the pod at `base_url` to serve exactly `wanted` (adapter name -> lora_path)."""
+def sync_pod(
+    pod: str, base_url: str, wanted: Mapping[str, str], memory: PodMemory, keep: Collection[str] = ()
+) -> PodAdapters:
+    """Brings the pod at `base_url` to serve exactly `wanted` (adapter name -> lora_path). `keep`:
+    adapters declared but not ready to load (a new revision still copying): what the pod serves
+    under those names stays until the new copy replaces it."""
     try:
         served = served_adapters(base_url)
         for name in sorted(served):
+            if name in keep and name not in wanted:
+                continue
             # Not declared, or declared from another revision than the one this pod loaded.
             if name not in wanted or memory.loaded.get(name, wanted[name]) != wanted[name]:
                 unload_adapter(base_url, name)

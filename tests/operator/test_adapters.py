@@ -310,6 +310,16 @@ def test_sync_loads_unloads_and_replaces_adapters_in_a_pod():
         ]
 
 
+def test_a_new_revision_replaces_the_old_one_only_once_it_is_copied():
+    with FakeRuntime() as runtime:
+        memory = PodMemory()
+        sync_pod("p1", runtime.url, {"sql": "/adapters/a/model"}, memory)
+        sync_pod("p1", runtime.url, {}, memory, keep={"sql"})  # the new revision is still copying
+        assert runtime.adapters == {"sql": "/adapters/a/model"}
+        sync_pod("p1", runtime.url, {"sql": "/adapters/b/model"}, memory, keep={"sql"})
+        assert runtime.adapters == {"sql": "/adapters/b/model"}
+
+
 def test_an_adapter_loaded_by_hand_is_unloaded_and_a_refusal_is_not_asked_again():
     refusal = "LoRA adapter 'sql': has rank 64, above --max-lora-rank 16; start the server with a larger one"
     with FakeRuntime(refuse={"/adapters/a/model": refusal}) as runtime:
