@@ -6,6 +6,7 @@ InferenceService, what the last sync found, which the status shows (status_refre
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
@@ -34,6 +35,7 @@ _seen: dict[tuple[str, str], AdapterObservation] = {}
 # By InferenceService, then by pod uid: forgotten when the pod is gone.
 _memory: dict[tuple[str, str], dict[str, PodMemory]] = {}
 _LOCKS = [threading.Lock() for _ in range(64)]
+PODS_AT_ONCE = 16
 
 
 def read_downloads(k: Kube, spec: InferenceServiceSpec, namespace: str) -> dict[str, AdapterDownload]:
@@ -93,16 +95,24 @@ def sync_adapters(k: Kube, spec: InferenceServiceSpec, namespace: str, name: str
             if any(p["metadata"]["uid"] == uid for p in every_pod)
         }
         _memory[(namespace, name)] = memories
-        pods = [p for p in every_pod if ready_serving_pod(p)]
-        for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
-            variant = pod["metadata"].get("labels", {}).get(LABEL_VARIANT)
-            if variant not in by_variant:
-                continue
-            memory = memories.setdefault(pod["metadata"]["uid"], PodMemory())
+        pods = [
+            p
+            for p in sorted(every_pod, key=lambda p: p["metadata"]["name"])
+            if ready_serving_pod(p) and p["metadata"].get("labels", {}).get(LABEL_VARIANT) in by_variant
+        ]
+
+        for pod in pods:
+            memories.setdefault(pod["metadata"]["uid"], PodMemory())
+
+        def sync(pod: dict) -> PodAdapters:
+            memory = memories[pod["metadata"]["uid"]]
             base_url = f"http://{pod['status']['podIP']}:{PORT}"
-            by_variant[variant].append(
-                adapter_loading.sync_pod(pod["metadata"]["name"], base_url, wanted, memory, paths.keys())
-            )
+            return adapter_loading.sync_pod(pod["metadata"]["name"], base_url, wanted, memory, paths.keys())
+
+        # At once: a pod that does not answer costs its timeout, not every other pod's wait too.
+        with ThreadPoolExecutor(max_workers=PODS_AT_ONCE) as pool:
+            for pod, found in zip(pods, pool.map(sync, pods), strict=True):
+                by_variant[pod["metadata"]["labels"][LABEL_VARIANT]].append(found)
         _seen[(namespace, name)] = AdapterObservation(downloads, by_variant)
 
 
