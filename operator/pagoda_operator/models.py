@@ -787,6 +787,19 @@ class InferenceServiceSpec(Spec):
             "--tensor-parallel-size above 1): serve them with resources.gpus 1 and parallelism.nodes 1",
         ),
         Rule(
+            "!has(self.adapters) || self.adapters.size() == 0 || !has(self.runtime.apiKeySecretRef)",
+            lambda s: not s.adapters or s.runtime.api_key_secret_ref is None,
+            "adapters cannot be served with runtime.apiKeySecretRef yet: the operator loads them through "
+            "the runtime's API and reads no Secrets; drop one of the two",
+        ),
+        Rule(
+            "!has(self.adapters) || self.adapters.size() == 0 || "
+            "!self.runtime.extraArgs.exists(a, a.startsWith('--lora-modules'))",
+            lambda s: not s.adapters or not any(a.startswith("--lora-modules") for a in s.runtime.extra_args),
+            "declare every adapter in spec.adapters, not --lora-modules in runtime.extraArgs: the pods serve "
+            "exactly spec.adapters",
+        ),
+        Rule(
             "!has(self.adapters) || !has(self.runtime.maxLoraRank) || "
             "self.adapters.all(a, !has(a.rank) || a.rank <= self.runtime.maxLoraRank)",
             lambda s: (

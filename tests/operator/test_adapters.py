@@ -70,6 +70,14 @@ def test_bad_adapter_names_are_refused(name):
         ({"runtime": {"maxLoras": 8, "maxCpuLoras": 4}}, "maxCpuLoras must be at least runtime.maxLoras"),
         ({"adapters": [{**SQL, "source": "hf://org/sql-lora/model.gguf"}]}, "source"),
         ({"adapters": [SQL], "resources": {"gpus": 2}}, "LoRA adapters run on one tensor-parallel rank"),
+        (
+            {"adapters": [SQL], "runtime": {"apiKeySecretRef": {"name": "k", "key": "k"}}},
+            "adapters cannot be served with runtime.apiKeySecretRef yet",
+        ),
+        (
+            {"adapters": [SQL], "runtime": {"extraArgs": ["--lora-modules", "x=/models/x"]}},
+            "declare every adapter in spec.adapters, not --lora-modules",
+        ),
         ({"runtime": {"enableLora": True}, "parallelism": {"nodes": 2}}, "one tensor-parallel rank"),
     ],
 )
