@@ -1,6 +1,7 @@
 """LoRA adapters and the model cache: the device bytes the operator's fit check counts for the
 adapter slots equal what the runtime allocates, and `pagoda-runtime fetch --adapter` copies an
-adapter folder into a cache folder once, checked, reporting its rank to the operator."""
+adapter from the hub at a pinned commit, or copies a folder, into a cache folder once, checked,
+reporting its rank to the operator."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pagoda_runtime.contract.sizing import lora_slot_bytes
 from pagoda_runtime.engine.build import build_engine
 from pagoda_runtime.loading.model_cache.adapter import copy_adapter
 
+from tests.model_cache.hub_mirror import HubMirror
 from tests.runtime.tiny_lora import build_tiny_adapter
 from tests.runtime.tiny_models import build_tiny_model
 
@@ -89,3 +91,29 @@ def test_fetch_adapter_refuses_a_folder_that_is_no_lora_adapter(tmp_path):
         == 1
     )
     assert "holds no adapter_config.json" in log.read_text()
+
+
+def test_fetch_adapter_downloads_a_pinned_hub_revision(tmp_path, monkeypatch):
+    base = build_tiny_model(tmp_path / "base", "llama3")
+    adapter = build_tiny_adapter(tmp_path / "sql", base, rank=16, seed=0)
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    log = tmp_path / "termination"
+    with HubMirror() as hub:
+        hub.add("acme/sql-lora", adapter, commit)
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        argv = [
+            "fetch",
+            "hf://acme/sql-lora",
+            "--revision",
+            commit,
+            "--adapter",
+            "--cache-dir",
+            str(tmp_path / "c"),
+        ]
+        assert main([*argv, "--termination-log", str(log)]) == 0
+        resolves = [p for _, p, _ in hub.requests if "/resolve/" in p]
+    facts = json.loads(log.read_text())
+    assert (facts["revision"], facts["adapter"]) == (commit, {"rank": 16})
+    assert resolves and all(f"/resolve/{commit}/" in p for p in resolves)
+    assert (layout.model_dir(tmp_path / "c") / "adapter_config.json").is_file()
