@@ -15,12 +15,12 @@ import threading
 
 import kopf
 
-from pagoda_operator import model_cache_cluster, peering, resync
+from pagoda_operator import adapter_cluster, model_cache_cluster, peering, resync
 from pagoda_operator import settings as operator_settings
 from pagoda_operator.kube import kube
 from pagoda_operator.leader_worker_set import LWS_GROUP, LWS_PLURAL, LWS_VERSION
 from pagoda_operator.models import GROUP, PLURAL, VERSION
-from pagoda_operator.names import LABEL_ISVC, LABEL_MODEL_CACHE
+from pagoda_operator.names import LABEL_ADAPTER_CACHE, LABEL_ISVC, LABEL_MODEL_CACHE
 from pagoda_operator.reconcile import reconcile
 from pagoda_operator.status_refresh import refresh_status
 
@@ -87,8 +87,12 @@ def leader_worker_set_changed(namespace, labels, **_) -> None:
 
 
 @kopf.on.event("v1", "pods", labels={LABEL_ISVC: kopf.PRESENT})
-def pod_changed(namespace, labels, **_) -> None:
-    refresh_status(kube(), namespace, labels[LABEL_ISVC])
+def pod_changed(namespace, labels, body, **_) -> None:
+    """A pod that became ready gets the declared adapters before the status is recomputed."""
+    k = kube()
+    if adapter_cluster.ready_serving_pod(body):
+        adapter_cluster.sync_by_name(k, namespace, labels[LABEL_ISVC])
+    refresh_status(k, namespace, labels[LABEL_ISVC])
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_MODEL_CACHE: kopf.PRESENT})
@@ -96,6 +100,15 @@ def cache_job_changed(namespace, labels, **_) -> None:
     """A download or sizing Job started, finished or failed: every InferenceService using it shows it."""
     k = kube()
     for name in model_cache_cluster.cache_users(k, namespace, labels[LABEL_MODEL_CACHE]):
+        refresh_status(k, namespace, name)
+
+
+@kopf.on.event("batch", "v1", "jobs", labels={LABEL_ADAPTER_CACHE: kopf.PRESENT})
+def adapter_job_changed(namespace, labels, **_) -> None:
+    """An adapter's copy finished or failed: every InferenceService declaring it loads it or says why."""
+    k = kube()
+    for name, spec in adapter_cluster.adapter_users(k, namespace, labels[LABEL_ADAPTER_CACHE]):
+        adapter_cluster.sync_adapters(k, spec, namespace, name)
         refresh_status(k, namespace, name)
 
 
@@ -111,6 +124,13 @@ def start_cache_progress(**_) -> None:
         "Refreshing model cache progress failed with an exception",
     )
     threading.Thread(target=resync.repeat, args=args, name="cache-progress", daemon=True).start()
+    args = (
+        resync.sync_unsettled_adapters,
+        resync.CACHE_PROGRESS_SECONDS,
+        _CACHE_PROGRESS_STOP,
+        "Loading LoRA adapters into pods failed with an exception",
+    )
+    threading.Thread(target=resync.repeat, args=args, name="adapter-sync", daemon=True).start()
 
 
 @kopf.on.cleanup()

@@ -26,7 +26,7 @@ from pagoda_runtime.contract.download_progress import parse_progress
 from pagoda_runtime.contract.sizing import ModelArchitecture
 from pagoda_runtime.contract.sources import cache_key, parse_pvc
 
-from pagoda_operator.models import InferenceServiceSpec, ModelCacheSpec, ModelSpec, VariantSpec
+from pagoda_operator.models import AdapterSpec, InferenceServiceSpec, ModelCacheSpec, ModelSpec, VariantSpec
 from pagoda_operator.names import LABEL_MODEL_CACHE
 from pagoda_operator.plan import Checkpoint
 
@@ -53,6 +53,7 @@ def cached_scheme(model: ModelSpec) -> bool:
 class CacheRef:
     key: str
     prefix: str = "pagoda-model"  # pagoda-size for the sizing Job of a pvc:// model
+    label: str = LABEL_MODEL_CACHE  # the label whose value is the key (adapter_cache.py has its own)
 
     @property
     def name(self) -> str:
@@ -97,7 +98,7 @@ def draft_specs(spec: InferenceServiceSpec) -> dict[str, InferenceServiceSpec]:
 
 
 def _labels(ref: CacheRef) -> dict[str, str]:
-    return {LABEL_MODEL_CACHE: ref.key, "app.kubernetes.io/managed-by": "pagoda-operator"}
+    return {ref.label: ref.key, "app.kubernetes.io/managed-by": "pagoda-operator"}
 
 
 def claim_manifest(spec: InferenceServiceSpec, namespace: str, ref: CacheRef) -> dict:
@@ -128,7 +129,7 @@ def _secret_env(name: str, secret: str, key: str) -> dict:
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
 
 
-def _download_env(model: ModelSpec) -> list[dict]:
+def download_env(model: ModelSpec | AdapterSpec) -> list[dict]:
     env = [{"name": "HOME", "value": "/tmp"}, {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"}]
     if model.scheme == "hf":
         # The runtime image is offline by default (HF_HUB_OFFLINE=1): only this Job may download.
@@ -158,7 +159,7 @@ def _download_env(model: ModelSpec) -> list[dict]:
     return env
 
 
-def _service_account_token(model: ModelSpec) -> tuple[dict, dict] | None:
+def service_account_token(model: ModelSpec | AdapterSpec) -> tuple[dict, dict] | None:
     """The (volume, mount) of a short-lived token of s3.serviceAccountName, for the download Job only;
     the API token stays unmounted (the Job never calls the Kubernetes API)."""
     if model.s3 is None or not model.s3.service_account_name:
@@ -192,8 +193,8 @@ def job_manifest(spec: InferenceServiceSpec, namespace: str, ref: CacheRef, plac
         command += ["--revision", model.revision]
     command += [arg for pattern in model.allow_patterns for arg in ("--allow-pattern", pattern)]
     command += [arg for pattern in model.ignore_patterns for arg in ("--ignore-pattern", pattern)]
-    token = _service_account_token(model)
-    return _job(
+    token = service_account_token(model)
+    return cache_job(
         spec,
         namespace,
         ref,
@@ -201,7 +202,7 @@ def job_manifest(spec: InferenceServiceSpec, namespace: str, ref: CacheRef, plac
         container={
             "name": DOWNLOAD_CONTAINER,
             "command": command,
-            "env": _download_env(model),
+            "env": download_env(model),
             "volumeMounts": [{"name": VOLUME, "mountPath": CACHE_MOUNT}, *([token[1]] if token else [])],
         },
         claim={"claimName": ref.name},
@@ -214,7 +215,7 @@ def sizing_job_manifest(
     spec: InferenceServiceSpec, namespace: str, ref: CacheRef, placement: JobPlacement
 ) -> dict:
     source = parse_pvc(spec.model.source)
-    return _job(
+    return cache_job(
         spec,
         namespace,
         ref,
@@ -231,7 +232,7 @@ def sizing_job_manifest(
     )
 
 
-def _job(
+def cache_job(
     spec: InferenceServiceSpec,
     namespace: str,
     ref: CacheRef,
@@ -242,10 +243,12 @@ def _job(
     backoff_limit: int,
     annotations: dict | None = None,
     service_account: tuple[str, dict] | None = None,
+    volumes: tuple[dict, ...] = (),
 ) -> dict:
     """A one-container Job of the runtime's image on one claim, with the replicas' security and
     tolerations; it never calls the Kubernetes API. `service_account`: the ServiceAccount it runs as
-    and the projected volume of its token, for credentials from a token rather than a Secret."""
+    and the projected volume of its token, for credentials from a token rather than a Secret;
+    `volumes`: more volumes its container mounts."""
     container = {
         **container,
         "image": spec.runtime.image,
@@ -263,6 +266,7 @@ def _job(
         "volumes": [
             {"name": VOLUME, "persistentVolumeClaim": claim},
             {"name": "tmp", "emptyDir": {}},
+            *volumes,
         ],
     }
     if spec.runtime.image_pull_secrets:
@@ -385,7 +389,7 @@ class CacheStatus:
         return out
 
 
-def _terminated_message(pod: dict, container: str = DOWNLOAD_CONTAINER) -> str:
+def terminated_message(pod: dict, container: str = DOWNLOAD_CONTAINER) -> str:
     for cs in pod.get("status", {}).get("containerStatuses", []):
         if cs.get("name") == container:
             terminated = (
@@ -395,7 +399,7 @@ def _terminated_message(pod: dict, container: str = DOWNLOAD_CONTAINER) -> str:
     return ""
 
 
-def _job_condition(job: dict, type_: str) -> dict | None:
+def job_condition(job: dict, type_: str) -> dict | None:
     return next(
         (
             c
@@ -413,18 +417,18 @@ def _reported_checkpoint(pods: list[dict], container: str) -> Checkpoint | None:
         if pod.get("status", {}).get("phase") != "Succeeded":
             continue
         try:
-            facts = json.loads(_terminated_message(pod, container))
+            facts = json.loads(terminated_message(pod, container))
         except ValueError:
             continue
     arch = facts.get("architecture") if isinstance(facts, dict) else None
     return Checkpoint(ModelArchitecture.from_facts(arch), facts.get("storedQuantization")) if arch else None
 
 
-def _failure_reason(job: dict, pods: list[dict], container: str) -> str | None:
-    failed = _job_condition(job, "Failed")
+def failure_reason(job: dict, pods: list[dict], container: str) -> str | None:
+    failed = job_condition(job, "Failed")
     if not failed:
         return None
-    reasons = [m for p in pods if (m := _terminated_message(p, container))]
+    reasons = [m for p in pods if (m := terminated_message(p, container))]
     return reasons[-1] if reasons else failed.get("message") or failed.get("reason", "the Job failed")
 
 
@@ -434,14 +438,14 @@ def cache_status(
     """pods: the Job's pods; log_tail: the last lines of the running one's log ("" if none)."""
     if job is None:
         return CacheStatus(ref.name, "Pending", "the download Job is being created")
-    if _job_condition(job, "Complete"):
+    if job_condition(job, "Complete"):
         return CacheStatus(
             ref.name,
             "Ready",
             f"the model is cached in PersistentVolumeClaim {ref.name}",
             checkpoint=_reported_checkpoint(pods, DOWNLOAD_CONTAINER),
         )
-    if (reason := _failure_reason(job, pods, DOWNLOAD_CONTAINER)) is not None:
+    if (reason := failure_reason(job, pods, DOWNLOAD_CONTAINER)) is not None:
         return CacheStatus(
             ref.name,
             "Failed",
@@ -475,7 +479,7 @@ def sizing_status(
     claim = parse_pvc(spec.model.source).claim
     if job is None:
         return CacheStatus(claim, "Pending", "the sizing Job is being created", holds_replicas=True)
-    if _job_condition(job, "Complete"):
+    if job_condition(job, "Complete"):
         checkpoint = _reported_checkpoint(pods, SIZING_CONTAINER)
         if checkpoint is not None:
             message = f"sized from the checkpoint in PersistentVolumeClaim {claim}"
@@ -487,7 +491,7 @@ def sizing_status(
             f"gone, `kubectl delete job {ref.name}` to read it again",
             holds_replicas=True,
         )
-    if (reason := _failure_reason(job, pods, SIZING_CONTAINER)) is not None:
+    if (reason := failure_reason(job, pods, SIZING_CONTAINER)) is not None:
         return CacheStatus(
             claim,
             "Failed",

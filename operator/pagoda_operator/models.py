@@ -47,6 +47,12 @@ Dtype = Literal[DTYPES]
 SpeculativeMethod = Literal["ngram", "draft_model"]
 LogFormat = Literal[LOG_FORMATS]
 
+# Adapter slots per GPU unless runtime.maxLoras says: a few tenants' adapters in one step, where the
+# runtime's own default (vLLM's) of one would run one adapter's requests at a time.
+DEFAULT_MAX_LORAS = 4
+# The smallest --max-lora-rank the operator derives (vLLM's default): common ranks 8 and 16 fit it.
+MIN_DERIVED_LORA_RANK = 16
+
 
 def runtime_setting(settings: type, name: str, **field: Any) -> Any:
     """A field that sets the runtime flag of `settings`' field `name`: the runtime's own default and
@@ -301,12 +307,105 @@ class ModelSpec(ModelSourceSpec):
     max_model_len: int | None = runtime_setting(EngineConfig, "max_model_len", ge=16)
 
 
+ADAPTER_SOURCE_PATTERN = (
+    r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?|hf://[^/\s]+/[^/\s]+"
+    r"|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?)$"
+)
+# An adapter is named by clients as their request's model, as a vLLM --lora-modules name.
+ADAPTER_NAME = r"^[A-Za-z0-9]([-A-Za-z0-9_.:/]*[A-Za-z0-9])?$"
+
+
+class AdapterSpec(Spec):
+    RULES = (
+        Rule(
+            "self.source.startsWith('hf://') || (!has(self.tokenSecretRef) && !has(self.revision) "
+            "&& !has(self.hubEndpoint))",
+            lambda a: (
+                a.source.startswith("hf://") or not (a.token_secret_ref or a.revision or a.hub_endpoint)
+            ),
+            "an adapter's tokenSecretRef, revision and hubEndpoint apply only to hf:// sources",
+        ),
+        Rule(
+            "!self.source.startsWith('hf://') || has(self.revision)",
+            lambda a: not a.source.startswith("hf://") or a.revision is not None,
+            "an hf:// adapter needs revision: the 40-character commit id the cache is filled from",
+        ),
+        Rule(
+            "self.source.startsWith('s3://') || !has(self.s3)",
+            lambda a: a.source.startswith("s3://") or a.s3 is None,
+            "an adapter's s3 applies only to s3:// sources",
+        ),
+    )
+
+    name: str = Field(
+        pattern=ADAPTER_NAME,
+        max_length=128,
+        description="The model name clients send to use this adapter; /v1/models lists it with the base "
+        "model as its parent.",
+    )
+    source: str = Field(
+        pattern=ADAPTER_SOURCE_PATTERN,
+        max_length=1024,
+        description="Where the PEFT adapter folder (adapter_config.json, adapter_model.safetensors) comes "
+        "from: hf://org/name, s3://bucket/prefix or pvc://claim/path. Each is copied once into the "
+        "namespace's adapter cache claim, checked, and loaded into the running pods without a restart.",
+    )
+    revision: str | None = Field(
+        default=None,
+        pattern=COMMIT_PATTERN,
+        description="Commit id of an hf:// adapter (required): the cache holds exactly this revision.",
+    )
+    rank: int | None = Field(
+        default=None,
+        ge=1,
+        le=512,
+        description="The adapter's rank r, if known ahead: it sizes runtime.maxLoraRank when that is unset. "
+        "Read from adapter_config.json once copied either way; an adapter above the pods' limit fails.",
+    )
+    token_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Secret holding a Hugging Face token, for gated or private hf:// adapters."
+    )
+    hub_endpoint: str | None = Field(
+        default=None,
+        pattern=r"^https?://\S+$",
+        description="A Hugging Face hub mirror to download an hf:// adapter from (HF_ENDPOINT).",
+    )
+    s3: S3Spec | None = Field(default=None, description="Endpoint and credentials of an s3:// adapter.")
+
+    @property
+    def scheme(self) -> str:
+        return self.source.split("://", 1)[0]
+
+
+class AdapterCacheSpec(Spec):
+    size: str = Field(
+        default="20Gi",
+        pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|K|M|G|T|P)?$",
+        description="Size of the namespace's adapter cache claim (pagoda-adapters), when this "
+        "InferenceService is the first to create it.",
+    )
+    storage_class_name: str | None = Field(
+        default=None,
+        description="Storage class of the adapter cache claim, which must offer ReadWriteMany (every "
+        "replica mounts it while new adapters are copied in); the cluster's default when unset.",
+    )
+
+
 class EnvVar(Spec):
     name: str = Field(min_length=1, description="Environment variable name.")
     value: str = Field(default="", description="Environment variable value.")
 
 
 class RuntimeSpec(Spec):
+    RULES = (
+        Rule(
+            "!has(self.maxCpuLoras) || self.maxCpuLoras >= self.maxLoras",
+            lambda r: r.max_cpu_loras is None or r.max_cpu_loras >= r.max_loras,
+            "runtime.maxCpuLoras must be at least runtime.maxLoras: host memory holds the adapters on "
+            "the GPU too",
+        ),
+    )
+
     image: str | None = Field(
         default=None,
         min_length=1,
@@ -324,6 +423,32 @@ class RuntimeSpec(Spec):
     block_size: int = runtime_setting(EngineConfig, "block_size", ge=1)
     kv_cache_memory: float = runtime_setting(EngineConfig, "kv_cache_memory", gt=0)
     enable_prefix_caching: bool = runtime_setting(EngineConfig, "enable_prefix_caching")
+    enable_lora: bool | None = Field(
+        default=None,
+        description="Serve LoRA adapters (--enable-lora). Unset: on when spec.adapters lists any; set "
+        "true to start the pods ready for adapters, so that adding the first one restarts nothing.",
+    )
+    max_loras: int = Field(
+        default=DEFAULT_MAX_LORAS,
+        ge=1,
+        le=256,
+        description="LoRA adapters resident on each GPU at once, hence in one step (--max-loras); each slot "
+        "costs maxLoraRank's weights, which the fit check counts. More adapters than this take turns.",
+    )
+    max_lora_rank: int | None = Field(
+        default=None,
+        ge=1,
+        le=512,
+        description="Largest LoRA rank an adapter may have (--max-lora-rank). Unset: the largest "
+        "adapters[].rank rounded up to a power of two, at least 16, so that adding an adapter of no "
+        "larger rank restarts nothing (a larger one needs larger slots, which only new pods have).",
+    )
+    max_cpu_loras: int | None = Field(
+        default=None,
+        ge=1,
+        description="LoRA adapters kept in host memory, swapped onto the GPU on demand (--max-cpu-loras); "
+        "unset: maxLoras. Those beyond are read from the adapter cache again when used.",
+    )
     max_queue: int | None = runtime_setting(ServerSettings, "max_queue", ge=0)
     api_key_secret_ref: SecretKeyRef | None = Field(
         default=None, description="Secret whose value clients must send as a bearer token on /v1/*."
@@ -625,7 +750,8 @@ class _Open(Spec):
 
 class NamedVolume(_Open):
     name: str = Field(
-        min_length=1, description="Volume name; dshm, tmp, cache, model and draft are the runtime's."
+        min_length=1,
+        description="Volume name; dshm, tmp, cache, model, draft and adapters are the runtime's.",
     )
 
 
@@ -638,7 +764,7 @@ class NamedEnvVar(_Open):
     name: str = Field(min_length=1, description="Environment variable name (value or valueFrom as in a pod).")
 
 
-_RUNTIME_VOLUMES = ("dshm", "tmp", "cache", "model", "draft")
+_RUNTIME_VOLUMES = ("dshm", "tmp", "cache", "model", "draft", "adapters")
 
 
 class PodTemplateOverrides(Spec):
@@ -719,6 +845,46 @@ class InferenceServiceSpec(Spec):
             "variant names must be unique",
         ),
         Rule(
+            "!has(self.adapters) || self.adapters.all(a, self.adapters.exists_one(b, b.name == a.name))",
+            lambda s: len({a.name for a in s.adapters}) == len(s.adapters),
+            "adapter names must be unique: clients choose an adapter by its name",
+        ),
+        Rule(
+            "!has(self.adapters) || !has(self.model.servedName) || "
+            "self.adapters.all(a, a.name != self.model.servedName)",
+            lambda s: s.model.served_name is None or all(a.name != s.model.served_name for a in s.adapters),
+            "an adapter must not take the base model's name (model.servedName): clients choose by name",
+        ),
+        Rule(
+            "!has(self.adapters) || self.adapters.size() == 0 || !has(self.runtime.enableLora) || "
+            "self.runtime.enableLora",
+            lambda s: not s.adapters or s.runtime.enable_lora is not False,
+            "adapters need runtime.enableLora: set it true or leave it unset",
+        ),
+        Rule(
+            "!has(self.adapters) || self.adapters.size() == 0 || !has(self.runtime.apiKeySecretRef)",
+            lambda s: not s.adapters or s.runtime.api_key_secret_ref is None,
+            "adapters cannot be served with runtime.apiKeySecretRef yet: the operator loads them through "
+            "the runtime's API and reads no Secrets; drop one of the two",
+        ),
+        Rule(
+            "!has(self.adapters) || self.adapters.size() == 0 || "
+            "!self.runtime.extraArgs.exists(a, a.startsWith('--lora-modules'))",
+            lambda s: not s.adapters or not any(a.startswith("--lora-modules") for a in s.runtime.extra_args),
+            "declare every adapter in spec.adapters, not --lora-modules in runtime.extraArgs: the pods serve "
+            "exactly spec.adapters",
+        ),
+        Rule(
+            "!has(self.adapters) || !has(self.runtime.maxLoraRank) || "
+            "self.adapters.all(a, !has(a.rank) || a.rank <= self.runtime.maxLoraRank)",
+            lambda s: (
+                s.runtime.max_lora_rank is None
+                or all(a.rank is None or a.rank <= s.runtime.max_lora_rank for a in s.adapters)
+            ),
+            "an adapter's rank is above runtime.maxLoraRank: raise maxLoraRank (new pods start with the "
+            "larger slots) or leave it unset to have it derived from the adapters' ranks",
+        ),
+        Rule(
             "self.variants.all(v, !has(v.quantization) || v.quantization != 'gguf' || "
             f"{IS_GGUF_SOURCE.cel('self.model.source')})",
             _gguf_needs_gguf,
@@ -744,6 +910,19 @@ class InferenceServiceSpec(Spec):
         "A map keyed by name: server-side apply merges variants by name, so that several field managers "
         "can each own their own.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    adapters: list[AdapterSpec] = Field(
+        default=[],
+        max_length=64,
+        description="LoRA adapters of the model that every variant serves, each chosen by clients as "
+        "its name. Adding or removing one loads or unloads it in the running pods through the "
+        "runtime's API: no pod restarts (status.variants[].adapters shows each one's state).",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    adapter_cache: AdapterCacheSpec = Field(
+        default=AdapterCacheSpec(),
+        description="The namespace's claim the adapters are copied into and every replica of a service "
+        "with LoRA mounts read-only.",
     )
     resources: ResourcesSpec = Field(default=ResourcesSpec(), description="Resources of each pod.")
     parallelism: ParallelismSpec = Field(
@@ -779,6 +958,20 @@ class InferenceServiceSpec(Spec):
         """A replica is a LeaderWorkerSet group of several pods rather than one Deployment pod."""
         return self.parallelism.nodes > 1
 
+    @property
+    def lora_enabled(self) -> bool:
+        """The pods start with --enable-lora: asked for, or adapters declared."""
+        return bool(self.adapters) if self.runtime.enable_lora is None else self.runtime.enable_lora
+
+    @property
+    def max_lora_rank(self) -> int:
+        """The pods' --max-lora-rank: as given, else the largest declared rank rounded up to a power of
+        two and at least MIN_DERIVED_LORA_RANK (so most additions leave the pods as they are)."""
+        if self.runtime.max_lora_rank is not None:
+            return self.runtime.max_lora_rank
+        largest = max((a.rank for a in self.adapters if a.rank is not None), default=1)
+        return max(MIN_DERIVED_LORA_RANK, 1 << (largest - 1).bit_length())
+
 
 class Condition(Spec):
     type: str = Field(
@@ -794,11 +987,23 @@ class Condition(Spec):
     )
 
 
+class AdapterStatus(Spec):
+    name: str = Field(description="Adapter name.")
+    state: Literal["Downloading", "Loading", "Loaded", "Failed"] = Field(
+        description="Downloading into the adapter cache, Loading into the ready pods, Loaded in every "
+        "ready pod, or Failed (message says why)."
+    )
+    message: str = Field(default="", description="Pods loaded, download progress, or why it failed.")
+
+
 class VariantStatus(Spec):
     name: str = Field(description="Variant name.")
     replicas: int = Field(default=0, description="Pods of this variant.")
     ready_replicas: int = Field(default=0, description="Pods of this variant that are ready to serve.")
     fits: bool | None = Field(default=None, description="Whether the model fits this variant's pods.")
+    adapters: list[AdapterStatus] = Field(
+        default=[], description="Each of spec.adapters in this variant's ready pods."
+    )
 
 
 class RetiringStatus(Spec):

@@ -16,6 +16,8 @@ LABEL_ISVC = f"{GROUP}/inference-service"
 LABEL_VARIANT = f"{GROUP}/variant"
 # On the shared model cache's claim, Job and every replica that reads it (see model_cache.py).
 LABEL_MODEL_CACHE = f"{GROUP}/model-cache"
+# On each adapter's download Job into the namespace's adapter cache (see adapter_cache.py).
+LABEL_ADAPTER_CACHE = f"{GROUP}/adapter-cache"
 # The InferenceService's name is its Service's name and a label value: a DNS-1035 label.
 MAX_NAME_LENGTH = 63
 _HASH_LENGTH = 6

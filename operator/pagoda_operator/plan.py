@@ -12,7 +12,14 @@ from types import MappingProxyType
 
 from kubernetes.utils import parse_quantity
 from pagoda_runtime.contract.quantization_selection import select_quantization
-from pagoda_runtime.contract.sizing import DraftModel, FitResult, ModelArchitecture, fits, gguf_block_type
+from pagoda_runtime.contract.sizing import (
+    DraftModel,
+    FitResult,
+    ModelArchitecture,
+    fits,
+    gguf_block_type,
+    lora_slot_bytes,
+)
 
 from pagoda_operator.models import InferenceServiceSpec, VariantSpec
 from pagoda_operator.parallelism import split_error
@@ -124,6 +131,10 @@ def _fit(
     if arch is None or capacity is None or (draft is None and draft_source(variant) is not None):
         return None
     max_model_len = spec.model.max_model_len or arch.max_position_embeddings
+    lora = 0
+    if spec.lora_enabled:
+        rt = spec.runtime
+        lora = lora_slot_bytes(arch, rt.max_loras, spec.max_lora_rank, rt.dtype, spec.tensor_parallel_size)
     return fits(
         arch,
         quantization,
@@ -133,6 +144,7 @@ def _fit(
         gguf_block=gguf_block_type(spec.model.source),
         tensor_parallel_size=spec.tensor_parallel_size,
         draft=draft,
+        lora_bytes=lora,
     )
 
 

@@ -18,7 +18,7 @@ import kopf
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
-from pagoda_operator import metrics, settings, upgrade
+from pagoda_operator import adapter_cluster, metrics, settings, upgrade
 from pagoda_operator.inference_service import error_text, ids, parse, plan_with_cache
 from pagoda_operator.kube import (
     CHILD_KINDS,
@@ -182,6 +182,7 @@ def reconcile(k: Kube, body, *, announce: bool) -> None:
     try:
         cache = ensure_model_cache(k, with_runtime_image(spec, options), namespace)
         drafts = ensure_draft_caches(k, with_runtime_image(spec, options), namespace)
+        adapter_cluster.ensure_adapter_cache(k, with_runtime_image(spec, options), namespace)
     except ApiException as exc:
         _refused(k, body, exc, announce=announce)
         return
@@ -214,6 +215,7 @@ def reconcile(k: Kube, body, *, announce: bool) -> None:
         ]
         retiring = _retire(k, body, plan, manifests, kinds)
         observe(namespace, name, Observed(tuple(clashes), retiring, tuple(queued)))
+        adapter_cluster.sync_adapters(k, spec, namespace, name)
         refresh_status(k, namespace, name)
     except ApiException as exc:
         _refused(k, body, exc, announce=announce)

@@ -27,7 +27,7 @@ from pagoda_runtime.contract.names import (
 from pagoda_runtime.contract.serve_settings import DistributedSettings, ServerSettings
 from pagoda_runtime.contract.sources import parse_pvc
 
-from pagoda_operator import model_cache
+from pagoda_operator import adapter_cache, model_cache
 from pagoda_operator.leader_worker_set import LEADER_SELECTOR, LWS_API_VERSION, LWS_KIND, leader_worker_set
 from pagoda_operator.models import GROUP, KIND, VERSION, InferenceServiceSpec, ModelSpec, VariantSpec
 from pagoda_operator.names import (
@@ -136,6 +136,9 @@ _SERVE_ARGS = (
     "max_queue",
 )
 _GROUP_ARGS = ("tensor_parallel_size", "distributed_port")  # only where a replica has several ranks
+# Only where the pods serve LoRA; the adapters themselves are loaded through the runtime's API
+# (adapter_loading.py), so that the set of adapters is no part of the pod template.
+_LORA_ARGS = ("enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras")
 _LAST_ARGS = ("drain_timeout", "termination_log", "log_format")
 
 
@@ -156,6 +159,10 @@ def runtime_args(spec: InferenceServiceSpec, variant: VariantSpec, served_name: 
         kv_cache_memory=rt.kv_cache_memory,
         enable_prefix_caching=rt.enable_prefix_caching,
         tensor_parallel_size=spec.tensor_parallel_size,
+        enable_lora=spec.lora_enabled,
+        max_loras=rt.max_loras,
+        max_lora_rank=spec.max_lora_rank,
+        max_cpu_loras=rt.max_cpu_loras,
     )
     server = ServerSettings(
         served_model_names=(served_name,),
@@ -166,11 +173,12 @@ def runtime_args(spec: InferenceServiceSpec, variant: VariantSpec, served_name: 
         log_format=rt.log_format,
     )
     group = _GROUP_ARGS if spec.tensor_parallel_size > 1 else ()
+    lora = _LORA_ARGS if spec.lora_enabled else ()
     return [
         "serve",
         *to_args(_SERVE_ARGS, engine, server, DistributedSettings()),
         *_speculative_args(variant),
-        *to_args(group + _LAST_ARGS, engine, server, DistributedSettings()),
+        *to_args(group + lora + _LAST_ARGS, engine, server, DistributedSettings()),
         *rt.extra_args,
     ]
 
@@ -245,6 +253,8 @@ def _runtime_container(
     draft = model_cache.draft_spec(spec, variant)
     if draft is not None and draft.model.scheme in ("pvc", "hf", "s3"):
         mounts.append({"name": DRAFT_VOLUME, "mountPath": DRAFT_MOUNT, "readOnly": True})
+    if spec.lora_enabled:
+        mounts.append(adapter_cache.replica_mount())
     container = {
         "name": RUNTIME_CONTAINER,
         "image": rt.image,
@@ -304,6 +314,8 @@ def _volumes(spec: InferenceServiceSpec, variant: VariantSpec) -> list[dict]:
     ]
     if (draft := model_cache.draft_spec(spec, variant)) is not None:
         volumes += _model_volume(draft, DRAFT_VOLUME)
+    if spec.lora_enabled:
+        volumes.append(adapter_cache.replica_volume())
     return volumes
 
 

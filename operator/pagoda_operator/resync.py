@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import kopf
 
-from pagoda_operator import status_refresh
+from pagoda_operator import adapter_cluster, status_refresh
 from pagoda_operator.kube import Kube, kube
 from pagoda_operator.reconcile import reconcile
 
@@ -32,6 +32,7 @@ def remember(event_type: str, namespace: str, name: str) -> None:
     if event_type == "DELETED":
         _known.discard((namespace, name))
         status_refresh.forget(namespace, name)
+        adapter_cluster.forget(namespace, name)
     else:
         _known.add((namespace, name))
 
@@ -63,6 +64,15 @@ def refresh_downloading(k: Kube) -> None:
         # Ready's reason covers a draft model's cache too, which status.modelCache does not show.
         ready = next((c for c in status.get("conditions", []) if c.get("type") == "Ready"), {})
         if cache.get("phase") in _UNDER_WAY or ready.get("reason") in {f"ModelCache{p}" for p in _UNDER_WAY}:
+            status_refresh.refresh_status(k, namespace, name)
+
+
+def sync_unsettled_adapters(k: Kube) -> None:
+    """Adapters still downloading or loading: the copy's progress, and pods that did not answer."""
+    for namespace, name in sorted(_known):
+        body = k.get_inference_service(namespace, name)
+        if body is not None and adapter_cluster.unsettled(body.get("status")):
+            adapter_cluster.sync_by_name(k, namespace, name)
             status_refresh.refresh_status(k, namespace, name)
 
 

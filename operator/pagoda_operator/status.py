@@ -14,6 +14,7 @@ from types import MappingProxyType
 
 from pagoda_operator.model_cache import CacheStatus
 from pagoda_operator.models import (
+    AdapterStatus,
     Condition,
     InferenceServiceStatus,
     ModelCacheStatus,
@@ -143,6 +144,7 @@ class _Workloads:
     plan: ServicePlan
     name: str
     by_name: dict[str, dict]
+    adapters: Mapping[str, list[AdapterStatus]]  # by variant
 
     def of(self, variant: str) -> dict | None:
         return self.by_name.get(workload_name(self.name, variant, spans_nodes=self.plan.spec.spans_nodes))
@@ -182,6 +184,7 @@ class _Workloads:
             replicas=status.get("replicas", 0),
             ready_replicas=status.get("readyReplicas", 0),
             **known_fit,
+            **({"adapters": self.adapters[variant.name]} if variant.name in self.adapters else {}),
         )
 
 
@@ -207,6 +210,16 @@ class _Problems:
         return self.clashes + self.splits + self.children
 
 
+def adapter_problems(adapters: Mapping[str, list[AdapterStatus]]) -> list[Problem]:
+    """Adapters that cannot be served: the copy failed, the rank is too large, a pod refused it."""
+    return [
+        ("AdapterFailed", f"adapter {a.name} in variant {variant}: {a.message}")
+        for variant, states in adapters.items()
+        for a in states
+        if a.state == "Failed"
+    ]
+
+
 def _problems(
     workloads: _Workloads, deployments: list[dict], pods: list[dict], hpas: list[dict], clashes: list[str]
 ) -> _Problems:
@@ -228,7 +241,10 @@ def _problems(
             for v in workloads.plan.variants
             if v.split_error
         ],
-        children=deployment_problems(deployments) + hpa_problems(hpas) + pod_problems(own_pods),
+        children=deployment_problems(deployments)
+        + hpa_problems(hpas)
+        + pod_problems(own_pods)
+        + adapter_problems(workloads.adapters),
     )
 
 
@@ -362,6 +378,7 @@ def compute_status(
     cache: CacheStatus | None = None,
     upgrade_queued: list[str] = (),
     draft_caches: Mapping[str, CacheStatus] = MappingProxyType({}),
+    adapters: Mapping[str, list[AdapterStatus]] | None = None,
 ) -> InferenceServiceStatus:
     """`deployments` (its Deployments and LeaderWorkerSets), `pods` and `hpas`: the
     InferenceService's own; `previous`: the stored status, as JSON; `clashes`: objects in the way
@@ -369,8 +386,8 @@ def compute_status(
     `cache`: the shared model cache of an hf:// or s3:// source, or the sizing Job of a pvc:// one
     (the plan was made with its checkpoint); `upgrade_queued`: workloads whose operator upgrade waits
     its turn (upgrade.py); `draft_caches`: the same as `cache` for the variants' draft models, by
-    variant name."""
-    workloads = _Workloads(plan, name, {d["metadata"]["name"]: d for d in deployments})
+    variant name; `adapters`: each variant's adapters as the pods were last found (adapter_cluster.py)."""
+    workloads = _Workloads(plan, name, {d["metadata"]["name"]: d for d in deployments}, adapters or {})
     problems = _problems(workloads, deployments, pods, list(hpas), list(clashes))
     retiring_status = RetiringStatus.model_validate(retiring) if retiring else None
     url = service_url(name, namespace)

@@ -12,7 +12,7 @@ import kopf
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
-from pagoda_operator import metrics
+from pagoda_operator import adapter_cluster, metrics
 from pagoda_operator.inference_service import ids, parse, plan_with_cache
 from pagoda_operator.kube import Kube, being_deleted, owned, workload_kinds
 from pagoda_operator.model_cache_cluster import read_cache_status, read_draft_cache_statuses
@@ -83,6 +83,7 @@ def refresh_status(k: Kube, namespace: str, name: str) -> None:
             now=_now(),
             cache=cache,
             draft_caches=drafts,
+            adapters=adapter_cluster.variant_adapters(spec, namespace, name),
         )
         new = status_patch(status)
         if not status_changed(previous, new):

@@ -187,7 +187,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _add_fetch(sub) -> None:
     p = sub.add_parser("fetch", help="download a model revision into a cache folder, once")
-    p.add_argument("source", help="hf://org/name or s3://bucket/prefix")
+    p.add_argument("source", help="hf://org/name or s3://bucket/prefix (with --adapter, also a folder)")
     p.add_argument("--revision", default=None, help="commit id of an hf:// model")
     p.add_argument(
         "--allow-pattern",
@@ -201,12 +201,13 @@ def _add_fetch(sub) -> None:
         default=[],
         help="of an hf:// repository, leave out files matching this fnmatch pattern (repeatable)",
     )
+    p.add_argument("--cache-dir", required=True, help="the cache folder (the model lands in CACHE_DIR/model)")
     p.add_argument(
         "--adapter",
         action="store_true",
-        help="the source is a PEFT LoRA adapter: its adapter_config.json and adapter_model.safetensors",
+        help="the source is a PEFT LoRA adapter (its adapter_config.json and adapter_model.safetensors, "
+        "checked and reported by its rank): hf://, s3://, or a mounted folder to copy",
     )
-    p.add_argument("--cache-dir", required=True, help="the cache folder (the model lands in CACHE_DIR/model)")
     p.add_argument("--termination-log", default=None, help="file for the outcome line (default: as serve)")
     p.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress lines")
 
@@ -216,30 +217,34 @@ def _fetch(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from pagoda_runtime.contract.sources import parse_remote
+    from pagoda_runtime.loading.model_cache.adapter import ADAPTER, copy_adapter
     from pagoda_runtime.loading.model_cache.fetch import MODEL, fetch, termination_summary
     from pagoda_runtime.termination import default_termination_log, write_termination_message
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     termination_log = args.termination_log or default_termination_log()
     try:
-        if args.adapter:
-            from pagoda_runtime.loading.lora_source import ADAPTER, adapter_source
-
-            if args.allow_pattern or args.ignore_pattern:
-                raise ValueError(
-                    "--adapter fetches the adapter's two files; drop the allow and ignore patterns"
-                )
-            source, contents = adapter_source(args.source, args.revision), ADAPTER
+        if args.adapter and not args.source.startswith(("hf://", "s3://")):
+            manifest = copy_adapter(Path(args.source), Path(args.cache_dir))
         else:
-            patterns = (tuple(args.allow_pattern), tuple(args.ignore_pattern))
-            source, contents = parse_remote(args.source, args.revision, *patterns), MODEL
-        manifest = fetch(
-            source,
-            Path(args.cache_dir),
-            emit=lambda line: print(line, flush=True),
-            progress_interval=args.progress_interval,
-            contents=contents,
-        )
+            if args.adapter:
+                from pagoda_runtime.loading.lora_source import adapter_source
+
+                if args.allow_pattern or args.ignore_pattern:
+                    raise ValueError(
+                        "--adapter fetches the adapter's two files; drop the allow and ignore patterns"
+                    )
+                source, contents = adapter_source(args.source, args.revision), ADAPTER
+            else:
+                patterns = (tuple(args.allow_pattern), tuple(args.ignore_pattern))
+                source, contents = parse_remote(args.source, args.revision, *patterns), MODEL
+            manifest = fetch(
+                source,
+                Path(args.cache_dir),
+                emit=lambda line: print(line, flush=True),
+                progress_interval=args.progress_interval,
+                contents=contents,
+            )
     except Exception as exc:  # every failure ends the Job with its one-line reason for the operator
         message = f"downloading {args.source} failed: {type(exc).__name__}: {exc}".replace("\n", " ")
         print(message, file=sys.stderr, flush=True)

@@ -496,6 +496,19 @@ INVALID = {
         lambda s: s["variants"][0].update(speculative={"method": "ngram", "numSpeculativeTokens": 17}),
         "spec.variants[0].speculative.numSpeculativeTokens: Invalid value: 17",
     ),
+    "duplicate-adapter-names": (
+        lambda s: s.update(
+            adapters=[{"name": "sql", "source": "pvc://a/x"}, {"name": "sql", "source": "pvc://a/y"}]
+        ),
+        "adapter names must be unique",
+    ),
+    "adapter-rank-above-the-limit": (
+        lambda s: (
+            s.update(adapters=[{"name": "sql", "source": "pvc://a/x", "rank": 64}]),
+            s.setdefault("runtime", {}).update(maxLoraRank=16),
+        ),
+        "an adapter's rank is above runtime.maxLoraRank",
+    ),
     "bad-model-source-scheme": (
         lambda s: s["model"].update(source="gs://bucket/llama"),
         'spec.model.source: Invalid value: "gs://bucket/llama"',

@@ -75,7 +75,7 @@ def test_hub_adapter_is_pinned_cached_once_and_serves_like_its_folder(llm, mirro
     manifest = layout.read_manifest(cache)
     assert manifest["revision"] == COMMIT and manifest["source"] == "hf://acme/tiny-lora"
     assert sorted(manifest["files"]) == ["adapter_config.json", "adapter_model.safetensors"]
-    assert manifest["adapter"]["r"] == 8
+    assert manifest["adapter"] == {"rank": 8}
     resolves = [p for m, p, _ in mirror.requests if "/resolve/" in p]
     assert resolves and all(f"/resolve/{COMMIT}/" in p for p in resolves)
     # Loaded again at the same commit: served from the cache, nothing asked of the hub.
@@ -155,7 +155,7 @@ def test_the_download_job_fetches_an_adapter_for_the_operator(mirror, tmp_path):
 
     code, summary = fetch("hf://acme/tiny-lora", "ok")
     assert code == 0
-    assert json.loads(summary)["adapter"]["r"] == 8
+    assert json.loads(summary)["adapter"] == {"rank": 8}
     assert sorted(p.name for p in layout.model_dir(tmp_path / "ok").iterdir()) == [
         ".pagoda-model.json",
         "adapter_config.json",

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 from operator_specs import spec
 from pagoda_operator.crd import build_crd
-from pagoda_operator.models import ModelSpec, RuntimeSpec, VariantSpec
+from pagoda_operator.models import DEFAULT_MAX_LORAS, ModelSpec, RuntimeSpec, VariantSpec
 from pagoda_operator.render import runtime_args
 from pagoda_runtime.contract.config import EngineConfig
 from pagoda_runtime.contract.names import TERMINATION_LOG
@@ -27,12 +27,21 @@ def _runtime_fields(model) -> dict[str, dataclasses.Field]:
     }
 
 
+# Where the operator's default is its own, and why.
+OPERATOR_DEFAULTS = {
+    "log_format": "json",  # pods log JSON for collectors
+    "enable_lora": None,  # on when spec.adapters lists any
+    "max_loras": DEFAULT_MAX_LORAS,  # several tenants' adapters in one step
+    "max_lora_rank": None,  # derived from the declared adapters' ranks
+}
+
+
 def test_the_spec_defaults_are_the_runtimes():
     covered = set()
     for model in (RuntimeSpec, VariantSpec, ModelSpec):
         for name, field in _runtime_fields(model).items():
             covered.add(name)
-            expected = "json" if name == "log_format" else field.default  # pods log JSON for collectors
+            expected = OPERATOR_DEFAULTS.get(name, field.default)
             assert model.model_fields[name].default == expected, f"{model.__name__}.{name}"
     assert {"max_num_seqs", "max_num_batched_tokens", "kv_cache_memory", "dtype", "max_queue"} <= covered
 

@@ -641,6 +641,28 @@ def check_tensor_parallel(
     return sliced
 
 
+def lora_slot_bytes(
+    arch: ModelArchitecture,
+    max_loras: int,
+    max_rank: int,
+    dtype: str = "bfloat16",
+    tensor_parallel_size: int = 1,
+) -> int:
+    """Device memory of the runtime's LoRA slots on each GPU (--enable-lora): --max-loras slots, each
+    with A [rank, in] and B [out, rank] at --max-lora-rank on q, k, v, o, gate, up and down of every
+    layer, whatever the adapters in them target (an MoE layer's MLP takes none), in the model's
+    dtype ("auto": 16 bits). Under tensor parallelism a column-parallel projection's B and a
+    row-parallel one's A are split like its base weight (the per-rank slice's sizes), the other
+    half whole."""
+    sliced = arch.per_rank(tensor_parallel_size)
+    q, kv, h, i = sliced.q_size, sliced.kv_size, sliced.hidden_size, sliced.intermediate_size
+    attention = (q + h) * 2 + (kv + h) * 2  # q and o; k and v
+    mlp = (i + h) * 3  # gate, up and down
+    dense = sliced.num_hidden_layers - sliced.num_sparse_layers
+    per_rank_unit = attention * sliced.num_hidden_layers + mlp * dense
+    return max_loras * max_rank * per_rank_unit * FLOAT_DTYPE_BYTES.get(dtype, 2)
+
+
 def all_reduce_bytes(tensor_parallel_size: int) -> int:
     """Memory each GPU of a tensor-parallel group spends on the collectives beyond one GPU's."""
     return 0 if tensor_parallel_size == 1 else NCCL_COMMUNICATOR_BYTES
@@ -657,6 +679,7 @@ class FitResult:
     tensor_parallel_size: int = 1
     draft_weight_bytes: int = 0  # a speculative-decoding draft model's, whole on every GPU
     draft_kv_bytes: int = 0  # the draft's KV of one sequence of max_model_len tokens
+    lora_bytes: int = 0  # the LoRA adapter slots (lora_slot_bytes)
 
     @property
     def required_bytes(self) -> int:
@@ -667,6 +690,7 @@ class FitResult:
             + self.all_reduce_bytes
             + self.draft_weight_bytes
             + self.draft_kv_bytes
+            + self.lora_bytes
         )
 
     def describe(self) -> str:
@@ -676,6 +700,8 @@ class FitResult:
         if self.tensor_parallel_size > 1:
             per_gpu = f" per GPU of {self.tensor_parallel_size}"
             collectives = f", all-reduce buffers {self.all_reduce_bytes / GIB:.1f} GiB"
+        if self.lora_bytes:
+            collectives += f", LoRA adapter slots {self.lora_bytes / GIB:.2f} GiB"
         draft = ""
         if self.draft_weight_bytes:
             draft = (
@@ -712,6 +738,7 @@ def fits(
     overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
     tensor_parallel_size: int = 1,
     draft: DraftModel | None = None,
+    lora_bytes: int = 0,
 ) -> FitResult:
     """Whether the weights plus the KV cache of one max_model_len sequence fit the device memory,
     with a draft model's weights and KV of that sequence beside them when it speculates with one.
@@ -738,5 +765,6 @@ def fits(
         tensor_parallel_size=tensor_parallel_size,
         draft_weight_bytes=draft_weights,
         draft_kv_bytes=draft_kv,
+        lora_bytes=lora_bytes,
     )
     return replace(result, fits=result.required_bytes <= capacity_bytes)

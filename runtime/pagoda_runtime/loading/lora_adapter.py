@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,8 +65,8 @@ def projection_shape(config: ModelConfig, module: str) -> tuple[int, int]:
     }[module]
 
 
-def load_lora_adapter(name: str, path: str | Path, config: ModelConfig, max_rank: int) -> LoraAdapter:
-    folder = Path(path)
+def read_adapter_config(name: str, folder: Path) -> dict:
+    """The folder's adapter_config.json, once both files of a PEFT adapter are there."""
     if not (folder / CONFIG_FILE).is_file():
         raise LoraAdapterError(
             f"LoRA adapter {name!r}: {str(folder)!r} holds no {CONFIG_FILE}; give a PEFT adapter folder"
@@ -81,6 +82,19 @@ def load_lora_adapter(name: str, path: str | Path, config: ModelConfig, max_rank
         raise LoraAdapterError(f"LoRA adapter {name!r}: {CONFIG_FILE} cannot be read: {exc}") from exc
     if not isinstance(raw, dict):
         raise LoraAdapterError(f"LoRA adapter {name!r}: {CONFIG_FILE} is not a JSON object")
+    return raw
+
+
+def adapter_rank(name: str, folder: Path) -> int:
+    """The rank of the PEFT LoRA adapter in `folder`, refused as load_lora_adapter refuses it short
+    of the base model's shapes (the model cache's download Job checks an adapter with this)."""
+    rank, _ = _rank_and_scaling(name, read_adapter_config(name, folder), max_rank=sys.maxsize)
+    return rank
+
+
+def load_lora_adapter(name: str, path: str | Path, config: ModelConfig, max_rank: int) -> LoraAdapter:
+    folder = Path(path)
+    raw = read_adapter_config(name, folder)
     rank, scaling = _rank_and_scaling(name, raw, max_rank)
     try:
         tensors = load_file(folder / WEIGHTS_FILE)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import logging
 import os
 import re
@@ -29,15 +28,14 @@ from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundErro
 from pagoda_runtime.contract import cache_layout as layout
 from pagoda_runtime.contract.sources import COMMIT_PATTERN, HubSource, RemoteSource, cache_key, parse_remote
 from pagoda_runtime.engine.protocol import LoraAdapterError
-from pagoda_runtime.loading.lora_adapter import CONFIG_FILE, WEIGHTS_FILE
-from pagoda_runtime.loading.model_cache.fetch import Contents, fetch
+from pagoda_runtime.loading.lora_adapter import CONFIG_FILE
+from pagoda_runtime.loading.model_cache.adapter import ADAPTER, ADAPTER_FILES
+from pagoda_runtime.loading.model_cache.fetch import fetch
 from pagoda_runtime.loading.model_cache.hub import commit_of
-from pagoda_runtime.loading.model_cache.verify import Expected
 
 log = logging.getLogger(__name__)
 
 SCHEMES = ("hf://", "s3://")
-ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
 
 
 def default_download_dir() -> Path:
@@ -80,29 +78,6 @@ def _source(path: str) -> RemoteSource:
     if not re.match(COMMIT_PATTERN, revision):
         revision = commit_of(uri.removeprefix("hf://"), revision or "main")
     return adapter_source(uri, revision)
-
-
-def _check_adapter(source: RemoteSource, files: list[Expected]) -> None:
-    held = {f.path for f in files}
-    where = source.uri + (f" at {source.revision}" if isinstance(source, HubSource) else "")
-    for file in ADAPTER_FILES:
-        if file not in held:
-            raise ValueError(f"{where} holds no {file}; give the repository or prefix of a PEFT adapter")
-
-
-def _adapter_facts(folder: Path) -> dict:
-    """What the manifest records of an adapter: its rank, alpha, targets and declared base model."""
-    try:
-        config = json.loads((folder / CONFIG_FILE).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"its {CONFIG_FILE} cannot be read: {exc}") from exc
-    if not isinstance(config, dict):
-        raise ValueError(f"its {CONFIG_FILE} is not a JSON object")
-    keys = ("r", "lora_alpha", "target_modules", "base_model_name_or_path")
-    return {"adapter": {key: config.get(key) for key in keys}}
-
-
-ADAPTER = Contents(_check_adapter, _adapter_facts)
 
 
 @contextlib.contextmanager

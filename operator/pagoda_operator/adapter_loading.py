@@ -1,0 +1,184 @@
+"""The adapters of spec.adapters in the running pods: loaded and unloaded through the runtime's API, as
+vLLM's clients do it (POST /v1/load_lora_adapter {lora_name, lora_path}, POST /v1/unload_lora_adapter
+{lora_name}), and read back from GET /v1/models, whose card of an adapter names its parent.
+
+The pod template never lists the adapters (render.py renders only --enable-lora and the limits), so
+declaring or removing one restarts nothing: each ready pod is brought to the declared set, a new pod
+as soon as it is ready. spec.adapters is the whole set: an adapter a pod serves that the spec does not
+declare is unloaded. The runtime refuses an adapter that does not fit the model (400, its reason),
+which the status shows as Failed without asking again; a pod that does not answer is asked again on
+the next sync.
+
+`sync_pod` makes the calls (stdlib HTTP: the operator has no other use for a client); the rest is pure.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+
+from pagoda_operator.adapter_cache import AdapterDownload
+from pagoda_operator.models import AdapterStatus, InferenceServiceSpec
+
+READ_TIMEOUT_S = 5.0
+# Loading reads the adapter's folder and builds its tensors; a large one takes seconds.
+LOAD_TIMEOUT_S = 60.0
+
+
+class PodUnreachable(Exception):
+    """The pod did not answer (or not as a runtime does); asked again on the next sync."""
+
+
+class Refused(Exception):
+    """The runtime answered 4xx: the adapter cannot run there, for the reason given."""
+
+
+def _call(url: str, body: dict | None, timeout: float) -> bytes:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.read()
+    except urllib.error.HTTPError as exc:
+        text = exc.read().decode(errors="replace")
+        try:
+            message = json.loads(text)["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = text.strip() or exc.reason
+        if 400 <= exc.code < 500:
+            raise Refused(f"{exc.code}: {message}") from exc
+        raise PodUnreachable(f"{url} answered {exc.code}: {message}") from exc
+    except (OSError, urllib.error.URLError) as exc:
+        raise PodUnreachable(f"{url} did not answer: {exc}") from exc
+
+
+def served_adapters(base_url: str) -> set[str]:
+    """The adapters the pod serves: the cards of GET /v1/models that name a parent."""
+    try:
+        cards = json.loads(_call(f"{base_url}/v1/models", None, READ_TIMEOUT_S))["data"]
+        return {card["id"] for card in cards if card.get("parent")}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PodUnreachable(f"{base_url}/v1/models is not a model list: {exc}") from exc
+    except Refused as exc:
+        raise PodUnreachable(f"{base_url}/v1/models answered {exc}") from exc
+
+
+def load_adapter(base_url: str, name: str, path: str) -> None:
+    _call(f"{base_url}/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, LOAD_TIMEOUT_S)
+
+
+def unload_adapter(base_url: str, name: str) -> None:
+    try:
+        _call(f"{base_url}/v1/unload_lora_adapter", {"lora_name": name}, READ_TIMEOUT_S)
+    except Refused as exc:
+        if not str(exc).startswith("404"):  # gone already: what was asked
+            raise
+
+
+@dataclass
+class PodMemory:
+    """What the operator did in one pod (kept while the pod lives): the path it loaded each adapter
+    from, so that a new revision of an adapter replaces the old, and the loads the runtime refused,
+    which are not asked again."""
+
+    loaded: dict[str, str] = field(default_factory=dict)
+    refused: dict[tuple[str, str], str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PodAdapters:
+    """One ready pod's adapters after a sync."""
+
+    pod: str
+    served: frozenset[str] = frozenset()
+    refused: Mapping[str, str] = field(default_factory=dict)  # adapter -> the runtime's reason
+    unreachable: str | None = None
+
+
+def sync_pod(
+    pod: str, base_url: str, wanted: Mapping[str, str], memory: PodMemory, keep: Collection[str] = ()
+) -> PodAdapters:
+    """Brings the pod at `base_url` to serve exactly `wanted` (adapter name -> lora_path). `keep`:
+    adapters declared but not ready to load (a new revision still copying): what the pod serves
+    under those names stays until the new copy replaces it."""
+    try:
+        served = served_adapters(base_url)
+        for name in sorted(served):
+            if name in keep and name not in wanted:
+                continue
+            # Not declared, or declared from another revision than the one this pod loaded.
+            if name not in wanted or memory.loaded.get(name, wanted[name]) != wanted[name]:
+                unload_adapter(base_url, name)
+                served.discard(name)
+                memory.loaded.pop(name, None)
+        refused = {}
+        for name, path in sorted(wanted.items()):
+            if name in served:
+                continue
+            if (name, path) in memory.refused:
+                refused[name] = memory.refused[(name, path)]
+                continue
+            try:
+                load_adapter(base_url, name, path)
+            except Refused as exc:
+                refused[name] = memory.refused[(name, path)] = str(exc)
+                continue
+            served.add(name)
+            memory.loaded[name] = path
+    except (PodUnreachable, Refused) as exc:
+        return PodAdapters(pod, unreachable=str(exc))
+    return PodAdapters(pod, frozenset(served), refused)
+
+
+def wanted_adapters(
+    spec: InferenceServiceSpec, downloads: Mapping[str, AdapterDownload], paths: Mapping[str, str]
+) -> dict[str, str]:
+    """The adapters the pods should serve, by name -> lora_path: those copied into the cache whose
+    rank the pods' slots take (an unknown rank is left to the runtime to check)."""
+    return {
+        a.name: paths[a.name]
+        for a in spec.adapters
+        if (d := downloads.get(a.name)) is not None
+        and d.phase == "Ready"
+        and (d.rank is None or d.rank <= spec.max_lora_rank)
+    }
+
+
+def adapter_statuses(
+    spec: InferenceServiceSpec, downloads: Mapping[str, AdapterDownload], pods: list[PodAdapters]
+) -> list[AdapterStatus]:
+    """Each declared adapter's state in one variant whose ready pods are `pods`."""
+    out = []
+    for adapter in spec.adapters:
+        name = adapter.name
+        download = downloads.get(name) or AdapterDownload("Downloading", "its download Job is being created")
+        if download.phase != "Ready":
+            out.append(AdapterStatus(name=name, state=download.phase, message=download.message))
+            continue
+        if download.rank is not None and download.rank > spec.max_lora_rank:
+            out.append(
+                AdapterStatus(
+                    name=name,
+                    state="Failed",
+                    message=f"its rank {download.rank} is above the pods' maxLoraRank {spec.max_lora_rank}: "
+                    f"set runtime.maxLoraRank (or adapters[].rank) to at least {download.rank}; new pods "
+                    "start with the larger slots",
+                )
+            )
+            continue
+        refusals = [f"pod {p.pod}: {p.refused[name]}" for p in pods if name in p.refused]
+        if refusals:
+            out.append(AdapterStatus(name=name, state="Failed", message="; ".join(refusals)))
+            continue
+        loaded = sum(name in p.served for p in pods)
+        unreachable = [f"pod {p.pod}: {p.unreachable}" for p in pods if p.unreachable]
+        if pods and loaded == len(pods):
+            message = f"loaded in {loaded} of {len(pods)} ready pods"
+            out.append(AdapterStatus(name=name, state="Loaded", message=message))
+        else:
+            message = f"loaded in {loaded} of {len(pods)} ready pods" if pods else "no ready pod yet"
+            out.append(AdapterStatus(name=name, state="Loading", message="; ".join([message, *unreachable])))
+    return out
