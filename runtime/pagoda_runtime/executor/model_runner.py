@@ -350,6 +350,13 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
+    def forward_logits(self, batch: ScheduledBatch) -> torch.Tensor | None:
+        """The forward of `batch` and the float32 logits of its sequences that sample, unsampled
+        (None when none samples): a draft model's proposer draws from them itself."""
+        step, _ = self._prepare(batch, None)
+        return self.run(step)[0]
+
+    @torch.inference_mode()
     def score(self, seq: Sequence) -> torch.Tensor:
         """Float32 logits [num_tokens, vocab] after each token of `seq`, in one prefill; `seq` holds
         blocks for all its tokens and none of them is computed yet."""
@@ -509,7 +516,11 @@ class ModelRunner:
             k.removeprefix("sampler."): v for k, v in staged.items() if k.startswith("sampler.")
         }
         shape = StepShape.of(starts, news, row_seqs.shape[0])
-        drafts = Drafts([batch.drafts.get(i, []) for i in rows.tolist()]) if batch.drafts else None
+        drafts = None
+        if batch.drafts:
+            verifying = rows.tolist()
+            probs = [batch.draft_probs.get(i) for i in verifying] if batch.draft_probs else None
+            drafts = Drafts([batch.drafts.get(i, []) for i in verifying], probs)
         launched = LaunchedStep(
             batch, shape, row_seqs.tolist(), output_index, drafts, sampler_inputs=sampler_inputs
         )

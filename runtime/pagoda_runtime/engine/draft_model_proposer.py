@@ -1,0 +1,148 @@
+"""A draft model: draft tokens for speculative decoding from a smaller model with the target's vocabulary.
+
+`--speculative-config '{"model": "<name or path>", "num_speculative_tokens": K}'` loads a second
+model (any supported one whose tokenizer is the target's, checked at start-up) with a paged KV
+cache of its own: its own model runner, block manager and blocks, sized to hold as many tokens as
+the target's cache and reported beside it (MemoryReport.draft). Each decoding sequence has a shadow
+sequence in that cache. To draft, the shadow is rolled back to the longest prefix its cache shares
+with the tokens the host has read (what the target rejected goes, what it accepted stays), the
+tokens after that prefix are run through the draft (the whole prompt, in chunks of the step
+budget, the first time; the target's last token or two after that), and K tokens are drawn one
+decode step after another, each from the draft's distribution q at the request's temperature (its
+argmax for a greedy request). The target verifies them against q (executor/rejection_sampler.py),
+so the output is the target's whatever the draft proposes. The shadow's blocks are freed with the
+sequence: when it finishes, is aborted or is preempted (it catches up again on its next draft). A
+draft cache that runs out of blocks drafts nothing for that sequence, never fails a step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pagoda_runtime.contract.config import ModelConfig
+from pagoda_runtime.contract.speculative import SpeculativeConfig, SpeculativeConfigError
+from pagoda_runtime.engine.block_manager import BlockManager
+from pagoda_runtime.engine.ngram_proposer import draft_room
+from pagoda_runtime.engine.sampling_params import SamplingParams
+from pagoda_runtime.engine.scheduler import ScheduledBatch
+from pagoda_runtime.engine.sequence import Sequence
+from pagoda_runtime.engine.tokenizer import Tokenizer
+from pagoda_runtime.executor.model_runner import ModelRunner
+
+
+def check_same_vocabulary(
+    target: ModelConfig,
+    target_tokenizer: Tokenizer,
+    draft: ModelConfig,
+    draft_tokenizer: Tokenizer,
+    name: str,
+) -> None:
+    """A draft's token ids must mean the target's: the same embedding rows and the same tokenizer."""
+    target_vocab, draft_vocab = target.architecture.vocab_size, draft.architecture.vocab_size
+    if (
+        draft_vocab != target_vocab
+        or draft_tokenizer.backend.get_vocab() != target_tokenizer.backend.get_vocab()
+    ):
+        raise SpeculativeConfigError(
+            f"speculative_config.model {name!r} has a different vocabulary ({draft_vocab} tokens, "
+            f"tokenizer {draft_tokenizer.source}) from the target's ({target_vocab} tokens, tokenizer "
+            f"{target_tokenizer.source}); use a draft model with the target's tokenizer"
+        )
+
+
+class DraftModelProposer:
+    def __init__(
+        self,
+        config: SpeculativeConfig,
+        runner: ModelRunner,
+        block_manager: BlockManager,
+        max_num_batched_tokens: int,
+        seed: int | None,
+    ) -> None:
+        self.config = config
+        self.runner = runner
+        self.block_manager = block_manager
+        self.chunk = max_num_batched_tokens  # the most tokens one catch-up forward runs
+        self._shadows: dict[int, Sequence] = {}  # target seq_id -> its sequence in the draft's cache
+        self.generator = torch.Generator(device=runner.device)
+        if seed is not None:
+            self.generator.manual_seed(seed)
+
+    def propose(self, seq: Sequence, most: int) -> tuple[list[int], torch.Tensor | None]:
+        """Up to `most` tokens drawn from the draft and their distributions q [len, vocab]; none
+        for a grammar-constrained sample or past max_tokens, as the n-gram proposer."""
+        if seq.grammar is not None or seq.num_pending:
+            return [], None
+        k = draft_room(seq, min(self.config.num_speculative_tokens, most))
+        if k < 1:
+            return [], None
+        shadow = self._shadows.get(seq.seq_id)
+        if shadow is None:
+            shadow = self._shadows[seq.seq_id] = Sequence(seq.group, seq.index)
+        logits = self._catch_up(shadow, seq.token_ids)
+        tokens, rows = [], []
+        while logits is not None:
+            q = _distribution(logits[-1:], seq.params)
+            tokens.append(self._draw(q, seq.params, len(shadow.token_ids)))
+            rows.append(q)
+            if len(tokens) == k:
+                break
+            logits = self._run(shadow, tokens[-1:])
+        if logits is None and not tokens:
+            self.free(seq)
+            return [], None
+        return tokens, torch.cat(rows)
+
+    def free(self, seq: Sequence) -> None:
+        shadow = self._shadows.pop(seq.seq_id, None)
+        if shadow is not None:
+            self.block_manager.free(shadow)
+
+    def _catch_up(self, shadow: Sequence, known: list[int]) -> torch.Tensor | None:
+        """Roll the shadow back to the prefix its cache shares with `known`, and run the rest
+        (at least the last token, whose logits the first draft token is drawn from)."""
+        computed = shadow.token_ids[: shadow.num_computed_tokens]
+        same = next(
+            (i for i, (a, b) in enumerate(zip(computed, known, strict=False)) if a != b),
+            min(len(computed), len(known)),
+        )
+        same = min(same, len(known) - 1)
+        shadow.token_ids = shadow.token_ids[:same]
+        shadow.num_computed_tokens = same
+        self.block_manager.trim(shadow)
+        logits = None
+        for start in range(same, len(known), self.chunk):
+            logits = self._run(shadow, known[start : start + self.chunk])
+            if logits is None:
+                return None
+        return logits
+
+    def _run(self, shadow: Sequence, tokens: list[int]) -> torch.Tensor | None:
+        """Append `tokens` to the shadow and compute them: the logits after the last, None when the
+        draft's cache has no room for them."""
+        if not self.block_manager.can_append(shadow, len(tokens)):
+            return None
+        self.block_manager.append(shadow, len(tokens))
+        shadow.token_ids += tokens
+        logits = self.runner.forward_logits(ScheduledBatch([shadow], [len(tokens)]))
+        shadow.num_computed_tokens += len(tokens)
+        return logits
+
+    def _draw(self, q: torch.Tensor, params: SamplingParams, position: int) -> int:
+        if params.temperature == 0.0:
+            return int(q.argmax())
+        generator = self.generator
+        if params.seed is not None:
+            # A seeded request drafts the same tokens each time, so that its output repeats.
+            generator = torch.Generator(device=q.device).manual_seed(
+                hash((params.seed, position)) & (2**63 - 1)
+            )
+        return int(torch.multinomial(q[0], 1, generator=generator))
+
+
+def _distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """q [1, vocab]: the draft's softmax at the request's temperature, a point mass on its argmax
+    for a greedy request (the target then keeps it exactly when it is the target's argmax)."""
+    if params.temperature == 0.0:
+        return torch.zeros_like(logits).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
+    return torch.softmax(logits.float() / params.temperature, dim=-1)
