@@ -108,3 +108,14 @@ def test_a_draft_with_another_vocabulary_is_refused_at_start_up(folders, tmp_pat
     other = build_tiny_model(tmp_path / "other", "smollm", tokenizer="metaspace")
     with pytest.raises(SpeculativeConfigError, match="speculative_config.model .* different vocabulary"):
         make(folders[0], other)
+
+
+@pytest.mark.slow
+def test_the_bundled_model_drafting_for_itself_keeps_its_greedy_output():
+    prompt = "Quote this sentence twice: the cat sat on the mat. The cat sat on the mat. The cat"
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    draft = {"model": "smollm2-135m", "num_speculative_tokens": 3}
+    speculative = LLM("smollm2-135m", device="cpu", speculative_config=draft)
+    got = speculative.generate(prompt, params)[0].outputs[0].token_ids
+    assert got == LLM("smollm2-135m", device="cpu").generate(prompt, params)[0].outputs[0].token_ids
+    assert speculative.engine.stats().spec_decode.num_accepted_tokens > 0
