@@ -22,9 +22,10 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("draft")
     target = build_tiny_model(root / "target", "smollm")
-    # Same tokenizer, one layer: other weights, so that it drafts tokens the target rejects.
-    small = build_tiny_model(root / "small", "smollm", overrides={"num_hidden_layers": 1})
-    return target, small
+    # The same tokenizer and weights with another norm epsilon: a draft the target agrees with
+    # about half the time (an unrelated random model's drafts are all but never accepted).
+    near = build_tiny_model(root / "near", "smollm", overrides={"rms_norm_eps": 0.01})
+    return target, near
 
 
 def make(target, draft=None, k=3, **kwargs):
@@ -68,7 +69,7 @@ def test_a_draft_of_the_same_weights_is_always_accepted_and_changes_nothing(fold
 
 
 def test_a_different_draft_keeps_greedy_outputs_through_rejections_n_and_preemption(folders, plain):
-    """A one-layer draft is often wrong: its rejected tokens' KV is rolled back in both caches. The
+    """The draft is often wrong: its rejected tokens' KV is rolled back in both caches. The
     small cache preempts sequences (freeing their drafts' blocks too) and n = 2 forks a prompt."""
     block_bytes = plain.engine.runner.kv_bytes_per_block
     tight = dict(kv_cache_memory=40 * block_bytes, max_num_batched_tokens=16)
