@@ -82,8 +82,20 @@ def build_engine(
     arch = loaded.config.architecture
     sliced = check_tensor_parallel(arch, tp.size, quantization, loaded.group_size)
     limit = engine_config.max_model_len or arch.max_position_embeddings
+    draft = _load_draft(engine_config, placement, loaded, tp)
+    # A draft model's cache holds as many tokens as the target's: the KV budget is split in
+    # proportion to their bytes per token; the draft's weights, read after the target's cache is
+    # sized, are kept out of a budget measured from the GPU's memory.
+    kv_share, reserve = 1.0, 0
+    if draft is not None:
+        target_bytes = kv_bytes_per_block(sliced, engine_config.block_size)
+        draft_arch = draft[0].config.architecture
+        kv_share = target_bytes / (target_bytes + kv_bytes_per_block(draft_arch, engine_config.block_size))
+        reserve = _predicted_weight_bytes(draft[0], draft_arch, draft[1], engine_config, placement)
     weights = LOAD_PROGRESS.track(loaded.weights, len(weight_shapes(loaded.config)), arch.num_hidden_layers)
-    runner = ModelRunner(loaded.config, weights, engine_config, placement, limit, quantization, tp)
+    runner = ModelRunner(
+        loaded.config, weights, engine_config, placement, limit, quantization, tp, kv_share, reserve
+    )
     loras = None
     if runner.lora_slots is not None:
         max_cpu_loras = engine_config.max_cpu_loras or engine_config.max_loras
@@ -103,10 +115,7 @@ def build_engine(
         max_model_len,
         engine_config.max_num_batched_tokens,
     )
-    proposer = None
-    draft_memory = None
-    if engine_config.speculative_config is not None:
-        proposer, draft_memory = _proposer(engine_config, placement, loaded, runner, max_model_len, tp)
+    proposer, draft_memory = _proposer(engine_config, placement, draft, runner, max_model_len)
     memory = _memory_report(
         engine_config.model, runner, loaded, quantization, sliced, engine_config, placement
     )
@@ -200,19 +209,14 @@ def _load(
     return loaded, quantization
 
 
-def _proposer(
-    engine_config: EngineConfig,
-    placement: Placement,
-    target: LoadedModel,
-    target_runner: ModelRunner,
-    max_model_len: int,
-    tp: TensorParallel,
-) -> tuple[Proposer, MemoryReport | None]:
-    """Speculative decoding's proposer and, for a draft model, the memory its weights and its own
-    KV cache take: a cache holding as many tokens as the target's, and K more per sequence."""
+def _load_draft(
+    engine_config: EngineConfig, placement: Placement, target: LoadedModel, tp: TensorParallel
+) -> tuple[LoadedModel, str] | None:
+    """A draft model's weights and quantization, checked against the target's vocabulary; None
+    without one."""
     config = engine_config.speculative_config
-    if config.method == "ngram":
-        return NgramProposer(config), None
+    if config is None or config.method != "draft_model":
+        return None
     if tp.size > 1:
         raise SpeculativeConfigError(
             "speculative_config.model: a draft model does not run with --tensor-parallel-size above 1 "
@@ -220,13 +224,29 @@ def _proposer(
         )
     draft, quantization = _load(config.model, "auto", engine_config, placement)
     check_same_vocabulary(target.config, target.tokenizer, draft.config, draft.tokenizer, config.model)
-    arch = draft.config.architecture
+    return draft, quantization
+
+
+def _proposer(
+    engine_config: EngineConfig,
+    placement: Placement,
+    draft: tuple[LoadedModel, str] | None,
+    target_runner: ModelRunner,
+    max_model_len: int,
+) -> tuple[Proposer | None, MemoryReport | None]:
+    """Speculative decoding's proposer and, for a draft model, the memory its weights and its own
+    KV cache take: a cache of the target's tokens and K more per sequence, in bytes."""
+    config = engine_config.speculative_config
+    if config is None:
+        return None, None
+    if draft is None:
+        return NgramProposer(config), None
+    loaded, quantization = draft
+    arch = loaded.config.architecture
     tokens = target_runner.num_blocks * engine_config.block_size
     tokens += engine_config.max_num_seqs * config.num_speculative_tokens
-    kv_dtype = target_runner.kv_cache_dtype_name
-    budget = -(-tokens // engine_config.block_size) * kv_bytes_per_block(
-        arch, engine_config.block_size, kv_dtype
-    )
+    block_bytes = kv_bytes_per_block(arch, engine_config.block_size, target_runner.kv_cache_dtype_name)
+    budget = -(-tokens // engine_config.block_size) * block_bytes
     draft_config = dataclasses.replace(
         engine_config,
         model=config.model,
@@ -236,8 +256,8 @@ def _proposer(
         enable_lora=False,
         speculative_config=None,
     )
-    weights = LOAD_PROGRESS.track(draft.weights, len(weight_shapes(draft.config)), arch.num_hidden_layers)
-    runner = ModelRunner(draft.config, weights, draft_config, placement, max_model_len, quantization)
+    weights = LOAD_PROGRESS.track(loaded.weights, len(weight_shapes(loaded.config)), arch.num_hidden_layers)
+    runner = ModelRunner(loaded.config, weights, draft_config, placement, max_model_len, quantization)
     block_manager = make_block_manager(
         runner.pools,
         engine_config.block_size,
@@ -249,7 +269,7 @@ def _proposer(
     proposer = DraftModelProposer(
         config, runner, block_manager, engine_config.max_num_batched_tokens, engine_config.seed
     )
-    memory = _memory_report(config.model, runner, draft, quantization, arch, draft_config, placement)
+    memory = _memory_report(config.model, runner, loaded, quantization, arch, draft_config, placement)
     return proposer, memory
 
 
@@ -268,17 +288,29 @@ def _memory_report(
         dtype=placement.dtype_name,
         kv_cache_dtype=runner.kv_cache_dtype_name,
         weight_bytes=runner.weight_bytes,
-        predicted_weight_bytes=weight_bytes(
-            sliced,
-            quantization,
-            placement.dtype_name,
-            loaded.gguf_block,
-            cpu_vocab_dtype(placement.device.type, engine_config.dtype),
+        predicted_weight_bytes=_predicted_weight_bytes(
+            loaded, sliced, quantization, engine_config, placement
         ),
         kv_bytes_per_block=runner.kv_bytes_per_block,
         block_size=engine_config.block_size,
         num_kv_blocks=runner.num_blocks,
         kv_cache_bytes=runner.kv_cache_bytes,
+    )
+
+
+def _predicted_weight_bytes(
+    loaded: LoadedModel,
+    sliced: ModelArchitecture,
+    quantization: str,
+    engine_config: EngineConfig,
+    placement: Placement,
+) -> int:
+    return weight_bytes(
+        sliced,
+        quantization,
+        placement.dtype_name,
+        loaded.gguf_block,
+        cpu_vocab_dtype(placement.device.type, engine_config.dtype),
     )
 
 

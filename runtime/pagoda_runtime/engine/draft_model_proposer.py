@@ -2,17 +2,22 @@
 
 `--speculative-config '{"model": "<name or path>", "num_speculative_tokens": K}'` loads a second
 model (any supported one whose tokenizer is the target's, checked at start-up) with a paged KV
-cache of its own: its own model runner, block manager and blocks, sized to hold as many tokens as
-the target's cache and reported beside it (MemoryReport.draft). Each decoding sequence has a shadow
-sequence in that cache. To draft, the shadow is rolled back to the longest prefix its cache shares
-with the tokens the host has read (what the target rejected goes, what it accepted stays), the
-tokens after that prefix are run through the draft (the whole prompt, in chunks of the step
-budget, the first time; the target's last token or two after that), and K tokens are drawn one
-decode step after another, each from the draft's distribution q at the request's temperature (its
-argmax for a greedy request). The target verifies them against q (executor/rejection_sampler.py),
-so the output is the target's whatever the draft proposes. The shadow's blocks are freed with the
-sequence: when it finishes, is aborted or is preempted (it catches up again on its next draft). A
-draft cache that runs out of blocks drafts nothing for that sequence, never fails a step.
+cache of its own: its own model runner, block manager and blocks. The KV budget (--kv-cache-memory
+or --gpu-memory-utilization) is split between the two caches in proportion to their bytes per
+token, so that the draft's holds the target's tokens (and K more per sequence); both are in the
+memory report (MemoryReport.draft). A budget measured from the GPU's memory leaves out the draft's
+predicted weights, which are read after the target's cache is sized.
+
+Each decoding sequence has a shadow sequence in that cache. To draft, the shadow is rolled back
+to the longest prefix its cache shares with the tokens the host has read (what the target
+rejected goes, what it accepted stays), the tokens after that prefix are run through the draft
+(the whole prompt, in chunks of the step budget, the first time; the target's last token or two
+after that), and K tokens are drawn one decode step after another, each from the draft's
+distribution q at the request's temperature (its argmax for a greedy request). The target
+verifies them against q (executor/rejection_sampler.py), so the output is the target's whatever
+the draft proposes. The shadow's blocks are freed with the sequence: when it finishes, is aborted
+or is preempted (it catches up again on its next draft). A draft cache that runs out of blocks
+drafts nothing for that sequence, never fails a step.
 """
 
 from __future__ import annotations

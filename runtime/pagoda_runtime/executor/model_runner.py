@@ -137,9 +137,16 @@ class ModelRunner:
         max_model_len: int,
         quantization: str,
         tp: TensorParallel = SINGLE_PROCESS,
+        kv_share: float = 1.0,
+        reserve_bytes: int = 0,
     ) -> None:
         """quantization: the method the projections are built with (already checked against the
-        checkpoint by quantization_selection.py); tp: this process's rank."""
+        checkpoint by quantization_selection.py); tp: this process's rank; kv_share: the part of the
+        KV budget this cache takes; reserve_bytes: device memory taken after this cache is sized,
+        left out of a budget measured from the GPU's memory (a draft model's weights and cache take
+        both, engine/build.py)."""
+        self.kv_share = kv_share
+        self.reserve_bytes = reserve_bytes
         self.config = model_config
         self.tp = tp
         # This rank's KV cache holds only the KV heads its query heads read.
@@ -260,6 +267,7 @@ class ModelRunner:
     def _kv_pools(self, engine_config: EngineConfig) -> KVPools:
         rank_slice = self.config.architecture.per_rank(self.tp.size)
         budget = self._kv_budget(engine_config.kv_cache_memory, engine_config.gpu_memory_utilization)
+        budget = int(budget * self.kv_share)
         pools = kv_pools(
             rank_slice,
             budget,
@@ -298,12 +306,12 @@ class ModelRunner:
                 )
             free, total = torch.cuda.mem_get_info(self.device)
             # What is in use now (the weights, and anything else on the GPU) comes out of the share.
-            budget = int(total * gpu_memory_utilization) - (total - free)
+            budget = int(total * gpu_memory_utilization) - (total - free) - self.reserve_bytes
         elif kv_cache_memory > 1:
             budget = int(kv_cache_memory)
         elif self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
-            budget = int(free * kv_cache_memory)
+            budget = int((free - self.reserve_bytes) * kv_cache_memory)
         else:
             budget = CPU_KV_CACHE_BYTES
         if budget < 1:
