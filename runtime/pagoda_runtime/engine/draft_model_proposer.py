@@ -107,9 +107,11 @@ class DraftModelProposer:
         """Roll the shadow back to the prefix its cache shares with `known`, and run the rest
         (at least the last token, whose logits the first draft token is drawn from)."""
         computed = shadow.token_ids[: shadow.num_computed_tokens]
-        same = next(
-            (i for i, (a, b) in enumerate(zip(computed, known, strict=False)) if a != b),
-            min(len(computed), len(known)),
+        # A sequence's read tokens only grow, so only the shadow's last draft tokens can differ.
+        tail = min(max(0, len(computed) - self.config.num_speculative_tokens), len(known))
+        same = tail + next(
+            (i for i, (a, b) in enumerate(zip(computed[tail:], known[tail:], strict=False)) if a != b),
+            min(len(computed), len(known)) - tail,
         )
         same = min(same, len(known) - 1)
         shadow.token_ids = shadow.token_ids[:same]
