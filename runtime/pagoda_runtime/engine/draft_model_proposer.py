@@ -17,7 +17,9 @@ distribution q at the request's temperature (its argmax for a greedy request). T
 verifies them against q (executor/rejection_sampler.py), so the output is the target's whatever
 the draft proposes. The shadow's blocks are freed with the sequence: when it finishes, is aborted
 or is preempted (it catches up again on its next draft). A draft cache that runs out of blocks
-drafts nothing for that sequence, never fails a step.
+drafts nothing for that sequence, never fails a step. The sequences of a step draft together: one
+forward (or one per budget-sized chunk) catches them all up, and each draft position is one
+batched decode step of the draft, so a step costs about K draft forwards whatever the batch.
 """
 
 from __future__ import annotations
@@ -73,67 +75,96 @@ class DraftModelProposer:
         if seed is not None:
             self.generator.manual_seed(seed)
 
-    def propose(self, seq: Sequence, most: int) -> tuple[list[int], torch.Tensor | None]:
-        """Up to `most` tokens drawn from the draft and their distributions q [len, vocab]; none
-        for a grammar-constrained sample or past max_tokens, as the n-gram proposer."""
-        if seq.grammar is not None or seq.num_pending:
-            return [], None
-        k = draft_room(seq, min(self.config.num_speculative_tokens, most))
-        if k < 1:
-            return [], None
-        shadow = self._shadows.get(seq.seq_id)
-        if shadow is None:
-            shadow = self._shadows[seq.seq_id] = Sequence(seq.group, seq.index)
-        logits = self._catch_up(shadow, seq.token_ids)
-        tokens, rows = [], []
-        while logits is not None:
-            q = _distribution(logits[-1:], seq.params)
-            tokens.append(self._draw(q, seq.params, len(shadow.token_ids)))
-            rows.append(q)
-            if len(tokens) == k:
-                break
-            logits = self._run(shadow, tokens[-1:])
-        if logits is None and not tokens:
-            self.free(seq)
-            return [], None
-        return tokens, torch.cat(rows)
+    def propose(self, seqs: list[Sequence], limits: list[int]) -> list[tuple[list[int], torch.Tensor | None]]:
+        """Per sequence, up to its limit of tokens drawn from the draft and their distributions q
+        [len, vocab]; none for a grammar-constrained sample or past max_tokens, as the n-gram
+        proposer. The sequences catch up together and draw each position in one batched decode step."""
+        wanted = {}  # index in seqs -> its draft length
+        for i, (seq, limit) in enumerate(zip(seqs, limits, strict=True)):
+            k = draft_room(seq, min(self.config.num_speculative_tokens, limit))
+            if seq.grammar is None and not seq.num_pending and k > 0:
+                wanted[i] = k
+        logits = self._catch_up({i: seqs[i] for i in wanted})
+        tokens: dict[int, list[int]] = {i: [] for i in logits}
+        probs: dict[int, list[torch.Tensor]] = {i: [] for i in logits}
+        while logits:
+            for i, row in logits.items():
+                params = seqs[i].params
+                q = _distribution(row, params)
+                tokens[i].append(self._draw(q, params, len(self._shadows[seqs[i].seq_id].token_ids)))
+                probs[i].append(q)
+            going = {i: tokens[i][-1:] for i in logits if len(tokens[i]) < wanted[i]}
+            logits = self._run(seqs, going)
+        return [(tokens[i], torch.cat(probs[i])) if tokens.get(i) else ([], None) for i in range(len(seqs))]
 
     def free(self, seq: Sequence) -> None:
         shadow = self._shadows.pop(seq.seq_id, None)
         if shadow is not None:
             self.block_manager.free(shadow)
 
-    def _catch_up(self, shadow: Sequence, known: list[int]) -> torch.Tensor | None:
-        """Roll the shadow back to the prefix its cache shares with `known`, and run the rest
-        (at least the last token, whose logits the first draft token is drawn from)."""
-        computed = shadow.token_ids[: shadow.num_computed_tokens]
-        # A sequence's read tokens only grow, so only the shadow's last draft tokens can differ.
-        tail = min(max(0, len(computed) - self.config.num_speculative_tokens), len(known))
-        same = tail + next(
-            (i for i, (a, b) in enumerate(zip(computed[tail:], known[tail:], strict=False)) if a != b),
-            min(len(computed), len(known)) - tail,
-        )
-        same = min(same, len(known) - 1)
-        shadow.token_ids = shadow.token_ids[:same]
-        shadow.num_computed_tokens = same
-        self.block_manager.trim(shadow)
-        logits = None
-        for start in range(same, len(known), self.chunk):
-            logits = self._run(shadow, known[start : start + self.chunk])
-            if logits is None:
-                return None
+    def _catch_up(self, seqs: dict[int, Sequence]) -> dict[int, torch.Tensor]:
+        """Roll each shadow back to the prefix its cache shares with its sequence's read tokens, and
+        run the rest (at least the last token, whose logits the first draft token is drawn from),
+        at most `chunk` tokens a forward: each sequence's logits [1, vocab] after its last token."""
+        todo = {}
+        for i, seq in seqs.items():
+            shadow = self._shadows.get(seq.seq_id)
+            if shadow is None:
+                shadow = self._shadows[seq.seq_id] = Sequence(seq.group, seq.index)
+            known = seq.token_ids
+            computed = shadow.token_ids[: shadow.num_computed_tokens]
+            # A sequence's read tokens only grow, so only the shadow's last draft tokens can differ.
+            tail = min(max(0, len(computed) - self.config.num_speculative_tokens), len(known))
+            same = tail + next(
+                (j for j, (a, b) in enumerate(zip(computed[tail:], known[tail:], strict=False)) if a != b),
+                min(len(computed), len(known)) - tail,
+            )
+            same = min(same, len(known) - 1)
+            shadow.token_ids = shadow.token_ids[:same]
+            shadow.num_computed_tokens = same
+            self.block_manager.trim(shadow)
+            todo[i] = known[same:]
+        logits = {}
+        while todo:
+            budget, chunks = self.chunk, {}
+            for i, rest in todo.items():
+                if budget == 0:
+                    break
+                chunks[i] = rest[:budget]
+                budget -= len(chunks[i])
+            out = self._run(seqs, chunks)
+            for i, chunk in chunks.items():
+                rest = todo.pop(i)[len(chunk) :]
+                if i in out and rest:
+                    todo[i] = rest
+                elif i in out:
+                    logits[i] = out[i]
         return logits
 
-    def _run(self, shadow: Sequence, tokens: list[int]) -> torch.Tensor | None:
-        """Append `tokens` to the shadow and compute them: the logits after the last, None when the
-        draft's cache has no room for them."""
-        if not self.block_manager.can_append(shadow, len(tokens)):
-            return None
-        self.block_manager.append(shadow, len(tokens))
-        shadow.token_ids += tokens
-        logits = self.runner.forward_logits(ScheduledBatch([shadow], [len(tokens)]))
-        shadow.num_computed_tokens += len(tokens)
-        return logits
+    def _run(
+        self, seqs: list[Sequence] | dict[int, Sequence], new: dict[int, list[int]]
+    ) -> dict[int, torch.Tensor]:
+        """Append each sequence's `new` tokens to its shadow and compute them in one forward: the
+        logits [1, vocab] after each one's last token. A shadow the draft's cache has no room for
+        is freed and left out."""
+        batch, order = ScheduledBatch(), []
+        for i, tokens in new.items():
+            seq = seqs[i]
+            shadow = self._shadows[seq.seq_id]
+            if not self.block_manager.can_append(shadow, len(tokens)):
+                self.free(seq)
+                continue
+            self.block_manager.append(shadow, len(tokens))
+            shadow.token_ids += tokens
+            batch.seqs.append(shadow)
+            batch.num_new_tokens.append(len(tokens))
+            order.append(i)
+        if not order:
+            return {}
+        logits = self.runner.forward_logits(batch)
+        for shadow, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
+            shadow.num_computed_tokens += n
+        return {i: logits[row : row + 1] for row, i in enumerate(order)}
 
     def _draw(self, q: torch.Tensor, params: SamplingParams, position: int) -> int:
         if params.temperature == 0.0:

@@ -44,9 +44,9 @@ class Proposer(Protocol):
 
     config: SpeculativeConfig
 
-    def propose(self, seq: Sequence, most: int) -> tuple[list[int], Any]:
-        """Up to `most` draft tokens for a decoding sequence whose tokens the host has read, and
-        the distributions q [len(draft), vocab] they were drawn from (None: point masses)."""
+    def propose(self, seqs: list[Sequence], limits: list[int]) -> list[tuple[list[int], Any]]:
+        """Per decoding sequence, up to its limit of draft tokens and the distributions q
+        [len(draft), vocab] they were drawn from (None: point masses)."""
 
     def free(self, seq: Sequence) -> None:
         """`seq` stopped running (finished, aborted or preempted): drop what the proposer holds for it."""
@@ -128,9 +128,7 @@ class Scheduler:
         # Kept from the running sequences for the best waiting one when it outranks some of them.
         reserved = self._make_room(budget) if self.by_priority else 0
         budget -= reserved
-        proposer = self.proposer
-        if proposer is not None and len(self.running) > proposer.config.disable_by_batch_size:
-            proposer = None
+        drafts = self._propose()
         # Once per running sequence per step, so kept to plain arithmetic: a decode step needs a new
         # block only when its token starts one.
         for seq in list(self.running):
@@ -140,9 +138,10 @@ class Scheduler:
                 continue  # preempted earlier in this loop, or its last token is being sampled
             computed = seq.num_computed_tokens
             num_new = min(seq.num_tokens - computed, budget)
-            draft = probs = None
-            if proposer is not None and seq.num_tokens - computed == 1:
-                draft, probs = proposer.propose(seq, min(budget - 1, self.draft_lengths.limit(seq)))
+            draft, probs = drafts.get(seq.seq_id, ([], None))
+            if draft:
+                draft = draft[: budget - 1]
+                probs = None if probs is None else probs[: len(draft)]
                 num_new += len(draft)
             if -(-(computed + num_new) // block_size) > len(seq.block_table):
                 while not bm.can_append(seq, num_new):
@@ -183,6 +182,22 @@ class Scheduler:
             batch.num_new_tokens.append(num_new)
             budget -= num_new
         return batch
+
+    def _propose(self) -> dict[int, tuple[list[int], Any]]:
+        """seq_id -> the draft of each running sequence that decodes this step (cut to the budget
+        left when its turn comes); none while more than disable_by_batch_size are running."""
+        proposer = self.proposer
+        if proposer is None or len(self.running) > proposer.config.disable_by_batch_size:
+            return {}
+        decoding = [
+            seq
+            for seq in self.running
+            if not seq.last_token_sampled and seq.num_tokens - seq.num_computed_tokens == 1
+        ]
+        if not decoding:
+            return {}
+        proposals = proposer.propose(decoding, [self.draft_lengths.limit(seq) for seq in decoding])
+        return {seq.seq_id: proposal for seq, proposal in zip(decoding, proposals, strict=True)}
 
     def running_adapters(self) -> set[int]:
         """The lora_int_ids of the running sequences' adapters."""
