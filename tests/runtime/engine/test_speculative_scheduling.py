@@ -91,3 +91,37 @@ def test_no_sequence_drafts_while_more_than_disable_by_batch_size_run():
     scheduler.finish(seqs[2], "stop")
     batch = scheduler.schedule()
     assert sorted(batch.drafts) == [0, 1]
+
+
+class RecordingProposer:
+    config = SpeculativeConfig("ngram", 2, 2, 1)
+
+    def __init__(self):
+        self.freed = []
+
+    def propose(self, seqs, limits):
+        return [([], None)] * len(seqs)
+
+    def free(self, seq):
+        self.freed.append(seq.seq_id)
+
+
+def test_the_proposer_lets_go_of_preempted_and_finished_sequences():
+    """A draft model's cache holds a shadow of each sequence: preemption and the end of a sequence
+    (stop, length or abort) hand it back at once."""
+    bm = BlockManager(num_blocks=4, block_size=4)
+    proposer = RecordingProposer()
+    scheduler = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, proposer=proposer)
+    seqs = []
+    for i in range(2):
+        group = SequenceGroup(f"r{i}", PROMPT, SamplingParams(max_tokens=20), 0.0)
+        group.seqs = [Sequence(group, 0)]
+        seqs.append(group.seqs[0])
+        scheduler.add(seqs[-1])
+    scheduler.update(scheduler.schedule())  # both prompts: all four blocks
+    for seq in seqs:
+        seq.append_read_token(3)
+    scheduler.schedule()  # the first needs a fifth block: the second is preempted
+    assert proposer.freed == [seqs[1].seq_id]
+    scheduler.finish(seqs[0], "abort")
+    assert proposer.freed == [seqs[1].seq_id, seqs[0].seq_id]
