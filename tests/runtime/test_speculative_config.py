@@ -26,6 +26,23 @@ def test_vllms_ngram_config_reaches_the_engine_and_round_trips_as_a_flag():
     assert serve().speculative_config is None
 
 
+def test_a_draft_model_config_infers_its_method_and_round_trips():
+    config = serve("--speculative-config", '{"model": "smollm2-135m", "num_speculative_tokens": 3}')
+    draft = config.speculative_config
+    assert (draft.method, draft.model, draft.num_speculative_tokens) == ("draft_model", "smollm2-135m", 3)
+    assert draft.prompt_lookup_max is None
+    assert serve(*to_args(["speculative_config"], config)).speculative_config == draft
+    explicit = parse_speculative_config(
+        {
+            "method": "draft_model",
+            "model": "/models/d",
+            "num_speculative_tokens": 2,
+            "disable_by_batch_size": 16,
+        }
+    )
+    assert (explicit.model, explicit.disable_by_batch_size) == ("/models/d", 16)
+
+
 def test_lookup_bounds_default_as_in_vllm():
     assert parse_speculative_config({"method": "ngram", "num_speculative_tokens": 3}) == SpeculativeConfig(
         "ngram", 3, 5, 5
@@ -41,7 +58,16 @@ def test_lookup_bounds_default_as_in_vllm():
     [
         ('{"method": "lookahead", "num_speculative_tokens": 3}', "speculative_config.method"),
         ('{"method": "eagle", "num_speculative_tokens": 3}', "not supported yet"),
-        ('{"model": "meta-llama/Llama-3.2-1B", "num_speculative_tokens": 3}', "speculative_config.model"),
+        ('{"method": "ngram", "model": "draft", "num_speculative_tokens": 3}', "speculative_config.model"),
+        ('{"method": "draft_model", "num_speculative_tokens": 3}', "speculative_config.model"),
+        (
+            '{"model": "draft", "num_speculative_tokens": 3, "prompt_lookup_max": 3}',
+            "speculative_config.prompt_lookup_max",
+        ),
+        (
+            '{"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": 0}',
+            "speculative_config.disable_by_batch_size",
+        ),
         ('{"method": "ngram", "num_speculative_tokens": 0}', "speculative_config.num_speculative_tokens"),
         ('{"method": "ngram", "num_speculative_tokens": 17}', "speculative_config.num_speculative_tokens"),
         ('{"method": "ngram"}', "speculative_config.num_speculative_tokens is required"),

@@ -171,8 +171,9 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | None = setting(
         None,
         'vLLM\'s speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
-        '"prompt_lookup_max": 4}\': n-gram prompt lookup drafts tokens that one step verifies, the output '
-        "distribution unchanged (docs/architecture.md#speculative-decoding); default: off",
+        '"prompt_lookup_max": 4}\' or \'{"model": "<draft>", "num_speculative_tokens": 4}\': n-gram '
+        "prompt lookup or a draft model of the target's tokenizer drafts tokens that one step verifies, "
+        "the output distribution unchanged (docs/architecture.md#speculative-decoding); default: off",
         parse=parse_speculative_config,
     )
     seed: int = setting(

@@ -2,8 +2,12 @@
 
 `serve --speculative-config '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max":
 4}'` and `LLM(..., speculative_config={...})` take the same JSON object; `parse_speculative_config`
-checks it field by field and names the field a bad value is in. Only the n-gram prompt-lookup
-proposer exists so far: a draft model or an EAGLE head is refused, never ignored.
+checks it field by field and names the field a bad value is in. Two proposers run: n-gram prompt
+lookup (`"method": "ngram"`) and a draft model (`"model": "<name or path>"`, `"method":
+"draft_model"` optional, as vLLM infers it); EAGLE and the other heads are refused, never ignored.
+`disable_by_batch_size` (vLLM's speculative_disable_by_batch_size) switches speculation off for a
+step while more sequences than that are running: batching already amortizes the weight reads that
+speculation saves (the default is measured, BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -14,14 +18,17 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft_model")
 # Methods vLLM has that this runtime does not run yet: refused by name rather than as unknown.
-UNSUPPORTED_METHODS = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp")
+UNSUPPORTED_METHODS = ("eagle", "eagle3", "medusa", "mlp_speculator", "mtp")
 # Longer drafts are all but never accepted whole, and each drafted token costs a query position.
 MAX_SPECULATIVE_TOKENS = 16
 # vLLM's default window when neither prompt_lookup_min nor prompt_lookup_max is given.
 DEFAULT_PROMPT_LOOKUP = 5
-_FIELDS = ("method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
+# Above this many running sequences a step does not speculate (benchmarks/spec_decode.py on the CPU).
+DEFAULT_DISABLE_BY_BATCH_SIZE = 4
+_LOOKUP_FIELDS = ("prompt_lookup_max", "prompt_lookup_min")
+_FIELDS = ("method", "model", "num_speculative_tokens", *_LOOKUP_FIELDS, "disable_by_batch_size")
 
 
 class SpeculativeConfigError(ValueError, argparse.ArgumentTypeError):
@@ -32,13 +39,16 @@ class SpeculativeConfigError(ValueError, argparse.ArgumentTypeError):
 @dataclass(frozen=True)
 class SpeculativeConfig:
     method: str
-    num_speculative_tokens: int  # K: tokens drafted per step, all verified in one target step
-    prompt_lookup_max: int  # the longest n-gram looked up in the sequence's earlier tokens
-    prompt_lookup_min: int  # the shortest
+    num_speculative_tokens: int  # K: the most tokens drafted per step, all verified in one target step
+    prompt_lookup_max: int | None = None  # ngram: the longest n-gram looked up in earlier tokens
+    prompt_lookup_min: int | None = None  # ngram: the shortest
+    model: str | None = None  # draft_model: its name or path, with the target's vocabulary
+    # Speculation is off for a step while more sequences than this are running.
+    disable_by_batch_size: int = DEFAULT_DISABLE_BY_BATCH_SIZE
 
     def __str__(self) -> str:
         """The JSON --speculative-config takes, so that the flag round-trips (flags.to_args)."""
-        return json.dumps(asdict(self))
+        return json.dumps({k: v for k, v in asdict(self).items() if v is not None})
 
 
 def parse_speculative_config(value: str | Mapping[str, Any]) -> SpeculativeConfig:
@@ -54,17 +64,14 @@ def parse_speculative_config(value: str | Mapping[str, Any]) -> SpeculativeConfi
         raise SpeculativeConfigError(
             'speculative_config must be a JSON object such as {"method": "ngram", ...}'
         )
-    if "model" in value:
-        raise SpeculativeConfigError(
-            'speculative_config.model: draft models are not supported yet; use {"method": "ngram"}'
-        )
     unknown = sorted(set(value) - set(_FIELDS))
     if unknown:
         raise SpeculativeConfigError(
             f"speculative_config has unknown field(s) {', '.join(unknown)}; "
             f"the fields are {', '.join(_FIELDS)}"
         )
-    method = value.get("method")
+    # As vLLM: a draft model's method may be left out.
+    method = value.get("method", "draft_model" if "model" in value else None)
     if method in UNSUPPORTED_METHODS:
         raise SpeculativeConfigError(
             f"speculative_config.method {method!r} is not supported yet; use one of {', '.join(METHODS)}"
@@ -78,6 +85,18 @@ def parse_speculative_config(value: str | Mapping[str, Any]) -> SpeculativeConfi
         raise SpeculativeConfigError(
             f"speculative_config.num_speculative_tokens must be in [1, {MAX_SPECULATIVE_TOKENS}], got {k}"
         )
+    cutoff = _integer(value, "disable_by_batch_size", DEFAULT_DISABLE_BY_BATCH_SIZE)
+    if cutoff < 1:
+        raise SpeculativeConfigError(
+            f"speculative_config.disable_by_batch_size must be at least 1, got {cutoff}"
+        )
+    if method == "draft_model":
+        return _draft_model_config(value, k, cutoff)
+    if "model" in value:
+        raise SpeculativeConfigError(
+            'speculative_config.model names a draft model, which needs "method": "draft_model" '
+            f"(or no method), not {method!r}"
+        )
     # As vLLM: either bound alone sets both; neither gives the default window.
     lookup_max = _integer(value, "prompt_lookup_max", value.get("prompt_lookup_min", DEFAULT_PROMPT_LOOKUP))
     lookup_min = _integer(value, "prompt_lookup_min", lookup_max)
@@ -90,7 +109,23 @@ def parse_speculative_config(value: str | Mapping[str, Any]) -> SpeculativeConfi
             f"speculative_config.prompt_lookup_max ({lookup_max}) must be at least prompt_lookup_min "
             f"({lookup_min})"
         )
-    return SpeculativeConfig(method, k, lookup_max, lookup_min)
+    return SpeculativeConfig(method, k, lookup_max, lookup_min, disable_by_batch_size=cutoff)
+
+
+def _draft_model_config(value: Mapping[str, Any], k: int, cutoff: int) -> SpeculativeConfig:
+    model = value.get("model")
+    if not isinstance(model, str) or not model:
+        raise SpeculativeConfigError(
+            "speculative_config.model must name the draft model (a name or a path) for the "
+            f"draft_model method, got {model!r}"
+        )
+    lookup = [name for name in _LOOKUP_FIELDS if name in value]
+    if lookup:
+        raise SpeculativeConfigError(
+            f"speculative_config.{lookup[0]} applies to the ngram method only; "
+            "leave it out with a draft model"
+        )
+    return SpeculativeConfig("draft_model", k, model=model, disable_by_batch_size=cutoff)
 
 
 def _integer(value: Mapping[str, Any], name: str, default: Any) -> int:

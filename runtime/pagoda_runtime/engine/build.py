@@ -9,6 +9,7 @@ weights as loaded with sizing.py's prediction.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from functools import partial
@@ -16,12 +17,19 @@ from functools import partial
 from pagoda_runtime.contract.config import EngineConfig, ModelConfig
 from pagoda_runtime.contract.lora_modules import parse_lora_module
 from pagoda_runtime.contract.quantization_selection import cpu_vocab_dtype, select_quantization
-from pagoda_runtime.contract.sizing import check_tensor_parallel, weight_bytes
+from pagoda_runtime.contract.sizing import (
+    ModelArchitecture,
+    check_tensor_parallel,
+    kv_bytes_per_block,
+    weight_bytes,
+)
+from pagoda_runtime.contract.speculative import SpeculativeConfigError
 from pagoda_runtime.engine.block_manager import BlockManager
+from pagoda_runtime.engine.draft_model_proposer import DraftModelProposer, check_same_vocabulary
 from pagoda_runtime.engine.lora_manager import LoraManager
 from pagoda_runtime.engine.memory_report import MemoryReport
 from pagoda_runtime.engine.ngram_proposer import NgramProposer
-from pagoda_runtime.engine.scheduler import Scheduler
+from pagoda_runtime.engine.scheduler import Proposer, Scheduler
 from pagoda_runtime.engine.tokenizer import Tokenizer
 from pagoda_runtime.engine.window_block_manager import make_block_manager
 from pagoda_runtime.executor.devices import Placement, resolve_placement
@@ -69,39 +77,27 @@ def build_engine(
             f"configured for {engine_config.tensor_parallel_size}; start one process per rank"
         )
     placement = resolve_placement(engine_config.device, engine_config.dtype)
-    if loaded is None and engine_config.load_format == "dummy":
-        LOAD_PROGRESS.phase(f"drawing random weights of the {engine_config.model} shape")
-        loaded = random_model(engine_config.model, placement.device, placement.dtype, engine_config.seed)
-    elif loaded is None:
-        LOAD_PROGRESS.phase(f"reading the checkpoint {engine_config.model}")
-        loaded = load_model_source(engine_config.model, placement.dtype, keep_quantized=True)
-    quantization = select_quantization(
-        engine_config.quantization,
-        loaded.quantization,
-        placement.device.type,
-        engine_config.model,
-        engine_config.dtype,
-        loaded.gguf_block,
+    loaded, quantization = _load(
+        engine_config.model, engine_config.quantization, engine_config, placement, loaded
     )
-    if loaded.quantization is not None and quantization != loaded.quantization:
-        if engine_config.quantization == "auto":
-            logger.info(
-                "%s stores %s blocks (%s); on the %s with --dtype %s auto dequantizes them at load "
-                "(docs/architecture.md#quantization; --quantization %s keeps packed what has a layout)",
-                engine_config.model,
-                loaded.quantization,
-                loaded.gguf_block,
-                placement.device.type,
-                engine_config.dtype,
-                loaded.quantization,
-            )
-        loaded = loaded.dequantized(placement.dtype)
     # Before any weight is read: a model that does not split over the ranks fails in one sentence.
     arch = loaded.config.architecture
     sliced = check_tensor_parallel(arch, tp.size, quantization, loaded.group_size)
     limit = engine_config.max_model_len or arch.max_position_embeddings
+    draft = _load_draft(engine_config, placement, loaded, tp)
+    # A draft model's cache holds as many tokens as the target's: the KV budget is split in
+    # proportion to their bytes per token; the draft's weights, read after the target's cache is
+    # sized, are kept out of a budget measured from the GPU's memory.
+    kv_share, reserve = 1.0, 0
+    if draft is not None:
+        target_bytes = kv_bytes_per_block(sliced, engine_config.block_size)
+        draft_arch = draft[0].config.architecture
+        kv_share = target_bytes / (target_bytes + kv_bytes_per_block(draft_arch, engine_config.block_size))
+        reserve = _predicted_weight_bytes(draft[0], draft_arch, draft[1], engine_config, placement)
     weights = LOAD_PROGRESS.track(loaded.weights, len(weight_shapes(loaded.config)), arch.num_hidden_layers)
-    runner = ModelRunner(loaded.config, weights, engine_config, placement, limit, quantization, tp)
+    runner = ModelRunner(
+        loaded.config, weights, engine_config, placement, limit, quantization, tp, kv_share, reserve
+    )
     loras = None
     # Rank 0 alone serves adapters; it sends each to the others as it puts it in a device slot.
     if runner.lora_slots is not None and tp.is_driver:
@@ -129,24 +125,12 @@ def build_engine(
         max_model_len,
         engine_config.max_num_batched_tokens,
     )
-    memory = MemoryReport(
-        model=engine_config.model,
-        quantization=quantization,
-        dtype=placement.dtype_name,
-        kv_cache_dtype=runner.kv_cache_dtype_name,
-        weight_bytes=runner.weight_bytes,
-        predicted_weight_bytes=weight_bytes(
-            sliced,
-            quantization,
-            placement.dtype_name,
-            loaded.gguf_block,
-            cpu_vocab_dtype(placement.device.type, engine_config.dtype),
-        ),
-        kv_bytes_per_block=runner.kv_bytes_per_block,
-        block_size=engine_config.block_size,
-        num_kv_blocks=runner.num_blocks,
-        kv_cache_bytes=runner.kv_cache_bytes,
+    proposer, draft_memory = _proposer(engine_config, placement, draft, runner, max_model_len)
+    memory = _memory_report(
+        engine_config.model, runner, loaded, quantization, sliced, engine_config, placement
     )
+    if draft_memory is not None:
+        memory = dataclasses.replace(memory, draft=draft_memory)
     logger.info("memory: %s", memory.describe())
     parts = EngineParts(
         engine_config=engine_config,
@@ -160,9 +144,7 @@ def build_engine(
             block_manager,
             engine_config.max_num_seqs,
             engine_config.max_num_batched_tokens,
-            proposer=None
-            if engine_config.speculative_config is None
-            else NgramProposer(engine_config.speculative_config),
+            proposer=proposer,
             policy=engine_config.scheduling_policy,
             max_loras=engine_config.max_loras if engine_config.enable_lora else None,
         ),
@@ -196,6 +178,150 @@ def build_engine(
         layout,
     )
     return parts
+
+
+def _load(
+    model: str,
+    quantization_flag: str,
+    engine_config: EngineConfig,
+    placement: Placement,
+    loaded: LoadedModel | None = None,
+) -> tuple[LoadedModel, str]:
+    """The model's weights (or random ones of its shape, with load_format dummy) and the method
+    its projections are held in (quantization_selection.py)."""
+    if loaded is None and engine_config.load_format == "dummy":
+        LOAD_PROGRESS.phase(f"drawing random weights of the {model} shape")
+        loaded = random_model(model, placement.device, placement.dtype, engine_config.seed)
+    elif loaded is None:
+        LOAD_PROGRESS.phase(f"reading the checkpoint {model}")
+        loaded = load_model_source(model, placement.dtype, keep_quantized=True)
+    quantization = select_quantization(
+        quantization_flag,
+        loaded.quantization,
+        placement.device.type,
+        model,
+        engine_config.dtype,
+        loaded.gguf_block,
+    )
+    if loaded.quantization is not None and quantization != loaded.quantization:
+        if quantization_flag == "auto":
+            logger.info(
+                "%s stores %s blocks (%s); on the %s with --dtype %s auto dequantizes them at load "
+                "(docs/architecture.md#quantization; --quantization %s keeps packed what has a layout)",
+                model,
+                loaded.quantization,
+                loaded.gguf_block,
+                placement.device.type,
+                engine_config.dtype,
+                loaded.quantization,
+            )
+        loaded = loaded.dequantized(placement.dtype)
+    return loaded, quantization
+
+
+def _load_draft(
+    engine_config: EngineConfig, placement: Placement, target: LoadedModel, tp: TensorParallel
+) -> tuple[LoadedModel, str] | None:
+    """A draft model's weights and quantization, checked against the target's vocabulary; None
+    without one."""
+    config = engine_config.speculative_config
+    if config is None or config.method != "draft_model":
+        return None
+    if tp.size > 1:
+        raise SpeculativeConfigError(
+            "speculative_config.model: a draft model does not run with --tensor-parallel-size above 1 "
+            'yet; use {"method": "ngram"} or one GPU'
+        )
+    draft, quantization = _load(config.model, "auto", engine_config, placement)
+    check_same_vocabulary(target.config, target.tokenizer, draft.config, draft.tokenizer, config.model)
+    return draft, quantization
+
+
+def _proposer(
+    engine_config: EngineConfig,
+    placement: Placement,
+    draft: tuple[LoadedModel, str] | None,
+    target_runner: ModelRunner,
+    max_model_len: int,
+) -> tuple[Proposer | None, MemoryReport | None]:
+    """Speculative decoding's proposer and, for a draft model, the memory its weights and its own
+    KV cache take: a cache of the target's tokens and K more per sequence, in bytes."""
+    config = engine_config.speculative_config
+    if config is None:
+        return None, None
+    if draft is None:
+        return NgramProposer(config), None
+    loaded, quantization = draft
+    arch = loaded.config.architecture
+    tokens = target_runner.num_blocks * engine_config.block_size
+    tokens += engine_config.max_num_seqs * config.num_speculative_tokens
+    block_bytes = kv_bytes_per_block(arch, engine_config.block_size, target_runner.kv_cache_dtype_name)
+    budget = -(-tokens // engine_config.block_size) * block_bytes
+    draft_config = dataclasses.replace(
+        engine_config,
+        model=config.model,
+        quantization="auto",
+        kv_cache_memory=float(budget),
+        gpu_memory_utilization=None,
+        enable_lora=False,
+        speculative_config=None,
+    )
+    weights = LOAD_PROGRESS.track(loaded.weights, len(weight_shapes(loaded.config)), arch.num_hidden_layers)
+    runner = ModelRunner(loaded.config, weights, draft_config, placement, max_model_len, quantization)
+    block_manager = make_block_manager(
+        runner.pools,
+        engine_config.block_size,
+        runner.window,
+        False,
+        max_model_len,
+        engine_config.max_num_batched_tokens,
+    )
+    proposer = DraftModelProposer(
+        config, runner, block_manager, engine_config.max_num_batched_tokens, engine_config.seed
+    )
+    memory = _memory_report(config.model, runner, loaded, quantization, arch, draft_config, placement)
+    return proposer, memory
+
+
+def _memory_report(
+    model: str,
+    runner: ModelRunner,
+    loaded: LoadedModel,
+    quantization: str,
+    sliced: ModelArchitecture,
+    engine_config: EngineConfig,
+    placement: Placement,
+) -> MemoryReport:
+    return MemoryReport(
+        model=model,
+        quantization=quantization,
+        dtype=placement.dtype_name,
+        kv_cache_dtype=runner.kv_cache_dtype_name,
+        weight_bytes=runner.weight_bytes,
+        predicted_weight_bytes=_predicted_weight_bytes(
+            loaded, sliced, quantization, engine_config, placement
+        ),
+        kv_bytes_per_block=runner.kv_bytes_per_block,
+        block_size=engine_config.block_size,
+        num_kv_blocks=runner.num_blocks,
+        kv_cache_bytes=runner.kv_cache_bytes,
+    )
+
+
+def _predicted_weight_bytes(
+    loaded: LoadedModel,
+    sliced: ModelArchitecture,
+    quantization: str,
+    engine_config: EngineConfig,
+    placement: Placement,
+) -> int:
+    return weight_bytes(
+        sliced,
+        quantization,
+        placement.dtype_name,
+        loaded.gguf_block,
+        cpu_vocab_dtype(placement.device.type, engine_config.dtype),
+    )
 
 
 def _check_lora_settings(engine_config: EngineConfig) -> None:

@@ -10,8 +10,11 @@ once by engine_build.py; scoring a text is scoring.py.
 
 With speculative decoding (--speculative-config) a step may emit several tokens of a sequence:
 the ones of its draft the target accepted and the target's own after them. The proposer drafts
-from the tokens the host has read, so speculation runs with async scheduling off: each step's
-tokens are read before the next is scheduled.
+from the tokens the host has read, so a step that may speculate is not overlapped: its tokens are
+read before the next is scheduled. With async scheduling on (the default on a GPU), steps are
+overlapped only while more sequences run than the config's disable_by_batch_size, where none
+drafts; when the batch shrinks to that, the step in flight is read (`_drain`) and speculation
+resumes.
 """
 
 from __future__ import annotations
@@ -67,21 +70,17 @@ class LLMEngine:
         self.last_step_timing: StepTiming | None = None
         # Launch each step before reading the last one's tokens where the device runs apart from
         # the host; a CPU computes the forward in the launch itself, so there is nothing to hide.
-        speculative = engine_config.speculative_config is not None
-        if speculative and engine_config.async_scheduling:
-            raise ValueError(
-                "--async-scheduling cannot be combined with --speculative-config: drafts are made from "
-                "the tokens the host has read; leave --async-scheduling unset"
-            )
-        self.async_scheduling = (
-            self.runner.device.type == "cuda" and not speculative
+        speculative = engine_config.speculative_config
+        overlap = (
+            self.runner.device.type == "cuda"
             if engine_config.async_scheduling is None
             else engine_config.async_scheduling
         )
+        self.async_scheduling = overlap and speculative is None
+        # With speculation: steps overlap while more sequences run than this (none drafts then).
+        self.overlap_above = speculative.disable_by_batch_size if overlap and speculative else None
         self.spec_decode = (
-            SpecDecodeCounts.empty(engine_config.speculative_config.num_speculative_tokens)
-            if speculative
-            else None
+            None if speculative is None else SpecDecodeCounts.empty(speculative.num_speculative_tokens)
         )
         self._in_flight: LaunchedStep | None = None  # launched, its tokens not yet read
         self.num_failed_steps = 0  # steps that raised, whose requests fail_step ended
@@ -262,6 +261,11 @@ class LLMEngine:
         token more in the batch already launched, which is dropped, never streamed or counted."""
         if self.async_scheduling:
             return self._step_overlapped()
+        if self.overlap_above is not None:
+            if len(self.scheduler.running) > self.overlap_above:
+                return self._step_overlapped()
+            if self._in_flight is not None:
+                return self._drain()
         clock = StepClock()
         batch = self.scheduler.schedule()
         clock.lap("schedule")
@@ -275,8 +279,13 @@ class LLMEngine:
         clock.lap("append")
         outputs = self._emit(sampled)
         clock.lap("emit")
-        self._record(clock, launched)
+        self._record(clock, launched, overlapped=False)
         return outputs
+
+    def _drain(self) -> list[RequestOutput]:
+        """Read the step in flight without launching another: the next step may speculate."""
+        previous, self._in_flight = self._in_flight, None
+        return self._emit(self._append_tokens(previous, previous.wait()))
 
     def _step_overlapped(self) -> list[RequestOutput]:
         clock = StepClock()
@@ -299,7 +308,7 @@ class LLMEngine:
         outputs = self._emit(sampled)
         clock.lap("emit")
         if launched is not None:
-            self._record(clock, launched)
+            self._record(clock, launched, overlapped=True)
         return outputs
 
     def _launch(self, batch: ScheduledBatch, in_flight: LaunchedStep | None) -> LaunchedStep:
@@ -377,7 +386,7 @@ class LLMEngine:
             outputs.append(output)
         return outputs
 
-    def _record(self, clock: StepClock, launched: LaunchedStep) -> None:
+    def _record(self, clock: StepClock, launched: LaunchedStep, overlapped: bool) -> None:
         self.last_step_timing = clock.timing(
-            len(launched.batch), launched.shape, self.async_scheduling, prepare_s=self.runner.last_prepare_s
+            len(launched.batch), launched.shape, overlapped, prepare_s=self.runner.last_prepare_s
         )

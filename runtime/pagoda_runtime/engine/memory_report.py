@@ -25,13 +25,18 @@ class MemoryReport:
     # What every layer's cache occupies: sliding-window layers with a pool of their own hold fewer
     # blocks than num_kv_blocks (sizing.kv_pools); None: kv_bytes_per_block x num_kv_blocks.
     kv_cache_bytes: int | None = None
+    # A draft model's (speculative decoding): its weights and its own KV cache, reported alike.
+    draft: MemoryReport | None = None
 
     def __post_init__(self) -> None:
         if self.kv_cache_bytes is None:
             object.__setattr__(self, "kv_cache_bytes", self.kv_bytes_per_block * self.num_kv_blocks)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        report = asdict(self)
+        if self.draft is None:
+            del report["draft"]
+        return report
 
     def describe(self) -> str:
         return (
@@ -39,4 +44,5 @@ class MemoryReport:
             f"({self.weight_bytes} bytes; sizing predicts {self.predicted_weight_bytes}); KV cache "
             f"{self.kv_cache_dtype}, {self.kv_bytes_per_block} bytes per block of {self.block_size} tokens, "
             f"{self.num_kv_blocks} blocks ({self.kv_cache_bytes / MIB:.1f} MiB)"
+            + ("" if self.draft is None else f"; draft model {self.draft.describe()}")
         )

@@ -42,14 +42,28 @@ class NgramProposer:
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
 
-    def propose(self, seq: Sequence, most: int) -> list[int]:
-        """The draft of a decoding sequence whose tokens the host knows: at most `most` tokens (what
-        the step's budget leaves), none past its max_tokens or context (the target's own token
-        after an accepted draft is the last one), none for a grammar-constrained sample (its
+    def propose(self, seqs: list[Sequence], limits: list[int]) -> list[tuple[list[int], None]]:
+        """The drafts of decoding sequences whose tokens the host knows: at most each one's limit
+        of tokens, none past its max_tokens or context, none for a grammar-constrained sample (its
         grammar would have to vet every drafted token)."""
-        if seq.grammar is not None or seq.num_pending:
-            return []
-        k = min(self.config.num_speculative_tokens, most)
-        if seq.max_num_tokens is not None:
-            k = min(k, seq.max_num_tokens - seq.num_tokens - 1)
-        return ngram_lookup(seq.token_ids, k, self.config.prompt_lookup_max, self.config.prompt_lookup_min)
+        config = self.config
+        drafts = []
+        for seq, limit in zip(seqs, limits, strict=True):
+            k = draft_room(seq, min(config.num_speculative_tokens, limit))
+            if seq.grammar is not None or seq.num_pending:
+                k = 0
+            drafts.append(
+                (ngram_lookup(seq.token_ids, k, config.prompt_lookup_max, config.prompt_lookup_min), None)
+            )
+        return drafts
+
+    def free(self, seq: Sequence) -> None:
+        """A lookup keeps nothing per sequence."""
+
+
+def draft_room(seq: Sequence, k: int) -> int:
+    """How many of `k` draft tokens fit before the sequence's max_tokens or context: the target's own
+    token after an accepted draft is the last one."""
+    if seq.max_num_tokens is None:
+        return k
+    return min(k, seq.max_num_tokens - seq.num_tokens - 1)

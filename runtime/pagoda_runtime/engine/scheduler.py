@@ -11,9 +11,11 @@ its blocks are freed and it waits at the front of the queue to be recomputed lat
 sequence can therefore always take every block, and admission refuses any request that could not
 run alone, so the scheduler never deadlocks and never drops a request. Plain Python, no torch.
 
-With speculative decoding a decoding sequence may carry a draft (ngram_proposer.py): it costs
-1 + the draft's length of the budget, all verified in one step, and `accept` rolls it back to
-what the target accepted.
+With speculative decoding a decoding sequence may carry a draft (ngram_proposer.py,
+draft_model_proposer.py): it costs 1 + the draft's length of the budget, all verified in one step,
+and `accept` rolls it back to what the target accepted. Each sequence's draft length adapts to its
+acceptance (draft_length.py), and no sequence drafts in a step while more than the config's
+disable_by_batch_size are running.
 
 Under the priority policy the waiting and the running sequences are both kept in rank order
 (engine/priority.py: priority, then arrival, with ageing) instead: "oldest" above reads "best
@@ -29,11 +31,26 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
+from pagoda_runtime.contract.speculative import SpeculativeConfig
 from pagoda_runtime.engine.block_manager import BlockManager
-from pagoda_runtime.engine.ngram_proposer import NgramProposer
+from pagoda_runtime.engine.draft_length import DraftLengths
 from pagoda_runtime.engine.priority import rank
 from pagoda_runtime.engine.sequence import Sequence, SequenceStatus
+
+
+class Proposer(Protocol):
+    """What drafts tokens for speculative decoding (ngram_proposer.py, draft_model_proposer.py)."""
+
+    config: SpeculativeConfig
+
+    def propose(self, seqs: list[Sequence], limits: list[int]) -> list[tuple[list[int], Any]]:
+        """Per decoding sequence, up to its limit of draft tokens and the distributions q
+        [len(draft), vocab] they were drawn from (None: point masses)."""
+
+    def free(self, seq: Sequence) -> None:
+        """`seq` stopped running (finished, aborted or preempted): drop what the proposer holds for it."""
 
 
 @dataclass
@@ -42,6 +59,8 @@ class ScheduledBatch:
     num_new_tokens: list[int] = field(default_factory=list)  # per sequence, tokens computed this step
     # Index in `seqs` -> the draft tokens that sequence's step verifies after its last token.
     drafts: dict[int, list[int]] = field(default_factory=dict)
+    # Index in `seqs` -> the distributions a draft model drew that draft from (absent: point masses).
+    draft_probs: dict[int, Any] = field(default_factory=dict)
     # Per sequence, its LoRA adapter's device slot (-1: the base model), set by the engine once the
     # adapters are in slots; None when no sequence has an adapter.
     lora_slots: list[int] | None = None
@@ -71,7 +90,7 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         *,
-        proposer: NgramProposer | None = None,
+        proposer: Proposer | None = None,
         policy: str = "fcfs",
         max_loras: int | None = None,
     ) -> None:
@@ -79,6 +98,9 @@ class Scheduler:
         running at once (the device's slots), None without LoRA."""
         self.block_manager = block_manager
         self.proposer = proposer  # speculative decoding's, None when off
+        self.draft_lengths = (
+            None if proposer is None else DraftLengths(proposer.config.num_speculative_tokens)
+        )
         self.max_num_seqs = max_num_seqs
         self.max_loras = max_loras
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -111,6 +133,7 @@ class Scheduler:
         # still run): on a compute-bound device the step's time is its token count, and the urgent
         # request's first token waits for all of it.
         yields_prompts_below = _rank(self.waiting[0]) if reserved else None
+        drafts = self._propose()
         # Once per running sequence per step, so kept to plain arithmetic: a decode step needs a new
         # block only when its token starts one.
         for seq in list(self.running):
@@ -123,9 +146,10 @@ class Scheduler:
             if in_prompt and yields_prompts_below is not None and _rank(seq) > yields_prompts_below:
                 continue
             num_new = min(seq.num_tokens - computed, budget)
-            draft = None
-            if self.proposer is not None and seq.num_tokens - computed == 1:
-                draft = self.proposer.propose(seq, budget - 1)
+            draft, probs = drafts.get(seq.seq_id, ([], None))
+            if draft:
+                draft = draft[: budget - 1]
+                probs = None if probs is None else probs[: len(draft)]
                 num_new += len(draft)
             if -(-(computed + num_new) // block_size) > len(seq.block_table):
                 while not bm.can_append(seq, num_new):
@@ -139,6 +163,8 @@ class Scheduler:
                 bm.append(seq, num_new)
             if draft:
                 batch.drafts[len(seqs)] = draft
+                if probs is not None:
+                    batch.draft_probs[len(seqs)] = probs
             seqs.append(seq)
             new_tokens.append(num_new)
             budget -= num_new
@@ -164,6 +190,22 @@ class Scheduler:
             batch.num_new_tokens.append(num_new)
             budget -= num_new
         return batch
+
+    def _propose(self) -> dict[int, tuple[list[int], Any]]:
+        """seq_id -> the draft of each running sequence that decodes this step (cut to the budget
+        left when its turn comes); none while more than disable_by_batch_size are running."""
+        proposer = self.proposer
+        if proposer is None or len(self.running) > proposer.config.disable_by_batch_size:
+            return {}
+        decoding = [
+            seq
+            for seq in self.running
+            if not seq.last_token_sampled and seq.num_tokens - seq.num_computed_tokens == 1
+        ]
+        if not decoding:
+            return {}
+        proposals = proposer.propose(decoding, [self.draft_lengths.limit(seq) for seq in decoding])
+        return {seq.seq_id: proposal for seq, proposal in zip(decoding, proposals, strict=True)}
 
     def running_adapters(self) -> set[int]:
         """The lora_int_ids of the running sequences' adapters."""
@@ -234,6 +276,8 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.block_manager.free(seq)
+        if self.proposer is not None:
+            self.proposer.free(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -261,6 +305,7 @@ class Scheduler:
         seq.num_pending += num_accepted
         seq.num_computed_tokens -= num_draft - num_accepted
         self.block_manager.trim(seq)
+        self.draft_lengths.record(seq, num_draft, num_accepted)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """End a sequence (stopped, length or aborted) and free its blocks at once."""
@@ -271,5 +316,8 @@ class Scheduler:
         else:
             return
         self.block_manager.free(seq)
+        if self.proposer is not None:
+            self.proposer.free(seq)
+            self.draft_lengths.forget(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

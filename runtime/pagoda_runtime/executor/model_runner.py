@@ -138,9 +138,16 @@ class ModelRunner:
         max_model_len: int,
         quantization: str,
         tp: TensorParallel = SINGLE_PROCESS,
+        kv_share: float = 1.0,
+        reserve_bytes: int = 0,
     ) -> None:
         """quantization: the method the projections are built with (already checked against the
-        checkpoint by quantization_selection.py); tp: this process's rank."""
+        checkpoint by quantization_selection.py); tp: this process's rank; kv_share: the part of the
+        KV budget this cache takes; reserve_bytes: device memory taken after this cache is sized,
+        left out of a budget measured from the GPU's memory (a draft model's weights and cache take
+        both, engine/build.py)."""
+        self.kv_share = kv_share
+        self.reserve_bytes = reserve_bytes
         self.config = model_config
         self.tp = tp
         # This rank's KV cache holds only the KV heads its query heads read.
@@ -275,6 +282,7 @@ class ModelRunner:
     def _kv_pools(self, engine_config: EngineConfig) -> KVPools:
         rank_slice = self.config.architecture.per_rank(self.tp.size)
         budget = self._kv_budget(engine_config.kv_cache_memory, engine_config.gpu_memory_utilization)
+        budget = int(budget * self.kv_share)
         pools = kv_pools(
             rank_slice,
             budget,
@@ -313,12 +321,12 @@ class ModelRunner:
                 )
             free, total = torch.cuda.mem_get_info(self.device)
             # What is in use now (the weights, and anything else on the GPU) comes out of the share.
-            budget = int(total * gpu_memory_utilization) - (total - free)
+            budget = int(total * gpu_memory_utilization) - (total - free) - self.reserve_bytes
         elif kv_cache_memory > 1:
             budget = int(kv_cache_memory)
         elif self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
-            budget = int(free * kv_cache_memory)
+            budget = int((free - self.reserve_bytes) * kv_cache_memory)
         else:
             budget = CPU_KV_CACHE_BYTES
         if budget < 1:
@@ -363,6 +371,13 @@ class ModelRunner:
             launched.greedy,
             launched.drafts,
         )
+
+    @torch.inference_mode()
+    def forward_logits(self, batch: ScheduledBatch) -> torch.Tensor | None:
+        """The forward of `batch` and the float32 logits of its sequences that sample, unsampled
+        (None when none samples): a draft model's proposer draws from them itself."""
+        step, _ = self._prepare(batch, None)
+        return self.run(step)[0]
 
     @torch.inference_mode()
     def score(self, seq: Sequence) -> torch.Tensor:
@@ -524,7 +539,11 @@ class ModelRunner:
             k.removeprefix("sampler."): v for k, v in staged.items() if k.startswith("sampler.")
         }
         shape = StepShape.of(starts, news, row_seqs.shape[0])
-        drafts = Drafts([batch.drafts.get(i, []) for i in rows.tolist()]) if batch.drafts else None
+        drafts = None
+        if batch.drafts:
+            verifying = rows.tolist()
+            probs = [batch.draft_probs.get(i) for i in verifying] if batch.draft_probs else None
+            drafts = Drafts([batch.drafts.get(i, []) for i in verifying], probs)
         launched = LaunchedStep(
             batch, shape, row_seqs.tolist(), output_index, drafts, sampler_inputs=sampler_inputs
         )

@@ -8,8 +8,9 @@ min(1, p_j(x_j) / q_j(x_j)); at the first rejection the position is resampled fr
 max(0, p_j - q_j), normalized; when every draft token is accepted one more token is drawn from
 p_K. Whatever q is, each emitted token is then distributed exactly as the target would have
 sampled it (Leviathan et al., 2023; Chen et al., 2023). The n-gram proposer's q is a point mass
-(q(x) = 1): acceptance is p(x), the residual p without x. A greedy row's p is the point mass on
-its argmax, so greedy decoding keeps exactly the target's own tokens.
+(q(x) = 1): acceptance is p(x), the residual p without x. A draft model's q is the distribution it
+drew x from (engine/draft_model_proposer.py). A greedy row's p is the point mass on its argmax, so
+greedy decoding keeps exactly the target's own tokens.
 
 Rows are flat: sequence s owns widths[s] consecutive rows (its K drafted positions, then the
 bonus one); `draft_tokens` holds each row's draft token, -1 on the bonus rows.
@@ -18,6 +19,7 @@ bonus one); `draft_tokens` holds each row's draft token, -1 on the bonus rows.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,6 +31,8 @@ class Drafts:
     a sequence that does not speculate)."""
 
     tokens: list[list[int]]
+    # Per sequence, the q [len(draft), vocab] a draft model drew its draft from; None: point masses.
+    probs: list[Any] | None = None
 
     @property
     def widths(self) -> list[int]:
@@ -38,6 +42,19 @@ class Drafts:
     def row_tokens(self) -> list[int]:
         """Each row's draft token, -1 on the bonus rows."""
         return [t for draft in self.tokens for t in (*draft, -1)]
+
+    def row_probs(self, vocab: int, device: torch.device) -> torch.Tensor | None:
+        """Each row's q [rows, vocab] (zeros on the bonus rows), None where every draft is a point
+        mass (rejection_sample builds those from the tokens)."""
+        if self.probs is None or all(q is None for q in self.probs):
+            return None
+        rows = []
+        for draft, q in zip(self.tokens, self.probs, strict=True):
+            if q is None:
+                q = torch.zeros(len(draft), vocab, device=device)
+                q[torch.arange(len(draft)), torch.tensor(draft, dtype=torch.int64)] = 1.0
+            rows += [q.to(device=device, dtype=torch.float32), torch.zeros(1, vocab, device=device)]
+        return torch.cat(rows)
 
     def row_prefixes(self) -> list[list[int]]:
         """Each row's draft tokens before it: the history that row's distribution follows."""

@@ -269,12 +269,15 @@ class Sampler:
                 generator = self.generator
                 if p.seed is not None:
                     generator = torch.Generator().manual_seed(int(staged["seeds"][k]))
-                drawn_u[k] = torch.rand(1, generator=generator)
+                # The noise first, as _sample draws it: a seeded row that verifies no draft then
+                # races the same noise over the same p, and samples the token it would without.
                 drawn_noise[k].exponential_(generator=generator)
+                drawn_u[k] = torch.rand(1, generator=generator)
             uniform[random] = drawn_u.to(logits.device)
             noise[random] = drawn_noise.to(logits.device)
         draft_tokens = host_list_on(logits.device, drafts.row_tokens(), torch.int64)
-        return rejection_sample(target, draft_tokens, drafts.widths, uniform, noise)
+        draft_probs = drafts.row_probs(vocab, logits.device)
+        return rejection_sample(target, draft_tokens, drafts.widths, uniform, noise, draft_probs)
 
     def _penalize(
         self, logits: torch.Tensor, seqs: list[Sequence], output_index: list[int], prefixes: list[list[int]]

@@ -106,3 +106,74 @@ def test_the_target_distribution_follows_temperature_and_truncation():
     assert probs[0].tolist() == [1.0, 0.0, 0.0, 0.0]  # greedy: the argmax
     top_two = torch.softmax(torch.tensor([6.0, 4.0]), dim=0)
     assert torch.allclose(probs[1], torch.tensor([0.0, top_two[0], 0.0, top_two[1]]))
+
+
+class TinyDraft:
+    """A draft model over the same vocabulary whose distributions differ from the target's: it
+    draws its draft tokens from q, and the verifier is told q."""
+
+    def __init__(self, generator):
+        self.first = torch.softmax(2 * torch.randn(VOCAB, generator=generator), dim=0)
+        self.next = torch.softmax(2 * torch.randn(VOCAB, VOCAB, generator=generator), dim=1)
+
+
+def generate_two_from_a_draft(sample, target, draft, generator):
+    """As generate_two, but each step's two draft tokens are drawn from the draft's q (the second
+    given the first), and the verifier gets q; also the mean tokens the first step emitted."""
+    n = SAMPLES
+    x1 = torch.multinomial(draft.first.expand(n, VOCAB), 1, generator=generator)[:, 0]
+    x2 = torch.multinomial(draft.next[x1], 1, generator=generator)[:, 0]
+    rows = torch.stack([target.first.expand(n, VOCAB), target.next[x1], target.next[x2]], 1)
+    q = torch.stack([draft.first.expand(n, VOCAB), draft.next[x1], torch.zeros(n, VOCAB)], 1)
+    tokens, emitted = verify_with_q(sample, rows, torch.stack([x1, x2], 1), q, generator)
+    first, second = tokens[:, 0], tokens[:, 1].clone()
+    again = emitted == 1
+    more = torch.multinomial(draft.next[first[again]], 1, generator=generator)
+    rows = torch.stack([target.next[first[again]], target.next[more[:, 0]]], 1)
+    q = torch.stack([draft.next[first[again]], torch.zeros(len(more), VOCAB)], 1)
+    second[again] = verify_with_q(sample, rows, more, q, generator)[0][:, 0]
+    return first, second, emitted.float().mean()
+
+
+def without_residual_q(target, draft_tokens, widths, uniform, noise, draft_probs):
+    """min(1, p/q) with the draft's q, but a rejected position drawn from p instead of max(0, p - q)."""
+    drafted = draft_tokens >= 0
+    x = draft_tokens.clamp(min=0)[:, None]
+    p_x, q_x = target.gather(1, x)[:, 0], draft_probs.gather(1, x)[:, 0]
+    accepted = drafted & (uniform * q_x < p_x)
+    return torch.where(accepted, draft_tokens, (target / noise).argmax(dim=-1)), emitted_counts(
+        accepted, widths
+    )
+
+
+def point_masses(target, draft_tokens, widths, uniform, noise, draft_probs):
+    """The n-gram verifier's view of the same tokens: q(x) = 1."""
+    return rejection_sample(target, draft_tokens, widths, uniform, noise)
+
+
+def verify_with_q(sample, rows, drafts, q, generator):
+    n, width, vocab = rows.shape
+    draft_tokens = torch.cat([drafts, torch.full((n, 1), -1)], 1).reshape(-1)
+    uniform = torch.rand(n * width, generator=generator)
+    noise = torch.empty(n * width, vocab).exponential_(generator=generator)
+    tokens, emitted = sample(
+        rows.reshape(-1, vocab), draft_tokens, [width] * n, uniform, noise, q.reshape(-1, vocab)
+    )
+    return tokens.view(n, width), emitted
+
+
+def test_a_draft_models_q_keeps_the_target_distribution():
+    """A draft model's tokens come from its q: accepting them with min(1, p/q) and resampling
+    max(0, p - q) keeps p, and accepts more than treating them as point masses would (both are
+    lossless; q is what makes the draft pay); without the residual step the test fails."""
+    generator = torch.Generator().manual_seed(2)
+    target, draft = TinyTarget(generator), TinyDraft(generator)
+    assert (draft.first - target.first).abs().max() > 0.1  # q really differs from p
+    first, second, emitted = generate_two_from_a_draft(rejection_sample, target, draft, generator)
+    assert chi_square(first, target.first) < CRITICAL_FIRST
+    assert chi_square(first * VOCAB + second, target.joint()) < CRITICAL_JOINT
+    _, _, emitted_as_points = generate_two_from_a_draft(point_masses, target, draft, generator)
+    assert emitted > emitted_as_points
+    first, second, _ = generate_two_from_a_draft(without_residual_q, target, draft, generator)
+    assert chi_square(first, target.first) > CRITICAL_FIRST
+    assert chi_square(first * VOCAB + second, target.joint()) > CRITICAL_JOINT

@@ -138,6 +138,22 @@ def test_sliding_window_models_keep_greedy_outputs(tmp_path, variant):
     assert all_free(speculative)
 
 
-def test_async_scheduling_is_refused_with_speculation(folder):
-    with pytest.raises(ValueError, match="--async-scheduling cannot be combined with --speculative-config"):
-        make(folder, True, async_scheduling=True)
+def test_with_async_scheduling_steps_overlap_above_the_cut_off_and_speculate_below(folder, pair):
+    """Five sequences over a cut-off of two: overlapped steps without drafts while more than two
+    run, then the step in flight is read and the last ones speculate; the tokens are the target's."""
+    config = NGRAM | {"disable_by_batch_size": 2}
+    settings = dict(dtype="float32", device="cpu", block_size=4, max_num_batched_tokens=32)
+    llm = LLM(str(folder), speculative_config=config, async_scheduling=True, **settings)
+    engine = llm.engine
+    params = [SamplingParams(temperature=0.0, max_tokens=12 + 8 * i, ignore_eos=True) for i in range(5)]
+    for i, (prompt, p) in enumerate(zip(PROMPTS, params, strict=True)):
+        engine.add_request(str(i), prompt, p)
+    overlapped = []
+    while engine.has_unfinished():
+        engine.step()
+        if engine.last_step_timing is not None:
+            overlapped.append(engine.last_step_timing.overlapped)
+    assert True in overlapped and False in overlapped
+    assert engine.stats().spec_decode.num_drafts > 0
+    assert outputs(llm, PROMPTS, params) == outputs(pair[0], PROMPTS, params)
+    assert all_free(llm)

@@ -48,3 +48,80 @@ def test_the_budget_caps_the_draft():
     batch = scheduler.schedule()
     assert batch.drafts == {0: [1, 2]} and batch.num_new_tokens == [3]
     assert seq.num_computed_tokens == 8
+
+
+def test_the_draft_length_shrinks_on_rejections_and_grows_back_on_full_acceptance():
+    bm = BlockManager(num_blocks=32, block_size=4)
+    proposer = NgramProposer(SpeculativeConfig("ngram", 4, 3, 1))
+    scheduler = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, proposer=proposer)
+    seq = decoding(scheduler)
+    limits = []
+    # Two verify steps rejecting everything, then two accepting everything; the text stays "1 2 3"
+    # repeated, so the lookup always finds more than the limit.
+    for accepted_all in (False, False, True, True):
+        batch = scheduler.schedule()
+        draft = batch.drafts[0]
+        limits.append(len(draft))
+        scheduler.update(batch)
+        kept = len(draft) if accepted_all else 0
+        scheduler.accept(seq, len(draft), kept)
+        for _ in range(kept + 1):
+            seq.append_read_token(PROMPT[len(seq.token_ids) % 3])
+    assert limits == [4, 3, 2, 4]
+
+
+def test_no_sequence_drafts_while_more_than_disable_by_batch_size_run():
+    bm = BlockManager(num_blocks=64, block_size=4)
+    proposer = NgramProposer(SpeculativeConfig("ngram", 4, 3, 1, disable_by_batch_size=2))
+    scheduler = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, proposer=proposer)
+    seqs = []
+    for i in range(3):
+        group = SequenceGroup(f"r{i}", PROMPT, SamplingParams(max_tokens=20), 0.0)
+        group.seqs = [Sequence(group, 0)]
+        seqs.append(group.seqs[0])
+        scheduler.add(seqs[-1])
+    scheduler.update(scheduler.schedule())
+    for seq in seqs:
+        seq.append_read_token(3)
+    batch = scheduler.schedule()
+    assert batch.drafts == {} and batch.num_new_tokens == [1, 1, 1]
+    scheduler.update(batch)
+    for seq in seqs:
+        seq.append_read_token(1)
+    scheduler.finish(seqs[2], "stop")
+    batch = scheduler.schedule()
+    assert sorted(batch.drafts) == [0, 1]
+
+
+class RecordingProposer:
+    config = SpeculativeConfig("ngram", 2, 2, 1)
+
+    def __init__(self):
+        self.freed = []
+
+    def propose(self, seqs, limits):
+        return [([], None)] * len(seqs)
+
+    def free(self, seq):
+        self.freed.append(seq.seq_id)
+
+
+def test_the_proposer_lets_go_of_preempted_and_finished_sequences():
+    """A draft model's cache holds a shadow of each sequence: preemption and the end of a sequence
+    (stop, length or abort) hand it back at once."""
+    bm = BlockManager(num_blocks=4, block_size=4)
+    proposer = RecordingProposer()
+    scheduler = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, proposer=proposer)
+    seqs = []
+    for i in range(2):
+        group = SequenceGroup(f"r{i}", PROMPT, SamplingParams(max_tokens=20), 0.0)
+        group.seqs = [Sequence(group, 0)]
+        seqs.append(group.seqs[0])
+        scheduler.add(seqs[-1])
+    scheduler.update(scheduler.schedule())  # both prompts: all four blocks
+    for seq in seqs:
+        seq.append_read_token(3)
+    scheduler.schedule()  # the first needs a fifth block: the second is preempted
+    assert proposer.freed == [seqs[1].seq_id]
+    scheduler.finish(seqs[0], "abort")
+    assert proposer.freed == [seqs[1].seq_id, seqs[0].seq_id]
