@@ -19,7 +19,7 @@ from pagoda_runtime.contract.names import REQUESTS_WAITING
 from pagoda_runtime.contract.serve_settings import LOG_FORMATS, ServerSettings
 from pagoda_runtime.contract.sizing import ModelArchitecture
 from pagoda_runtime.contract.sources import COMMIT_PATTERN
-from pagoda_runtime.contract.speculative import MAX_SPECULATIVE_TOKENS
+from pagoda_runtime.contract.speculative import MAX_SPECULATIVE_TOKENS, METHODS
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
@@ -44,7 +44,7 @@ Quantization = Literal[QUANTIZATION_CHOICES]
 KvCacheDtype = Literal[KV_CACHE_DTYPES]
 Dtype = Literal[DTYPES]
 # The proposers a variant can ask for, under vLLM's method names.
-SpeculativeMethod = Literal["ngram", "draft_model"]
+SpeculativeMethod = Literal[METHODS]
 LogFormat = Literal[LOG_FORMATS]
 
 # Adapter slots per GPU unless runtime.maxLoras says: a few tenants' adapters in one step, where the

@@ -155,6 +155,8 @@ def test_a_cached_draft_is_downloaded_and_mounted_as_the_model_is():
         "num_speculative_tokens": 4,
         "model": replica_model_path(DRAFT_MOUNT),
     }
+    parsed = parse_speculative_config(json.dumps(_speculative_config(pod)))
+    assert (parsed.method, parsed.model) == ("draft_model", replica_model_path(DRAFT_MOUNT))
     volume = next(v for v in pod["volumes"] if v["name"] == "draft")
     assert volume["persistentVolumeClaim"] == {"claimName": ref.name, "readOnly": True}
     mounts = pod["containers"][0]["volumeMounts"]
