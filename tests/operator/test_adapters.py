@@ -348,6 +348,18 @@ def test_a_new_revision_replaces_the_old_one_only_once_it_is_copied():
         assert runtime.adapters == {"sql": "/adapters/b/model"}
 
 
+def test_a_restarted_operator_reads_the_revisions_the_pod_serves():
+    """An operator restarted with no memory of its loads keeps what is current, replaces what is old."""
+    with FakeRuntime() as runtime:
+        sync_pod("p1", runtime.url, {"sql": "/adapters/a/model", "tone": "/adapters/b/model"}, PodMemory())
+        runtime.calls.clear()
+        wanted = {"sql": "/adapters/a/model", "tone": "/adapters/c/model"}
+        found = sync_pod("p1", runtime.url, wanted, PodMemory())
+        assert runtime.calls == [("/v1/unload_lora_adapter", "tone"), ("/v1/load_lora_adapter", "tone")]
+        assert runtime.adapters == {"sql": "/adapters/a/model", "tone": "/adapters/c/model"}
+        assert found.served == {"sql", "tone"}
+
+
 def test_an_adapter_loaded_by_hand_is_unloaded_and_a_refusal_is_not_asked_again():
     refusal = "LoRA adapter 'sql': has rank 64, above --max-lora-rank 16; start the server with a larger one"
     with FakeRuntime(refuse={"/adapters/a/model": refusal}) as runtime:
