@@ -14,11 +14,11 @@ from pydantic import ValidationError
 from pagoda_operator import adapter_cache, adapter_loading
 from pagoda_operator.adapter_cache import AdapterDownload
 from pagoda_operator.adapter_loading import PodAdapters, PodMemory
-from pagoda_operator.inference_service import parse
+from pagoda_operator.inference_service import namespace_services, parse
 from pagoda_operator.kube import Kube
 from pagoda_operator.leader_worker_set import LABEL_WORKER_INDEX
 from pagoda_operator.model_cache import DOWNLOAD_CONTAINER, JobPlacement
-from pagoda_operator.models import GROUP, PLURAL, VERSION, AdapterStatus, InferenceServiceSpec
+from pagoda_operator.models import AdapterStatus, InferenceServiceSpec
 from pagoda_operator.names import LABEL_VARIANT, PORT, child_selector
 from pagoda_operator.render import POD_SECURITY, pod_tolerations
 
@@ -155,12 +155,8 @@ def forget(namespace: str, name: str) -> None:
 
 def adapter_users(k: Kube, namespace: str, key: str) -> list[tuple[str, InferenceServiceSpec]]:
     """The InferenceServices of the namespace that declare the adapter revision `key`."""
-    users = []
-    for item in k.request("GET", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}").get("items", []):
-        try:
-            spec = parse(item)
-        except (ValidationError, ValueError):
-            continue
-        if any(adapter_cache.adapter_ref(a).key == key for a in spec.adapters):
-            users.append((item["metadata"]["name"], spec))
-    return users
+    return [
+        (name, spec)
+        for name, spec in namespace_services(k, namespace)
+        if any(adapter_cache.adapter_ref(a).key == key for a in spec.adapters)
+    ]

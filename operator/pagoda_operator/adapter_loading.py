@@ -1,6 +1,8 @@
 """The adapters of spec.adapters in the running pods: loaded and unloaded through the runtime's API, as
 vLLM's clients do it (POST /v1/load_lora_adapter {lora_name, lora_path}, POST /v1/unload_lora_adapter
-{lora_name}), and read back from GET /v1/models, whose card of an adapter names its parent.
+{lora_name}), and read back from GET /v1/models, whose card of an adapter names its parent and, as
+`root`, the path it was loaded from: the cache path holds the revision, so the pod itself says which
+revision it serves, and an operator restarted with nothing in memory replaces only outdated copies.
 
 The pod template never lists the adapters (render.py renders only --enable-lora and the limits), so
 declaring or removing one restarts nothing: each ready pod is brought to the declared set, a new pod
@@ -55,11 +57,12 @@ def _call(url: str, body: dict | None, timeout: float) -> bytes:
         raise PodUnreachable(f"{url} did not answer: {exc}") from exc
 
 
-def served_adapters(base_url: str) -> set[str]:
-    """The adapters the pod serves: the cards of GET /v1/models that name a parent."""
+def served_adapters(base_url: str) -> dict[str, str]:
+    """The adapters the pod serves, name -> the path each was loaded from: the cards of GET
+    /v1/models that name a parent, with their root."""
     try:
         cards = json.loads(_call(f"{base_url}/v1/models", None, READ_TIMEOUT_S))["data"]
-        return {card["id"] for card in cards if card.get("parent")}
+        return {card["id"]: card["root"] for card in cards if card.get("parent")}
     except (ValueError, KeyError, TypeError) as exc:
         raise PodUnreachable(f"{base_url}/v1/models is not a model list: {exc}") from exc
     except Refused as exc:
@@ -80,11 +83,9 @@ def unload_adapter(base_url: str, name: str) -> None:
 
 @dataclass
 class PodMemory:
-    """What the operator did in one pod (kept while the pod lives): the path it loaded each adapter
-    from, so that a new revision of an adapter replaces the old, and the loads the runtime refused,
-    which are not asked again."""
+    """The loads the runtime refused in one pod (kept while the pod lives), which are not asked
+    again; a restarted operator asks once more and hears the same reason."""
 
-    loaded: dict[str, str] = field(default_factory=dict)
     refused: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
@@ -106,14 +107,13 @@ def sync_pod(
     under those names stays until the new copy replaces it."""
     try:
         served = served_adapters(base_url)
-        for name in sorted(served):
+        for name, loaded_from in sorted(served.items()):
             if name in keep and name not in wanted:
                 continue
-            # Not declared, or declared from another revision than the one this pod loaded.
-            if name not in wanted or memory.loaded.get(name, wanted[name]) != wanted[name]:
+            # Not declared, or loaded from another revision's copy (or by hand, from elsewhere).
+            if wanted.get(name) != loaded_from:
                 unload_adapter(base_url, name)
-                served.discard(name)
-                memory.loaded.pop(name, None)
+                del served[name]
         refused = {}
         for name, path in sorted(wanted.items()):
             if name in served:
@@ -126,8 +126,7 @@ def sync_pod(
             except Refused as exc:
                 refused[name] = memory.refused[(name, path)] = str(exc)
                 continue
-            served.add(name)
-            memory.loaded[name] = path
+            served[name] = path
     except (PodUnreachable, Refused) as exc:
         return PodAdapters(pod, unreachable=str(exc))
     return PodAdapters(pod, frozenset(served), refused)

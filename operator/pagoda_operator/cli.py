@@ -11,6 +11,7 @@ import kopf
 from prometheus_client import start_http_server
 
 from pagoda_operator import settings
+from pagoda_operator.names import DEFAULT_OPERATOR_NAMESPACE
 
 PEERING_NAME = "pagoda-operator"
 
@@ -91,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
             runtime_image=args.runtime_image,
             service_monitor_labels=dict(args.service_monitor_label),
             namespaces=tuple(args.namespace),
+            # The downward API's metadata.namespace (charts/pagoda, manifests/).
+            operator_namespace=os.environ.get("POD_NAMESPACE") or DEFAULT_OPERATOR_NAMESPACE,
         )
     )
     from pagoda_operator import handlers  # importing registers the handlers with kopf

@@ -115,22 +115,24 @@ def adapter_job_changed(namespace, labels, **_) -> None:
 _CACHE_PROGRESS_STOP = threading.Event()
 
 
+def _repeat_in_background(work, name: str, failure: str) -> None:
+    """`work` every CACHE_PROGRESS_SECONDS in a thread of its own until cleanup."""
+    args = (work, resync.CACHE_PROGRESS_SECONDS, _CACHE_PROGRESS_STOP, failure)
+    threading.Thread(target=resync.repeat, args=args, name=name, daemon=True).start()
+
+
 @kopf.on.startup()
 def start_cache_progress(**_) -> None:
-    args = (
+    _repeat_in_background(
         resync.refresh_downloading,
-        resync.CACHE_PROGRESS_SECONDS,
-        _CACHE_PROGRESS_STOP,
+        "cache-progress",
         "Refreshing model cache progress failed with an exception",
     )
-    threading.Thread(target=resync.repeat, args=args, name="cache-progress", daemon=True).start()
-    args = (
+    _repeat_in_background(
         resync.sync_unsettled_adapters,
-        resync.CACHE_PROGRESS_SECONDS,
-        _CACHE_PROGRESS_STOP,
+        "adapter-sync",
         "Loading LoRA adapters into pods failed with an exception",
     )
-    threading.Thread(target=resync.repeat, args=args, name="adapter-sync", daemon=True).start()
 
 
 @kopf.on.cleanup()

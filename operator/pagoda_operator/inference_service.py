@@ -8,8 +8,9 @@ from types import MappingProxyType
 
 from pydantic import ValidationError
 
+from pagoda_operator.kube import Kube
 from pagoda_operator.model_cache import CacheStatus
-from pagoda_operator.models import InferenceServiceSpec
+from pagoda_operator.models import GROUP, PLURAL, VERSION, InferenceServiceSpec
 from pagoda_operator.names import NAME_RULES
 from pagoda_operator.plan import ServicePlan, plan_service
 from pagoda_operator.rules import enforce
@@ -23,6 +24,18 @@ def ids(body) -> tuple[str, str, str, int]:
 def parse(body) -> InferenceServiceSpec:
     enforce(body["metadata"]["name"], NAME_RULES)
     return InferenceServiceSpec.model_validate(dict(body.get("spec") or {}))
+
+
+def namespace_services(k: Kube, namespace: str) -> list[tuple[str, InferenceServiceSpec]]:
+    """Every InferenceService of the namespace whose spec is valid, by name: what shares the
+    namespace's caches (an invalid one is reported by its own reconcile)."""
+    services = []
+    for item in k.request("GET", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}").get("items", []):
+        try:
+            services.append((item["metadata"]["name"], parse(item)))
+        except (ValidationError, ValueError):
+            continue
+    return services
 
 
 def error_text(exc: ValidationError | ValueError) -> str:

@@ -4,13 +4,11 @@ model_cache.py's (pure); this module makes the calls."""
 
 from __future__ import annotations
 
-from pydantic import ValidationError
-
 from pagoda_operator import model_cache
-from pagoda_operator.inference_service import parse
+from pagoda_operator.inference_service import namespace_services
 from pagoda_operator.kube import Kube
 from pagoda_operator.model_cache import CacheStatus
-from pagoda_operator.models import GROUP, PLURAL, VERSION, InferenceServiceSpec
+from pagoda_operator.models import InferenceServiceSpec
 from pagoda_operator.render import POD_SECURITY, pod_tolerations
 
 
@@ -59,13 +57,11 @@ def ensure_draft_caches(k: Kube, spec: InferenceServiceSpec, namespace: str) -> 
 def cache_users(k: Kube, namespace: str, key: str) -> list[str]:
     """The InferenceServices of the namespace whose model or a draft model is the cache (or sizing Job)
     `key`."""
-    users = []
-    for item in k.request("GET", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}").get("items", []):
-        try:
-            spec = parse(item)
-        except (ValidationError, ValueError):
-            continue
-        models = (spec, *model_cache.draft_specs(spec).values())
-        if any((ref := model_cache.job_ref(m)) is not None and ref.key == key for m in models):
-            users.append(item["metadata"]["name"])
-    return users
+    return [
+        name
+        for name, spec in namespace_services(k, namespace)
+        if any(
+            (ref := model_cache.job_ref(m)) is not None and ref.key == key
+            for m in (spec, *model_cache.draft_specs(spec).values())
+        )
+    ]

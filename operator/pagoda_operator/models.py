@@ -181,23 +181,37 @@ class S3Spec(Spec):
     )
 
 
-class ModelSourceSpec(Spec):
-    """Where a model comes from and how it is sized: the served model's and a draft model's."""
-
-    RULES = (
+def _remote_source_rules(owner: str, noun: str) -> tuple[Rule, ...]:
+    """The rules of the fields an hf:// or s3:// source takes (source, revision, tokenSecretRef,
+    hubEndpoint, s3), of a model and of an adapter alike; `owner` and `noun` name the object in the
+    messages ("an adapter's " and "adapter")."""
+    return (
         Rule(
             "self.source.startsWith('hf://') || (!has(self.tokenSecretRef) && !has(self.revision) "
             "&& !has(self.hubEndpoint))",
             lambda m: (
                 m.source.startswith("hf://") or not (m.token_secret_ref or m.revision or m.hub_endpoint)
             ),
-            "tokenSecretRef, revision and hubEndpoint apply only to hf:// sources",
+            f"{owner}tokenSecretRef, revision and hubEndpoint apply only to hf:// sources",
         ),
         Rule(
             "!self.source.startsWith('hf://') || has(self.revision)",
             lambda m: not m.source.startswith("hf://") or m.revision is not None,
-            "an hf:// source needs revision: the 40-character commit id the cache is filled from",
+            f"an hf:// {noun} needs revision: the 40-character commit id the cache is filled from",
         ),
+        Rule(
+            "self.source.startsWith('s3://') || !has(self.s3)",
+            lambda m: m.source.startswith("s3://") or m.s3 is None,
+            f"{owner}s3 applies only to s3:// sources",
+        ),
+    )
+
+
+class ModelSourceSpec(Spec):
+    """Where a model comes from and how it is sized: the served model's and a draft model's."""
+
+    RULES = (
+        *_remote_source_rules("", "source"),
         Rule(
             "self.source.startsWith('hf://') || "
             "((!has(self.allowPatterns) || self.allowPatterns.size() == 0) "
@@ -210,11 +224,6 @@ class ModelSourceSpec(Spec):
             "self.allowPatterns.size() == 0",
             lambda m: not (re.match(r"^hf://[^/]+/[^/]+/", m.source) and m.allow_patterns),
             "an hf://org/name/file.gguf source names its one file already: drop allowPatterns",
-        ),
-        Rule(
-            "self.source.startsWith('s3://') || !has(self.s3)",
-            lambda m: m.source.startswith("s3://") or m.s3 is None,
-            "s3 applies only to s3:// sources",
         ),
         Rule(
             "self.source.startsWith('hf://') || self.source.startsWith('s3://') || !has(self.cache)",
@@ -316,26 +325,7 @@ ADAPTER_NAME = r"^[A-Za-z0-9]([-A-Za-z0-9_.:/]*[A-Za-z0-9])?$"
 
 
 class AdapterSpec(Spec):
-    RULES = (
-        Rule(
-            "self.source.startsWith('hf://') || (!has(self.tokenSecretRef) && !has(self.revision) "
-            "&& !has(self.hubEndpoint))",
-            lambda a: (
-                a.source.startswith("hf://") or not (a.token_secret_ref or a.revision or a.hub_endpoint)
-            ),
-            "an adapter's tokenSecretRef, revision and hubEndpoint apply only to hf:// sources",
-        ),
-        Rule(
-            "!self.source.startsWith('hf://') || has(self.revision)",
-            lambda a: not a.source.startswith("hf://") or a.revision is not None,
-            "an hf:// adapter needs revision: the 40-character commit id the cache is filled from",
-        ),
-        Rule(
-            "self.source.startsWith('s3://') || !has(self.s3)",
-            lambda a: a.source.startswith("s3://") or a.s3 is None,
-            "an adapter's s3 applies only to s3:// sources",
-        ),
-    )
+    RULES = _remote_source_rules("an adapter's ", "adapter")
 
     name: str = Field(
         pattern=ADAPTER_NAME,

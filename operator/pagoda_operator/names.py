@@ -18,6 +18,13 @@ LABEL_VARIANT = f"{GROUP}/variant"
 LABEL_MODEL_CACHE = f"{GROUP}/model-cache"
 # On each adapter's download Job into the namespace's adapter cache (see adapter_cache.py).
 LABEL_ADAPTER_CACHE = f"{GROUP}/adapter-cache"
+# The operator's own pods (charts/pagoda and manifests/ label them so): the NetworkPolicy of a
+# service with adapters admits them, since the operator loads adapters through the runtime's API.
+OPERATOR_POD_LABELS = {"app.kubernetes.io/name": "pagoda-operator"}
+# The label Kubernetes sets on every namespace to its name, for selecting one namespace.
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+# Where the operator runs when it is not told ($POD_NAMESPACE): the namespace of manifests/.
+DEFAULT_OPERATOR_NAMESPACE = "pagoda-system"
 # The InferenceService's name is its Service's name and a label value: a DNS-1035 label.
 MAX_NAME_LENGTH = 63
 _HASH_LENGTH = 6

@@ -178,6 +178,7 @@ def reconcile(k: Kube, body, *, announce: bool) -> None:
     options = RenderOptions(
         runtime_image=operator_settings.runtime_image,
         service_monitor_labels=tuple(sorted(operator_settings.service_monitor_labels.items())),
+        operator_namespace=operator_settings.operator_namespace,
     )
     try:
         cache = ensure_model_cache(k, with_runtime_image(spec, options), namespace)

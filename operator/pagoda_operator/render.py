@@ -31,7 +31,10 @@ from pagoda_operator import adapter_cache, model_cache
 from pagoda_operator.leader_worker_set import LEADER_SELECTOR, LWS_API_VERSION, LWS_KIND, leader_worker_set
 from pagoda_operator.models import GROUP, KIND, VERSION, InferenceServiceSpec, ModelSpec, VariantSpec
 from pagoda_operator.names import (
+    DEFAULT_OPERATOR_NAMESPACE,
     LABEL_VARIANT,
+    NAMESPACE_NAME_LABEL,
+    OPERATOR_POD_LABELS,
     PORT,
     labels,
     selector_labels,
@@ -63,6 +66,7 @@ class RenderOptions:
     service_monitor: bool = False  # whether the monitoring.coreos.com CRD exists
     runtime_image: str = DEFAULT_RUNTIME_IMAGE  # for a spec that names none (settings.py)
     service_monitor_labels: tuple[tuple[str, str], ...] = ()
+    operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE  # whose operator pods load adapters
 
 
 def with_runtime_image(spec: InferenceServiceSpec, options: RenderOptions) -> InferenceServiceSpec:
@@ -560,12 +564,18 @@ def _service_monitor(spec, extra_labels: dict[str, str], *, namespace, name, uid
     }
 
 
-def _network_policy(spec, *, namespace, name, uid) -> dict:
+def _network_policy(spec, operator_namespace: str, *, namespace, name, uid) -> dict:
     policy = spec.network_policy
     clients = [{"podSelector": {"matchLabels": dict(policy.client_pod_labels)}}]
     if policy.client_namespace_labels is not None:
         clients.append({"namespaceSelector": {"matchLabels": dict(policy.client_namespace_labels)}})
     prometheus = {"namespaceSelector": {"matchLabels": dict(policy.prometheus_namespace_labels)}}
+    # The operator loads and unloads adapters through the runtime's API (adapter_loading.py).
+    operator = {
+        "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: operator_namespace}},
+        "podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)},
+    }
+    http_clients = [*clients, prometheus, *([operator] if spec.lora_enabled else [])]
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -574,7 +584,7 @@ def _network_policy(spec, *, namespace, name, uid) -> dict:
             "podSelector": {"matchLabels": selector_labels(name)},
             "policyTypes": ["Ingress"],
             "ingress": [
-                {"from": [*clients, prometheus], "ports": [{"protocol": "TCP", "port": PORT}]},
+                {"from": http_clients, "ports": [{"protocol": "TCP", "port": PORT}]},
                 # The ranks of a group in several pods reach each other on the distributed port
                 # and on the ports NCCL or gloo pick at run time.
                 *(
@@ -610,7 +620,7 @@ def render(plan: ServicePlan, *, namespace: str, name: str, uid: str, options: R
         if variant_plan.autoscales:
             objects.append(_hpa(spec, variant, **ids))
     if spec.network_policy.enabled:
-        objects.append(_network_policy(spec, **ids))
+        objects.append(_network_policy(spec, options.operator_namespace, **ids))
     if options.service_monitor and spec.monitoring.service_monitor:
         objects.append(_service_monitor(spec, dict(options.service_monitor_labels), **ids))
     return objects

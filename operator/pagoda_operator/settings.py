@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pagoda_operator.names import DEFAULT_OPERATOR_NAMESPACE
+
 # The runtime image of an InferenceService that names none. Held by the operator, not stored in
 # each object, so that upgrading the operator (its --runtime-image) moves every such runtime.
 DEFAULT_RUNTIME_IMAGE = "pagoda-runtime:0.1.0"
@@ -18,6 +20,8 @@ class OperatorSettings:
     service_monitor_labels: dict[str, str] = field(default_factory=dict)
     # The namespaces watched (--namespace, globs allowed); none: every namespace.
     namespaces: tuple[str, ...] = ()
+    # The operator's own namespace, whose operator pods a service's NetworkPolicy admits.
+    operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
 
 
 _current = OperatorSettings()

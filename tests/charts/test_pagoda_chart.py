@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pagoda_operator.names import OPERATOR_POD_LABELS
 
 from tests.repo_modules import ROOT, controlplane
 
@@ -144,6 +145,16 @@ def test_values_become_operator_flags():
     assert "--namespace=team-a" in args and "--namespace=team-b" in args
     assert "--all-namespaces" not in args
     assert "--resync-seconds=60" in args
+
+
+@pytest.mark.parametrize("install", ["helm", "kustomize"])
+def test_the_operator_pods_are_those_a_service_network_policy_admits(install):
+    """A NetworkPolicy of a service with adapters admits OPERATOR_POD_LABELS in $POD_NAMESPACE."""
+    objects = helm_template() if install == "helm" else kustomize(ROOT / "manifests")
+    deployment = by_identity(objects)[("Deployment", "pagoda-operator")]
+    assert OPERATOR_POD_LABELS.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    (namespace,) = [e for e in operator_container(objects)["env"] if e["name"] == "POD_NAMESPACE"]
+    assert namespace["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
 
 
 def test_crds_can_be_left_out_or_deleted_with_the_release():

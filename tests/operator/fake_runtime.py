@@ -1,6 +1,7 @@
 """A stand-in for the runtime's LoRA API on loopback, with vLLM's bodies and status codes: GET
-/v1/models (adapters carry their parent), POST /v1/load_lora_adapter (400 for a name already served
-or a folder it refuses), POST /v1/unload_lora_adapter (404 for a name not served)."""
+/v1/models (adapters carry their parent and, as root, the path they were loaded from), POST
+/v1/load_lora_adapter (400 for a name already served or a folder it refuses), POST
+/v1/unload_lora_adapter (404 for a name not served)."""
 
 from __future__ import annotations
 
@@ -36,8 +37,11 @@ class FakeRuntime:
                 self._answer(code, {"error": {"message": message, "type": "BadRequestError", "code": code}})
 
             def do_GET(self) -> None:
-                cards = [{"id": BASE, "object": "model", "parent": None}]
-                cards += [{"id": name, "object": "model", "parent": BASE} for name in runtime.adapters]
+                cards = [{"id": BASE, "object": "model", "root": f"/models/{BASE}", "parent": None}]
+                cards += [
+                    {"id": name, "object": "model", "root": path, "parent": BASE}
+                    for name, path in runtime.adapters.items()
+                ]
                 self._answer(200, {"object": "list", "data": cards})
 
             def do_POST(self) -> None:

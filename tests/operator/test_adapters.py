@@ -117,6 +117,27 @@ def test_adapters_turn_on_lora_with_derived_limits_and_mount_the_cache():
     validate(deployment(s))
 
 
+def network_policy(s) -> dict:
+    options = RenderOptions(operator_namespace="pagoda-ops")
+    objects = render(plan_service(s), namespace=NS, name=NAME, uid=UID, options=options)
+    (found,) = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    validate(found)
+    return found
+
+
+def test_the_network_policy_admits_the_operator_to_the_api_only_when_adapters_are_served():
+    """The operator loads adapters into the pods over HTTP; a policy without it would block that."""
+    operator = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "pagoda-ops"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "pagoda-operator"}},
+    }
+    with_adapters = network_policy(spec(adapters=[SQL], networkPolicy={"enabled": True}))
+    (http,) = [rule for rule in with_adapters["spec"]["ingress"] if operator in rule["from"]]
+    assert http["ports"] == [{"protocol": "TCP", "port": 8000}]
+    without = network_policy(spec(networkPolicy={"enabled": True}))
+    assert not [rule for rule in without["spec"]["ingress"] if operator in rule["from"]]
+
+
 def test_the_derived_rank_limit_is_the_largest_rank_rounded_up():
     assert flag(args(spec(adapters=[{**SQL, "rank": 8}])), "--max-lora-rank") == "16"
     assert flag(args(spec(adapters=[{**SQL, "rank": 24}])), "--max-lora-rank") == "32"
@@ -325,6 +346,18 @@ def test_a_new_revision_replaces_the_old_one_only_once_it_is_copied():
         assert runtime.adapters == {"sql": "/adapters/a/model"}
         sync_pod("p1", runtime.url, {"sql": "/adapters/b/model"}, memory, keep={"sql"})
         assert runtime.adapters == {"sql": "/adapters/b/model"}
+
+
+def test_a_restarted_operator_reads_the_revisions_the_pod_serves():
+    """An operator restarted with no memory of its loads keeps what is current, replaces what is old."""
+    with FakeRuntime() as runtime:
+        sync_pod("p1", runtime.url, {"sql": "/adapters/a/model", "tone": "/adapters/b/model"}, PodMemory())
+        runtime.calls.clear()
+        wanted = {"sql": "/adapters/a/model", "tone": "/adapters/c/model"}
+        found = sync_pod("p1", runtime.url, wanted, PodMemory())
+        assert runtime.calls == [("/v1/unload_lora_adapter", "tone"), ("/v1/load_lora_adapter", "tone")]
+        assert runtime.adapters == {"sql": "/adapters/a/model", "tone": "/adapters/c/model"}
+        assert found.served == {"sql", "tone"}
 
 
 def test_an_adapter_loaded_by_hand_is_unloaded_and_a_refusal_is_not_asked_again():

@@ -57,7 +57,7 @@ def test_the_operator_brings_a_real_runtime_to_the_declared_adapters(runtime):
     url, folders = runtime
     memory = PodMemory()
     found = sync_pod("p1", url, {"a": folders["a"], "b": folders["b"], "x": folders["other-model"]}, memory)
-    assert found.served == {"a", "b"} and served_adapters(url) == {"a", "b"}
+    assert found.served == {"a", "b"} and served_adapters(url) == {"a": folders["a"], "b": folders["b"]}
     assert found.refused["x"].startswith("400: ") and "trained for another base model" in found.refused["x"]
     found = sync_pod("p1", url, {"b": folders["b"]}, memory)
-    assert found.served == {"b"} and served_adapters(url) == {"b"} and not found.refused
+    assert found.served == {"b"} and served_adapters(url) == {"b": folders["b"]} and not found.refused

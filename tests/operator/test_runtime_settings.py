@@ -63,6 +63,7 @@ def test_a_default_inference_service_runs_the_runtimes_defaults():
     assert cli.engine_config(args) == EngineConfig(model="/models/llama-3-8b", device="cuda")
     assert cli.server_settings(args) == ServerSettings(
         served_model_names=(NAME,),
+        model="/models/llama-3-8b",
         drain_timeout=s.drain.timeout_seconds,
         termination_log=TERMINATION_LOG,
         log_format="json",

@@ -103,6 +103,7 @@ def test_settings_written_as_arguments_read_back_the_same():
     )
     server = ServerSettings(
         served_model_names=("main", "alias"),
+        model=engine.model,
         port=9000,
         max_num_seqs=8,
         max_queue=3,

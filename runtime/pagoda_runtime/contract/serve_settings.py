@@ -127,6 +127,7 @@ class ServerSettings:
         "text", "text, or json: one object per line, for log collectors", choices=LOG_FORMATS
     )
     log_level: str = setting("INFO", "DEBUG, INFO, WARNING or ERROR")
+    model: str | None = None  # --model, the base model's card's root in /v1/models
 
     @property
     def served_model_name(self) -> str:

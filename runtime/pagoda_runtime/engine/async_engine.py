@@ -24,7 +24,7 @@ from pagoda_runtime.contract.config import EngineConfig
 from pagoda_runtime.engine.llm_engine import LLMEngine
 from pagoda_runtime.engine.memory_report import MemoryReport
 from pagoda_runtime.engine.outputs import RequestOutput
-from pagoda_runtime.engine.protocol import RequestFailed
+from pagoda_runtime.engine.protocol import RequestFailed, ServedLora
 from pagoda_runtime.engine.request_state import Request
 from pagoda_runtime.engine.request_validation import RequestRejected
 from pagoda_runtime.engine.sampling_params import SamplingParams
@@ -93,7 +93,7 @@ class AsyncLLMEngine:
         self.abort_all()
         self._apply_pending()
 
-    def lora_adapters(self) -> dict[str, str | None]:
+    def lora_adapters(self) -> dict[str, ServedLora]:
         return self.engine.lora_adapters()
 
     async def add_lora(self, name: str, path: str) -> None:

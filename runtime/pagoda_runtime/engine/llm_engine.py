@@ -27,7 +27,7 @@ from pagoda_runtime.engine.build import build_engine
 from pagoda_runtime.engine.grammar_mask import GrammarCompiler
 from pagoda_runtime.engine.lora_manager import LoraManager
 from pagoda_runtime.engine.outputs import CompletionOutput, RequestOutput
-from pagoda_runtime.engine.protocol import LoraAdapterError, LoraNotFound
+from pagoda_runtime.engine.protocol import LoraAdapterError, LoraNotFound, ServedLora
 from pagoda_runtime.engine.request_state import Request, SampledToken
 from pagoda_runtime.engine.request_validation import RequestRejected, check_priority, check_request
 from pagoda_runtime.engine.sampling_params import SamplingParams
@@ -163,8 +163,7 @@ class LLMEngine:
         """Stop serving `name` (LoraNotFound if it is not served); requests running with it finish."""
         self._loras().remove(name)
 
-    def lora_adapters(self) -> dict[str, str | None]:
-        """Served adapter name -> its declared base model name (None: the served model)."""
+    def lora_adapters(self) -> dict[str, ServedLora]:
         return {} if self.loras is None else self.loras.served()
 
     def _loras(self) -> LoraManager:

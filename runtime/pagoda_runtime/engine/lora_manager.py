@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from pagoda_runtime.contract.config import ModelConfig
-from pagoda_runtime.engine.protocol import LoraAdapterError, LoraNotFound
+from pagoda_runtime.engine.protocol import LoraAdapterError, LoraNotFound, ServedLora
 from pagoda_runtime.engine.sequence import LoraRequest, Sequence
 from pagoda_runtime.executor.models.lora_layers import LoraSlots
 from pagoda_runtime.loading.lora_adapter import LoraAdapter, load_lora_adapter
@@ -46,7 +46,7 @@ class _HostCopy:
 class _Adapter:
     lora: LoraRequest
     path: str
-    parent: str | None
+    served: ServedLora
     scaling: float
     users: int = 0
     unloading: bool = False
@@ -92,11 +92,12 @@ class LoraManager:
         `name`; LoraAdapterError if it cannot run here or the name is taken."""
         with self._lock:
             self._check_free(name)
+        served = ServedLora(parent, path)
         path = self._locate(name, path)
         copy, scaling = self._read_slot_weights(name, path)
         with self._lock:
             self._check_free(name)
-            entry = _Adapter(LoraRequest(name, next(self._ids)), path, parent, scaling)
+            entry = _Adapter(LoraRequest(name, next(self._ids)), path, served, scaling)
             self._served[name] = self._held[entry.lora.lora_int_id] = entry
             self.num_reads += 1
             self._keep_in_host(entry.lora.lora_int_id, copy)
@@ -113,10 +114,9 @@ class LoraManager:
             if entry.users == 0:
                 self._drop(entry)
 
-    def served(self) -> dict[str, str | None]:
-        """Served adapter name -> the base model name it declared (None: the served model)."""
+    def served(self) -> dict[str, ServedLora]:
         with self._lock:
-            return {name: entry.parent for name, entry in self._served.items()}
+            return {name: entry.served for name, entry in self._served.items()}
 
     # ---- what requests hold ------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ one it accepted but could not finish, as `RequestFailed`.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from pagoda_runtime.engine.memory_report import MemoryReport
@@ -24,8 +25,17 @@ __all__ = [
     "LoraNotFound",
     "RequestFailed",
     "RequestRejected",
+    "ServedLora",
     "ServingEngine",
 ]
+
+
+@dataclass(frozen=True)
+class ServedLora:
+    """A served LoRA adapter as /v1/models lists it."""
+
+    parent: str | None  # the base model name it declared; None: the served model
+    root: str  # the folder or source it was loaded from, as given (vLLM's card `root`)
 
 
 class LoraAdapterError(ValueError):
@@ -111,8 +121,8 @@ class ServingEngine(Protocol):
         served LoRA adapter to run with."""
         ...
 
-    def lora_adapters(self) -> dict[str, str | None]:
-        """Served LoRA adapter name -> the base model name it declared (None: the served model)."""
+    def lora_adapters(self) -> dict[str, ServedLora]:
+        """Every served LoRA adapter by name."""
         ...
 
     async def add_lora(self, name: str, path: str) -> None:

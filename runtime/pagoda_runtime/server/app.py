@@ -81,13 +81,20 @@ def build_app(
     async def models() -> ModelList:
         engine = state.engine
         max_len = engine.max_model_len if engine is not None else 0
-        cards = [ModelCard(id=name, created=started, max_model_len=max_len) for name in settings.model_names]
+        cards = [
+            ModelCard(id=name, created=started, max_model_len=max_len, root=settings.model)
+            for name in settings.model_names
+        ]
         adapters = engine.lora_adapters() if engine is not None else {}
         cards += [
             ModelCard(
-                id=name, created=started, max_model_len=max_len, parent=parent or settings.served_model_name
+                id=name,
+                created=started,
+                max_model_len=max_len,
+                root=adapter.root,
+                parent=adapter.parent or settings.served_model_name,
             )
-            for name, parent in adapters.items()
+            for name, adapter in adapters.items()
         ]
         return ModelList(data=cards)
 

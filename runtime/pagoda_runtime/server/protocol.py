@@ -383,6 +383,7 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "pagoda"
     max_model_len: int
+    root: str | None = None  # the model's path; of a LoRA adapter, the path it was loaded from
     parent: str | None = None  # of a LoRA adapter: the base model's name
 
 

@@ -7,7 +7,7 @@ adapters that cannot run on the model refused with a sentence saying why."""
 import pytest
 import torch
 from pagoda_runtime import LLM, SamplingParams
-from pagoda_runtime.engine.protocol import LoraAdapterError
+from pagoda_runtime.engine.protocol import LoraAdapterError, ServedLora
 from pagoda_runtime.engine.request_validation import RequestRejected
 from pagoda_runtime.engine.sequence import Sequence, SequenceGroup
 from pagoda_runtime.executor.kernels.lora_slots import lora_batch
@@ -189,7 +189,7 @@ def test_lora_modules_at_start_up(family):
         model=str(base),
         **_engine_kwargs(enable_lora=True, lora_modules=(f"{name}={folder}",), max_lora_rank=16),
     )
-    assert llm.engine.lora_adapters() == {name: None}
+    assert llm.engine.lora_adapters() == {name: ServedLora(None, str(folder))}
     with pytest.raises(LoraAdapterError, match="above --max-lora-rank 4"):
         LLM(
             model=str(base),

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from pagoda_runtime.engine.memory_report import MemoryReport
 from pagoda_runtime.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from pagoda_runtime.engine.protocol import LoraNotFound
+from pagoda_runtime.engine.protocol import LoraNotFound, ServedLora
 from pagoda_runtime.engine.request_validation import check_priority, check_request
 from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.engine.stats import EngineStats, SpecDecodeCounts
@@ -98,7 +98,7 @@ class FakeEngine:
         self.seen_params: list[SamplingParams] = []
         self.seen_priorities: list[int] = []
         self.script = SCRIPT  # what every sample "generates", from its index on
-        self.adapters: dict[str, str | None] = {}  # served LoRA adapters; add_lora checks nothing
+        self.adapters: dict[str, ServedLora] = {}  # served LoRA adapters; add_lora checks nothing
         self.seen_lora_names: list[str | None] = []
         self._ticker: asyncio.Task | None = None
 
@@ -141,11 +141,11 @@ class FakeEngine:
             self.aborted_ids.append(request_id)
             request.aborted.set()
 
-    def lora_adapters(self) -> dict[str, str | None]:
+    def lora_adapters(self) -> dict[str, ServedLora]:
         return dict(self.adapters)
 
     async def add_lora(self, name: str, path: str) -> None:
-        self.adapters[name] = None
+        self.adapters[name] = ServedLora(None, path)
 
     async def remove_lora(self, name: str) -> None:
         if self.adapters.pop(name, 0) == 0:

@@ -53,7 +53,7 @@ def client(folders):
     config = EngineConfig(
         model=str(base), enable_lora=True, max_loras=2, lora_modules=(f"a={adapters['a']}",), **ENGINE
     )
-    app, _ = fake_app(AsyncLLMEngine(LLMEngine(config)), metrics_compat="vllm")
+    app, _ = fake_app(AsyncLLMEngine(LLMEngine(config)), metrics_compat="vllm", model=str(base))
     with TestClient(app) as client:
         wait_ready(client, timeout=60)
         yield client
@@ -72,6 +72,14 @@ def test_models_list_adapters_with_their_parent(client, folders):
         "/v1/load_lora_adapter", json={"lora_name": "b", "lora_path": str(adapters["b"])}
     ).text == ("Success: LoRA adapter 'b' added successfully.")
     assert [m["id"] for m in client.get("/v1/models").json()["data"]] == [MODEL, "a", "b"]
+
+
+def test_models_give_the_path_each_model_and_adapter_was_loaded_from(client, folders):
+    """vLLM's `root`: what a client (the operator) reads to know which copy an adapter serves."""
+    base, adapters = folders
+    client.post("/v1/load_lora_adapter", json={"lora_name": "b", "lora_path": str(adapters["b"])})
+    roots = {m["id"]: m["root"] for m in client.get("/v1/models").json()["data"]}
+    assert roots == {MODEL: str(base), "a": str(adapters["a"]), "b": str(adapters["b"])}
 
 
 def test_a_request_naming_an_adapter_runs_with_it(client, folders, expected):
