@@ -232,7 +232,8 @@ if [ ${#keda[@]} -gt 0 ]; then
   kedadir="$(cd "$here/keda" && go list -m -f '{{.Dir}}' github.com/kedacore/keda/v2)"
   dest="$(path_of keda-operator)"
   mkdir -p "${dest%/*}"
-  for f in "$kedadir"/config/crd/bases/keda.sh_*.yaml; do echo "---"; cat "$f"; done > "$tmp/keda/crds.yaml"
+  # Every CRD the operator watches: it exits when one (the eventing group's too) is not installed.
+  for f in "$kedadir"/config/crd/bases/*.yaml; do echo "---"; cat "$f"; done > "$tmp/keda/crds.yaml"
   mv -f "$tmp/keda/crds.yaml" "${dest%/*}/keda-crds.yaml"
   for b in "${keda[@]}"; do install_bin "$b" "$tmp/keda/${b#keda-}"; done
   echo "  keda $KEDA_VERSION: $((SECONDS - t))s"

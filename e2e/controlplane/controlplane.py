@@ -1014,7 +1014,12 @@ class ControlPlane:
         deadline = time.monotonic() + timeout
         self._install_crds(
             binaries["keda-operator"].parent / "keda-crds.yaml",
-            ["scaledobjects.keda.sh", "triggerauthentications.keda.sh"],
+            [
+                "scaledobjects.keda.sh",
+                "triggerauthentications.keda.sh",
+                "cloudeventsources.eventing.keda.sh",
+                "clustercloudeventsources.eventing.keda.sh",
+            ],
             deadline,
         )
         self.kubectl("create", "namespace", "keda", check=False)

@@ -173,12 +173,11 @@ def test_moving_the_weights_loses_no_request_and_restarts_no_pod(cluster, gatewa
         cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=json.dumps(_isvc(cluster, (50, 50))))
 
         def weights() -> list[int]:
+            """The shared rule's (the last); the API server defaults every other backend's to 1."""
             route = json.loads(
                 cluster.kubectl("get", "httproute", NAME, "-n", NAMESPACE, "-o", "json").stdout
             )
-            return [
-                b.get("weight") for r in route["spec"]["rules"] for b in r["backendRefs"] if "weight" in b
-            ]
+            return [b.get("weight") for b in route["spec"]["rules"][-1]["backendRefs"]]
 
         wait_for(weights, check=lambda w: w == [50, 50], timeout=60, what="the route's new weights")
         time.sleep(5)
@@ -199,8 +198,28 @@ def test_an_idle_variant_goes_to_zero_and_the_first_request_wakes_it(cluster, ga
         )
         return found["spec"].get("replicas", 1)
 
+    def why() -> str:
+        """Each trigger's query answered by the Prometheus KEDA asks, KEDA's view of the object and
+        its operator's log: what keeps the variant up."""
+        found = json.loads(
+            cluster.kubectl("get", "scaledobject", deployment, "-n", NAMESPACE, "-o", "json").stdout
+        )
+        lines = [f"ScaledObject status: {json.dumps(found.get('status', {}))}"]
+        for trigger in found["spec"]["triggers"]:
+            meta = trigger["metadata"]
+            answer = httpx.get(f"{meta['serverAddress']}/api/v1/query", params={"query": meta["query"]})
+            lines.append(f"{trigger['name']}: {meta['query']} -> {answer.text}")
+        lines.append(cluster.kubectl("get", "hpa", "-n", NAMESPACE, "-o", "wide").stdout)
+        lines.append(cluster.cp.log_tail("keda-operator", 30))
+        return "\n".join(lines)
+
     wait_for(
-        replicas, check=lambda n: n == 0, timeout=STARTUP_SECONDS + 240, what="b to scale to zero", interval=2
+        replicas,
+        check=lambda n: n == 0,
+        timeout=STARTUP_SECONDS + 240,
+        what="b to scale to zero",
+        interval=2,
+        details=why,
     )
     wait_for(
         lambda: [p for p in _pods(cluster) if p.startswith(deployment)],
