@@ -90,6 +90,12 @@ def isvc(cluster, gateway) -> str:
     cluster.kubectl(
         "wait", "-n", NAMESPACE, f"infsvc/{NAME}", "--for=condition=Ready", "--timeout=600s", timeout=630
     )
+    # Ready counts the variants that must serve; b, which may go to zero, starts with a pod all the
+    # same, and the tests below ask it before it has had time to go idle.
+    cluster.kubectl(
+        "rollout", "status", "-n", NAMESPACE, f"deployment/{variant_object_name(NAME, 'b')}",
+        "--timeout=600s", timeout=630,
+    )  # fmt: skip
     cluster.kubectl(
         "wait",
         "-n",
