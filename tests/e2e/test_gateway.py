@@ -108,9 +108,10 @@ def isvc(cluster, gateway) -> str:
     # Accepted is the route's parsing; the gateway serves it once it has read the Services' endpoints
     # too, and until then answers 503 with Retry-After as for a variant at zero.
     with httpx.Client(timeout=60) as client:
-        for variant in ("a", "b"):
-            url = f"{gateway.url}/{NAME}/{variant}/v1/models"
-            wait_for(lambda: client.get(url).status_code, check=lambda c: c == 200, timeout=120, what=url)
+        for url in (f"{gateway.url}/{NAME}/{variant}/v1/models" for variant in ("a", "b")):
+            wait_for(
+                lambda url=url: client.get(url).status_code, check=lambda c: c == 200, timeout=120, what=url
+            )
     return NAME
 
 
