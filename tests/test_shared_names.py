@@ -8,6 +8,8 @@ import re
 from pathlib import Path
 
 import yaml
+from pagoda_operator.metrics import RESULT_LABEL
+from pagoda_operator.names import PROMETHEUS_ISVC_LABEL, PROMETHEUS_VARIANT_LABEL
 from pagoda_runtime.contract import names
 from pagoda_runtime.engine.stats import EngineStats, SpecDecodeCounts
 from pagoda_runtime.server.metrics import ServerMetrics
@@ -16,14 +18,15 @@ ROOT = Path(__file__).resolve().parents[1]
 MONITORING = ROOT / "manifests" / "monitoring"
 # The runtime's families as scraped: counters gain _total, histograms _bucket, _sum and _count.
 _SUFFIXES = ("_total", "_bucket", "_sum", "_count")
-# Labels Prometheus attaches itself (the scrape target, a histogram's bucket bound).
-_TARGET_LABELS = {"pod", "namespace", "le"}
+# Labels Prometheus attaches itself (the scrape target and its pod's labels, a histogram's bound).
+_TARGET_LABELS = {"pod", "namespace", "le", PROMETHEUS_ISVC_LABEL, PROMETHEUS_VARIANT_LABEL}
 
 
 def _runtime_metrics(text: str) -> set[str]:
-    """The runtime metric families a text names (the operator's own pagoda_operator_* left out)."""
+    """The runtime metric families a text names (the operator's own pagoda_operator_* and the pod-label
+    target labels pagoda_dev_* left out)."""
     found = set()
-    for name in re.findall(r"\bpagoda_(?!operator|runtime)[a-z0-9_]+", text):
+    for name in re.findall(r"\bpagoda_(?!operator|runtime|dev_)[a-z0-9_]+", text):
         for suffix in _SUFFIXES:
             if name.endswith(suffix) and name.removesuffix(suffix) in names.METRICS:
                 name = name.removesuffix(suffix)
@@ -42,7 +45,9 @@ def _exported() -> set[str]:
         spec_decode=SpecDecodeCounts(1, 3, 2, (1, 1, 0)),
         max_lora=2,  # LoRA's families are exported with --enable-lora only
     )
-    registry = ServerMetrics("m", lambda: stats).registry
+    metrics = ServerMetrics("m", lambda: stats)
+    metrics.engine_loaded(max_model_len=4096)  # the token-length families, once a model has loaded
+    registry = metrics.registry
     return {family.name for family in registry.collect() if family.name.startswith(("pagoda_", "vllm:"))}
 
 
@@ -60,6 +65,7 @@ def test_the_monitoring_manifests_ask_for_exported_metrics_and_labels():
     assert {rule["name"]["as"] for rule in rules} == {names.REQUESTS_WAITING}
     grouped = set(re.findall(r"by \(([a-z_]+)\)", dashboard))
     shared = {names.MODEL_NAME_LABEL, names.FINISH_REASON_LABEL, names.REJECT_REASON_LABEL}
+    shared.add(RESULT_LABEL)  # the operator's own reconcile counter
     assert grouped <= shared | _TARGET_LABELS, grouped - shared - _TARGET_LABELS
 
 

@@ -4,9 +4,11 @@
 #
 # Usage: e2e/controlplane/build.sh [--print-dir] [NAME...]
 #   NAME is one of: kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy
-#   etcd kwok prometheus-adapter minio lws-controller helm kstatus-check, or the groups `core` (everything the loopback control plane
-#   needs), `node` (a real worker node, e2e/node: kubelet, kube-proxy) and `all` (default). Only
-#   missing binaries are built; a flock serialises concurrent callers.
+#   etcd kwok prometheus-adapter minio lws-controller helm kstatus-check traefik keda-operator
+#   keda-adapter, or the groups `core` (everything the loopback control plane needs), `gateway`
+#   (traefik, keda-operator, keda-adapter), `node` (a real worker node, e2e/node: kubelet,
+#   kube-proxy) and `all` (default). Only missing binaries are built; a flock serialises concurrent
+#   callers.
 #   --print-dir prints the cache directory and exits.
 set -euo pipefail
 
@@ -18,10 +20,14 @@ cache="${PAGODA_TOOLS_CACHE:-$HOME/.cache/pagoda-tools}"
 KUBE_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 CORE=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok)
 NODE=(kubelet kube-proxy)
+# traefik: the Gateway API implementation that routes to InferenceServices (the Gateway API CRDs
+# from the pinned sigs.k8s.io/gateway-api module beside it); keda-*: KEDA's operator and its
+# external-metrics server (its CRDs beside the operator).
+GATEWAY=(traefik keda-operator keda-adapter)
 # minio: the S3-compatible server the model-cache tests download from; lws-controller: the
 # LeaderWorkerSet controller that runs InferenceServices spanning nodes; helm: the chart's tests;
 # kstatus-check: what Flux's health checks make of an InferenceService's status.
-ALL=("${CORE[@]}" "${NODE[@]}" prometheus-adapter minio lws-controller helm kstatus-check)
+ALL=("${CORE[@]}" "${NODE[@]}" prometheus-adapter minio lws-controller helm kstatus-check "${GATEWAY[@]}")
 
 version_of() {
   case "$1" in
@@ -33,6 +39,8 @@ version_of() {
     lws-controller) echo "$LWS_VERSION" ;;
     helm) echo "$HELM_VERSION" ;;
     kstatus-check) echo "$KSTATUS_VERSION" ;;
+    traefik) echo "$TRAEFIK_VERSION" ;;
+    keda-*) echo "$KEDA_VERSION" ;;
     *) echo "unknown binary: $1" >&2; return 1 ;;
   esac
 }
@@ -47,6 +55,7 @@ for a in "$@"; do
     all) want+=("${ALL[@]}") ;;
     core) want+=("${CORE[@]}") ;;
     node) want+=("${NODE[@]}") ;;
+    gateway) want+=("${GATEWAY[@]}") ;;
     *) version_of "$a" >/dev/null; want+=("$a") ;;
   esac
 done
@@ -174,6 +183,60 @@ if has minio; then
   GOBIN="$tmp/minio" go install "${BUILDFLAGS[@]}" "github.com/minio/minio@$MINIO_VERSION"
   install_bin minio "$tmp/minio/minio"
   echo "  minio $MINIO_VERSION: $((SECONDS - t))s"
+fi
+
+if has traefik; then
+  # Built through a wrapper module (traefik/go.mod) that repeats Traefik's replace and exclude
+  # lines and supplies its dynamic-config extension module, which the module zip leaves out.
+  t=$SECONDS
+  src="$tmp/traefik-src"
+  cp -r "$here/traefik" "$src"
+  moddir() { go mod download -json "$1" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p'; }
+  authdir="$(moddir github.com/abbot/go-http-auth@v0.4.0)"
+  find "$authdir" -maxdepth 1 -name '*.go' ! -name '*_test.go' -exec cp {} "$src/go-http-auth/" \;
+  legover="$(grep -m1 'github.com/go-acme/lego/v5 ' "$(go mod download -json "github.com/traefik/traefik/v3@$TRAEFIK_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')" | awk '{print $2}')"
+  cp -r "$(moddir "github.com/go-acme/lego/v5@$legover")" "$src/lego"
+  chmod -R u+w "$src/lego"
+  for p in $TRAEFIK_UNSERVED_DNS_PROVIDERS; do
+    # Its import, and the `case` line before its `return p.NewDNSProvider()`.
+    rm -rf "$src/lego/providers/dns/$p"
+    awk -v p="$p" '
+      $0 ~ "\"github.com/go-acme/lego/v5/providers/dns/" p "\"$" { next }
+      $0 ~ "^[[:space:]]*return " p "\\.NewDNSProvider\\(\\)$" { held = ""; next }
+      { if (held != "") print held; held = $0; next }
+      END { if (held != "") print held }' "$src/lego/providers/dns/zz_gen_dns_providers.go" > "$src/dns.go"
+    mv "$src/dns.go" "$src/lego/providers/dns/zz_gen_dns_providers.go"
+  done
+  mkdir -p "$tmp/traefik"
+  (cd "$src" && go build "${BUILDFLAGS[@]}" -o "$tmp/traefik/traefik" github.com/traefik/traefik/v3/cmd/traefik)
+  gwdir="$(cd "$src" && go list -m -f '{{.Dir}}' sigs.k8s.io/gateway-api)"
+  for f in "$gwdir"/config/crd/standard/gateway.networking.k8s.io_*.yaml; do
+    case "$f" in *_vap_*) continue ;; esac
+    echo "---"; cat "$f"
+  done > "$tmp/traefik/gateway-api-crds.yaml"
+  dest="$(path_of traefik)"
+  mkdir -p "${dest%/*}"
+  mv -f "$tmp/traefik/gateway-api-crds.yaml" "${dest%/*}/gateway-api-crds.yaml"
+  install_bin traefik "$tmp/traefik/traefik"
+  echo "  traefik $TRAEFIK_VERSION (gateway-api $GATEWAY_API_VERSION CRDs): $((SECONDS - t))s"
+fi
+
+keda=()
+for b in keda-operator keda-adapter; do has "$b" && keda+=("$b"); done
+if [ ${#keda[@]} -gt 0 ]; then
+  # One `go build` for both: the operator and the metrics server share nearly every package.
+  t=$SECONDS
+  mkdir -p "$tmp/keda"
+  (cd "$here/keda" && go build "${BUILDFLAGS[@]}" -o "$tmp/keda/" \
+    github.com/kedacore/keda/v2/cmd/operator github.com/kedacore/keda/v2/cmd/adapter)
+  kedadir="$(cd "$here/keda" && go list -m -f '{{.Dir}}' github.com/kedacore/keda/v2)"
+  dest="$(path_of keda-operator)"
+  mkdir -p "${dest%/*}"
+  # Every CRD the operator watches: it exits when one (the eventing group's too) is not installed.
+  for f in "$kedadir"/config/crd/bases/*.yaml; do echo "---"; cat "$f"; done > "$tmp/keda/crds.yaml"
+  mv -f "$tmp/keda/crds.yaml" "${dest%/*}/keda-crds.yaml"
+  for b in "${keda[@]}"; do install_bin "$b" "$tmp/keda/${b#keda-}"; done
+  echo "  keda $KEDA_VERSION: $((SECONDS - t))s"
 fi
 
 if [ -n "$lws_pid" ]; then wait "$lws_pid"; fi

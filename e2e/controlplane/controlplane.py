@@ -88,6 +88,9 @@ def binary_path(name: str) -> Path:
         "lws-controller": v["LWS_VERSION"],
         "helm": v["HELM_VERSION"],
         "kstatus-check": v["KSTATUS_VERSION"],
+        "traefik": v["TRAEFIK_VERSION"],
+        "keda-operator": v["KEDA_VERSION"],
+        "keda-adapter": v["KEDA_VERSION"],
     }.get(name, v["KUBERNETES_VERSION"])
     return tools_cache() / f"{name}-{version}" / name
 
@@ -150,6 +153,16 @@ def _openssl(*args: str, cwd: Path) -> None:
     proc = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise ControlPlaneError(f"openssl {' '.join(args)} failed:\n{proc.stderr}")
+
+
+@dataclass(frozen=True)
+class Gateway:
+    """A Gateway served by start_traefik: where clients and Prometheus reach it."""
+
+    name: str
+    namespace: str
+    url: str  # the listener, http://127.0.0.1:PORT
+    metrics_url: str  # Traefik's Prometheus metrics
 
 
 @dataclass
@@ -530,7 +543,9 @@ class ControlPlane:
         path.chmod(0o600)
 
     # ----------------------------------------------------------------- processes
-    def _spawn(self, name: str, argv: list[str]) -> _Component:
+    def _spawn(
+        self, name: str, argv: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None
+    ) -> _Component:
         log = self.logs_dir / f"{name}.log"
         logf = open(log, "ab")  # noqa: SIM115 - closed in _terminate
         proc = subprocess.Popen(
@@ -538,7 +553,8 @@ class ControlPlane:
             stdin=subprocess.DEVNULL,
             stdout=logf,
             stderr=subprocess.STDOUT,
-            cwd=self.dir,
+            env=None if env is None else {**os.environ, **env},
+            cwd=cwd or self.dir,
             start_new_session=True,
             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
         )
@@ -918,6 +934,297 @@ class ControlPlane:
             deadline,
             interval=0.5,
         )
+
+    def _install_crds(self, manifest: Path, names: list[str], deadline: float) -> None:
+        """Server-side apply of a CRD bundle, then wait until each named CRD is Established."""
+        self.kubectl("apply", "--server-side", "-f", str(manifest))
+
+        def established() -> bool:
+            for name in names:
+                crd = self.api("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+                conditions = crd.get("status", {}).get("conditions") or []
+                if not any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
+                    return False
+            return True
+
+        self._wait(f"CRDs of {manifest.name}", established, deadline, interval=0.5)
+
+    def _loopback_cert(self, directory: str, cn: str) -> Path:
+        """A key and certificate of this control plane's CA for 127.0.0.1 and localhost, usable by a
+        server and as a client, with the CA beside them (ca.crt, tls.crt, tls.key)."""
+        certs = self._p(directory)
+        certs.mkdir(exist_ok=True)
+        pki = self._p("pki")
+        (certs / "tls.ext").write_text(
+            "keyUsage=critical,digitalSignature,keyEncipherment\n"
+            "extendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n"
+        )
+        _openssl(
+            "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", "tls.key", "-out", "tls.csr", "-subj", f"/CN={cn}", cwd=certs,
+        )  # fmt: skip
+        _openssl(
+            "x509", "-req", "-in", "tls.csr", "-CA", str(pki / "ca.crt"), "-CAkey", str(pki / "ca.key"),
+            "-CAcreateserial", "-days", "3650", "-extfile", "tls.ext", "-out", "tls.crt", cwd=certs,
+        )  # fmt: skip
+        shutil.copy(pki / "ca.crt", certs / "ca.crt")
+        return certs
+
+    def _register_api_service(self, name: str, group: str, version: str, port: int) -> None:
+        """An aggregated API on loopback, behind an ExternalName Service (see start_prometheus_adapter)."""
+        objs = [
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": name, "namespace": "kube-system"},
+                "spec": {
+                    "type": "ExternalName",
+                    "externalName": "localhost",
+                    "ports": [{"name": "https", "port": port}],
+                },
+            },
+            {
+                "apiVersion": "apiregistration.k8s.io/v1",
+                "kind": "APIService",
+                "metadata": {"name": f"{version}.{group}"},
+                "spec": {
+                    "group": group,
+                    "version": version,
+                    "service": {"name": name, "namespace": "kube-system", "port": port},
+                    "insecureSkipTLSVerify": True,
+                    "groupPriorityMinimum": 100,
+                    "versionPriority": 100,
+                },
+            },
+        ]
+        self.kubectl(
+            "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs})
+        )
+
+    def start_keda(self, *, timeout: float = 120.0) -> None:
+        """Install KEDA's CRDs (from the pinned module) and run its operator and metrics server on
+        loopback, the metrics server registered as external.metrics.k8s.io/v1beta1.
+
+        The two talk gRPC over mutual TLS with a certificate of this control plane's CA, in place of
+        the certificates KEDA's operator rotates into a Secret in a real install; its admission
+        webhooks are not run (they only validate ScaledObjects). The HPAs KEDA creates are scaled
+        by the kube-controller-manager as any other.
+        """
+        binaries = ensure_binaries(("keda-operator", "keda-adapter"))
+        deadline = time.monotonic() + timeout
+        self._install_crds(
+            binaries["keda-operator"].parent / "keda-crds.yaml",
+            [
+                "scaledobjects.keda.sh",
+                "triggerauthentications.keda.sh",
+                "cloudeventsources.eventing.keda.sh",
+                "clustercloudeventsources.eventing.keda.sh",
+            ],
+            deadline,
+        )
+        self.kubectl("create", "namespace", "keda", check=False)
+        certs = self._loopback_cert("keda-certs", "keda")
+        grpc, health, metrics, adapter = _free_port(), _free_port(), _free_port(), _free_port()
+        env = {
+            "KUBECONFIG": str(self.kubeconfig),
+            "WATCH_NAMESPACE": "",
+            "POD_NAMESPACE": "keda",
+            "KEDA_CLUSTER_OBJECT_NAMESPACE": "keda",
+        }
+        self._spawn(
+            "keda-operator",
+            [
+                str(binaries["keda-operator"]),
+                "--leader-elect=false",
+                f"--metrics-bind-address=127.0.0.1:{metrics}",
+                f"--health-probe-bind-address=127.0.0.1:{health}",
+                f"--metrics-service-bind-address=127.0.0.1:{grpc}",
+                f"--cert-dir={certs}",
+                f"--ca-dir={certs}",
+                "--enable-cert-rotation=false",
+                "--enable-webhook-patching=false",
+                "--enable-apiservice-patching=false",
+            ],
+            env=env,
+        )
+        self._wait("keda-operator", lambda: self._http_ok(f"http://127.0.0.1:{health}/readyz"), deadline, 0.5)
+        self._spawn(
+            "keda-adapter",
+            [
+                str(binaries["keda-adapter"]),
+                f"--lister-kubeconfig={self.kubeconfig}",
+                f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={adapter}",
+                f"--cert-dir={certs}",
+                f"--metrics-service-address=127.0.0.1:{grpc}",
+                "--metrics-service-grpc-authority=localhost",
+            ],
+            env=env,
+        )
+        self._register_api_service("keda-metrics-apiserver", "external.metrics.k8s.io", "v1beta1", adapter)
+        self._wait(
+            "keda-adapter",
+            lambda: self._api_ok("/apis/external.metrics.k8s.io/v1beta1"),
+            deadline,
+            interval=0.5,
+        )
+
+    def stop_keda(self) -> None:
+        """Unregister external.metrics.k8s.io and stop KEDA (see stop_prometheus_adapter for why)."""
+        self.kubectl("delete", "apiservice", "v1beta1.external.metrics.k8s.io", "--ignore-not-found")
+        self.kubectl("delete", "service", "keda-metrics-apiserver", "-n", "kube-system", "--ignore-not-found")
+        # KEDA's operator removes the finalizer it puts on each ScaledObject: deleted after it stops,
+        # the objects of namespaces still being deleted would keep the CRDs below Terminating, and
+        # still served, for ever.
+        self.kubectl("delete", "scaledobjects", "--all", "-A", "--timeout=60s", check=False)
+        for c in [c for c in self._components if c.name in ("keda-adapter", "keda-operator")]:
+            self._terminate(c)
+            self._components.remove(c)
+        left = self.kubectl("get", "scaledobjects", "-A", "-o", "json", check=False)
+        for obj in json.loads(left.stdout)["items"] if left.returncode == 0 else []:
+            meta = obj["metadata"]
+            self.kubectl(
+                "patch", "scaledobject", meta["name"], "-n", meta["namespace"], "--type=merge",
+                "-p", '{"metadata":{"finalizers":null}}', check=False,
+            )  # fmt: skip
+        # Uninstalled, so that later tests see a cluster without KEDA (the operator renders HPAs).
+        crds = binary_path("keda-operator").parent / "keda-crds.yaml"
+        self.kubectl("delete", "-f", str(crds), "--ignore-not-found", "--timeout=60s", check=False)
+
+    def start_traefik(
+        self,
+        *,
+        namespace: str = "gateway",
+        hold_seconds: int = 15,
+        retry_after_seconds: int = 30,
+        timeout: float = 120.0,
+    ) -> Gateway:
+        """Install the Gateway API CRDs (the pinned sigs.k8s.io/gateway-api module's standard channel)
+        and run Traefik on loopback as their implementation, with a GatewayClass `traefik` and a
+        Gateway `gateway` in `namespace` whose one listener is Traefik's `web` entry point.
+
+        Traefik reads the API with a ServiceAccount token (it takes no kubeconfig), serves its
+        Prometheus metrics on their own port, and runs the `hold` middleware (gateway/traefik/hold)
+        on every request: a backend with no ready pod holds the request up to `hold_seconds`, then
+        answers 503 with Retry-After.
+        """
+        binary = ensure_binaries(("traefik",))["traefik"]
+        deadline = time.monotonic() + timeout
+        self._install_crds(
+            binary.parent / "gateway-api-crds.yaml",
+            [f"{kind}.gateway.networking.k8s.io" for kind in ("gatewayclasses", "gateways", "httproutes")],
+            deadline,
+        )
+        self.kubectl("create", "serviceaccount", "traefik", "-n", "kube-system", check=False)
+        self.kubectl(
+            "create", "clusterrolebinding", "traefik", "--clusterrole=cluster-admin",
+            "--serviceaccount=kube-system:traefik", check=False,
+        )  # fmt: skip
+        work = self._p("traefik")
+        plugin = work / "plugins-local" / "src" / "pagoda.dev" / "hold"
+        shutil.copytree(HERE.parents[1] / "gateway" / "traefik" / "hold", plugin, dirs_exist_ok=True)
+        token = self.kubectl(
+            "create", "token", "traefik", "-n", "kube-system", "--duration=48h"
+        ).stdout.strip()
+        (work / "token").write_text(token)
+        web, metrics, ping = _free_port(), _free_port(), _free_port()
+        (work / "dynamic.yml").write_text(
+            json.dumps(
+                {
+                    "http": {
+                        "middlewares": {
+                            "hold": {
+                                "plugin": {
+                                    "hold": {
+                                        "holdSeconds": hold_seconds,
+                                        "retryAfterSeconds": retry_after_seconds,
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            )
+        )
+        static = {
+            "entryPoints": {
+                "web": {"address": f"127.0.0.1:{web}", "http": {"middlewares": ["hold@file"]}},
+                "metrics": {"address": f"127.0.0.1:{metrics}"},
+                "ping": {"address": f"127.0.0.1:{ping}"},
+            },
+            "ping": {"entryPoint": "ping"},
+            "metrics": {
+                "prometheus": {"entryPoint": "metrics", "addServicesLabels": True, "addRoutersLabels": True}
+            },
+            "experimental": {"localPlugins": {"hold": {"moduleName": "pagoda.dev/hold"}}},
+            "providers": {
+                "file": {"filename": str(work / "dynamic.yml")},
+                "kubernetesGateway": {
+                    "endpoint": self.server,
+                    "token": token,
+                    "certAuthFilePath": str(self.ca_file),
+                    "statusAddress": {"ip": "127.0.0.1"},
+                },
+            },
+            "log": {"level": "INFO"},
+        }
+        (work / "traefik.yml").write_text(json.dumps(static))
+        self._spawn("traefik", [str(binary), f"--configFile={work / 'traefik.yml'}"], cwd=work)
+        self._wait("traefik", lambda: self._http_ok(f"http://127.0.0.1:{ping}/ping"), deadline, interval=0.5)
+        self.kubectl("create", "namespace", namespace, check=False)
+        objs = [
+            {
+                "apiVersion": "gateway.networking.k8s.io/v1",
+                "kind": "GatewayClass",
+                "metadata": {"name": "traefik"},
+                "spec": {"controllerName": "traefik.io/gateway-controller"},
+            },
+            {
+                "apiVersion": "gateway.networking.k8s.io/v1",
+                "kind": "Gateway",
+                "metadata": {"name": "gateway", "namespace": namespace},
+                "spec": {
+                    "gatewayClassName": "traefik",
+                    # Traefik binds a listener to the entry point on the same port.
+                    "listeners": [
+                        {
+                            "name": "web",
+                            "protocol": "HTTP",
+                            "port": web,
+                            "allowedRoutes": {"namespaces": {"from": "All"}},
+                        }
+                    ],
+                },
+            },
+        ]
+        self.kubectl(
+            "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs})
+        )
+
+        def programmed() -> bool:
+            gateway = self.api(
+                "GET", f"/apis/gateway.networking.k8s.io/v1/namespaces/{namespace}/gateways/gateway"
+            )
+            conditions = gateway.get("status", {}).get("conditions") or []
+            return any(c["type"] == "Programmed" and c["status"] == "True" for c in conditions)
+
+        self._wait("traefik", programmed, deadline, interval=0.5)
+        return Gateway(
+            name="gateway",
+            namespace=namespace,
+            url=f"http://127.0.0.1:{web}",
+            metrics_url=f"http://127.0.0.1:{metrics}/metrics",
+        )
+
+    def stop_traefik(self) -> None:
+        """Stop Traefik and uninstall the Gateway API, so that later tests see a cluster without it."""
+        for c in [c for c in self._components if c.name == "traefik"]:
+            self._terminate(c)
+            self._components.remove(c)
+        crds = binary_path("traefik").parent / "gateway-api-crds.yaml"
+        self.kubectl("delete", "-f", str(crds), "--ignore-not-found", "--timeout=60s", check=False)
 
     def node_ready(self, name: str) -> bool:
         try:

@@ -64,6 +64,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="reconcile every InferenceService again this often, undoing changes made to its children",
     )
     p.add_argument(
+        "--prometheus-url",
+        default=settings.DEFAULT_PROMETHEUS_URL,
+        help="the Prometheus KEDA's ScaledObjects query for queue depth and gateway demand",
+    )
+    p.add_argument(
+        "--gateway-request-counter",
+        default=settings.DEFAULT_REQUEST_COUNTER,
+        help="PromQL series selector of the gateway's request counter per HTTPRoute rule, with "
+        "{namespace}, {route} and {rules}: what wakes a variant scaled to zero (default: Traefik's)",
+    )
+    p.add_argument(
         "--runtime-image",
         default=os.environ.get("PAGODA_RUNTIME_IMAGE") or settings.DEFAULT_RUNTIME_IMAGE,
         help="the pagoda-runtime image of every InferenceService that names none (spec.runtime.image); "
@@ -91,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         settings.OperatorSettings(
             runtime_image=args.runtime_image,
             service_monitor_labels=dict(args.service_monitor_label),
+            keda=settings.KedaSettings(args.prometheus_url, args.gateway_request_counter),
             namespaces=tuple(args.namespace),
             # The downward API's metadata.namespace (charts/pagoda, manifests/).
             operator_namespace=os.environ.get("POD_NAMESPACE") or DEFAULT_OPERATOR_NAMESPACE,

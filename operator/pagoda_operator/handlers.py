@@ -2,7 +2,7 @@
 refresh (status_refresh.py) and the periodic work (resync.py).
 
 A resync thread repeats the reconcile (`schedule_resync`), which corrects drift on the children;
-events of our Deployments, LeaderWorkerSets, Pods and model cache Jobs refresh the status between
+events of our Deployments, LeaderWorkerSets, HTTPRoutes, Pods and model cache Jobs refresh the status between
 resyncs. No handler needs a finalizer (the periodic work runs as threads for that reason, see
 resync.py): deleting an InferenceService, its namespace or the whole install works while the
 operator is down, and the garbage collector removes the children by their owner.
@@ -17,6 +17,7 @@ import kopf
 
 from pagoda_operator import adapter_cluster, model_cache_cluster, peering, resync
 from pagoda_operator import settings as operator_settings
+from pagoda_operator.http_route import GATEWAY_GROUP, GATEWAY_VERSION, HTTP_ROUTE_API
 from pagoda_operator.kube import kube
 from pagoda_operator.leader_worker_set import LWS_GROUP, LWS_PLURAL, LWS_VERSION
 from pagoda_operator.models import GROUP, PLURAL, VERSION
@@ -83,6 +84,13 @@ def deployment_changed(namespace, labels, **_) -> None:
 @kopf.on.event(LWS_GROUP, LWS_VERSION, LWS_PLURAL, labels={LABEL_ISVC: kopf.PRESENT})
 def leader_worker_set_changed(namespace, labels, **_) -> None:
     """Ready groups; kopf watches the kind once its CRD exists."""
+    refresh_status(kube(), namespace, labels[LABEL_ISVC])
+
+
+@kopf.on.event(GATEWAY_GROUP, GATEWAY_VERSION, HTTP_ROUTE_API[2], labels={LABEL_ISVC: kopf.PRESENT})
+def http_route_changed(namespace, labels, **_) -> None:
+    """The Gateway accepted the route or resolved its backends; kopf watches the kind once its CRD
+    exists."""
     refresh_status(kube(), namespace, labels[LABEL_ISVC])
 
 

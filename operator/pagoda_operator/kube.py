@@ -12,9 +12,11 @@ from datetime import UTC, datetime
 
 from kubernetes import client, config
 
+from pagoda_operator.http_route import GATEWAY_GROUP, GATEWAY_VERSION, HTTP_ROUTE_API
 from pagoda_operator.leader_worker_set import LWS_GROUP, LWS_PLURAL, LWS_VERSION
 from pagoda_operator.models import GROUP, PLURAL, VERSION
 from pagoda_operator.names import WORKLOAD_KINDS
+from pagoda_operator.scaled_object import KEDA_GROUP, KEDA_VERSION, SCALED_OBJECT_API
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +33,8 @@ CHILD_KINDS: dict[str, tuple[str, str]] = {
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
     "ServiceMonitor": ("/apis/monitoring.coreos.com/v1", "servicemonitors"),
+    "HTTPRoute": (f"/apis/{GATEWAY_GROUP}/{GATEWAY_VERSION}", HTTP_ROUTE_API[2]),
+    "ScaledObject": (f"/apis/{KEDA_GROUP}/{KEDA_VERSION}", SCALED_OBJECT_API[2]),
 }
 # kind → (API prefix, plural) of the objects shared between InferenceServices (the model cache).
 SHARED_KINDS: dict[str, tuple[str, str]] = {
@@ -39,6 +43,13 @@ SHARED_KINDS: dict[str, tuple[str, str]] = {
 }
 SERVICE_MONITOR_API = ("monitoring.coreos.com", "v1", "servicemonitors")
 LEADER_WORKER_SET_API = (LWS_GROUP, LWS_VERSION, LWS_PLURAL)
+# The child kinds that exist only where their CRDs are installed, and the API that tells.
+OPTIONAL_KINDS = {
+    "ServiceMonitor": SERVICE_MONITOR_API,
+    "LeaderWorkerSet": LEADER_WORKER_SET_API,
+    "HTTPRoute": HTTP_ROUTE_API,
+    "ScaledObject": SCALED_OBJECT_API,
+}
 
 
 def load_credentials() -> None:

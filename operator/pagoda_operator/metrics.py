@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
+RESULT_LABEL = "result"  # of RECONCILES: ok, invalid, error
 RECONCILES = Counter(
-    "pagoda_operator_reconciles_total", "InferenceService reconciliations by result.", ["result"]
+    "pagoda_operator_reconciles_total", "InferenceService reconciliations by result.", [RESULT_LABEL]
 )
 RECONCILE_SECONDS = Histogram(
     "pagoda_operator_reconcile_duration_seconds", "Time to apply one InferenceService's children."

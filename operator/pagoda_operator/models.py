@@ -460,14 +460,14 @@ _MAX = "(has(self.max) ? self.max : 1)"
 class ReplicaRange(Spec):
     RULES = (
         Rule(f"{_MIN} <= {_MAX}", lambda r: r.min <= r.max, "replicas.min must not exceed replicas.max"),
-        Rule(
-            f"{_MIN} >= 1 || {_MIN} == {_MAX}",
-            lambda r: r.min >= 1 or r.min == r.max,
-            "replicas.min must be at least 1 when the variant autoscales (max > min)",
-        ),
     )
 
-    min: int = Field(default=1, ge=0, description="Fewest replicas; the autoscaler never goes below it.")
+    min: int = Field(
+        default=1,
+        ge=0,
+        description="Fewest replicas; the autoscaler never goes below it. 0 with max above it: the "
+        "variant scales to zero pods when idle (KEDA and spec.route needed, see autoscaling).",
+    )
     max: int = Field(default=1, ge=0, description="Most replicas; equal to min disables autoscaling.")
 
 
@@ -559,6 +559,14 @@ class VariantSpec(Spec):
         description="Speculative decoding: a proposer drafts tokens that the model verifies in one step, "
         "keeping its output distribution exactly (the runtime's --speculative-config).",
     )
+    traffic: int | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="Percent of the requests on spec.route's shared path this variant gets (a canary: 5). "
+        "Set on every variant, summing to 100, or on none: then requests spread over all pods. A change "
+        "rewrites the route only; no pod restarts.",
+    )
 
 
 class ResourcesSpec(Spec):
@@ -610,8 +618,28 @@ class ParallelismSpec(Spec):
 
 
 class AutoscalingSpec(Spec):
-    enabled: bool = Field(
-        default=True, description="Create a HorizontalPodAutoscaler for variants with max > min."
+    enabled: bool = Field(default=True, description="Autoscale the variants with max > min.")
+    actuator: Literal["hpa", "keda"] | None = Field(
+        default=None,
+        description="What scales the variants: keda (a KEDA ScaledObject per variant, querying "
+        "Prometheus directly; needed to scale to zero) or hpa (a HorizontalPodAutoscaler reading "
+        "the queue depth through a custom metrics adapter). Unset: keda when KEDA's CRDs are "
+        "installed, else hpa.",
+    )
+    scale_to_zero_after_seconds: int = Field(
+        default=600,
+        ge=0,
+        description="How long a variant with replicas.min 0 stays idle (no request at the gateway for "
+        "it, an empty queue) before its last pod goes; it is never removed sooner than "
+        "runtime.startupTimeoutSeconds after the autoscaler was created, so a first load is not cut "
+        "short.",
+    )
+    polling_interval_seconds: int = Field(
+        default=15,
+        ge=1,
+        le=300,
+        description="How often KEDA queries Prometheus; a variant at zero wakes within about this "
+        "plus the scrape interval of the first request.",
     )
     target_queue_depth: int = Field(
         default=4,
@@ -623,6 +651,32 @@ class AutoscalingSpec(Spec):
     )
     scale_down_stabilization_seconds: int = Field(
         default=300, ge=0, le=3600, description="Window of recommendations considered before scaling down."
+    )
+
+
+class GatewayRef(Spec):
+    name: str = Field(min_length=1, description="Name of the Gateway (gateway.networking.k8s.io).")
+    namespace: str | None = Field(
+        default=None, description="Namespace of the Gateway; the InferenceService's own when unset."
+    )
+    section_name: str | None = Field(
+        default=None,
+        description="The Gateway listener to attach to; every listener that allows it when unset.",
+    )
+
+
+class RouteSpec(Spec):
+    gateway_ref: GatewayRef = Field(description="The Gateway the HTTPRoute attaches to.")
+    hostnames: list[str] = Field(
+        default=[], description="Host names the route answers; every host the listener accepts when empty."
+    )
+    path: str | None = Field(
+        default=None,
+        pattern=r"^/[-a-zA-Z0-9._~/]*$",
+        description="Path prefix of the shared route, which splits requests over the variants "
+        "(variants[].traffic) and is rewritten to / (clients use <gateway><path>/v1 as base URL); "
+        "/<name> when unset. Each variant is also reached at /<name>/<variant>/v1, and by its model "
+        "name <servedName>:<variant>.",
     )
 
 
@@ -795,6 +849,15 @@ class PodTemplate(Spec):
     )
 
 
+# About a variant `v` whose replicas are given (list items get no defaults): not min 0 below max.
+_V_MIN, _V_MAX = (bound.replace("self.", "v.replicas.") for bound in (_MIN, _MAX))
+_NOT_TO_ZERO_CEL = f"!({_V_MIN} == 0 && {_V_MAX} > 0)"
+
+
+def _scales_to_zero(variant: VariantSpec) -> bool:
+    return variant.replicas.min == 0 < variant.replicas.max
+
+
 def _gguf_needs_gguf(spec: InferenceServiceSpec) -> bool:
     return spec.model.is_gguf or all(v.quantization != "gguf" for v in spec.variants)
 
@@ -828,6 +891,41 @@ class InferenceServiceSpec(Spec):
             ),
             "parallelism.nodes above 1 needs model.cache.accessMode ReadWriteMany: a ReadWriteOnce cache "
             "holds every pod on the one node its volume is attached to",
+        ),
+        Rule(
+            "self.variants.all(v, !has(v.traffic)) || (self.variants.all(v, has(v.traffic)) && "
+            "self.variants.map(v, v.traffic).sum() == 100)",
+            lambda s: (
+                all(v.traffic is None for v in s.variants)
+                or (
+                    all(v.traffic is not None for v in s.variants)
+                    and sum(v.traffic for v in s.variants) == 100
+                )
+            ),
+            "variants[].traffic must be set on every variant and sum to 100, or on none",
+        ),
+        Rule(
+            "has(self.route) || self.variants.all(v, !has(v.traffic))",
+            lambda s: s.route is not None or all(v.traffic is None for v in s.variants),
+            "variants[].traffic needs spec.route: the gateway's HTTPRoute makes the split",
+        ),
+        Rule(
+            "!has(self.route) || self.variants.all(v, v.name != 'v1')",
+            lambda s: s.route is None or all(v.name != "v1" for v in s.variants),
+            "a routed variant must not be named v1: /<name>/v1 is the shared route's API path",
+        ),
+        Rule(
+            f"self.variants.all(v, !has(v.replicas) || {_NOT_TO_ZERO_CEL} || has(self.route))",
+            lambda s: s.route is not None or not any(_scales_to_zero(v) for v in s.variants),
+            "replicas.min 0 below a larger max needs spec.route: a variant with no pods is woken by the "
+            "requests its gateway sees",
+        ),
+        Rule(
+            "!has(self.autoscaling) || !has(self.autoscaling.actuator) || self.autoscaling.actuator != 'hpa' "
+            f"|| self.variants.all(v, !has(v.replicas) || {_NOT_TO_ZERO_CEL})",
+            lambda s: s.autoscaling.actuator != "hpa" or not any(_scales_to_zero(v) for v in s.variants),
+            "replicas.min 0 below a larger max needs autoscaling.actuator keda: a HorizontalPodAutoscaler "
+            "cannot scale to zero",
         ),
         Rule(
             "self.variants.all(v, self.variants.exists_one(w, w.name == v.name))",
@@ -921,6 +1019,11 @@ class InferenceServiceSpec(Spec):
         "pod, or of a group of pods on several nodes.",
     )
     autoscaling: AutoscalingSpec = Field(default=AutoscalingSpec(), description="Autoscaling on queue depth.")
+    route: RouteSpec | None = Field(
+        default=None,
+        description="Serve through a Gateway API Gateway: an HTTPRoute splits requests over the variants "
+        "by variants[].traffic and reaches each variant by its own path and model name.",
+    )
     drain: DrainSpec = Field(default=DrainSpec(), description="Graceful shutdown of pods.")
     scheduling: SchedulingSpec = Field(default=SchedulingSpec(), description="Where the pods may run.")
     monitoring: MonitoringSpec = Field(default=MonitoringSpec(), description="Prometheus scraping.")
@@ -965,8 +1068,9 @@ class InferenceServiceSpec(Spec):
 
 class Condition(Spec):
     type: str = Field(
-        description="Ready, Progressing, Degraded, ModelFits, and Reconciling and Stalled (kstatus's, "
-        "for Flux and kpt)."
+        description="Ready, Progressing, Degraded, ModelFits, Reconciling and Stalled (kstatus's, for "
+        "Flux and kpt), and with spec.route RouteAccepted and RouteResolvedRefs (the HTTPRoute's own "
+        "conditions at its Gateway)."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="One CamelCase word saying why.")
@@ -994,6 +1098,11 @@ class VariantStatus(Spec):
     adapters: list[AdapterStatus] = Field(
         default=[], description="Each of spec.adapters in this variant's ready pods."
     )
+    service: str | None = Field(default=None, description="The Service of this variant's pods alone.")
+    path: str | None = Field(
+        default=None, description="Path prefix of this variant on the gateway (spec.route), before /v1."
+    )
+    model_names: list[str] = Field(default=[], description="Model names this variant's pods answer to.")
 
 
 class RetiringStatus(Spec):
@@ -1015,7 +1124,9 @@ class ModelCacheStatus(Spec):
 
 class InferenceServiceStatus(Spec):
     conditions: list[Condition] = Field(
-        default=[], description="Ready, Progressing, Degraded, ModelFits, Reconciling and Stalled."
+        default=[],
+        description="Ready, Progressing, Degraded, ModelFits, Reconciling and Stalled; RouteAccepted, "
+        "RouteResolvedRefs.",
     )
     variants: list[VariantStatus] = Field(default=[], description="Replicas per variant.")
     url: str | None = Field(default=None, description="In-cluster base URL of the OpenAI-compatible API.")

@@ -14,6 +14,11 @@ from pagoda_operator.rules import Rule
 PORT = HTTP_PORT  # the runtime's default --port, rendered all the same
 LABEL_ISVC = f"{GROUP}/inference-service"
 LABEL_VARIANT = f"{GROUP}/variant"
+# The labels Prometheus gives a runtime pod's series from those two pod labels (kubernetes_sd's
+# labelmap of __meta_kubernetes_pod_label_*, the ServiceMonitor's podTargetLabels): the dashboard
+# and KEDA's queries select an InferenceService and a variant by them.
+PROMETHEUS_ISVC_LABEL = re.sub(r"[^a-zA-Z0-9_]", "_", LABEL_ISVC)
+PROMETHEUS_VARIANT_LABEL = re.sub(r"[^a-zA-Z0-9_]", "_", LABEL_VARIANT)
 # On the shared model cache's claim, Job and every replica that reads it (see model_cache.py).
 LABEL_MODEL_CACHE = f"{GROUP}/model-cache"
 # On each adapter's download Job into the namespace's adapter cache (see adapter_cache.py).
@@ -101,3 +106,8 @@ def labels(name: str, variant: str | None = None) -> dict[str, str]:
         "app.kubernetes.io/managed-by": "pagoda-operator",
         **selector_labels(name, variant),
     }
+
+
+def variant_model_names(served_name: str, variant: str) -> tuple[str, str]:
+    """What a variant's pods answer to: the service's model name, and NAME:VARIANT for this one alone."""
+    return served_name, f"{served_name}:{variant}"

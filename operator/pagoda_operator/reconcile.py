@@ -22,9 +22,8 @@ from pagoda_operator import adapter_cluster, metrics, settings, upgrade
 from pagoda_operator.inference_service import error_text, ids, parse, plan_with_cache
 from pagoda_operator.kube import (
     CHILD_KINDS,
-    LEADER_WORKER_SET_API,
+    OPTIONAL_KINDS,
     REPLICAS_FIELD_MANAGER,
-    SERVICE_MONITOR_API,
     Kube,
     api_message,
     being_deleted,
@@ -33,12 +32,49 @@ from pagoda_operator.kube import (
 )
 from pagoda_operator.leader_worker_set import LWS_GROUP
 from pagoda_operator.model_cache_cluster import ensure_draft_caches, ensure_model_cache
+from pagoda_operator.models import InferenceServiceSpec
 from pagoda_operator.names import LABEL_ISVC, LABEL_VARIANT, WORKLOAD_KINDS, child_selector
 from pagoda_operator.plan import ServicePlan
 from pagoda_operator.render import RenderOptions, render, with_runtime_image
 from pagoda_operator.replicas import replicas_manifest, replicas_to_apply
 from pagoda_operator.retire import plan_retirement, replacements_ready, serving_variants
+from pagoda_operator.scaled_object import KEDA_GROUP
 from pagoda_operator.status_refresh import Observed, observe, refresh_status, report_invalid
+
+
+def _missing_requirement(spec: InferenceServiceSpec, installed: dict[str, bool]) -> tuple[str, str] | None:
+    """(reason, message) when the spec needs an API the cluster lacks; a route without the Gateway
+    API is not one of them: the status says so and the pods serve meanwhile."""
+    if spec.spans_nodes and not installed["LeaderWorkerSet"]:
+        return "LeaderWorkerSetMissing", (
+            f"parallelism.nodes {spec.parallelism.nodes} needs LeaderWorkerSet ({LWS_GROUP}) installed in "
+            "the cluster: install it (see README), or serve from one node"
+        )
+    zero = [v.name for v in spec.variants if v.replicas.min == 0 < v.replicas.max]
+    wants_keda = spec.autoscaling.actuator == "keda" or (zero and spec.autoscaling.enabled)
+    if wants_keda and not installed["ScaledObject"]:
+        why = f"variants {', '.join(zero)} scale to zero" if zero else "autoscaling.actuator is keda"
+        return "KEDAMissing", (
+            f"{why}, which needs KEDA ({KEDA_GROUP}) installed in the cluster: install it (see "
+            "docs/operator.md), or give those variants replicas.min 1 and actuator hpa"
+        )
+    return None
+
+
+def _with_installed(
+    options: RenderOptions,
+    spec: InferenceServiceSpec,
+    installed: dict[str, bool],
+    keda: settings.KedaSettings,
+) -> RenderOptions:
+    """The render options with the optional APIs this cluster has."""
+    scales_with_keda = installed["ScaledObject"] and spec.autoscaling.actuator != "hpa"
+    return replace(
+        options,
+        service_monitor=installed["ServiceMonitor"],
+        gateway_api=installed["HTTPRoute"],
+        keda=keda if scales_with_keda else None,
+    )
 
 
 def watched_workloads(k: Kube) -> list[dict]:
@@ -76,7 +112,7 @@ def _apply_workload(k: Kube, body, manifest: dict, variant, live: dict | None) -
             "Normal",
             "OperatorUpgrade",
             f"rolling {manifest['kind']} {meta['name']} to the pods this operator renders (one workload "
-            "of the cluster at a time, within rollout.maxSurge and rollout.maxUnavailable)",
+            "at a time among the services it watches, within rollout.maxSurge and rollout.maxUnavailable)",
         )
         return None
     return f"{manifest['kind']} {meta['name']} waits for {blocker} to finish rolling out"
@@ -187,33 +223,25 @@ def reconcile(k: Kube, body, *, announce: bool) -> None:
     except ApiException as exc:
         _refused(k, body, exc, announce=announce)
         return
+    installed = {kind: k.has_api(*api) for kind, api in OPTIONAL_KINDS.items()}
     try:
         plan = plan_with_cache(spec, cache, drafts)
-        service_monitor = k.has_api(*SERVICE_MONITOR_API)
         manifests = render(
             plan,
             namespace=namespace,
             name=name,
             uid=uid,
-            options=replace(options, service_monitor=service_monitor),
+            options=_with_installed(options, spec, installed, operator_settings.keda),
         )
     except (ValidationError, ValueError) as exc:
         _invalid(k, body, exc, announce=announce)
-    lws_installed = k.has_api(*LEADER_WORKER_SET_API)
-    if spec.spans_nodes and not lws_installed:
-        message = (
-            f"parallelism.nodes {spec.parallelism.nodes} needs LeaderWorkerSet ({LWS_GROUP}) installed in "
-            "the cluster: install it (see README), or serve from one node"
-        )
-        report_invalid(k, body, "LeaderWorkerSetMissing", message, announce=announce)
+    if (missing := _missing_requirement(spec, installed)) is not None:
+        reason, message = missing
+        report_invalid(k, body, reason, message, announce=announce)
         raise kopf.PermanentError(message)
     try:
         clashes, queued = _apply_children(k, body, plan, manifests, uid)
-        kinds = [
-            kind
-            for kind in CHILD_KINDS
-            if (kind != "ServiceMonitor" or service_monitor) and (kind != "LeaderWorkerSet" or lws_installed)
-        ]
+        kinds = [kind for kind in CHILD_KINDS if installed.get(kind, True)]
         retiring = _retire(k, body, plan, manifests, kinds)
         observe(namespace, name, Observed(tuple(clashes), retiring, tuple(queued)))
         adapter_cluster.sync_adapters(k, spec, namespace, name)

@@ -1,8 +1,9 @@
 """InferenceService → the child manifests that serve it. Pure: no I/O, same input, same output.
 
 Per variant: a Deployment (a LeaderWorkerSet when a replica spans nodes), a Service, a
-PodDisruptionBudget and (when it autoscales) an HPA on queue depth. Over all variants: one
-Service, and a ServiceMonitor when Prometheus Operator is installed. A variant whose model cannot
+PodDisruptionBudget and (when it autoscales) a KEDA ScaledObject (scaled_object.py) or an HPA on
+queue depth. Over all variants: one Service, an HTTPRoute with spec.route (http_route.py), and a
+ServiceMonitor when Prometheus Operator is installed. A variant whose model cannot
 fit its pods gets no workload at all: pods that can only crash-loop help nobody, and the status says
 why.
 """
@@ -28,20 +29,25 @@ from pagoda_runtime.contract.serve_settings import DistributedSettings, ServerSe
 from pagoda_runtime.contract.sources import parse_pvc
 
 from pagoda_operator import adapter_cache, model_cache
+from pagoda_operator.http_route import http_route, rules_reaching
 from pagoda_operator.leader_worker_set import LEADER_SELECTOR, LWS_API_VERSION, LWS_KIND, leader_worker_set
 from pagoda_operator.models import GROUP, KIND, VERSION, InferenceServiceSpec, ModelSpec, VariantSpec
 from pagoda_operator.names import (
     DEFAULT_OPERATOR_NAMESPACE,
+    LABEL_ISVC,
     LABEL_VARIANT,
     NAMESPACE_NAME_LABEL,
     OPERATOR_POD_LABELS,
     PORT,
     labels,
     selector_labels,
+    variant_model_names,
     variant_object_name,
     workload_name,
 )
 from pagoda_operator.plan import ServicePlan, VariantPlan
+from pagoda_operator.scaled_object import KedaSettings, scaled_object
+from pagoda_operator.scaling_behavior import behavior
 from pagoda_operator.settings import DEFAULT_RUNTIME_IMAGE
 
 RUNTIME_CONTAINER = "runtime"
@@ -64,6 +70,9 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 @dataclass(frozen=True)
 class RenderOptions:
     service_monitor: bool = False  # whether the monitoring.coreos.com CRD exists
+    gateway_api: bool = False  # whether the Gateway API's HTTPRoute CRD exists
+    # KEDA scales the autoscaled variants (its CRDs exist, and autoscaling.actuator is not hpa).
+    keda: KedaSettings | None = None
     runtime_image: str = DEFAULT_RUNTIME_IMAGE  # for a spec that names none (settings.py)
     service_monitor_labels: tuple[tuple[str, str], ...] = ()
     operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE  # whose operator pods load adapters
@@ -143,7 +152,7 @@ _GROUP_ARGS = ("tensor_parallel_size", "distributed_port")  # only where a repli
 # Only where the pods serve LoRA; the adapters themselves are loaded through the runtime's API
 # (adapter_loading.py), so that the set of adapters is no part of the pod template.
 _LORA_ARGS = ("enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras")
-_LAST_ARGS = ("drain_timeout", "termination_log", "log_format")
+_LAST_ARGS = ("drain_timeout", "termination_log", "log_format", "metrics_compat")
 
 
 def runtime_args(spec: InferenceServiceSpec, variant: VariantSpec, served_name: str) -> list[str]:
@@ -169,12 +178,14 @@ def runtime_args(spec: InferenceServiceSpec, variant: VariantSpec, served_name: 
         max_cpu_loras=rt.max_cpu_loras,
     )
     server = ServerSettings(
-        served_model_names=(served_name,),
+        served_model_names=variant_model_names(served_name, variant.name),
         port=PORT,
         max_queue=rt.max_queue,
         drain_timeout=spec.drain.timeout_seconds,
         termination_log=TERMINATION_LOG,
         log_format=rt.log_format,
+        # Dashboards and autoscaling rules written for vLLM work unchanged; pagoda_* stay.
+        metrics_compat="vllm",
     )
     group = _GROUP_ARGS if spec.tensor_parallel_size > 1 else ()
     lora = _LORA_ARGS if spec.lora_enabled else ()
@@ -507,23 +518,7 @@ def _hpa(spec, variant, *, namespace, name, uid) -> dict:
                     },
                 }
             ],
-            "behavior": {
-                # A queue means users are waiting now: double (or add 4 pods) every 15 s.
-                "scaleUp": {
-                    "stabilizationWindowSeconds": scaling.scale_up_stabilization_seconds,
-                    "selectPolicy": "Max",
-                    "policies": [
-                        {"type": "Percent", "value": 100, "periodSeconds": 15},
-                        {"type": "Pods", "value": 4, "periodSeconds": 15},
-                    ],
-                },
-                # GPU pods are slow to come back: remove one per minute after a quiet window.
-                "scaleDown": {
-                    "stabilizationWindowSeconds": scaling.scale_down_stabilization_seconds,
-                    "selectPolicy": "Min",
-                    "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}],
-                },
-            },
+            "behavior": behavior(scaling),
         },
     }
 
@@ -560,6 +555,8 @@ def _service_monitor(spec, extra_labels: dict[str, str], *, namespace, name, uid
                 "matchExpressions": [{"key": LABEL_VARIANT, "operator": "Exists"}],
             },
             "endpoints": [{"port": "http", "path": METRICS_PATH, "interval": spec.monitoring.interval}],
+            # Series labelled by InferenceService and variant (PROMETHEUS_ISVC_LABEL, ..._VARIANT_LABEL).
+            "podTargetLabels": [LABEL_ISVC, LABEL_VARIANT],
         },
     }
 
@@ -617,8 +614,27 @@ def render(plan: ServicePlan, *, namespace: str, name: str, uid: str, options: R
             )
         )
         objects.append(_pdb(variant, **ids))
-        if variant_plan.autoscales:
+        if variant_plan.autoscales and options.keda is not None:
+            metadata = _metadata(object_name, namespace, name, uid, variant.name)
+            objects.append(
+                scaled_object(
+                    spec,
+                    variant_plan,
+                    metadata=metadata,
+                    namespace=namespace,
+                    name=name,
+                    settings=options.keda,
+                    route_rules=rules_reaching(plan, variant.name),
+                )
+            )
+        elif variant_plan.autoscales:
             objects.append(_hpa(spec, variant, **ids))
+    if spec.route is not None and options.gateway_api:
+        objects.append(
+            http_route(
+                plan, metadata=_metadata(name, namespace, name, uid, None), name=name, served_name=served_name
+            )
+        )
     if spec.network_policy.enabled:
         objects.append(_network_policy(spec, options.operator_namespace, **ids))
     if options.service_monitor and spec.monitoring.service_monitor:

@@ -29,7 +29,11 @@ def replicas_to_apply(variant: VariantPlan, live: dict | None) -> int | None:
     if not variant.autoscales:
         return replicas.min
     current = None if live is None else live.get("spec", {}).get("replicas")
-    if current is None or current < replicas.min:
+    if current is None:
+        # A variant that may scale to zero still starts with a pod: its model is loaded and checked
+        # once, and the autoscaler takes it to zero when it stays idle.
+        return max(replicas.min, 1)
+    if current < replicas.min:
         return replicas.min
     if _applies_replicas(live, FIELD_MANAGER):
         # Set by an operator version whose main manager owned the field: hand it over unchanged.

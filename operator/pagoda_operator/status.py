@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from pagoda_operator.http_route import GATEWAY_GROUP, variant_path
 from pagoda_operator.model_cache import CacheStatus
 from pagoda_operator.models import (
     AdapterStatus,
@@ -21,7 +22,13 @@ from pagoda_operator.models import (
     RetiringStatus,
     VariantStatus,
 )
-from pagoda_operator.names import LABEL_VARIANT, service_url, workload_name
+from pagoda_operator.names import (
+    LABEL_VARIANT,
+    service_url,
+    variant_model_names,
+    variant_object_name,
+    workload_name,
+)
 from pagoda_operator.plan import ServicePlan, VariantPlan, draft_source
 
 # Container waiting reasons that mean the pod will not get better on its own.
@@ -176,15 +183,20 @@ class _Workloads:
     def desired(self) -> int:
         return sum(w.get("spec", {}).get("replicas", 0) for v in self.servable if (w := self.of(v.name)))
 
-    def variant_status(self, variant: VariantPlan) -> VariantStatus:
+    def variant_status(self, variant: VariantPlan, served_name: str) -> VariantStatus:
         status = (self.of(variant.name) or {}).get("status", {})
         known_fit = {} if variant.fit is None else {"fits": variant.fit.fits}  # unknown: left out
+        routed = {"path": variant_path(self.name, variant.name)} if self.plan.spec.route is not None else {}
+        served = {"service": variant_object_name(self.name, variant.name)} if variant.servable else {}
         return VariantStatus(
             name=variant.name,
             replicas=status.get("replicas", 0),
             ready_replicas=status.get("readyReplicas", 0),
             **known_fit,
             **({"adapters": self.adapters[variant.name]} if variant.name in self.adapters else {}),
+            **served,
+            **routed,
+            model_names=list(variant_model_names(served_name, variant.name)),
         )
 
 
@@ -264,8 +276,7 @@ def progressing_condition(
             "Progressing",
             True,
             "UpgradeQueued",
-            "a new operator renders new pods; they roll one workload of the cluster at a time: "
-            + "; ".join(upgrade_queued),
+            "a new operator renders new pods; they roll one workload at a time: " + "; ".join(upgrade_queued),
         )
     if changing := workloads.missing + workloads.rolling:
         return _condition("Progressing", True, "RollingOut", f"variants rolling out: {', '.join(changing)}")
@@ -306,6 +317,53 @@ def ready_condition(
         reason = problems.all[0][0] if problems.all else "Starting"
         return _condition("Ready", False, reason, f"variants not ready: {', '.join(not_ready)}")
     return _condition("Ready", True, "Serving", f"serving at {url}")
+
+
+ROUTE_CONDITIONS = ("Accepted", "ResolvedRefs")
+
+
+def _our_parent(parent: dict, namespace: str, gateway: str, gateway_namespace: str | None) -> bool:
+    ref = parent.get("parentRef", {})
+    return (
+        ref.get("name") == gateway
+        and ref.get("namespace", namespace) == (gateway_namespace or namespace)
+        and ref.get("group", GATEWAY_GROUP) == GATEWAY_GROUP
+    )
+
+
+def route_conditions(
+    plan: ServicePlan, route: dict | None, *, gateway_api: bool, namespace: str
+) -> list[Condition]:
+    """RouteAccepted and RouteResolvedRefs: the HTTPRoute's conditions as its Gateway wrote them;
+    none without spec.route."""
+    wanted = plan.spec.route
+    if wanted is None:
+        return []
+    if not gateway_api:
+        message = (
+            "spec.route needs the Gateway API (gateway.networking.k8s.io) installed in the cluster, with a "
+            "gateway implementation: install them (docs/operator.md); the variants serve through their "
+            "Services meanwhile"
+        )
+        return [_condition(f"Route{t}", False, "GatewayAPIMissing", message) for t in ROUTE_CONDITIONS]
+    gateway = wanted.gateway_ref
+    parents = [] if route is None else route.get("status", {}).get("parents", [])
+    ours = next((p for p in parents if _our_parent(p, namespace, gateway.name, gateway.namespace)), None)
+    found = {c.get("type"): c for c in (ours or {}).get("conditions", [])}
+    conditions = []
+    for type_ in ROUTE_CONDITIONS:
+        cond = found.get(type_)
+        if cond is None:
+            message = (
+                f"Gateway {gateway.namespace or namespace}/{gateway.name} has not reported on the route yet"
+            )
+            conditions.append(_condition(f"Route{type_}", None, "Pending", message))
+            continue
+        status = {"True": True, "False": False}.get(cond.get("status"))
+        conditions.append(
+            _condition(f"Route{type_}", status, cond.get("reason") or type_, cond.get("message", ""))
+        )
+    return conditions
 
 
 def kstatus_conditions(
@@ -376,6 +434,8 @@ def compute_status(
     clashes: list[str] = (),
     retiring: dict | None = None,
     cache: CacheStatus | None = None,
+    route: dict | None = None,
+    gateway_api: bool = False,
     upgrade_queued: list[str] = (),
     draft_caches: Mapping[str, CacheStatus] = MappingProxyType({}),
     adapters: Mapping[str, list[AdapterStatus]] | None = None,
@@ -384,9 +444,10 @@ def compute_status(
     InferenceService's own; `previous`: the stored status, as JSON; `clashes`: objects in the way
     that belong to someone else; `retiring`: old children kept serving (RetiringStatus's fields);
     `cache`: the shared model cache of an hf:// or s3:// source, or the sizing Job of a pvc:// one
-    (the plan was made with its checkpoint); `upgrade_queued`: workloads whose operator upgrade waits
-    its turn (upgrade.py); `draft_caches`: the same as `cache` for the variants' draft models, by
-    variant name; `adapters`: each variant's adapters as the pods were last found (adapter_cluster.py)."""
+    (the plan was made with its checkpoint); `route`: its HTTPRoute as stored, `gateway_api`: whether
+    that kind exists; `upgrade_queued`: workloads whose operator upgrade waits its turn (upgrade.py);
+    `draft_caches`: the same as `cache` for the variants' draft models, by variant name; `adapters`:
+    each variant's adapters as the pods were last found (adapter_cluster.py)."""
     workloads = _Workloads(plan, name, {d["metadata"]["name"]: d for d in deployments}, adapters or {})
     problems = _problems(workloads, deployments, pods, list(hpas), list(clashes))
     retiring_status = RetiringStatus.model_validate(retiring) if retiring else None
@@ -395,8 +456,16 @@ def compute_status(
     ready = ready_condition(workloads, problems, fits, cache, url, draft_caches)
     progressing = progressing_condition(workloads, retiring_status, list(upgrade_queued))
     degraded = degraded_condition(problems)
-    conditions = [ready, progressing, degraded, fits, *kstatus_conditions(ready, progressing, degraded)]
-    variants = [workloads.variant_status(v) for v in plan.variants]
+    conditions = [
+        ready,
+        progressing,
+        degraded,
+        fits,
+        *route_conditions(plan, route, gateway_api=gateway_api, namespace=namespace),
+        *kstatus_conditions(ready, progressing, degraded),
+    ]
+    served_name = plan.spec.model.served_name or name
+    variants = [workloads.variant_status(v, served_name) for v in plan.variants]
     return InferenceServiceStatus(
         conditions=_stamped(conditions, previous or {}, generation, now),
         variants=variants,

@@ -13,6 +13,7 @@ from kubernetes.client import ApiException
 from pydantic import ValidationError
 
 from pagoda_operator import adapter_cluster, metrics
+from pagoda_operator.http_route import HTTP_ROUTE_API
 from pagoda_operator.inference_service import ids, parse, plan_with_cache
 from pagoda_operator.kube import Kube, being_deleted, owned, workload_kinds
 from pagoda_operator.model_cache_cluster import read_cache_status, read_draft_cache_statuses
@@ -66,6 +67,8 @@ def refresh_status(k: Kube, namespace: str, name: str) -> None:
         selector = child_selector(name)
         observed = _observed.get((namespace, name), Observed())
         previous = dict(body.get("status") or {})
+        gateway_api = spec.route is not None and k.has_api(*HTTP_ROUTE_API)
+        route = k.get("HTTPRoute", namespace, name) if gateway_api else None
         status = compute_status(
             plan,
             namespace=namespace,
@@ -84,6 +87,8 @@ def refresh_status(k: Kube, namespace: str, name: str) -> None:
             cache=cache,
             draft_caches=drafts,
             adapters=adapter_cluster.variant_adapters(spec, namespace, name),
+            route=route if route is not None and owned(route, uid) else None,
+            gateway_api=gateway_api,
         )
         new = status_patch(status)
         if not status_changed(previous, new):

@@ -138,6 +138,8 @@ def test_values_become_operator_flags():
             "serviceMonitor.labels.release=kube-prometheus-stack",
             "operator.watchNamespaces={team-a,team-b}",
             "operator.resyncSeconds=60",
+            "keda.prometheusUrl=http://prometheus.monitoring.svc:9090",
+            'keda.gatewayRequestCounter=gateway_requests_total{route=\\"{route}\\"}',
         )
     )
     args = container["args"]
@@ -145,6 +147,8 @@ def test_values_become_operator_flags():
     assert "--namespace=team-a" in args and "--namespace=team-b" in args
     assert "--all-namespaces" not in args
     assert "--resync-seconds=60" in args
+    assert "--prometheus-url=http://prometheus.monitoring.svc:9090" in args
+    assert '--gateway-request-counter=gateway_requests_total{route="{route}"}' in args
 
 
 @pytest.mark.parametrize("install", ["helm", "kustomize"])

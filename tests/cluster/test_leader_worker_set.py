@@ -112,7 +112,16 @@ def test_one_node_is_a_deployment_and_two_nodes_a_leader_worker_set_group(
         what="a ready group and the old Deployment retired",
         details=pagoda_operator.log_tail,
     )
-    assert isvc["status"]["variants"] == [{"name": "bf16", "replicas": 1, "readyReplicas": 1, "fits": True}]
+    assert isvc["status"]["variants"] == [
+        {
+            "name": "bf16",
+            "replicas": 1,
+            "readyReplicas": 1,
+            "fits": True,
+            "service": variant_object_name("big", "bf16"),
+            "modelNames": ["big", "big:bf16"],
+        }
+    ]
 
     # The top-level Service selects workers too, but they declare no http port: only the leader is
     # an endpoint clients reach.

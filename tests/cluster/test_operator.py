@@ -264,8 +264,15 @@ def test_pods_run_on_the_gpu_node_and_the_status_says_ready(control_plane, pagod
     assert status["url"] == f"http://chat.{ns}.svc:8000/v1"
     assert status["observedGeneration"] == isvc["metadata"]["generation"] == 1
     assert status["variants"] == [
-        {"name": "bf16", "replicas": 1, "readyReplicas": 1, "fits": True},
-        {"name": "int4", "replicas": 1, "readyReplicas": 1, "fits": True},
+        {
+            "name": variant,
+            "replicas": 1,
+            "readyReplicas": 1,
+            "fits": True,
+            "service": variant_object_name("chat", variant),
+            "modelNames": ["chat", f"chat:{variant}"],
+        }
+        for variant in ("bf16", "int4")
     ]
     expected = {
         "Ready": ("True", "Serving"),

@@ -135,13 +135,25 @@ class LocalCluster(Cluster):
 
     @contextlib.contextmanager
     def custom_metrics(self, adapter_rules: str) -> Iterator[None]:
+        with self.prometheus() as url:
+            try:
+                self.cp.start_prometheus_adapter(url, adapter_rules)
+                yield
+            finally:
+                with contextlib.suppress(Exception):
+                    self.cp.stop_prometheus_adapter()
+
+    @contextlib.contextmanager
+    def prometheus(self, static: dict[str, str] | None = None) -> Iterator[str]:
+        """A Prometheus on this host scraping the annotated pods and `static` (job -> host:port);
+        yields its URL."""
         found = subprocess.run(["bash", str(ENSURE_PROMETHEUS)], capture_output=True, text=True, timeout=600)
         if found.returncode != 0:
             raise RuntimeError(f"no prometheus binary: {found.stderr.strip()}")
         work = Path(tempfile.mkdtemp(prefix="pagoda-prometheus-"))
         targets = work / "pods.json"
         targets.write_text("[]")
-        (work / "prometheus.yml").write_text(json.dumps(_prometheus_config(targets)))
+        (work / "prometheus.yml").write_text(json.dumps(_prometheus_config(targets, static or {})))
         port = controlplane._free_port()
         with open(work / "prometheus.log", "wb") as log:
             prometheus = subprocess.Popen(
@@ -158,13 +170,10 @@ class LocalCluster(Cluster):
         discovery = threading.Thread(target=self._discover_pods, args=(targets, stop), daemon=True)
         discovery.start()
         try:
-            self.cp.start_prometheus_adapter(f"http://127.0.0.1:{port}", adapter_rules)
-            yield
+            yield f"http://127.0.0.1:{port}"
         finally:
             stop.set()
             discovery.join(30)
-            with contextlib.suppress(Exception):
-                self.cp.stop_prometheus_adapter()
             prometheus.terminate()
             prometheus.wait(30)
             shutil.rmtree(work, ignore_errors=True)
@@ -208,14 +217,16 @@ class LocalCluster(Cluster):
             self.cp.stop()
 
 
-def _prometheus_config(targets: Path) -> dict:
+def _prometheus_config(targets: Path, static: dict[str, str]) -> dict:
+    """static: more scrape jobs, job name -> host:port of a target on this machine."""
     return {
         "global": {"scrape_interval": "2s", "scrape_timeout": "2s"},
         "scrape_configs": [
             {
                 "job_name": "annotated-pods",
                 "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "2s"}],
-            }
+            },
+            *({"job_name": job, "static_configs": [{"targets": [target]}]} for job, target in static.items()),
         ],
     }
 

@@ -117,3 +117,28 @@ def validate_leader_worker_set(manifest: dict, schema: dict | None) -> None:
         )
     if schema is not None:
         jsonschema.validate(manifest, schema)
+
+
+def module_crd_schema(module: str, version_key: str, crd_path: str, served: str) -> dict | None:
+    """A CRD's schema (version `served`) from a Go module pinned in versions.env (`version_key`),
+    in the Go module cache where build.sh put it; None where it is not there."""
+    version = next(
+        line.split("=", 1)[1].strip()
+        for line in VERSIONS_ENV.read_text().splitlines()
+        if line.startswith(f"{version_key}=")
+    )
+    try:
+        cache = (
+            os.environ.get("GOMODCACHE")
+            or subprocess.run(
+                ["go", "env", "GOMODCACHE"], capture_output=True, text=True, check=True
+            ).stdout.strip()
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    crd = Path(cache) / f"{module}@{version}" / crd_path
+    if not crd.is_file():
+        return None
+    loaded = yaml.load(crd.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    (schema,) = [v["schema"]["openAPIV3Schema"] for v in loaded["spec"]["versions"] if v["name"] == served]
+    return _closed(schema)

@@ -62,9 +62,11 @@ def test_a_default_inference_service_runs_the_runtimes_defaults():
     args = cli.parser().parse_args(runtime_args(s, s.variants[0], NAME))
     assert cli.engine_config(args) == EngineConfig(model="/models/llama-3-8b", device="cuda")
     assert cli.server_settings(args) == ServerSettings(
-        served_model_names=(NAME,),
+        # The service's name, and the variant's own, which reaches this variant alone.
+        served_model_names=(NAME, f"{NAME}:{s.variants[0].name}"),
         model="/models/llama-3-8b",
         drain_timeout=s.drain.timeout_seconds,
         termination_log=TERMINATION_LOG,
         log_format="json",
+        metrics_compat="vllm",
     )

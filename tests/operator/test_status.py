@@ -66,9 +66,22 @@ def test_ready_when_every_variant_has_ready_pods():
     assert cond(st, "Degraded")["status"] == "False"
     assert st["url"] == "http://llama.ml.svc:8000/v1"
     assert st["observedGeneration"] == 3
+    # Each variant's own Service and the model names its pods answer to; no path without a route.
     assert st["variants"] == [
-        {"name": "bf16", "replicas": 1, "readyReplicas": 1},
-        {"name": "int4", "replicas": 2, "readyReplicas": 2},
+        {
+            "name": "bf16",
+            "replicas": 1,
+            "readyReplicas": 1,
+            "service": variant_object_name(NAME, "bf16"),
+            "modelNames": ["llama", "llama:bf16"],
+        },
+        {
+            "name": "int4",
+            "replicas": 2,
+            "readyReplicas": 2,
+            "service": variant_object_name(NAME, "int4"),
+            "modelNames": ["llama", "llama:int4"],
+        },
     ]
     assert st["variantNames"] == "bf16,int4" and st["replicaSummary"] == "3/3"
     assert all(c["observedGeneration"] == 3 for c in st["conditions"])
@@ -149,7 +162,14 @@ def test_model_fits_true_false_and_unknown():
     fits = cond(st, "ModelFits")
     assert fits["status"] == "False" and fits["reason"] == "InsufficientMemory"
     assert "bf16" in fits["message"] and "GiB" in fits["message"] and "int4" not in fits["message"]
-    assert {"name": "bf16", "replicas": 0, "readyReplicas": 0, "fits": False} in st["variants"]
+    # A variant that gets no pods has no Service either.
+    assert {
+        "name": "bf16",
+        "replicas": 0,
+        "readyReplicas": 0,
+        "fits": False,
+        "modelNames": ["llama", "llama:bf16"],
+    } in st["variants"]
     # The variant that fits serves; the one that cannot does not hold Ready back.
     assert cond(st, "Ready")["status"] == "True"
 
@@ -233,7 +253,7 @@ def test_a_variant_spanning_nodes_reads_ready_groups_from_its_leader_worker_set(
     lws["status"]["readyReplicas"] = 1
     st = status(s, [lws])
     assert cond(st, "Ready")["status"] == "True"
-    assert st["variants"] == [{"name": "bf16", "replicas": 2, "readyReplicas": 1}]
+    assert [(v["name"], v["replicas"], v["readyReplicas"]) for v in st["variants"]] == [("bf16", 2, 1)]
     assert st["replicaSummary"] == "1/2"
 
 
@@ -255,3 +275,61 @@ def test_a_misspelled_status_field_is_an_error_not_a_dropped_field():
         VariantStatus(name="bf16", readyReplica=1)
     with pytest.raises(ValidationError, match="deployment"):
         status(spec(), [dep("bf16")], retiring={"since": T0, "deployment": ["llama-old-abc123"]})
+
+
+ROUTE = {"gatewayRef": {"name": "public", "namespace": "gateways"}}
+
+
+def http_route(*conditions, gateway="public", gateway_namespace="gateways"):
+    parent = {
+        "group": "gateway.networking.k8s.io",
+        "kind": "Gateway",
+        "name": gateway,
+        "namespace": gateway_namespace,
+    }
+    return {
+        "status": {
+            "parents": [
+                {
+                    "parentRef": parent,
+                    "controllerName": "traefik.io/gateway-controller",
+                    "conditions": [
+                        {"type": t, "status": st, "reason": reason, "message": message}
+                        for t, st, reason, message in conditions
+                    ],
+                }
+            ]
+        }
+    }
+
+
+def test_the_routes_conditions_at_its_gateway_become_the_inference_services():
+    s = spec(variants=TWO, route=ROUTE)
+    accepted = http_route(
+        ("Accepted", "True", "Accepted", ""),
+        ("ResolvedRefs", "False", "BackendNotFound", "service llama-int4 not found"),
+    )
+    st = status(s, [dep("bf16"), dep("int4")], route=accepted, gateway_api=True)
+    assert (cond(st, "RouteAccepted")["status"], cond(st, "RouteAccepted")["reason"]) == ("True", "Accepted")
+    refs = cond(st, "RouteResolvedRefs")
+    assert (refs["status"], refs["reason"]) == ("False", "BackendNotFound")
+    assert refs["message"] == "service llama-int4 not found"
+    # Each variant's path on the gateway.
+    assert [v["path"] for v in st["variants"]] == ["/llama/bf16", "/llama/int4"]
+    # A route that another Gateway reported on, or none has yet: pending.
+    elsewhere = http_route(("Accepted", "True", "Accepted", ""), gateway="other")
+    for route in (elsewhere, None):
+        pending = cond(status(s, [dep("bf16"), dep("int4")], route=route, gateway_api=True), "RouteAccepted")
+        assert (pending["status"], pending["reason"]) == ("Unknown", "Pending")
+
+
+def test_a_route_without_the_gateway_api_says_why_and_the_variants_still_serve():
+    st = status(spec(variants=TWO, route=ROUTE), [dep("bf16"), dep("int4")], gateway_api=False)
+    for type_ in ("RouteAccepted", "RouteResolvedRefs"):
+        assert cond(st, type_)["status"] == "False"
+        assert cond(st, type_)["reason"] == "GatewayAPIMissing"
+        assert "docs/operator.md" in cond(st, type_)["message"]
+    assert cond(st, "Ready")["status"] == "True"
+    assert not any(
+        c["type"].startswith("Route") for c in status(spec(variants=TWO), [dep("bf16")])["conditions"]
+    )

@@ -56,6 +56,15 @@ SPEC_DECODE_ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_po
 # which gateways with LoRA affinity read, and finished requests per adapter.
 LORA_REQUESTS_INFO = "pagoda_lora_requests_info"
 LORA_REQUESTS = "pagoda_lora_requests"
+# Per finished request, as vLLM's production-stack dashboards read them: mean decode time per
+# output token, prefill (first scheduled to first token) and decode (first to last token) time, and
+# the prompt, generated and max_tokens lengths.
+REQUEST_TIME_PER_OUTPUT_TOKEN = "pagoda_request_time_per_output_token_seconds"
+REQUEST_PREFILL_TIME = "pagoda_request_prefill_time_seconds"
+REQUEST_DECODE_TIME = "pagoda_request_decode_time_seconds"
+REQUEST_PROMPT_TOKENS = "pagoda_request_prompt_tokens"
+REQUEST_GENERATION_TOKENS = "pagoda_request_generation_tokens"
+REQUEST_MAX_GENERATION_TOKENS = "pagoda_request_max_num_generation_tokens"
 METRICS = (
     REQUESTS_WAITING,
     REQUESTS_WAITING_BY_PRIORITY,
@@ -75,6 +84,12 @@ METRICS = (
     REQUEST_QUEUE_TIME,
     LORA_REQUESTS_INFO,
     LORA_REQUESTS,
+    REQUEST_TIME_PER_OUTPUT_TOKEN,
+    REQUEST_PREFILL_TIME,
+    REQUEST_DECODE_TIME,
+    REQUEST_PROMPT_TOKENS,
+    REQUEST_GENERATION_TOKENS,
+    REQUEST_MAX_GENERATION_TOKENS,
 )
 SPEC_DECODE_METRICS = (
     SPEC_DECODE_DRAFTS,
@@ -96,3 +111,8 @@ LORA_NAME_LABEL = "lora_name"  # of LORA_REQUESTS
 MAX_LORA_LABEL = "max_lora"
 RUNNING_LORA_ADAPTERS_LABEL = "running_lora_adapters"
 WAITING_LORA_ADAPTERS_LABEL = "waiting_lora_adapters"
+
+# Set by the gateway route's shared rule (the operator's HTTPRoute): each sibling variant's model
+# name and the gateway path that reaches it, "NAME:VARIANT=/PATH,...". A pod asked for a sibling's
+# model name redirects the client there (server/admission.py).
+VARIANT_ROUTES_HEADER = "X-Pagoda-Variant-Routes"

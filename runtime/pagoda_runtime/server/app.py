@@ -187,6 +187,7 @@ async def _load(
     if state.settings.chat_template is not None:
         # Before the first request: the tokenizer compiles its template on first use.
         engine.tokenizer.chat_template = state.settings.chat_template
+    state.metrics.engine_loaded(engine.max_model_len)
     state.engine = engine
     log.info("model loaded in %.1fs; max_model_len=%d", time.monotonic() - started, engine.max_model_len)
     background.append(asyncio.create_task(state.health.run_canaries(engine, lambda: state.drain.draining)))

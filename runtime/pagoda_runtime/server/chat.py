@@ -67,7 +67,7 @@ def chat_prompt_ids(
 
 async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     state: ServerState = request.app.state.pagoda
-    lora_name = check_model(state, body.model)
+    lora_name = check_model(state, body.model, request)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs set to true.", param="top_logprobs")
     choice = body.tool_choice

@@ -37,7 +37,7 @@ def prompt_token_ids(
 
 async def create_completion(body: CompletionRequest, request: Request):
     state: ServerState = request.app.state.pagoda
-    lora_name = check_model(state, body.model)
+    lora_name = check_model(state, body.model, request)
     engine = await admit(state, body.priority)
     ids = prompt_token_ids(body.prompt, engine.tokenizer)
     params = sampling_params(body, body.max_tokens, body.logprobs, structured_outputs(body))

@@ -36,6 +36,7 @@ class APIError(Exception):
         param: str | None = None,
         code: str | None = None,
         retry_after: int | None = None,
+        location: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -43,6 +44,7 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.retry_after = retry_after
+        self.location = location
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
@@ -57,11 +59,15 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 
 
 def error_response(error: APIError) -> JSONResponse:
-    headers = {"Retry-After": str(error.retry_after)} if error.retry_after is not None else None
+    headers = {}
+    if error.retry_after is not None:
+        headers["Retry-After"] = str(error.retry_after)
+    if error.location is not None:
+        headers["Location"] = error.location
     return JSONResponse(
         error_body(error.status, error.message, error.param, error.code),
         status_code=error.status,
-        headers=headers,
+        headers=headers or None,
     )
 
 

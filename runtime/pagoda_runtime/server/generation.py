@@ -124,7 +124,8 @@ async def generate(
                 last_token_at = now
             if out.finished:
                 finished = True
-                state.metrics.finished(out, lora_name)
+                allowed = params.max_tokens or engine.max_model_len - len(prompt_ids)
+                state.metrics.finished(out, allowed, lora_name)
             yield out
     except RequestRejected as exc:
         refused = True

@@ -40,7 +40,13 @@ from pagoda_runtime.contract.names import (
     PRIORITY_LABEL,
     PROMPT_TOKENS,
     REJECT_REASON_LABEL,
+    REQUEST_DECODE_TIME,
+    REQUEST_GENERATION_TOKENS,
+    REQUEST_MAX_GENERATION_TOKENS,
+    REQUEST_PREFILL_TIME,
+    REQUEST_PROMPT_TOKENS,
     REQUEST_QUEUE_TIME,
+    REQUEST_TIME_PER_OUTPUT_TOKEN,
     REQUESTS_FINISHED,
     REQUESTS_REJECTED,
     REQUESTS_RUNNING,
@@ -98,6 +104,65 @@ _REQUEST_BUCKETS = (
 # Priority values with a series of their own, most urgent first; clients choose priorities, so
 # the rest share one series ("other") to keep the number of series bounded.
 MAX_PRIORITY_SERIES = 8
+
+# vLLM's buckets for the per-request phase times and the mean time per output token.
+_PHASE_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+_TPOT_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+
+
+def one_two_five_buckets(limit: int) -> tuple[float, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to limit: vLLM's buckets for token counts up to max_model_len."""
+    buckets, scale = [], 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > limit:
+                return tuple(float(b) for b in buckets)
+            buckets.append(mantissa * scale)
+        scale *= 10
+
+
 # A request with any aborted sample was aborted; otherwise "length" says it was cut short.
 _FINISH_PRIORITY = ("abort", "length", "stop")
 
@@ -252,6 +317,44 @@ class ServerMetrics:
             registry=reg,
         )
 
+        self.prefill_time = Histogram(
+            REQUEST_PREFILL_TIME,
+            "First scheduled to first token.",
+            labels,
+            buckets=_PHASE_BUCKETS,
+            registry=reg,
+        )
+        self.decode_time = Histogram(
+            REQUEST_DECODE_TIME,
+            "First token to last token.",
+            labels,
+            buckets=_PHASE_BUCKETS,
+            registry=reg,
+        )
+        self.time_per_output_token = Histogram(
+            REQUEST_TIME_PER_OUTPUT_TOKEN,
+            "Mean time per output token after the first, per request.",
+            labels,
+            buckets=_TPOT_BUCKETS,
+            registry=reg,
+        )
+        # Their buckets run up to the model's context length, known once the engine has loaded.
+        self.token_lengths: tuple[Histogram, Histogram, Histogram] | None = None
+
+    def engine_loaded(self, max_model_len: int) -> None:
+        """Registers the token-length histograms, whose buckets stop at max_model_len."""
+        if self.token_lengths is not None:
+            return
+        buckets, labels, reg = one_two_five_buckets(max_model_len), [MODEL_NAME_LABEL], self.registry
+        self.token_lengths = tuple(
+            Histogram(name, doc, labels, buckets=buckets, registry=reg)
+            for name, doc in (
+                (REQUEST_PROMPT_TOKENS, "Prompt tokens per request."),
+                (REQUEST_GENERATION_TOKENS, "Generated tokens per request."),
+                (REQUEST_MAX_GENERATION_TOKENS, "The max_tokens each request allowed."),
+            )
+        )
+
     def reject(self, reason: str) -> None:
         self.rejected.labels(self.model_name, reason).inc()
 
@@ -268,13 +371,27 @@ class ServerMetrics:
         self.generation_tokens.labels(self.model_name).inc(generated_tokens)
         self.requests.labels(self.model_name, reason).inc()
 
-    def finished(self, out: RequestOutput, lora_name: str | None = None) -> None:
+    def finished(self, out: RequestOutput, max_tokens: int, lora_name: str | None = None) -> None:
+        """max_tokens: the most the request allowed (its max_tokens, or what the context left)."""
         name = self.model_name
         if lora_name is not None:
             self.lora_requests.labels(name, lora_name).inc()
         m = out.metrics
+        generated = sum(len(o.token_ids) for o in out.outputs)
         self.prompt_tokens.labels(name).inc(len(out.prompt_token_ids))
-        self.generation_tokens.labels(name).inc(sum(len(o.token_ids) for o in out.outputs))
+        self.generation_tokens.labels(name).inc(generated)
+        if self.token_lengths is not None:
+            for histogram, value in zip(
+                self.token_lengths, (len(out.prompt_token_ids), generated, max_tokens), strict=True
+            ):
+                histogram.labels(name).observe(value)
+        if m.first_token_time is not None and m.first_scheduled_time is not None:
+            self.prefill_time.labels(name).observe(m.first_token_time - m.first_scheduled_time)
+        if m.first_token_time is not None and m.last_token_time is not None:
+            decode = m.last_token_time - m.first_token_time
+            self.decode_time.labels(name).observe(decode)
+            steps = max((len(o.token_ids) for o in out.outputs), default=0) - 1
+            self.time_per_output_token.labels(name).observe(decode / steps if steps > 0 else 0.0)
         reasons = {o.finish_reason for o in out.outputs}
         reason = next((r for r in _FINISH_PRIORITY if r in reasons), "stop")
         self.requests.labels(name, reason).inc()

@@ -19,8 +19,8 @@ VLLM_NAMES: dict[str, tuple[str, ...]] = {
     n.REQUESTS_WAITING: ("vllm:num_requests_waiting",),
     n.REQUESTS_RUNNING: ("vllm:num_requests_running",),
     n.KV_CACHE_USAGE: ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-    n.PREFIX_CACHE_QUERIES: ("vllm:prefix_cache_queries",),
-    n.PREFIX_CACHE_HITS: ("vllm:prefix_cache_hits",),
+    n.PREFIX_CACHE_QUERIES: ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"),
+    n.PREFIX_CACHE_HITS: ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"),
     n.PREEMPTIONS: ("vllm:num_preemptions",),
     n.PROMPT_TOKENS: ("vllm:prompt_tokens",),
     n.GENERATION_TOKENS: ("vllm:generation_tokens",),
@@ -33,6 +33,12 @@ VLLM_NAMES: dict[str, tuple[str, ...]] = {
     n.E2E_REQUEST_LATENCY: ("vllm:e2e_request_latency_seconds",),
     n.REQUEST_QUEUE_TIME: ("vllm:request_queue_time_seconds",),
     n.LORA_REQUESTS_INFO: ("vllm:lora_requests_info",),
+    n.REQUEST_TIME_PER_OUTPUT_TOKEN: ("vllm:request_time_per_output_token_seconds",),
+    n.REQUEST_PREFILL_TIME: ("vllm:request_prefill_time_seconds",),
+    n.REQUEST_DECODE_TIME: ("vllm:request_decode_time_seconds",),
+    n.REQUEST_PROMPT_TOKENS: ("vllm:request_prompt_tokens",),
+    n.REQUEST_GENERATION_TOKENS: ("vllm:request_generation_tokens",),
+    n.REQUEST_MAX_GENERATION_TOKENS: ("vllm:request_max_num_generation_tokens",),
 }
 # vLLM spells this label differently.
 _LABELS = {n.FINISH_REASON_LABEL: "finished_reason"}

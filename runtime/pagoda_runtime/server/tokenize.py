@@ -57,7 +57,7 @@ def _engine(state: ServerState):
 
 async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
     state: ServerState = request.app.state.pagoda
-    check_model(state, body.model)
+    check_model(state, body.model, request)
     engine = _engine(state)
     tokenizer = engine.tokenizer
     if body.messages is not None:
@@ -70,7 +70,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
 
 async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
     state: ServerState = request.app.state.pagoda
-    check_model(state, body.model)
+    check_model(state, body.model, request)
     engine = _engine(state)
     vocab = engine.vocab_size
     bad = first_out_of_vocabulary(body.tokens, vocab)

@@ -85,6 +85,47 @@ def test_metrics_compat_vllm_exports_vllm_names():
         'vllm:request_success_total{finished_reason="length",model_name="fake-model"} 1.0',
         'vllm:time_to_first_token_seconds_count{model_name="fake-model"} 1.0',
         'vllm:e2e_request_latency_seconds_bucket{le="+Inf",model_name="fake-model"} 1.0',
+        # The series vLLM production-stack's dashboards read beside those.
+        'vllm:gpu_prefix_cache_queries_total{model_name="fake-model"}',
+        'vllm:gpu_prefix_cache_hits_total{model_name="fake-model"}',
+        'vllm:request_time_per_output_token_seconds_count{model_name="fake-model"} 1.0',
+        'vllm:request_prefill_time_seconds_count{model_name="fake-model"} 1.0',
+        'vllm:request_decode_time_seconds_count{model_name="fake-model"} 1.0',
+        # One prompt token, two generated, two allowed: vLLM's 1-2-5 buckets up to max_model_len.
+        'vllm:request_prompt_tokens_bucket{le="1.0",model_name="fake-model"} 1.0',
+        'vllm:request_generation_tokens_bucket{le="1.0",model_name="fake-model"} 0.0',
+        'vllm:request_generation_tokens_bucket{le="2.0",model_name="fake-model"} 1.0',
+        'vllm:request_max_num_generation_tokens_sum{model_name="fake-model"} 2.0',
+        'vllm:request_max_num_generation_tokens_bucket{le="500.0",model_name="fake-model"} 1.0',
     ):
         assert line in text, line
+    assert 'vllm:request_prompt_tokens_bucket{le="1000.0"' not in text  # past max_model_len 512
     assert 'pagoda_generation_tokens_total{model_name="fake-model"} 2.0' in text
+
+
+def test_the_prompt_length_is_the_rest_of_the_context_when_max_tokens_is_unset():
+    app, _ = fake_app()
+    with TestClient(app) as client:
+        wait_ready(client)
+        client.post("/v1/completions", json={"prompt": "xy", "max_tokens": None})
+        text = client.get("/metrics").text
+    assert 'pagoda_request_max_num_generation_tokens_sum{model_name="fake-model"} 510.0' in text
+
+
+def test_a_sibling_variants_model_name_redirects_to_its_gateway_path():
+    app, engine = fake_app(served_model_names=("smol", "smol:bf16"))
+    routes = {"X-Pagoda-Variant-Routes": "smol:bf16=/smol/bf16, smol:int4=/smol/int4"}
+    with TestClient(app, follow_redirects=False) as client:
+        wait_ready(client)
+        body = {"model": "smol:int4", "prompt": "x", "max_tokens": 1}
+        moved = client.post("/v1/completions?x=1", json=body, headers=routes)
+        assert moved.status_code == 307
+        assert moved.headers["location"] == "/smol/int4/v1/completions?x=1"
+        assert moved.json()["error"]["code"] == "model_elsewhere"
+        # Its own name is served here, and without the gateway's header nothing redirects.
+        own = client.post("/v1/completions", json={**body, "model": "smol:bf16"}, headers=routes)
+        assert own.status_code == 200
+        assert client.post("/v1/completions", json=body).status_code == 404
+        unknown = client.post("/v1/completions", json={**body, "model": "smol:fp8"}, headers=routes)
+        assert unknown.status_code == 404
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["smol", "smol:bf16"]

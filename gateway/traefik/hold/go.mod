@@ -1,0 +1,3 @@
+module pagoda.dev/hold
+
+go 1.26.0
