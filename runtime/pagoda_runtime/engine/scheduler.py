@@ -22,8 +22,7 @@ Under the priority policy the waiting and the running sequences are both kept in
 ranked", a preempted sequence waits at its rank, and the victim of a preemption is the worst-ranked
 running sequence. A waiting sequence that outranks the worst running one also preempts it when it
 could not start beside it (no free slot of max_num_seqs, or too few free blocks for its first
-chunk), so a high-priority request never waits for a low-priority one to finish; the step that
-starts its prompt carries no prompt chunk of a worse-ranked sequence.
+chunk), so a high-priority request never waits for a low-priority one to finish.
 """
 
 from __future__ import annotations
@@ -129,10 +128,6 @@ class Scheduler:
         # Kept from the running sequences for the best waiting one when it outranks some of them.
         reserved = self._make_room(budget) if self.by_priority else 0
         budget -= reserved
-        # A step that starts a better-ranked prompt carries no worse-ranked prompt chunk (decodes
-        # still run): on a compute-bound device the step's time is its token count, and the urgent
-        # request's first token waits for all of it.
-        yields_prompts_below = _rank(self.waiting[0]) if reserved else None
         drafts = self._propose()
         # Once per running sequence per step, so kept to plain arithmetic: a decode step needs a new
         # block only when its token starts one.
@@ -142,9 +137,6 @@ class Scheduler:
             if seq.status is not running or seq.last_token_sampled:
                 continue  # preempted earlier in this loop, or its last token is being sampled
             computed = seq.num_computed_tokens
-            in_prompt = seq.num_tokens - computed > 1
-            if in_prompt and yields_prompts_below is not None and _rank(seq) > yields_prompts_below:
-                continue
             num_new = min(seq.num_tokens - computed, budget)
             draft, probs = drafts.get(seq.seq_id, ([], None))
             if draft:

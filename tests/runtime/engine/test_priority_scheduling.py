@@ -137,14 +137,11 @@ def test_random_prioritized_workload_under_memory_pressure_finishes_everything(o
     assert all_free(sim)
 
 
-def test_a_long_low_priority_prompt_leaves_the_step_to_an_urgent_one():
+def test_a_long_low_priority_prompt_leaves_budget_for_an_urgent_one():
     sim = Simulation(num_blocks=64, block_size=4, max_num_seqs=4, budget=8, policy="priority")
-    decoding = sim.add([9], 5, priority=5, arrival=0.0).seqs[0]
-    batch = sim.add(list(range(40)), 5, priority=5, arrival=0.5).seqs[0]
-    sim.step()  # the one-token prompt and the first chunk of the long one
+    batch = sim.add(list(range(40)), 5, priority=5, arrival=0.0).seqs[0]
+    sim.step()  # the first 8-token chunk of its prompt
     chat = sim.add([1, 2, 3, 4], 5, priority=0, arrival=1.0).seqs[0]
     step = sim.scheduler.schedule()
-    # Without the reservation the batch prompt's next chunk would take the whole step; with it, the
-    # urgent prompt's step still runs the decode but no lower-ranked prompt chunk.
-    assert step.seqs == [decoding, chat] and step.num_new_tokens == [1, 4]
-    assert batch.status == SequenceStatus.RUNNING and batch.num_computed_tokens == 7
+    # Without the reservation the batch prompt's next chunk would take all 8 tokens of the step.
+    assert step.seqs == [batch, chat] and step.num_new_tokens == [4, 4]
