@@ -69,9 +69,13 @@ def http(server):
 
 
 def post_all(http: httpx.Client, requests: list[tuple[str, bytes]]) -> list[httpx.Response]:
+    """Each request on a connection of its own: a client's pool shared by the sending threads once
+    read from a socket another thread had closed (EBADF in the client, the server unharmed)."""
+
     def post(request):
         path, body = request
-        return http.post(path, content=body, headers={"content-type": "application/json"})
+        with httpx.Client(base_url=http.base_url, timeout=http.timeout) as own:
+            return own.post(path, content=body, headers={"content-type": "application/json"})
 
     with ThreadPoolExecutor(len(requests)) as pool:
         return list(pool.map(post, requests))
