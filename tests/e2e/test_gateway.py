@@ -270,7 +270,7 @@ def test_an_idle_variant_goes_to_zero_and_the_first_request_wakes_it(cluster, ga
                     "prometheus_scrape_interval_seconds": 2,
                     "gateway_hold_seconds": 15,
                     "gateway_retry_after_seconds": 30,
-                    "command": "PAGODA_WAKE_RESULT=benchmarks/results/scale-to-zero-wake.json "
+                    "command": "PAGODA_WAKE_RESULT=benchmarks/results/cpu/scale_to_zero_wake.json "
                     "pytest tests/e2e/test_gateway.py",
                 },
                 indent=2,
