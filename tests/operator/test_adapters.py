@@ -272,13 +272,9 @@ def test_a_refusal_or_a_silent_pod_shows():
     assert (state.state, state.message) == ("Loading", "no ready pod yet")
 
 
-def test_the_status_lists_adapters_under_each_variant():
-    s = spec(adapters=[SQL], variants=[{"name": "bf16"}, {"name": "int4", "quantization": "int4"}])
-    adapters = {
-        "bf16": adapter_statuses(s, {"sql": READY}, [PodAdapters("p1", frozenset({"sql"}))]),
-        "int4": adapter_statuses(s, {"sql": READY}, []),
-    }
-    status = compute_status(
+def first_status(s, adapters):
+    """The status of a service with no workload yet, its variants' adapters as given."""
+    return compute_status(
         plan_service(s),
         namespace=NS,
         name=NAME,
@@ -289,6 +285,15 @@ def test_the_status_lists_adapters_under_each_variant():
         now="2026-01-01T00:00:00Z",
         adapters=adapters,
     )
+
+
+def test_the_status_lists_adapters_under_each_variant():
+    s = spec(adapters=[SQL], variants=[{"name": "bf16"}, {"name": "int4", "quantization": "int4"}])
+    adapters = {
+        "bf16": adapter_statuses(s, {"sql": READY}, [PodAdapters("p1", frozenset({"sql"}))]),
+        "int4": adapter_statuses(s, {"sql": READY}, []),
+    }
+    status = first_status(s, adapters)
     dumped = status.model_dump(mode="json", by_alias=True)
     assert [v["adapters"][0]["state"] for v in dumped["variants"]] == ["Loaded", "Loading"]
     assert next(c for c in status.conditions if c.type == "Degraded").status == "False"
@@ -297,17 +302,7 @@ def test_the_status_lists_adapters_under_each_variant():
 def test_a_failed_adapter_degrades_the_service():
     s = spec(adapters=[SQL])
     failed = {"sql": AdapterDownload("Failed", "downloading hf://org/sql-lora failed: 401")}
-    status = compute_status(
-        plan_service(s),
-        namespace=NS,
-        name=NAME,
-        generation=1,
-        deployments=[],
-        pods=[],
-        previous=None,
-        now="2026-01-01T00:00:00Z",
-        adapters={"bf16": adapter_statuses(s, failed, [])},
-    )
+    status = first_status(s, {"bf16": adapter_statuses(s, failed, [])})
     degraded = next(c for c in status.conditions if c.type == "Degraded")
     assert (degraded.status, degraded.reason) == ("True", "AdapterFailed")
     assert degraded.message == "adapter sql in variant bf16: downloading hf://org/sql-lora failed: 401"
