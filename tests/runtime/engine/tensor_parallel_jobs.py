@@ -74,14 +74,7 @@ def greedy_runs(tp, jobs: list[tuple[str, str, dict]], prompts: list[str] = PROM
             settings["kv_cache_memory"] = kv_blocks * per_block
         # Groups launch each step before reading the last (their input ids broadcast from rank 0's
         # device), one process reads each step first: the ids must match across the two.
-        engine_config = EngineConfig(
-            model=model,
-            dtype="float32",
-            device="cpu",
-            tensor_parallel_size=tp.size,
-            async_scheduling=tp.size > 1,
-            **settings,
-        )
+        engine_config = _engine_config(tp, model, **settings)
         if tp.is_driver:
             runs[name] = _drive(LLMEngine(engine_config, tp=tp), tp, name, prompts)
         else:
@@ -134,15 +127,7 @@ def lora_runs(tp, model: str, adapters: dict[str, str], jobs: dict[str, dict]) -
 
 
 def _lora_run(tp, model: str, adapters: dict[str, str], settings: dict) -> dict:
-    engine_config = EngineConfig(
-        model=model,
-        dtype="float32",
-        device="cpu",
-        tensor_parallel_size=tp.size,
-        async_scheduling=tp.size > 1,
-        enable_lora=True,
-        **settings,
-    )
+    engine_config = _engine_config(tp, model, enable_lora=True, **settings)
     if not tp.is_driver:
         _follow(build_engine(engine_config, tp=tp).runner, tp)
         return {}
@@ -175,3 +160,15 @@ def _lora_run(tp, model: str, adapters: dict[str, str], settings: dict) -> dict:
         },
         "swaps": engine.loras.num_swaps,
     }
+
+
+def _engine_config(tp, model: str, **settings) -> EngineConfig:
+    """A float32 CPU engine over the group's ranks; groups launch each step before reading the last."""
+    return EngineConfig(
+        model=model,
+        dtype="float32",
+        device="cpu",
+        tensor_parallel_size=tp.size,
+        async_scheduling=tp.size > 1,
+        **settings,
+    )
