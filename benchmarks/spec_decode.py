@@ -14,6 +14,13 @@ with OMP_NUM_THREADS=1: OpenMP threads that wait for each other on oversubscribe
 steps ten times slower at random, which no ratio survives.
 
     .venv/bin/python -m benchmarks.spec_decode --result-json benchmarks/results/cpu/spec_decode.json
+
+On a GPU, --shape runs a random-weight model of a named shape instead (Llama-3-8B in the GPU
+script), on token-id prompts that quote a random passage, and --draft-model adds a draft-model row
+(a shape name: random weights too). Random weights decide nothing about acceptance, which is
+whatever such a model's output gives, so each row also gives the milliseconds per target step:
+with the plain step's, they give the speed-up at any acceptance rate (tokens per verify step over
+the step's cost in plain steps), e.g. at the rate measured on the CPU with real weights.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import torch
 
 from pagoda_runtime import LLM, SamplingParams
 from pagoda_runtime.bench.results import emit
+from pagoda_runtime.contract.model_catalogue import shape_config
 
 PASSAGE = (
     "The Amazon rainforest covers much of the Amazon basin of South America. The basin "
@@ -58,14 +66,26 @@ NGRAM = {
     "prompt_lookup_min": 2,
     "disable_by_batch_size": 256,
 }
+DRAFT = {"num_speculative_tokens": 4, "disable_by_batch_size": 256}
 
 
-def run(llm: LLM, prompts: list[str], max_tokens: int) -> tuple[float, list[list[int]]]:
+def run(llm: LLM, prompts: list, max_tokens: int) -> tuple[float, list[list[int]]]:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     started = time.perf_counter()
     outputs = llm.generate(prompts, params)
     seconds = time.perf_counter() - started
     return seconds, [o.outputs[0].token_ids for o in outputs]
+
+
+def shape_prompts(shape: str, count: int) -> list[list[int]]:
+    """Token-id prompts for a random-weight model: a random passage, then its start again to quote."""
+    generator = torch.Generator().manual_seed(0)
+    vocab = shape_config(shape).architecture.vocab_size
+    prompts = []
+    for _ in range(count):
+        passage = torch.randint(vocab, (96,), generator=generator).tolist()
+        prompts.append(passage + passage[:16])
+    return prompts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,50 +95,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--repeats", type=int, default=2, help="alternating runs per batch; the fastest counts"
     )
+    parser.add_argument("--shape", help="a random-weight model of this shape instead of the bundled one")
+    parser.add_argument("--draft-model", help="also speculate with this draft model (with --shape: a shape)")
     parser.add_argument("--result-json", default=None)
     args = parser.parse_args(argv)
     load_before = os.getloadavg()
-    plain = LLM("smollm2-135m", device="cpu")
-    speculative = LLM("smollm2-135m", device="cpu", speculative_config=NGRAM)
-    run(plain, PROMPTS[:1], 4)  # warm-up: first-call allocations out of the timings
-    run(speculative, PROMPTS[:1], 4)
+    if args.shape:
+        model, engine_args = args.shape, {"load_format": "dummy", "max_model_len": 512}
+        prompts_of = shape_prompts(args.shape, max(args.batches))
+    else:
+        model, engine_args = "smollm2-135m", {"device": "cpu"}
+        prompts_of = PROMPTS
+    proposers = {"ngram": NGRAM}
+    if args.draft_model:
+        proposers["draft_model"] = {**DRAFT, "model": args.draft_model}
+    plain = LLM(model, **engine_args)
+    run(plain, prompts_of[:1], 4)  # warm-up: first-call allocations out of the timings
     rows = []
-    for batch in args.batches:
-        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
-        base_s = spec_s = float("inf")
-        for _ in range(args.repeats):
-            seconds, expected = run(plain, prompts, args.max_tokens)
-            base_s = min(base_s, seconds)
-            before = speculative.engine.stats().spec_decode
-            seconds, got = run(speculative, prompts, args.max_tokens)
-            spec_s = min(spec_s, seconds)
-            after = speculative.engine.stats().spec_decode
-        drafts = after.num_drafts - before.num_drafts
-        drafted = after.num_draft_tokens - before.num_draft_tokens
-        accepted = after.num_accepted_tokens - before.num_accepted_tokens
-        tokens = batch * args.max_tokens
-        rows.append(
-            {
-                "batch": batch,
-                "tokens": tokens,
-                "plain_tok_s": tokens / base_s,
-                "speculative_tok_s": tokens / spec_s,
-                "speed_up": base_s / spec_s,
-                "drafts": drafts,
-                "draft_tokens": drafted,
-                "accepted_tokens": accepted,
-                "acceptance_rate": accepted / drafted if drafted else None,
-                "tokens_per_verify_step": (accepted + drafts) / drafts if drafts else None,
-                "outputs_identical": got == expected,
-            }
-        )
+    for name, config in proposers.items():
+        speculative = LLM(model, speculative_config=config, **engine_args)
+        run(speculative, prompts_of[:1], 4)
+        for batch in args.batches:
+            rows.append({"proposer": name, **compare(plain, speculative, prompts_of, batch, args)})
+        del speculative
     result = {
         "date": datetime.now(UTC).strftime("%Y-%m-%d"),
         "machine": platform.machine(),
+        "device": str(plain.engine.runner.device),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        "model": "smollm2-135m",
-        "speculative_config": NGRAM,
+        "model": model,
+        "random_weights": bool(args.shape),
+        "speculative_configs": proposers,
         "max_tokens": args.max_tokens,
         "repeats": args.repeats,
         "load_average_before": load_before,
@@ -127,6 +136,40 @@ def main(argv: list[str] | None = None) -> int:
     }
     emit(result, args.result_json)
     return 0
+
+
+def compare(plain: LLM, speculative: LLM, prompts_of: list, batch: int, args) -> dict:
+    """One batch decoded plain and speculatively, alternately; the fastest run of each counts."""
+    prompts = [prompts_of[i % len(prompts_of)] for i in range(batch)]
+    base_s = spec_s = float("inf")
+    for _ in range(args.repeats):
+        seconds, expected = run(plain, prompts, args.max_tokens)
+        base_s = min(base_s, seconds)
+        before = speculative.engine.stats().spec_decode
+        seconds, got = run(speculative, prompts, args.max_tokens)
+        spec_s = min(spec_s, seconds)
+        after = speculative.engine.stats().spec_decode
+    drafts = after.num_drafts - before.num_drafts
+    drafted = after.num_draft_tokens - before.num_draft_tokens
+    accepted = after.num_accepted_tokens - before.num_accepted_tokens
+    tokens = batch * args.max_tokens
+    # Each target step emits one token per sequence plus what it accepted (the prefill's included).
+    spec_steps = (tokens - accepted) / batch
+    return {
+        "batch": batch,
+        "tokens": tokens,
+        "plain_tok_s": tokens / base_s,
+        "speculative_tok_s": tokens / spec_s,
+        "speed_up": base_s / spec_s,
+        "drafts": drafts,
+        "draft_tokens": drafted,
+        "accepted_tokens": accepted,
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "tokens_per_verify_step": (accepted + drafts) / drafts if drafts else None,
+        "plain_ms_per_step": 1000 * base_s / args.max_tokens,
+        "speculative_ms_per_step": 1000 * spec_s / spec_steps,
+        "outputs_identical": got == expected,
+    }
 
 
 if __name__ == "__main__":

@@ -134,6 +134,13 @@ TARGETS = (
         at_least=False,
     ),
     Target(
+        "decode step, batch 32 with 4 LoRA adapters of rank 16, over the base",
+        "lora_decode_step.json",
+        lambda data: data["adapters_overhead"],
+        0.15,
+        at_least=False,
+    ),
+    Target(
         "fp8 + fp8 KV 1k/1k output tok/s (TensorRT-LLM 15,220)",
         "throughput_*_fp8_fp8kv.json",
         _results("output_tok_per_s"),

@@ -27,6 +27,9 @@
 #               256 again without async scheduling
 #   kernels     the projections at 1-64 rows on every path (the routing table's timings, and the
 #               table they give: DIR/dispatch_table.json) and the paged-attention kernel alone
+#   spec-lora   speculative decoding (n-gram, and a Llama-3.2-1B-shaped draft model) at batch 1 to 32,
+#               and the whole decode step at batch 32 with 4 LoRA adapters of rank 16 against the
+#               base model alone
 #   moe-lora    the fused MoE layer (Qwen3-30B-A3B, Mixtral-8x7B; bf16, int8, fp8, int4 experts) and
 #               batched LoRA on Llama-3-8B's projections (decode and prefill), each checked first
 #   offline     nano-vllm's workload (256 requests, 100-1024 in and out); transformers on its first
@@ -48,9 +51,9 @@ cd "$(dirname "$0")/.."
 
 declare -A budget=(
     [tests]=240 [decode]=120 [batch]=180 [quant]=150 [profile]=150 [kernels]=120
-    [moe-lora]=120 [offline]=200 [serve]=200 [stretch]=120 [offline-1b]=150
+    [moe-lora]=120 [spec-lora]=150 [offline]=200 [serve]=200 [stretch]=120 [offline-1b]=150
 )
-order=(tests decode batch quant profile kernels moe-lora offline serve stretch offline-1b)
+order=(tests decode batch quant profile kernels spec-lora moe-lora offline serve stretch offline-1b)
 # Seconds kept before the deadline for stopping the last part (KILL_AFTER beyond its TERM, then its
 # leftovers) and the targets table; a part with less than MIN_PART seconds is not started.
 KILL_AFTER=10
@@ -202,6 +205,8 @@ if $smoke; then
     stretch=(--num-prompts 4 --min-len 8 --max-len 8)
     moe_lora=(--smoke)
     kernels=(--smoke)
+    spec=(--shape tiny-llama --draft-model tiny-llama --batches 1 2 --max-tokens 16 --repeats 1)
+    lora_decode=(--smoke)
 else
     shape=llama-3-8b small_shape=llama-3.2-1b
     tests=(tests/runtime)
@@ -215,6 +220,8 @@ else
     stretch=(--min-len 1024 --max-len 1024)
     moe_lora=()
     kernels=()
+    spec=(--shape "$shape" --draft-model "$small_shape" --batches 1 4 16 32 --max-tokens 64)
+    lora_decode=(--shape "$shape")
 fi
 
 # One command of a part, in the environment gpu-env.sh makes, within what is left of the part's time.
@@ -253,6 +260,8 @@ run_part() {
                 --result-json "$out/quant_kernels.json" --write-table "$out/dispatch_table.json" || rc=$?
             run -m benchmarks.attention_kernels "${kernels[@]}" --result-json "$out/attention_kernels.json" &&
                 return "$rc" ;;
+        spec-lora) run -m benchmarks.spec_decode "${spec[@]}" --result-json "$out/spec_decode_$shape.json" &&
+            run -m benchmarks.lora_decode "${lora_decode[@]}" --result-json "$out/lora_decode_step.json" ;;
         moe-lora) run -m benchmarks.moe_kernels --check --kinds bf16,int8,fp8,int4 "${moe_lora[@]}" \
                 --result-json "$out/moe_kernels.json" &&
             run -m benchmarks.lora_kernels --check "${moe_lora[@]}" --result-json "$out/lora_decode.json" &&

@@ -54,7 +54,18 @@ def _parts(text: str) -> dict[str, int | str]:
 
 @pytest.mark.slow
 def test_every_part_runs_on_tiny_shapes_and_the_targets_read_its_results(tmp_path):
-    parts = ["tests", "decode", "batch", "quant", "profile", "kernels", "offline", "serve", "stretch"]
+    parts = [
+        "tests",
+        "decode",
+        "batch",
+        "quant",
+        "profile",
+        "kernels",
+        "spec-lora",
+        "offline",
+        "serve",
+        "stretch",
+    ]
     result = _bench(tmp_path, "--smoke", *parts, timeout=900)
     out = tmp_path / "out"
     assert result.returncode == 0, result.stderr + "".join(
@@ -86,6 +97,18 @@ def test_every_part_runs_on_tiny_shapes_and_the_targets_read_its_results(tmp_pat
     }
     attention = json.loads((out / "attention_kernels.json").read_text())
     assert {r["cache"] for r in attention["decode"]} == {"bf16", "fp8"} and attention["prefill"]
+    # The spec-lora part: both proposers at each batch, lossless; the adapters' step beside the base's.
+    spec = json.loads((out / "spec_decode_tiny-llama.json").read_text())
+    assert [(r["proposer"], r["batch"]) for r in spec["rows"]] == [
+        ("ngram", 1),
+        ("ngram", 2),
+        ("draft_model", 1),
+        ("draft_model", 2),
+    ]
+    assert all(r["outputs_identical"] for r in spec["rows"])
+    assert any(r["drafts"] for r in spec["rows"])
+    lora = json.loads((out / "lora_decode_step.json").read_text())
+    assert lora["adapters_step_s"] > 0 and lora["base_step_s"] > 0
     rate = json.loads((out / "serve-rate-inf.json").read_text())
     assert rate["completed"] == 4 and rate["failed"] == 0
     rows = {row["target"]: row for row in json.loads((out / "targets.json").read_text())}
@@ -94,6 +117,9 @@ def test_every_part_runs_on_tiny_shapes_and_the_targets_read_its_results(tmp_pat
     assert decode["measured"] == latency["decode_tok_per_s"]
     assert decode["verdict"] == "not comparable (tiny-llama, not llama-3-8b)"
     assert rows["int4 batch-1 decode, x bf16"]["verdict"] == "not measured"
+    lora_row = rows["decode step, batch 32 with 4 LoRA adapters of rank 16, over the base"]
+    assert lora_row["measured"] == lora["adapters_overhead"]
+    assert lora_row["verdict"] == "not comparable (tiny-llama, not llama-3-8b)"
 
 
 def test_a_part_past_its_limit_is_stopped_and_recorded(tmp_path):
