@@ -1,13 +1,16 @@
 """Paged attention on the Llama-3-8B head layout (32 query heads, 8 kv heads, head dim 128), bf16.
 
 Decode: batch 1 and 64, contexts 128..8192, with the splits the kernel chooses (up to the batch's
-maximum, one per 256 keys of context) and with one split, and at batch 64 over an fp8 cache. Each
-decode time comes from a CUDA graph that cycles several caches, so the 50 MB L2 cannot hold the
-keys and values; GB/s counts the keys and values read once, and the fraction is of the device's
-measured copy bandwidth. Prefill: one 2048-token chunk, alone and over a 2048-token cached
-prefix, and eight 512-token prompts, in causal TFLOP/s; the prompts without a prefix also through
-torch's own FlashAttention (`varlen_attn` over the step's fresh keys and values, and
-`scaled_dot_product_attention` for the single chunk), the speed a prefill path must match.
+maximum, one per 256 keys of context) and with one split, and at batch 64 over an fp8 cache.
+Verify (speculative decoding's step: 5 queries a sequence, K = 4): batch 1 and 4 over 1k to 8k
+contexts, with the splits the kernel now chooses and with one split, as it ran before it treated
+short queries as decode. Each decode or verify time comes from a CUDA graph that cycles several
+caches, so the 50 MB L2 cannot hold the keys and values; GB/s counts the keys and values read
+once, and the fraction is of the device's measured copy bandwidth. Prefill: one 2048-token chunk,
+alone and over a 2048-token cached prefix, and eight 512-token prompts, in causal TFLOP/s; the
+prompts without a prefix also through torch's own FlashAttention (`varlen_attn` over the step's
+fresh keys and values, and `scaled_dot_product_attention` for the single chunk), the speed a
+prefill path must match.
 
     .venv/bin/python -m benchmarks.attention_kernels [--result-json PATH] [--smoke]
 
@@ -37,6 +40,8 @@ SCALE = HEAD_DIM**-0.5
 STREAM_BYTES = 256 * 2**20
 DECODE = {"batches": (1, 64), "contexts": (128, 512, 1024, 2048, 4096, 8192), "fp8_batch": 64}
 SMOKE_DECODE = {"batches": (1, 2), "contexts": (300,), "fp8_batch": 2}
+VERIFY = {"batches": (1, 4), "contexts": (1024, 4096, 8192), "query_len": 5}
+SMOKE_VERIFY = {"batches": (1,), "contexts": (300,), "query_len": 5}
 PREFILL = (([2048], 0), ([2048], 2048), ([512] * 8, 0))
 SMOKE_PREFILL = (([24], 0), ([16], 16))
 
@@ -81,10 +86,12 @@ def _seconds(fn, device: torch.device) -> float:
     return _bench(fn) / 1e3
 
 
-def decode_seconds(batch: int, context: int, num_splits: int | None, device: torch.device, kv_dtype) -> float:
+def decode_seconds(
+    batch: int, context: int, num_splits: int | None, device: torch.device, kv_dtype, query_len: int = 1
+) -> float:
     kv_bytes = 2 * batch * context * KV_HEADS * HEAD_DIM * kv_dtype.itemsize
     copies = max(1, math.ceil(STREAM_BYTES / kv_bytes)) if device.type == "cuda" else 1
-    batches = [make_batch([1] * batch, [context] * batch, device, kv_dtype) for _ in range(copies)]
+    batches = [make_batch([query_len] * batch, [context] * batch, device, kv_dtype) for _ in range(copies)]
     for q, cache, meta in batches:
         paged_attention(q, cache, meta, SCALE, num_splits=num_splits)
     if device.type != "cuda":
@@ -165,6 +172,28 @@ def decode_rows(device: torch.device, bandwidth: float, plan: dict) -> list[dict
     return rows
 
 
+def verify_rows(device: torch.device, bandwidth: float, plan: dict) -> list[dict]:
+    rows = []
+    for batch in plan["batches"]:
+        for context in plan["contexts"]:
+            kv_bytes = 2 * batch * context * KV_HEADS * HEAD_DIM * 2
+            t = decode_seconds(batch, context, None, device, torch.bfloat16, plan["query_len"])
+            t1 = decode_seconds(batch, context, 1, device, torch.bfloat16, plan["query_len"])
+            rows.append(
+                {
+                    "batch": batch,
+                    "context": context,
+                    "query_len": plan["query_len"],
+                    "max_splits": max_splits(batch, KV_HEADS, device),
+                    "seconds": t,
+                    "fraction_of_copy": kv_bytes / t / bandwidth,
+                    "one_split_seconds": t1,
+                    "speedup_over_one_split": t1 / t,
+                }
+            )
+    return rows
+
+
 def prefill_rows(device: torch.device, plan) -> list[dict]:
     rows = []
     for chunks, prefix in plan:
@@ -193,6 +222,13 @@ def main(argv: list[str] | None = None) -> int:
         split = f"{r['seconds'] * 1e6:>9.1f} {r['GBps']:>7.0f} {r['fraction_of_copy']:>7.0%}"
         one = f"{r['one_split_seconds'] * 1e6:>10.1f} {r['one_split_GBps']:>7.0f}"
         print(f"{shape} {split} | {one}")
+    verify = verify_rows(device, bandwidth, SMOKE_VERIFY if args.smoke else VERIFY)
+    for r in verify:
+        print(
+            f"verify batch {r['batch']} context {r['context']} x{r['query_len']}: "
+            f"{r['seconds'] * 1e6:.1f} us "
+            f"({r['fraction_of_copy']:.0%} of copy), one split {r['one_split_seconds'] * 1e6:.1f} us"
+        )
     prefill = prefill_rows(device, SMOKE_PREFILL if args.smoke else PREFILL)
     for r in prefill:
         label = f"prefill {len(r['chunks'])} x {r['chunks'][0]} over prefix {r['prefix']}"
@@ -211,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             "device": name,
             "copy_bandwidth_GBps": bandwidth / 1e9,
             "decode": decode,
+            "verify": verify,
             "prefill": prefill,
         }
         Path(args.result_json).write_text(json.dumps(result, indent=1) + "\n")

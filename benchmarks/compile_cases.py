@@ -261,7 +261,17 @@ def _llama_cases() -> list:
             for batch in (1, 64)
             for kv in (None, reference.FP8_KV_DTYPE)
         }
-        | {"prefill 2048 tokens": (1, 2048, 2048, torch.bfloat16, None, None)}
+        | {
+            "verify 5 tokens batch 1 context 4096": (
+                1,
+                4096,
+                5,
+                torch.bfloat16,
+                None,
+                triton_paged_attention.max_splits(1, KV_HEADS, gpu),
+            ),
+            "prefill 2048 tokens": (1, 2048, 2048, torch.bfloat16, None, None),
+        }
     )
     # The kernel's code depends on K, the tiles and the kind, so qkv stands for every K = 4096 layer
     # at 16 and 64 rows; at 1 and 4 rows every layer, to set beside the GEMVs tuned per layer before.

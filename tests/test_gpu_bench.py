@@ -97,6 +97,7 @@ def test_every_part_runs_on_tiny_shapes_and_the_targets_read_its_results(tmp_pat
     }
     attention = json.loads((out / "attention_kernels.json").read_text())
     assert {r["cache"] for r in attention["decode"]} == {"bf16", "fp8"} and attention["prefill"]
+    assert [r["query_len"] for r in attention["verify"]] == [5]
     # The spec-lora part: both proposers at each batch, lossless; the adapters' step beside the base's.
     spec = json.loads((out / "spec_decode_tiny-llama.json").read_text())
     assert [(r["proposer"], r["batch"]) for r in spec["rows"]] == [

@@ -39,10 +39,6 @@ class AttentionMetadata:
     def num_seqs(self) -> int:
         return self.seq_lens.shape[0]
 
-    @property
-    def is_decode_only(self) -> bool:
-        return self.max_query_len == 1
-
     def for_window(self, window: int | None) -> AttentionMetadata:
         """The metadata a layer with this sliding window (None: full attention) reads."""
         if window is None or self.window_block_tables is None:

@@ -69,6 +69,37 @@ def test_a_sliding_window_never_reads_the_blocks_behind_it_and_soft_caps_the_sco
     assert relative_error(ref, expected) < 1e-5
 
 
+def test_verify_steps_split_their_contexts_as_decode_does(monkeypatch) -> None:
+    # Speculative decoding's verify step: 1 + K queries per sequence over long contexts. The kernel
+    # takes decode's small tiles and its splits for them (as on a GPU, where max_splits is above 1).
+    monkeypatch.setattr(triton_paged_attention, "max_splits", lambda *args: 4)
+    launched = []
+    kernel = triton_paged_attention._paged_attention_kernel
+    monkeypatch.setattr(
+        triton_paged_attention,
+        "_paged_attention_kernel",
+        _Recording(kernel, launched),
+    )
+    batch = _written(make_paged_batch([(150, 5), (40, 3), (129, 5)], 8, 2, 64, 16, device=DEVICE, seed=3))
+    out = paged_attention(batch.q, batch.kv_cache, batch.meta, 0.125, min_split_tokens=32)
+    assert relative_error(out, dense_attention(batch, 0.125)) < 1e-5
+    assert launched == [{"BLOCK_Q": 32, "NUM_SPLITS": 4}]
+
+
+class _Recording:
+    """The kernel, launched as it is, recording each launch's tile and split count."""
+
+    def __init__(self, kernel, launched: list) -> None:
+        self.kernel, self.launched = kernel, launched
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launched.append({"BLOCK_Q": kwargs["BLOCK_Q"], "NUM_SPLITS": kwargs["NUM_SPLITS"]})
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
 def test_split_k_over_prefill_chunks() -> None:
     batch = _written(make_paged_batch([(90, 30), (12, 1)], 6, 3, 64, 8, device=DEVICE, seed=7))
     out = paged_attention(batch.q, batch.kv_cache, batch.meta, 0.125, num_splits=3, min_split_tokens=16)

@@ -13,9 +13,10 @@ table entries and the key and value tiles of the next steps are in flight (cp.as
 memory) while the current one is multiplied. Triton's interpreter cannot take a loaded bound in a
 range(), so there the same step runs in a `while` loop.
 
-Split-K (flash-decoding): a decode batch with too few (sequence, kv head) pairs to fill the GPU
-launches up to NUM_SPLITS programs per pair, a number that depends only on the batch size, so a
-captured CUDA graph stays valid as contexts grow. How many of them work is decided per sequence,
+Split-K (flash-decoding): a decode batch, or one of short queries (speculative decoding's verify
+steps), with too few (sequence, kv head) pairs to fill the GPU launches up to NUM_SPLITS programs
+per pair, a number that depends only on the batch size, so a captured CUDA graph stays valid as
+contexts grow. How many of them work is decided per sequence,
 inside the kernel, from its context: one split per MIN_SPLIT_TOKENS keys (no split at all below
 that), the others return at once. A sequence with one split writes its output directly; with
 several, each writes a partial output and its log-sum-exp, and the last one to finish (an atomic
@@ -47,6 +48,9 @@ MIN_SPLIT_TOKENS = 256
 # Compiled tl.dot multiplies along at least 16 elements: smaller head dims are padded (masked) to it.
 MIN_DOT_K = 16
 DECODE_STAGES, PREFILL_STAGES = 3, 2
+# A batch whose every sequence's queries (times the query heads per kv head) fit one tile of this
+# many rows runs as decode does: small tiles, KV splits.
+SHORT_QUERY_ROWS = 64
 
 
 @triton.jit
@@ -347,8 +351,11 @@ def paged_attention(
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
     num_seqs = meta.num_seqs
-    if meta.is_decode_only:
-        block_q = max(16, group_pad)
+    if meta.max_query_len * group_pad <= SHORT_QUERY_ROWS:
+        # Decode, and the verify steps of speculative decoding (1 + K queries a sequence): one tile
+        # holds a sequence's queries, so without splits a small batch would walk its contexts with a
+        # handful of programs.
+        block_q = max(16, triton.next_power_of_2(meta.max_query_len * group_pad))
         if num_splits is None:
             num_splits = max_splits(num_seqs, num_kv_heads, q.device)
         stages = DECODE_STAGES
