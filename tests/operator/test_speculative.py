@@ -235,6 +235,33 @@ def test_a_variant_that_fits_only_without_its_draft_gets_no_pods_and_the_status_
     assert "variant plain" not in fits["message"]
 
 
+def test_under_tensor_parallelism_each_gpu_counts_its_slice_of_the_draft():
+    # The runtime shards the draft over the target's ranks: Llama 3.2 1B's 32 heads and 8 KV heads
+    # split over 2 GPUs, each holding half of its weights and KV.
+    s = spec(model=TARGET, variants=[_variant(_draft(DRAFT_HF))], resources={"gpus": 2, "gpuMemory": "80Gi"})
+    fit = plan_variant(s, s.variants[0]).fit
+    half = KNOWN_ARCHITECTURES["llama-3.2-1b"].per_rank(2)
+    assert fit.fits and fit.tensor_parallel_size == 2
+    assert fit.draft_weight_bytes == weight_bytes(half, "none")
+    assert fit.draft_kv_bytes == kv_bytes_for_context(half, 8192)
+    assert fit.draft_kv_bytes * 2 == kv_bytes_for_context(KNOWN_ARCHITECTURES["llama-3.2-1b"], 8192)
+
+
+def test_a_draft_that_does_not_split_over_the_ranks_gets_no_pods_and_the_status_says_why():
+    # SmolLM2-1.7B's 32 heads split over 2 GPUs; its 135M draft's 9 heads do not.
+    target = {"source": "pvc://models/smollm2-1.7b", "family": "smollm2-1.7b"}
+    draft = {"source": "pvc://drafts/smollm2-135m", "family": "smollm2-135m"}
+    s = spec(model=target, variants=[_variant(_draft(draft))], resources={"gpus": 2, "gpuMemory": "80Gi"})
+    plan = plan_service(s)
+    assert not plan.servable and plan.variants[0].fit is None
+    assert plan.variants[0].split_error == (
+        "speculative.model (split over the same ranks as the model): parallelism.tensor 2 "
+        "(resources.gpus x parallelism.nodes) does not split the model evenly over its ranks (attention "
+        "heads, key/value heads, MLP); use one of 1, 3"
+    )
+    assert _status(s, plan)["Ready"]["reason"] == "InvalidParallelism"
+
+
 def test_a_gguf_draft_is_sized_in_its_blocks():
     target = {"source": "pvc://models/smollm2-1.7b", "family": "smollm2-1.7b"}
     blocks = {"source": "bundled://smollm2-135m", "family": "smollm2-135m"}
