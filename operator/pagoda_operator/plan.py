@@ -158,6 +158,11 @@ def plan_variant(
     autoscales = spec.autoscaling.enabled and variant.replicas.max > variant.replicas.min
     arch = _architecture(spec, checkpoint)
     split = split_error(arch, spec.tensor_parallel_size, quantization) if arch is not None else None
+    draft = _draft(spec, variant, draft_checkpoint)
+    if split is None and draft is not None:
+        # The runtime shards a draft over the target's ranks: it must split over them as well.
+        draft_split = split_error(draft.architecture, spec.tensor_parallel_size, draft.quantization)
+        split = draft_split and f"speculative.model (split over the same ranks as the model): {draft_split}"
     fit = None if split else _fit(spec, variant, quantization, arch, draft_checkpoint)
     return VariantPlan(variant, quantization, fit, autoscales, split)
 

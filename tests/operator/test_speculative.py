@@ -21,7 +21,7 @@ from pagoda_operator.model_cache import (
 )
 from pagoda_operator.model_cache_cluster import cache_users
 from pagoda_operator.models import InferenceServiceSpec
-from pagoda_operator.names import variant_object_name
+from pagoda_operator.names import group_set_name, variant_object_name
 from pagoda_operator.plan import Checkpoint, plan_service, plan_variant
 from pagoda_operator.render import DRAFT_MOUNT, POD_SECURITY, RenderOptions, pod_tolerations, render
 from pagoda_operator.status import compute_status, status_patch
@@ -233,6 +233,49 @@ def test_a_variant_that_fits_only_without_its_draft_gets_no_pods_and_the_status_
     assert f"variant draft (none) with draft model {DRAFT_HF['source']} needs" in fits["message"]
     assert "draft weights 2.30 GiB" in fits["message"] and "a smaller draft model" in fits["message"]
     assert "variant plain" not in fits["message"]
+
+
+def test_under_tensor_parallelism_each_gpu_counts_its_slice_of_the_draft():
+    # The runtime shards the draft over the target's ranks: Llama 3.2 1B's 32 heads and 8 KV heads
+    # split over 2 GPUs, each holding half of its weights and KV.
+    s = spec(model=TARGET, variants=[_variant(_draft(DRAFT_HF))], resources={"gpus": 2, "gpuMemory": "80Gi"})
+    fit = plan_variant(s, s.variants[0]).fit
+    half = KNOWN_ARCHITECTURES["llama-3.2-1b"].per_rank(2)
+    assert fit.fits and fit.tensor_parallel_size == 2
+    assert fit.draft_weight_bytes == weight_bytes(half, "none")
+    assert fit.draft_kv_bytes == kv_bytes_for_context(half, 8192)
+    assert fit.draft_kv_bytes * 2 == kv_bytes_for_context(KNOWN_ARCHITECTURES["llama-3.2-1b"], 8192)
+
+
+def test_every_pod_of_a_multi_node_replica_mounts_the_draft_and_speculates():
+    # Each rank loads its slice of the draft: the worker pods need it as the leader does.
+    s = spec(
+        model={"source": "pvc://models/llama-3-70b", "family": "llama-3-70b"},
+        variants=[_variant(_draft(DRAFT_HF))],
+        resources={"gpus": 4, "gpuMemory": "80Gi"},
+        parallelism={"nodes": 2},
+    )
+    objects = render(plan_service(s), namespace=NS, name=NAME, uid=UID, options=RenderOptions())
+    lws = next(o for o in objects if o["metadata"]["name"] == group_set_name(NAME, "bf16"))
+    for template in ("leaderTemplate", "workerTemplate"):
+        pod = lws["spec"]["leaderWorkerTemplate"][template]["spec"]
+        assert _speculative_config(pod)["model"] == f"{DRAFT_MOUNT}/model"
+        assert DRAFT_MOUNT in [m["mountPath"] for m in pod["containers"][0]["volumeMounts"]]
+
+
+def test_a_draft_that_does_not_split_over_the_ranks_gets_no_pods_and_the_status_says_why():
+    # SmolLM2-1.7B's 32 heads split over 2 GPUs; its 135M draft's 9 heads do not.
+    target = {"source": "pvc://models/smollm2-1.7b", "family": "smollm2-1.7b"}
+    draft = {"source": "pvc://drafts/smollm2-135m", "family": "smollm2-135m"}
+    s = spec(model=target, variants=[_variant(_draft(draft))], resources={"gpus": 2, "gpuMemory": "80Gi"})
+    plan = plan_service(s)
+    assert not plan.servable and plan.variants[0].fit is None
+    assert plan.variants[0].split_error == (
+        "speculative.model (split over the same ranks as the model): parallelism.tensor 2 "
+        "(resources.gpus x parallelism.nodes) does not split the model evenly over its ranks (attention "
+        "heads, key/value heads, MLP); use one of 1, 3"
+    )
+    assert _status(s, plan)["Ready"]["reason"] == "InvalidParallelism"
 
 
 def test_a_gguf_draft_is_sized_in_its_blocks():

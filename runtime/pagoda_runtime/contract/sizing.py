@@ -677,8 +677,8 @@ class FitResult:
     capacity_bytes: int  # of one GPU
     all_reduce_bytes: int = 0
     tensor_parallel_size: int = 1
-    draft_weight_bytes: int = 0  # a speculative-decoding draft model's, whole on every GPU
-    draft_kv_bytes: int = 0  # the draft's KV of one sequence of max_model_len tokens
+    draft_weight_bytes: int = 0  # a speculative-decoding draft model's, per GPU
+    draft_kv_bytes: int = 0  # the draft's KV of one sequence of max_model_len tokens, per GPU
     lora_bytes: int = 0  # the LoRA adapter slots (lora_slot_bytes)
 
     @property
@@ -719,8 +719,8 @@ class FitResult:
 @dataclass(frozen=True)
 class DraftModel:
     """A speculative-decoding draft model, as the fit check counts it: its weights and its own KV
-    cache, whole on every GPU (a draft is small; counting it unsplit never admits a pod that cannot
-    hold it, however the ranks share it)."""
+    cache, split over the target's tensor-parallel ranks as the runtime shards it (engine/build.py),
+    so each GPU holds one slice; a draft that does not split over them cannot run."""
 
     architecture: ModelArchitecture
     quantization: str
@@ -744,8 +744,8 @@ def fits(
     with a draft model's weights and KV of that sequence beside them when it speculates with one.
 
     With tensor_parallel_size > 1 every figure is one GPU's (capacity_bytes too): its slice of the
-    weights and of the KV heads, plus the all-reduce buffers. Raises ValueError (check_tensor_parallel)
-    when the model cannot be split that way.
+    weights and of the KV heads (the draft's too), plus the all-reduce buffers. Raises ValueError
+    (check_tensor_parallel) when the model or its draft cannot be split that way.
     """
     sliced = check_tensor_parallel(arch, tensor_parallel_size, quantization)
     weights = weight_bytes(sliced, quantization, gguf_block=gguf_block)
@@ -753,8 +753,9 @@ def fits(
     collectives = all_reduce_bytes(tensor_parallel_size)
     draft_weights = draft_kv = 0
     if draft is not None:
-        draft_weights = weight_bytes(draft.architecture, draft.quantization, gguf_block=draft.gguf_block)
-        draft_kv = kv_bytes_for_context(draft.architecture, max_model_len, kv_dtype)
+        draft_slice = check_tensor_parallel(draft.architecture, tensor_parallel_size, draft.quantization)
+        draft_weights = weight_bytes(draft_slice, draft.quantization, gguf_block=draft.gguf_block)
+        draft_kv = kv_bytes_for_context(draft_slice, max_model_len, kv_dtype)
     result = FitResult(
         fits=False,
         weight_bytes=weights,

@@ -5,6 +5,15 @@ drawn; or a model already in memory is taken), the quantization it is served wit
 (quantization_selection.py), the model runner sizes the KV cache from what is left, and the
 context length is capped to what that cache holds. The memory report compares the
 weights as loaded with sizing.py's prediction.
+
+A speculative-decoding draft model is sharded over the target's tensor-parallel ranks (vLLM's
+default, draft_tensor_parallel_size equal to the target's): each rank holds its slice of the
+draft's weights and of its KV heads, so memory stays even across the GPUs and the fit gate
+(sizing.fits) counts one slice per GPU. Rank 0 drives the draft as it drives the target, and the
+other ranks replay the draft's forwards (parallel/step_broadcast.py's DRAFT_STEP). Whole on rank 0
+alone, the draft would have needed no broadcast, but rank 0 would hold the whole draft while the
+other GPUs sat idle through each draft forward, and a draft larger than one GPU's spare memory
+could not run at all.
 """
 
 from __future__ import annotations
@@ -57,6 +66,7 @@ class EngineParts:
     max_model_len: int  # the model's limit or --max-model-len, capped to what the KV cache holds
     memory: MemoryReport
     loras: LoraManager | None  # with --enable-lora
+    draft_runner: ModelRunner | None  # a draft model's (speculative decoding), on this rank's slice
 
 
 def build_engine(
@@ -91,9 +101,10 @@ def build_engine(
     kv_share, reserve = 1.0, 0
     if draft is not None:
         target_bytes = kv_bytes_per_block(sliced, engine_config.block_size)
-        draft_arch = draft[0].config.architecture
-        kv_share = target_bytes / (target_bytes + kv_bytes_per_block(draft_arch, engine_config.block_size))
-        reserve = _predicted_weight_bytes(draft[0], draft_arch, draft[1], engine_config, placement)
+        kv_share = target_bytes / (target_bytes + kv_bytes_per_block(draft.sliced, engine_config.block_size))
+        reserve = _predicted_weight_bytes(
+            draft.loaded, draft.sliced, draft.quantization, engine_config, placement
+        )
     weights = LOAD_PROGRESS.track(loaded.weights, len(weight_shapes(loaded.config)), arch.num_hidden_layers)
     runner = ModelRunner(
         loaded.config, weights, engine_config, placement, limit, quantization, tp, kv_share, reserve
@@ -125,7 +136,9 @@ def build_engine(
         max_model_len,
         engine_config.max_num_batched_tokens,
     )
-    proposer, draft_memory = _proposer(engine_config, placement, draft, runner, max_model_len)
+    proposer, draft_runner, draft_memory = _proposer(
+        engine_config, placement, draft, runner, max_model_len, tp
+    )
     memory = _memory_report(
         engine_config.model, runner, loaded, quantization, sliced, engine_config, placement
     )
@@ -151,6 +164,7 @@ def build_engine(
         max_model_len=max_model_len,
         memory=memory,
         loras=loras,
+        draft_runner=draft_runner,
     )
     if not tp.is_driver:
         return parts
@@ -219,43 +233,55 @@ def _load(
     return loaded, quantization
 
 
+@dataclass(frozen=True)
+class _Draft:
+    loaded: LoadedModel
+    quantization: str
+    sliced: ModelArchitecture  # the part of the draft each tensor-parallel rank holds
+
+
 def _load_draft(
     engine_config: EngineConfig, placement: Placement, target: LoadedModel, tp: TensorParallel
-) -> tuple[LoadedModel, str] | None:
-    """A draft model's weights and quantization, checked against the target's vocabulary; None
-    without one."""
+) -> _Draft | None:
+    """A draft model's weights and quantization, checked against the target's vocabulary and
+    split over the target's ranks; None without one."""
     config = engine_config.speculative_config
     if config is None or config.method != "draft_model":
         return None
-    if tp.size > 1:
-        raise SpeculativeConfigError(
-            "speculative_config.model: a draft model does not run with --tensor-parallel-size above 1 "
-            'yet; use {"method": "ngram"} or one GPU'
-        )
     draft, quantization = _load(config.model, "auto", engine_config, placement)
     check_same_vocabulary(target.config, target.tokenizer, draft.config, draft.tokenizer, config.model)
-    return draft, quantization
+    try:
+        sliced = check_tensor_parallel(draft.config.architecture, tp.size, quantization, draft.group_size)
+    except ValueError as exc:
+        raise SpeculativeConfigError(
+            f"speculative_config.model {config.model!r} is split over the target's ranks, but {exc}; "
+            'or use a draft model that splits, or {"method": "ngram"}'
+        ) from exc
+    return _Draft(draft, quantization, sliced)
 
 
 def _proposer(
     engine_config: EngineConfig,
     placement: Placement,
-    draft: tuple[LoadedModel, str] | None,
+    draft: _Draft | None,
     target_runner: ModelRunner,
     max_model_len: int,
-) -> tuple[Proposer | None, MemoryReport | None]:
-    """Speculative decoding's proposer and, for a draft model, the memory its weights and its own
-    KV cache take: a cache of the target's tokens and K more per sequence, in bytes."""
+    tp: TensorParallel,
+) -> tuple[Proposer | None, ModelRunner | None, MemoryReport | None]:
+    """Speculative decoding's proposer and, for a draft model, its runner on this rank's slice and
+    the memory its weights and its own KV cache take there: a cache of the target's tokens and K
+    more per sequence, in bytes."""
     config = engine_config.speculative_config
     if config is None:
-        return None, None
+        return None, None, None
     if draft is None:
-        return NgramProposer(config), None
-    loaded, quantization = draft
+        return NgramProposer(config), None, None
+    loaded, quantization = draft.loaded, draft.quantization
     arch = loaded.config.architecture
     tokens = target_runner.num_blocks * engine_config.block_size
     tokens += engine_config.max_num_seqs * config.num_speculative_tokens
-    block_bytes = kv_bytes_per_block(arch, engine_config.block_size, target_runner.kv_cache_dtype_name)
+    kv_dtype = target_runner.kv_cache_dtype_name
+    block_bytes = kv_bytes_per_block(draft.sliced, engine_config.block_size, kv_dtype)
     budget = -(-tokens // engine_config.block_size) * block_bytes
     draft_config = dataclasses.replace(
         engine_config,
@@ -267,7 +293,7 @@ def _proposer(
         speculative_config=None,
     )
     weights = LOAD_PROGRESS.track(loaded.weights, len(weight_shapes(loaded.config)), arch.num_hidden_layers)
-    runner = ModelRunner(loaded.config, weights, draft_config, placement, max_model_len, quantization)
+    runner = ModelRunner(loaded.config, weights, draft_config, placement, max_model_len, quantization, tp)
     block_manager = make_block_manager(
         runner.pools,
         engine_config.block_size,
@@ -279,8 +305,8 @@ def _proposer(
     proposer = DraftModelProposer(
         config, runner, block_manager, engine_config.max_num_batched_tokens, engine_config.seed
     )
-    memory = _memory_report(config.model, runner, loaded, quantization, arch, draft_config, placement)
-    return proposer, memory
+    memory = _memory_report(config.model, runner, loaded, quantization, draft.sliced, draft_config, placement)
+    return proposer, runner, memory
 
 
 def _memory_report(

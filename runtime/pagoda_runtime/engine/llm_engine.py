@@ -58,6 +58,7 @@ class LLMEngine:
         self.model_config = parts.model_config
         self.tokenizer = parts.tokenizer
         self.runner = parts.runner
+        self.draft_runner = parts.draft_runner
         self.block_manager = parts.block_manager
         self.scheduler = parts.scheduler
         self.max_model_len = parts.max_model_len

@@ -57,7 +57,7 @@ from pagoda_runtime.executor.rejection_sampler import Drafts
 from pagoda_runtime.executor.sampler import DeviceSamples, Sampler, SamplerOutput, uses_history
 from pagoda_runtime.executor.staging import Staging
 from pagoda_runtime.parallel.lora_broadcast import AdapterWeights, LoraLoad
-from pagoda_runtime.parallel.step_broadcast import StepInputs, StepSender
+from pagoda_runtime.parallel.step_broadcast import DraftStepSender, StepInputs, StepSender
 from pagoda_runtime.parallel.tensor_parallel import SINGLE_PROCESS, TensorParallel
 
 logger = logging.getLogger(__name__)
@@ -232,7 +232,7 @@ class ModelRunner:
         # The CUDA graph bucket the last forward replayed, None when it ran eagerly (profiles read it).
         self.last_graph_batch: int | None = None
         # Rank 0 of a tensor-parallel group: where each step goes to the other ranks first.
-        self.step_sender: StepSender | None = None
+        self.step_sender: StepSender | DraftStepSender | None = None
         if self.device.type == "cuda" and not engine_config.enforce_eager:
             self._capture_graphs(engine_config.max_num_seqs)
 

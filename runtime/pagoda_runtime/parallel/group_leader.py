@@ -16,5 +16,5 @@ def lead_group(group: RankGroup) -> LLMEngine:
     group.start(spawned_rank)
     member = group.join(0)
     engine = LLMEngine(member.engine_config, tp=member.tp, layout=group.world.describe())
-    group.lead(member, engine.runner)
+    group.lead(member, engine.runner, engine.draft_runner)
     return engine

@@ -30,7 +30,7 @@ from pagoda_runtime.contract.config import EngineConfig
 from pagoda_runtime.executor.cpu_threads import cpu_thread_count
 from pagoda_runtime.executor.devices import resolve_device
 from pagoda_runtime.executor.model_runner import ModelRunner
-from pagoda_runtime.parallel.step_broadcast import StepSender, keepalive_interval
+from pagoda_runtime.parallel.step_broadcast import DraftStepSender, StepSender, keepalive_interval
 from pagoda_runtime.parallel.tensor_parallel import TensorParallel
 from pagoda_runtime.parallel.world_layout import LayoutError, WorldLayout
 from pagoda_runtime.termination import write_termination_message
@@ -222,12 +222,15 @@ class RankGroup:
         device_ids = [member.device.index] if member.device.type == "cuda" else None
         dist.barrier(device_ids=device_ids)
 
-    def lead(self, member: Member, runner: ModelRunner) -> None:
-        """Rank 0, every rank loaded: from now on each step goes to the others first."""
+    def lead(self, member: Member, runner: ModelRunner, draft_runner: ModelRunner | None = None) -> None:
+        """Rank 0, every rank loaded: from now on each step goes to the others first, a draft
+        model's (`draft_runner`, speculative decoding) as the target's."""
         self.all_loaded(member)
         keepalive = keepalive_interval(self.world.timeout_s)
         self.sender = StepSender(member.tp, member.device, keepalive, self.fail)
         runner.step_sender = self.sender
+        if draft_runner is not None:
+            draft_runner.step_sender = DraftStepSender(self.sender)
         log.info(
             "all %d ranks joined and loaded the model (%s nodes x local ranks)",
             self.world.tensor_parallel_size,

@@ -1,7 +1,8 @@
 """A rank that only computes: every rank but 0, on this machine or in a LeaderWorkerSet worker pod.
 
 It joins the group, builds its part of the engine (rank_group.py, engine_build.py), waits until
-every rank has loaded, then runs each step rank 0 sends (step_broadcast.py) until rank 0 says stop.
+every rank has loaded, then runs each step rank 0 sends (step_broadcast.py) until rank 0 says stop:
+the target model's steps on its shard of the target, a draft model's on its shard of the draft.
 It never samples, schedules or serves HTTP. Signals do not stop it: rank 0 decides when the group
 ends (after draining its requests), and a rank whose rank 0 is gone exits on its own, at once on
 one machine and within --distributed-timeout across pods.
@@ -20,7 +21,7 @@ from pagoda_runtime.contract.config import EngineConfig
 from pagoda_runtime.engine.build import build_engine
 from pagoda_runtime.logs import configure_logging
 from pagoda_runtime.parallel.rank_group import LogSettings, RankGroup
-from pagoda_runtime.parallel.step_broadcast import StepReceiver
+from pagoda_runtime.parallel.step_broadcast import DRAFT_STEP, STEP, StepReceiver
 from pagoda_runtime.parallel.world_layout import WorldLayout
 
 log = logging.getLogger("pagoda.group")
@@ -36,8 +37,10 @@ def compute(group: RankGroup, local_rank: int) -> str | None:
         parts = build_engine(member.engine_config, tp=member.tp)
         group.all_loaded(member)
         receiver = StepReceiver(member.tp, member.device, parts.runner.receive_lora)
-        while (step := receiver.receive()) is not None:
-            parts.runner.run(step)
+        runners = {STEP: parts.runner, DRAFT_STEP: parts.draft_runner}
+        while (received := receiver.receive()) is not None:
+            kind, step = received
+            runners[kind].run(step)
     except Exception as exc:
         return f"rank {rank} failed: " + " ".join(f"{type(exc).__name__}: {exc}".split())
     log.info("rank %d: rank 0 ended the group; exiting", rank)

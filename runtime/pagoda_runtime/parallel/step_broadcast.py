@@ -8,7 +8,9 @@ in device slots (lora_broadcast.py), which every rank puts in the same slot befo
 Nothing is pickled, the same path works between processes of one machine and between pods (gloo
 on the CPU, NCCL on GPUs, where the tensors never leave the device), and the other ranks rebuild
 exactly the tensors rank 0 runs on, so every rank takes the same path (eager or CUDA graph) and
-calls the same collectives in the same order.
+calls the same collectives in the same order. A speculative-decoding draft model is sharded over the
+same ranks: its forwards go the same way, marked DRAFT_STEP (DraftStepSender), and each rank runs
+them on its shard of the draft.
 
 Rank 0 holds a lock over each step, from the send to the last collective of its forward, and
 sends a keepalive whenever no step went out for a while: a waiting rank then only ever waits
@@ -32,7 +34,7 @@ from pagoda_runtime.executor.devices import host_list_on
 from pagoda_runtime.parallel.lora_broadcast import LoraLoad, num_values, pack, unpack
 from pagoda_runtime.parallel.tensor_parallel import TensorParallel
 
-KEEPALIVE, STEP, STOP, LORA = 0, 1, 2, 3
+KEEPALIVE, STEP, STOP, LORA, DRAFT_STEP = 0, 1, 2, 3, 4
 _HEADER_LEN = 9
 # Rank 0 sends a keepalive after this long without a step, and at least four within a timeout.
 MAX_KEEPALIVE_INTERVAL_S = 10.0
@@ -127,11 +129,12 @@ class StepSender:
         self._thread.start()
 
     @contextlib.contextmanager
-    def sending(self, step: StepInputs) -> Iterator[None]:
-        """Send `step`, then hold the group for the body (the forward's collectives)."""
+    def sending(self, step: StepInputs, kind: int = STEP) -> Iterator[None]:
+        """Send `step` (a forward of the target model, or of the draft's with DRAFT_STEP), then hold
+        the group for the body (the forward's collectives)."""
         with self._lock:
             try:
-                self._send(_header(STEP, step))
+                self._send(_header(kind, step))
                 dist.broadcast(_payload(step), group_src=0, group=self._tp.group)
                 yield
             except Exception as exc:
@@ -177,30 +180,42 @@ class StepSender:
                 self._last_sent = time.monotonic()
 
 
+class DraftStepSender:
+    """What a draft model's runner sends its steps through on rank 0: the target's sender, under
+    the same lock and in one order with the target's steps, each marked for the draft's runner."""
+
+    def __init__(self, sender: StepSender) -> None:
+        self._sender = sender
+
+    def sending(self, step: StepInputs) -> contextlib.AbstractContextManager[None]:
+        return self._sender.sending(step, DRAFT_STEP)
+
+
 class StepReceiver:
-    """The other ranks' side: the next step, skipping keepalives; None once rank 0 says stop. A
-    LoRA adapter that comes between steps goes to `on_lora` (ModelRunner.receive_lora)."""
+    """The other ranks' side: the next step and its kind (STEP for the target model, DRAFT_STEP for
+    the draft's), skipping keepalives; None once rank 0 says stop. A LoRA adapter that comes
+    between steps goes to `on_lora` (ModelRunner.receive_lora)."""
 
     def __init__(self, tp: TensorParallel, device: torch.device, on_lora: Callable[[LoraLoad], None]) -> None:
         self._tp = tp
         self._device = device
         self._on_lora = on_lora
 
-    def receive(self) -> StepInputs | None:
+    def receive(self) -> tuple[int, StepInputs] | None:
         while True:
             header = torch.empty(_HEADER_LEN, dtype=torch.int64, device=self._device)
             dist.broadcast(header, group_src=0, group=self._tp.group)
             fields = header.tolist()
             if fields[0] == STOP:
                 return None
-            if fields[0] == STEP:
+            if fields[0] in (STEP, DRAFT_STEP):
                 break
             if fields[0] == LORA:
                 self._receive_lora(fields[1], fields[2])
         size = 3 * fields[1] + 2 * fields[2] + 1 + fields[2] * fields[3] + fields[6] + fields[1] * fields[8]
         payload = torch.empty(size, dtype=torch.int64, device=self._device)
         dist.broadcast(payload, group_src=0, group=self._tp.group)
-        return _unpack(fields, payload)
+        return fields[0], _unpack(fields, payload)
 
     def _receive_lora(self, slot: int, rows: int) -> None:
         index = torch.empty(rows, 5, dtype=torch.int64, device=self._device)

@@ -110,8 +110,8 @@ def _drive(engine: LLMEngine, tp, name: str, prompts: list[str]) -> dict:
 def _follow(runner, tp) -> None:
     """Every other rank, as rank_worker.py runs it: the steps rank 0 sends, until it says stop."""
     receiver = StepReceiver(tp, runner.device, runner.receive_lora)
-    while (step := receiver.receive()) is not None:
-        runner.run(step)
+    while (received := receiver.receive()) is not None:
+        runner.run(received[1])
 
 
 def run_tasks(tp, tasks: dict[str, tuple[str, tuple]]) -> dict:
