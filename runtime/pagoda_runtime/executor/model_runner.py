@@ -11,7 +11,11 @@ every 8 up to 128 and every 16 beyond, up to max_num_seqs): the forward, the LM 
 greedy argmax. The batch is padded to its bucket, padding tokens write to no slot (slot -1), and
 the attention metadata lives in static buffers that each replay refills. With LoRA the graphs
 also take each token's adapter slot from a static buffer, so a decode step of any adapters
-replays them.
+replays them. With speculative decoding, the verify steps of batches small enough to speculate
+(disable_by_batch_size) replay graphs too: one per batch-size bucket at 1 + K tokens a sequence.
+A sequence verifying a shorter draft, or none, keeps its tokens packed; the padding tokens come
+after every sequence's and belong to none (attention computes nothing for them), so each query
+sits at its real position and reads only its own sequence's keys.
 
 A model with sliding-window layers shorter than the context keeps their KV in a pool of its own
 (sizing.kv_pools; the block manager frees the blocks behind each window), so a step carries a
@@ -40,6 +44,7 @@ from pagoda_runtime.contract.sizing import (
     kv_layer_bytes_per_token,
     kv_pools,
 )
+from pagoda_runtime.contract.speculative import SpeculativeConfig
 from pagoda_runtime.engine.scheduler import ScheduledBatch
 from pagoda_runtime.engine.sequence import Sequence
 from pagoda_runtime.engine.stats import StepShape
@@ -224,17 +229,21 @@ class ModelRunner:
             self.device, model_config.architecture.vocab_size, model_config.eos_token_ids, engine_config.seed
         )
         self._staging = Staging(self.device)
-        self._graphs: dict[int, _Graph] = {}
-        self._graph_sizes: list[int] = []
+        self._graphs: dict[tuple[int, int], _Graph] = {}  # (batch size, tokens a sequence) -> its graph
+        self._graph_sizes: list[int] = []  # decode's
         self._graph_pool = None
         self._max_graph_size = 0
+        # Verify steps' graphs: their batch sizes and their tokens a sequence (1 + K); none without
+        # speculative decoding.
+        self._verify_sizes: list[int] = []
+        self._verify_width = 0
         self.last_prepare_s = 0.0  # host time spent building the last step's tensors
         # The CUDA graph bucket the last forward replayed, None when it ran eagerly (profiles read it).
         self.last_graph_batch: int | None = None
         # Rank 0 of a tensor-parallel group: where each step goes to the other ranks first.
         self.step_sender: StepSender | DraftStepSender | None = None
         if self.device.type == "cuda" and not engine_config.enforce_eager:
-            self._capture_graphs(engine_config.max_num_seqs)
+            self._capture_graphs(engine_config.max_num_seqs, engine_config.speculative_config)
 
     def load_lora(self, slot: int, weights: list, scaling: float, whole: AdapterWeights | None) -> None:
         """Put an adapter in device slot `slot` on every rank: `weights`, this rank's slot tensors
@@ -420,7 +429,7 @@ class ModelRunner:
         together with the sampler's inputs; logits for the last token of each sequence that
         samples, or for every token (`every_logit`, scoring). A decode step every sequence of
         which samples is padded up to a captured graph's batch size (padding tokens write to
-        slot -1), and replays it."""
+        slot -1), and replays it; so is a verify step whose sequences all fit a verify graph."""
         seqs = batch.seqs
         n = len(seqs)
         bs = self.block_size
@@ -437,10 +446,21 @@ class ModelRunner:
         decode = num_tokens == n
         seq_slots = None if batch.lora_slots is None else np.array(batch.lora_slots, dtype=np.int32)
         graph = None
-        if decode and not every_logit and rows.shape[0] == n and n <= self._max_graph_size:
+        per_seq = 1  # tokens a sequence in the graph replayed
+        samples_all = not every_logit and rows.shape[0] == n
+        if decode and samples_all and n <= self._max_graph_size:
             graph = self._graph_sizes[bisect.bisect_left(self._graph_sizes, n)]
+        elif (
+            batch.drafts
+            and samples_all
+            and self._verify_sizes
+            and n <= self._verify_sizes[-1]
+            and int(news.max()) <= self._verify_width
+        ):
+            graph = self._verify_sizes[bisect.bisect_left(self._verify_sizes, n)]
+            per_seq = self._verify_width
         size = graph or n  # sequences, padding included
-        padded_tokens = num_tokens + size - n
+        padded_tokens = size * per_seq if graph else num_tokens
 
         query_start = np.arange(size + 1, dtype=np.int32)
         input_ids = np.zeros(padded_tokens, dtype=np.int64)
@@ -452,9 +472,11 @@ class ModelRunner:
                 seqs[i].token_ids[p] for i, p in zip(have.tolist(), starts[have].tolist(), strict=True)
             ]
         else:
-            np.cumsum(news, out=query_start[1:])
-            positions = np.repeat(starts - query_start[:-1], news) + np.arange(num_tokens)
-            firsts = query_start[:-1].tolist()
+            np.cumsum(news, out=query_start[1 : n + 1])
+            query_start[n + 1 :] = num_tokens  # padding sequences of a verify graph: no tokens
+            positions = np.zeros(padded_tokens, dtype=np.int64)
+            positions[:num_tokens] = np.repeat(starts - query_start[:n], news) + np.arange(num_tokens)
+            firsts = query_start[:n].tolist()
             for i, (seq, first, start, end) in enumerate(
                 zip(seqs, firsts, starts.tolist(), ends.tolist(), strict=True)
             ):
@@ -521,7 +543,8 @@ class ModelRunner:
             query_start_loc=staged["query_start_loc"],
             seq_lens=staged["seq_lens"],
             block_tables=staged["block_tables"],
-            max_query_len=int(news.max()),
+            # A verify graph's: the tiles its attention was captured with.
+            max_query_len=per_seq if graph else int(news.max()),
             max_seq_len=int(ends.max()),
         )
         if self.windowed:
@@ -570,45 +593,61 @@ class ModelRunner:
 
     # ---- CUDA graphs -------------------------------------------------------------------------
 
-    def _capture_graphs(self, max_num_seqs: int) -> None:
-        """One graph per decode batch size: the forward, the LM head and each row's argmax, so a
-        greedy decode step launches nothing else. Its outputs are written into buffers shared by
-        every graph (the LM head's float32 logits would otherwise take [size, vocab] per graph)."""
+    def _capture_graphs(self, max_num_seqs: int, speculative: SpeculativeConfig | None) -> None:
+        """One graph per decode batch size, and with speculative decoding one per verify batch size:
+        the forward, the LM head and each row's argmax, so a greedy decode step launches nothing
+        else. Their outputs are written into buffers shared by every graph (the LM head's float32
+        logits would otherwise take [tokens, vocab] per graph)."""
         sizes = graph_batch_sizes(max_num_seqs)
+        shapes = [(size, 1) for size in sizes]
+        if speculative is not None:
+            self._verify_width = 1 + speculative.num_speculative_tokens
+            self._verify_sizes = graph_batch_sizes(min(max_num_seqs, speculative.disable_by_batch_size))
+            shapes += [(size, self._verify_width) for size in self._verify_sizes]
         largest = sizes[-1]
+        tokens = max(size * width for size, width in shapes)
         device = self.device
         self._static = {
-            "input_ids": torch.zeros(largest, dtype=torch.int64, device=device),
-            "positions": torch.zeros(largest, dtype=torch.int64, device=device),
-            "slot_mapping": torch.full((largest,), -1, dtype=torch.int64, device=device),
+            "input_ids": torch.zeros(tokens, dtype=torch.int64, device=device),
+            "positions": torch.zeros(tokens, dtype=torch.int64, device=device),
+            "slot_mapping": torch.full((tokens,), -1, dtype=torch.int64, device=device),
             "query_start_loc": torch.arange(largest + 1, dtype=torch.int32, device=device),
+            # A verify step's packed sequences, refilled by each replay (decode's never change).
+            "verify_query_start_loc": torch.zeros(largest + 1, dtype=torch.int32, device=device),
             "seq_lens": torch.ones(largest, dtype=torch.int32, device=device),
             "block_tables": torch.zeros(largest, self.max_blocks_per_seq, dtype=torch.int32, device=device),
         }
         if self.windowed:
-            self._static["window_slot_mapping"] = torch.full((largest,), -1, dtype=torch.int64, device=device)
+            self._static["window_slot_mapping"] = torch.full((tokens,), -1, dtype=torch.int64, device=device)
             self._static["window_block_tables"] = torch.zeros_like(self._static["block_tables"])
         lora = self.lora_slots
         if lora is not None:
             # Each token's adapter slot, -1 for the base model's and the padding: the graphs take
             # the adapters' deltas whatever the batch's adapters (kernels/triton_lora.py).
-            self._static["lora_slots"] = torch.full((largest,), -1, dtype=torch.int32, device=device)
-        logits = torch.empty(largest, self.config.architecture.vocab_size, dtype=torch.float32, device=device)
-        greedy = torch.empty(largest, dtype=torch.int64, device=device)
-        # Largest first, so that the smaller graphs fit in the memory pool the largest reserved.
-        for size in reversed(sizes):
-            meta = self._static_meta(size)
-            args = (self._static["input_ids"][:size], self._static["positions"][:size], self.kv_caches, meta)
+            self._static["lora_slots"] = torch.full((tokens,), -1, dtype=torch.int32, device=device)
+        logits = torch.empty(tokens, self.config.architecture.vocab_size, dtype=torch.float32, device=device)
+        greedy = torch.empty(tokens, dtype=torch.int64, device=device)
+        # Most tokens first, so that the smaller graphs fit in the memory pool the largest reserved.
+        for size, width in sorted(shapes, key=lambda shape: shape[0] * shape[1], reverse=True):
+            count = size * width
+            meta = self._static_meta(size, width)
+            if width > 1:
+                # What the capture runs on: every sequence `width` tokens over as many keys.
+                meta.query_start_loc.copy_(torch.arange(0, count + 1, width, dtype=torch.int32))
+                meta.seq_lens.fill_(width)
+            static = self._static
+            args = (static["input_ids"][:count], static["positions"][:count], self.kv_caches, meta)
 
-            def forward(args=args, size=size) -> None:
+            def forward(args=args, count=count) -> None:
                 if lora is not None:
-                    lora.batch = lora_batch(self._static["lora_slots"][:size], lora.num_slots)
+                    lora.batch = lora_batch(self._static["lora_slots"][:count], lora.num_slots)
                 try:
                     hidden = self.model(*args)
                 finally:
                     if lora is not None:
                         lora.batch = None
-                torch.argmax(self.model.compute_logits(hidden, out=logits[:size]), dim=-1, out=greedy[:size])
+                rows = self.model.compute_logits(hidden, out=logits[:count])
+                torch.argmax(rows, dim=-1, out=greedy[:count])
 
             forward()  # warm-up: Triton compiles outside the capture
             torch.cuda.synchronize(device)
@@ -617,52 +656,64 @@ class ModelRunner:
                 forward()
             if self._graph_pool is None:
                 self._graph_pool = graph.pool()
-            self._graphs[size] = _Graph(graph, logits[:size], greedy[:size])
+            self._graphs[size, width] = _Graph(graph, logits[:count], greedy[:count])
+            meta.seq_lens.fill_(1)
         torch.cuda.synchronize(device)
         self._graph_sizes = sizes
         self._max_graph_size = largest
-        logger.info("captured CUDA graphs for decode batch sizes %s", sizes)
+        logger.info(
+            "captured CUDA graphs for decode batch sizes %s and verify batch sizes %s",
+            sizes,
+            self._verify_sizes or "none",
+        )
 
-    def _static_meta(self, size: int) -> AttentionMetadata:
+    def _static_meta(self, size: int, width: int) -> AttentionMetadata:
         s = self._static
+        query_start = s["query_start_loc"] if width == 1 else s["verify_query_start_loc"]
         meta = AttentionMetadata(
-            slot_mapping=s["slot_mapping"][:size],
-            query_start_loc=s["query_start_loc"][: size + 1],
+            slot_mapping=s["slot_mapping"][: size * width],
+            query_start_loc=query_start[: size + 1],
             seq_lens=s["seq_lens"][:size],
             block_tables=s["block_tables"][:size],
-            max_query_len=1,
+            max_query_len=width,
             # The kernels size their loops from this; a graph must cover every length it replays.
             max_seq_len=self.max_model_len,
         )
         if self.windowed:
-            meta.window_slot_mapping = s["window_slot_mapping"][:size]
+            meta.window_slot_mapping = s["window_slot_mapping"][: size * width]
             meta.window_block_tables = s["window_block_tables"][:size]
         return meta
 
     def _replay(self, step: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """Replay the graph of the step's (padded) batch size; the logits and argmax of its rows
-        that sample, views of the graphs' output buffers that the next replay overwrites (the
-        device reads them before: it runs the step's sampling first)."""
+        """Replay the graph of the step's (padded) batch size and tokens a sequence; the logits and
+        argmax of its rows that sample. A decode step's are views of the graphs' output buffers
+        that the next replay overwrites (the device reads them before: it runs the step's sampling
+        first)."""
         meta = step.meta
-        size = meta.num_seqs
+        size, width = meta.num_seqs, meta.max_query_len
+        tokens = step.input_ids.shape[0]
         self.last_graph_batch = size
         s = self._static
-        s["input_ids"][:size].copy_(step.input_ids)
-        s["positions"][:size].copy_(step.positions)
-        s["slot_mapping"][:size].copy_(meta.slot_mapping)
+        s["input_ids"][:tokens].copy_(step.input_ids)
+        s["positions"][:tokens].copy_(step.positions)
+        s["slot_mapping"][:tokens].copy_(meta.slot_mapping)
         s["seq_lens"][:size].copy_(meta.seq_lens)
         s["block_tables"][:size, : meta.block_tables.shape[1]].copy_(meta.block_tables)
+        if width > 1:
+            s["verify_query_start_loc"][: size + 1].copy_(meta.query_start_loc)
         if self.windowed:
-            s["window_slot_mapping"][:size].copy_(meta.window_slot_mapping)
-            width = meta.window_block_tables.shape[1]
-            s["window_block_tables"][:size, :width].copy_(meta.window_block_tables)
+            s["window_slot_mapping"][:tokens].copy_(meta.window_slot_mapping)
+            table_width = meta.window_block_tables.shape[1]
+            s["window_block_tables"][:size, :table_width].copy_(meta.window_block_tables)
         if "lora_slots" in s:
             if step.lora_slots is None:
-                s["lora_slots"][:size].fill_(-1)
+                s["lora_slots"][:tokens].fill_(-1)
             else:
-                s["lora_slots"][:size].copy_(step.lora_slots)
-        graph = self._graphs[size]
+                s["lora_slots"][:tokens].copy_(step.lora_slots)
+        graph = self._graphs[size, width]
         graph.graph.replay()
+        if width > 1:
+            return graph.logits[step.logits_rows], graph.greedy[step.logits_rows]
         rows = step.logits_rows.shape[0]
         return graph.logits[:rows], graph.greedy[:rows]
 

@@ -1,6 +1,6 @@
 """On a CUDA GPU: n-gram speculative decoding gives the target's own greedy tokens, its verify steps
-(eager, several query positions over the paged cache) mixed with CUDA-graph decode steps, and
-seeded sampling under speculation repeats itself."""
+(several query positions over the paged cache, replaying their own CUDA graphs) mixed with
+CUDA-graph decode steps, and seeded sampling under speculation repeats itself."""
 
 from __future__ import annotations
 
@@ -28,9 +28,23 @@ def test_speculation_keeps_greedy_tokens_on_the_gpu(tmp_path):
     greedy = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
     plain = LLM(str(folder), **kwargs).generate(PROMPTS, greedy)
     speculative = LLM(str(folder), speculative_config=NGRAM, **kwargs)
+    runner = speculative.engine.runner
+    assert {(size, 5) for size in (1, 2, 4)} <= runner._graphs.keys(), "no verify graphs were captured"
+    replay, replayed = runner._replay, []
+
+    def recorded(step):
+        replayed.append(step.meta.max_query_len)
+        return replay(step)
+
+    runner._replay = recorded
     got = speculative.generate(PROMPTS, greedy)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in plain]
     assert speculative.engine.stats().spec_decode.num_drafts > 0
+    assert 5 in replayed, "no verify step replayed a graph"
+    eager = LLM(str(folder), speculative_config=NGRAM, enforce_eager=True, **kwargs)
+    assert [o.outputs[0].token_ids for o in eager.generate(PROMPTS, greedy)] == [
+        o.outputs[0].token_ids for o in got
+    ]
     seeded = SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=32, ignore_eos=True)
     first = speculative.generate(PROMPTS, seeded)
     assert [o.outputs[0].token_ids for o in speculative.generate(PROMPTS, seeded)] == [

@@ -129,3 +129,63 @@ def test_graph_sizes_step_by_8_then_by_16():
     assert all(b - a == 8 for a, b in itertools.pairwise(sizes[3:]) if b <= 128)
     assert all(b - a == 16 for a, b in itertools.pairwise(sizes) if a >= 128)
     assert graph_batch_sizes(200)[-2:] == [192, 200]
+
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+COPYING = ["a b c d e f a b c d e f a b c", "one two three one two three one", "x y z x y z x y"]
+
+
+def _pretend_verify_graphs(runner) -> list:
+    """Verify graphs of sizes 1, 2 and 4 at 1 + 4 tokens a sequence, "replayed" eagerly on the
+    padded inputs a graph would get (a CPU captures none); the widths of the steps replayed."""
+    runner._verify_sizes, runner._verify_width = [1, 2, 4], 5
+    replayed = []
+
+    def replay(step):
+        replayed.append((step.meta.num_seqs, step.meta.max_query_len, step.input_ids.shape[0]))
+        hidden = runner.model(step.input_ids, step.positions, runner.kv_caches, step.meta)
+        logits = runner.model.compute_logits(hidden)[step.logits_rows]
+        return logits, logits.argmax(dim=-1)
+
+    runner._replay = replay
+    return replayed
+
+
+def test_verify_steps_padded_to_their_graphs_keep_the_greedy_tokens(folder):
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    plain = LLM(str(folder), dtype="float32", device="cpu", block_size=4).generate(COPYING, greedy)
+    llm = LLM(str(folder), dtype="float32", device="cpu", block_size=4, speculative_config=NGRAM)
+    runner = llm.engine.runner
+    replayed = _pretend_verify_graphs(runner)
+    prepare, padded = runner._prepare, []
+
+    def recorded(batch, in_flight, every_logit=False):
+        expected = {}  # each sequence's tokens this step: its last known ones, then its draft
+        for i, seq in enumerate(batch.seqs):
+            start = seq.num_computed_tokens
+            tokens = seq.token_ids[start : start + batch.num_new_tokens[i]] + batch.drafts.get(i, [])
+            expected[i] = (start, tokens[: batch.num_new_tokens[i]])
+        step, launched = prepare(batch, in_flight, every_logit)
+        if step.replayable and step.meta.max_query_len > 1:
+            padded.append((expected, step))
+        return step, launched
+
+    runner._prepare = recorded
+    got = llm.generate(COPYING, greedy)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in plain]
+    assert llm.engine.stats().spec_decode.num_accepted_tokens > 0
+    assert padded and {(size, width) for size, width, _ in replayed} <= {(1, 5), (2, 5), (4, 5)}
+    for expected, step in padded:
+        meta, size = step.meta, step.meta.num_seqs
+        starts = meta.query_start_loc.tolist()
+        count = starts[len(expected)]
+        # The real tokens packed at their positions; the padding after them, in no sequence, writing
+        # nowhere; padding sequences without tokens.
+        for i, (start, tokens) in expected.items():
+            assert step.input_ids[starts[i] : starts[i + 1]].tolist() == tokens
+            assert step.positions[starts[i] : starts[i + 1]].tolist() == list(
+                range(start, start + len(tokens))
+            )
+            assert int(meta.seq_lens[i]) == start + len(tokens)
+        assert starts[len(expected) :] == [count] * (size + 1 - len(expected))
+        assert step.input_ids.shape[0] == size * 5 and (meta.slot_mapping[count:] == -1).all()
