@@ -32,11 +32,20 @@ SCHEMA = {
 PHRASES = ("the quick brown fox", "the lazy dog")
 # A prompt the constrained outputs can copy from: what n-gram lookup drafts.
 PROMPT = 'Echo: {"name": "fox", "tags": ["aa", "bb"]} the quick brown fox jumps over the lazy dog. the quick'
+REGEX = r"(ab|ba)+c[0-9]{2,20}"
+
+
+def matches_schema(text):
+    jsonschema.validate(json.loads(text), SCHEMA)
+    return True
+
+
 CASES = [
-    (StructuredOutputs(json=json.dumps(SCHEMA)), lambda t: jsonschema.validate(json.loads(t), SCHEMA) is None),
-    (StructuredOutputs(regex=r"(ab|ba)+c[0-9]{2,20}"), lambda t: re.fullmatch(r"(ab|ba)+c[0-9]{2,20}", t)),
+    (StructuredOutputs(json=json.dumps(SCHEMA)), matches_schema),
+    (StructuredOutputs(regex=REGEX), lambda t: re.fullmatch(REGEX, t)),
     (StructuredOutputs(choice=PHRASES), lambda t: t in PHRASES),
 ]
+CHOICE = StructuredOutputs(choice=PHRASES)
 
 
 @pytest.fixture(scope="module")
@@ -113,14 +122,17 @@ def test_greedy_constrained_outputs_are_the_same_with_either_proposer(plain, ngr
 
 def test_constrained_requests_draft_and_have_drafts_accepted(folders):
     """Only constrained requests run: every draft counted is a constrained sample's. A draft of the
-    target's own weights is always accepted; a lookup of the prompt the output copies mostly is."""
-    params = SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=StructuredOutputs(choice=PHRASES))
+    target's own weights, masked by the same grammar, is always accepted; a lookup of the prompt
+    the output copies has some of its tokens accepted."""
+    params = SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=CHOICE)
     for config in (NGRAM, draft_model(folders[0])):
         speculative = make(folders[0], config)
         text = speculative.generate(PROMPT, params)[0].outputs[0].text
         assert text in PHRASES
         counts = speculative.engine.stats().spec_decode
         assert counts.num_drafts > 0 and counts.num_accepted_tokens > 0, config
+        if "model" in config:
+            assert counts.num_accepted_tokens == counts.num_draft_tokens
         bm = speculative.engine.block_manager
         assert bm.num_free_blocks == bm.num_blocks
 
@@ -148,11 +160,12 @@ def test_an_ngram_draft_is_cut_before_a_refused_token_and_after_the_grammars_end
     free = Sequence(SequenceGroup("r", tokenizer.encode(prompt + "the quick"), SamplingParams(), 0.0), 0)
     [(uncut, _)] = proposer.propose([free], [8])
     assert tokenizer.decode(uncut).startswith(" brown fox j")
-    ends = constrained_seq(plain, prompt, StructuredOutputs(choice=PHRASES), output="the quick")
+    ends = constrained_seq(plain, prompt, CHOICE, output="the quick")
     [(draft, _)] = proposer.propose([ends], [8])
     assert tokenizer.decode(draft) == " brown fox"
     assert allowed_draft(ends.grammar, draft) == len(draft)  # the matcher is left as it was
-    other = constrained_seq(plain, prompt, StructuredOutputs(choice=("the quick red fox",)), output="the quick")
+    red = StructuredOutputs(choice=("the quick red fox",))
+    other = constrained_seq(plain, prompt, red, output="the quick")
     assert proposer.propose([other], [8]) == [([], None)]
     assert ends.grammar.try_consume_tokens(draft) == len(draft) and ends.grammar.is_stopped()
 
@@ -181,7 +194,7 @@ def test_a_draft_models_q_is_masked_by_the_grammar_at_each_drafted_position(fold
 def test_verify_rows_are_masked_after_each_draft_prefix_and_free_rows_pay_nothing(plain):
     vocab = plain.engine.model_config.architecture.vocab_size
     tokenizer = plain.get_tokenizer()
-    seq = constrained_seq(plain, "x", StructuredOutputs(choice=PHRASES))
+    seq = constrained_seq(plain, "x", CHOICE)
     start = allowed(seq.grammar, vocab)
     free = Sequence(SequenceGroup("f", [1, 2], SamplingParams(), 0.0), 0)
     draft = tokenizer.encode("the lazy", add_special_tokens=False)
