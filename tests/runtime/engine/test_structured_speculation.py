@@ -216,3 +216,21 @@ def test_verify_rows_are_masked_after_each_draft_prefix_and_free_rows_pay_nothin
     GrammarMasker(torch.device("cpu"))(logits, [seq] * (len(refused) + 1) + [free], prefixes)
     assert logits[1, refused[1]] == float("-inf")
     assert torch.equal(allowed(seq.grammar, vocab), start) and not seq.grammar.is_error()
+
+
+def test_with_async_scheduling_and_penalties_constrained_outputs_are_unchanged(folders, plain):
+    """Five constrained sequences over a cut-off of two: overlapped steps without drafts while
+    more than two run (their masks wait for the tokens read), speculation for the last ones;
+    penalties count the draft tokens before each verify row beside the grammar's mask."""
+    config = NGRAM | {"disable_by_batch_size": 2}
+    llm = make(folders[0], config, async_scheduling=True)
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=20 + 8 * i, structured_outputs=CASES[i % 3][0])
+        for i in range(5)
+    ]
+    params[1] = SamplingParams(
+        temperature=0.0, max_tokens=40, repetition_penalty=1.3, structured_outputs=CASES[1][0]
+    )
+    prompts = [PROMPT, "Hello, world! How are", PROMPT, "Once upon a time there", PROMPT]
+    assert outputs(llm, prompts, params) == outputs(plain, prompts, params)
+    assert llm.engine.stats().spec_decode.num_drafts > 0
