@@ -82,6 +82,8 @@ class DraftModelProposer:
         self.block_manager = block_manager
         self.chunk = max_num_batched_tokens  # the most tokens one catch-up forward runs
         self._shadows: dict[int, Sequence] = {}  # target seq_id -> its sequence in the draft's cache
+        # Its host buffers are reused position after position: each position's draws are read
+        # (int(...) waits for the device) before the next position's masks are filled.
         self._grammar = GrammarMasker(runner.device)
         self.generator = torch.Generator(device=runner.device)
         if seed is not None:
