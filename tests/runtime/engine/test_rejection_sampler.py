@@ -238,19 +238,20 @@ def critical(allowed):
     return CRITICAL_BY_DF[int(allowed.sum()) - 1]
 
 
-def generate_two_constrained(target, draft, grammar, mask_q, generator):
-    """Two tokens per sample under the grammar, the target's rows masked by it. The draft draws
-    from q masked by the grammar (mask_q: the proposer's scheme), or from its own q with the draft
-    cut before its first token the grammar refuses (a scheme that is not lossless)."""
+def generate_two_constrained(target, draft, grammar, scheme, generator):
+    """Two tokens per sample under the grammar, the target's rows masked by it, and the mean tokens
+    the first step emitted. The draft draws from q masked by the grammar ("masked": the proposer's
+    scheme), or from its own q, its draft then verified whole ("whole": lossless, refused tokens
+    are rejected) or cut before its first token the grammar refuses ("cut": not lossless)."""
     n = SAMPLES
     p_first, p_next = constrained(target.first, grammar.first), constrained(target.next, grammar.next)
     q_first, q_next = draft.first, draft.next
-    if mask_q:
+    if scheme == "masked":
         q_first, q_next = constrained(q_first, grammar.first), constrained(q_next, grammar.next)
     x1 = torch.multinomial(q_first.expand(n, VOCAB), 1, generator=generator)[:, 0]
     x2 = torch.multinomial(q_next[x1], 1, generator=generator)[:, 0]
-    keep1 = grammar.first[x1]
-    lengths = keep1.long() + (keep1 & grammar.next[x1, x2]).long()
+    keep1 = grammar.first[x1] | (scheme == "whole")
+    lengths = keep1.long() + (keep1 & (grammar.next[x1, x2] | (scheme == "whole"))).long()
     rows = torch.stack([p_first.expand(n, VOCAB), p_next[x1], p_next[x2]], 1)
     q = torch.stack([q_first.expand(n, VOCAB), q_next[x1], torch.zeros(n, VOCAB)], 1)
     grid, emitted = verify_ragged(rows, q, torch.stack([x1, x2], 1), lengths, generator)
@@ -260,23 +261,29 @@ def generate_two_constrained(target, draft, grammar, mask_q, generator):
     more = torch.multinomial(q_next[before], 1, generator=generator)[:, 0]
     rows = torch.stack([p_next[before], p_next[more]], 1)
     q = torch.stack([q_next[before], torch.zeros(len(more), VOCAB)], 1)
-    cut = grammar.next[before, more].long()
+    cut = (grammar.next[before, more] | (scheme == "whole")).long()
     second[again] = verify_ragged(rows, q, more[:, None], cut, generator)[0][:, 0]
-    return first, second, p_first, p_first[:, None] * p_next
+    return first, second, p_first, p_first[:, None] * p_next, emitted.float().mean()
 
 
 def test_a_grammar_constrained_draft_keeps_the_constrained_target_distribution():
     """Under a grammar the output must be the constrained target's: with q masked by the grammar
-    (engine/draft_model_proposer.py) it is; drawing from the draft's own q and cutting the draft at
-    its first refused token instead over-samples what the target emits at a cut, and fails."""
+    (engine/draft_model_proposer.py) it is, and so with the draft's own q verified whole (refused
+    tokens are rejected, at a cost in acceptance); drawing from the draft's own q and cutting the
+    draft at its first refused token instead over-samples what the target emits at a cut, and fails."""
     generator = torch.Generator().manual_seed(3)
     target, draft, grammar = TinyTarget(generator), TinyDraft(generator), TinyGrammar(generator)
-    first, second, p_first, joint = generate_two_constrained(target, draft, grammar, True, generator)
-    assert grammar.first[first].all() and grammar.next[first, second].all()
-    allowed_first, allowed_joint = p_first > 0, joint.reshape(-1) > 0
-    observed = first * VOCAB + second
-    assert chi_square_on(first, p_first, allowed_first) < critical(allowed_first)
-    assert chi_square_on(observed, joint, allowed_joint) < critical(allowed_joint)
+    emitted = {}
+    for scheme in ("masked", "whole"):
+        first, second, p_first, joint, emitted[scheme] = generate_two_constrained(
+            target, draft, grammar, scheme, generator
+        )
+        assert grammar.first[first].all() and grammar.next[first, second].all()
+        allowed_first, allowed_joint = p_first > 0, joint.reshape(-1) > 0
+        observed = first * VOCAB + second
+        assert chi_square_on(first, p_first, allowed_first) < critical(allowed_first), scheme
+        assert chi_square_on(observed, joint, allowed_joint) < critical(allowed_joint), scheme
+    assert emitted["masked"] > emitted["whole"]
     # The cut's bias shows in the pairs (the test's statistic there is over ten times the bound).
-    first, second, _, _ = generate_two_constrained(target, draft, grammar, False, generator)
+    first, second, _, _, _ = generate_two_constrained(target, draft, grammar, "cut", generator)
     assert chi_square_on(first * VOCAB + second, joint, allowed_joint) > critical(allowed_joint)
