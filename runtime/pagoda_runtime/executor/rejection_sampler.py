@@ -20,7 +20,8 @@ that position: cutting a token x_j ~ q that the grammar refuses replaces the res
 draw from p exactly when q drew a refused token, which over-weights p by q's refused mass. An
 n-gram draft token is a function of the history, so cutting it there is decided before the
 position; a draft model's q is masked by the grammar instead, so it never draws a refused token
-and is still the distribution x_j came from.
+and is still the distribution x_j came from. (A draft that ignores the grammar and is verified
+whole stays lossless too, its refused tokens rejected since p is 0 there, but it emits less.)
 
 Rows are flat: sequence s owns widths[s] consecutive rows (its K drafted positions, then the
 bonus one); `draft_tokens` holds each row's draft token, -1 on the bonus rows.
