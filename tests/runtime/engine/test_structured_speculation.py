@@ -234,3 +234,21 @@ def test_with_async_scheduling_and_penalties_constrained_outputs_are_unchanged(f
     prompts = [PROMPT, "Hello, world! How are", PROMPT, "Once upon a time there", PROMPT]
     assert outputs(llm, prompts, params) == outputs(plain, prompts, params)
     assert llm.engine.stats().spec_decode.num_drafts > 0
+
+
+def test_an_uncut_draft_past_the_grammar_or_into_refused_tokens_changes_nothing(ngram, plain, monkeypatch):
+    """A proposer that ignores the grammar (the lookup drafts " jumps over" after "fox"): the verify
+    rows reject its refused tokens, the sample ends at the token that completes the grammar, and
+    nothing drafted after it is emitted."""
+    monkeypatch.setattr(
+        "pagoda_runtime.engine.ngram_proposer.allowed_draft", lambda matcher, draft: len(draft)
+    )
+    before = ngram.engine.stats().spec_decode
+    for spec, _ in CASES:
+        params = SamplingParams(temperature=0.0, max_tokens=60, structured_outputs=spec)
+        assert outputs(ngram, [PROMPT], params) == outputs(plain, [PROMPT], params)
+    after = ngram.engine.stats().spec_decode
+    assert (
+        after.num_draft_tokens - before.num_draft_tokens
+        > after.num_accepted_tokens - before.num_accepted_tokens
+    )
