@@ -20,15 +20,26 @@ or is preempted (it catches up again on its next draft). A draft cache that runs
 drafts nothing for that sequence, never fails a step. The sequences of a step draft together: one
 forward (or one per budget-sized chunk) catches them all up, and each draft position is one
 batched decode step of the draft, so a step costs about K draft forwards whatever the batch.
+
+A grammar-constrained sample drafts from q masked by its grammar: its matcher is advanced along
+the draft as it is drawn (and rolled back after), and each position's logits are masked by the
+grammar's state there, the batch's constrained rows in one bitmask as the target's. So q is the
+distribution each draft token really came from, and puts no mass where the target's masked p has
+none. Cutting an unmasked draft at its first forbidden token instead would not be lossless: that
+cut depends on the token drawn at the position it removes (executor/rejection_sampler.py). A
+draft stops after the token that completes the grammar, none after it being emitted.
 """
 
 from __future__ import annotations
+
+from contextlib import ExitStack
 
 import torch
 
 from pagoda_runtime.contract.config import ModelConfig
 from pagoda_runtime.contract.speculative import SpeculativeConfig, SpeculativeConfigError
 from pagoda_runtime.engine.block_manager import BlockManager
+from pagoda_runtime.engine.grammar_mask import GrammarMasker, advanced_along
 from pagoda_runtime.engine.ngram_proposer import draft_room
 from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.engine.scheduler import ScheduledBatch
@@ -71,31 +82,57 @@ class DraftModelProposer:
         self.block_manager = block_manager
         self.chunk = max_num_batched_tokens  # the most tokens one catch-up forward runs
         self._shadows: dict[int, Sequence] = {}  # target seq_id -> its sequence in the draft's cache
+        # Its host buffers are reused position after position: each position's draws are read
+        # (int(...) waits for the device) before the next position's masks are filled.
+        self._grammar = GrammarMasker(runner.device)
         self.generator = torch.Generator(device=runner.device)
         if seed is not None:
             self.generator.manual_seed(seed)
 
     def propose(self, seqs: list[Sequence], limits: list[int]) -> list[tuple[list[int], torch.Tensor | None]]:
         """Per sequence, up to its limit of tokens drawn from the draft and their distributions q
-        [len, vocab]; none for a grammar-constrained sample or past max_tokens, as the n-gram
-        proposer. The sequences catch up together and draw each position in one batched decode step."""
+        [len, vocab]; none past max_tokens, as the n-gram proposer; a constrained sample's drawn
+        from q masked by its grammar. The sequences catch up together and draw each position in one
+        batched decode step."""
         wanted = {}  # index in seqs -> its draft length
         for i, (seq, limit) in enumerate(zip(seqs, limits, strict=True)):
             k = draft_room(seq, min(self.config.num_speculative_tokens, limit))
-            if seq.grammar is None and not seq.num_pending and k > 0:
+            if not seq.num_pending and k > 0:
                 wanted[i] = k
         logits = self._catch_up({i: seqs[i] for i in wanted})
         tokens: dict[int, list[int]] = {i: [] for i in logits}
         probs: dict[int, list[torch.Tensor]] = {i: [] for i in logits}
-        while logits:
-            for i, row in logits.items():
-                params = seqs[i].params
-                q = _distribution(row, params)
-                tokens[i].append(self._draw(q, params, len(self._shadows[seqs[i].seq_id].token_ids)))
-                probs[i].append(q)
-            going = {i: tokens[i][-1:] for i in logits if len(tokens[i]) < wanted[i]}
-            logits = self._run(seqs, going)
+        with ExitStack() as lent:
+            # Each constrained sample's matcher follows its draft, and is rolled back on leaving.
+            advance = {
+                i: lent.enter_context(advanced_along(seqs[i].grammar))
+                for i in logits
+                if seqs[i].grammar is not None
+            }
+            while logits:
+                logits = self._masked(logits, seqs, advance)
+                for i, row in logits.items():
+                    params = seqs[i].params
+                    q = _distribution(row, params)
+                    tokens[i].append(self._draw(q, params, len(self._shadows[seqs[i].seq_id].token_ids)))
+                    probs[i].append(q)
+                going = {
+                    i: tokens[i][-1:]
+                    for i in logits
+                    if len(tokens[i]) < wanted[i] and _goes_on(seqs[i], advance.get(i), tokens[i][-1])
+                }
+                logits = self._run(seqs, going)
         return [(tokens[i], torch.cat(probs[i])) if tokens.get(i) else ([], None) for i in range(len(seqs))]
+
+    def _masked(
+        self, logits: dict[int, torch.Tensor], seqs: list[Sequence], advance: dict
+    ) -> dict[int, torch.Tensor]:
+        """The rows with the constrained ones masked by their grammars where their drafts stand."""
+        constrained = [i for i in logits if i in advance]
+        if not constrained:
+            return logits
+        rows = self._grammar(torch.cat([logits[i] for i in constrained]), [seqs[i] for i in constrained])
+        return logits | {i: rows[k : k + 1] for k, i in enumerate(constrained)}
 
     def free(self, seq: Sequence) -> None:
         shadow = self._shadows.pop(seq.seq_id, None)
@@ -184,3 +221,9 @@ def _distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     if params.temperature == 0.0:
         return torch.zeros_like(logits).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
     return torch.softmax(logits.float() / params.temperature, dim=-1)
+
+
+def _goes_on(seq: Sequence, advance_by, token: int) -> bool:
+    """Whether a draft goes on after `token`: a constrained sample's matcher takes it (always: it
+    was drawn from the masked q) and is not at the grammar's end, after which nothing is emitted."""
+    return advance_by is None or (advance_by(token) and not seq.grammar.is_stopped())

@@ -6,6 +6,11 @@ prompt_lookup_max down to prompt_lookup_min that occurred before) are looked up 
 tokens, and the up to K tokens that followed that occurrence are the draft: no model, a few
 microseconds of numpy per sequence. The target verifies the draft in its next step
 (executor/rejection_sampler.py), so a wrong guess costs a query position, never a wrong token.
+
+A grammar-constrained sample's draft is cut before the first token its grammar refuses, and after
+the one that completes it: JSON that echoes its input is where lookup drafts pay most. The cut
+keeps the output the target's because each drafted token is a function of the tokens before it,
+so whether position j is drafted is decided by the history alone (rejection_sampler.py).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from pagoda_runtime.contract.speculative import SpeculativeConfig
+from pagoda_runtime.engine.grammar_mask import allowed_draft
 from pagoda_runtime.engine.sequence import Sequence
 
 
@@ -44,17 +50,16 @@ class NgramProposer:
 
     def propose(self, seqs: list[Sequence], limits: list[int]) -> list[tuple[list[int], None]]:
         """The drafts of decoding sequences whose tokens the host knows: at most each one's limit
-        of tokens, none past its max_tokens or context, none for a grammar-constrained sample (its
-        grammar would have to vet every drafted token)."""
+        of tokens, none past its max_tokens or context, a constrained sample's only as far as its
+        grammar allows."""
         config = self.config
         drafts = []
         for seq, limit in zip(seqs, limits, strict=True):
             k = draft_room(seq, min(config.num_speculative_tokens, limit))
-            if seq.grammar is not None or seq.num_pending:
+            if seq.num_pending:
                 k = 0
-            drafts.append(
-                (ngram_lookup(seq.token_ids, k, config.prompt_lookup_max, config.prompt_lookup_min), None)
-            )
+            draft = ngram_lookup(seq.token_ids, k, config.prompt_lookup_max, config.prompt_lookup_min)
+            drafts.append((draft[: allowed_draft(seq.grammar, draft)], None))
         return drafts
 
     def free(self, seq: Sequence) -> None:

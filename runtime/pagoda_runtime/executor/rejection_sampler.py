@@ -12,6 +12,17 @@ sampled it (Leviathan et al., 2023; Chen et al., 2023). The n-gram proposer's q 
 drew x from (engine/draft_model_proposer.py). A greedy row's p is the point mass on its argmax, so
 greedy decoding keeps exactly the target's own tokens.
 
+Under a grammar (structured output) each row's p_j is masked by the grammar's state after the
+draft tokens before row j (engine/grammar_mask.py), so the output is the constrained target's. A
+draft may be cut for anything known before a position (the history and the draft tokens before
+it): a position drafted or not, its token follows p_j. It may not be cut for the token drawn at
+that position: cutting a token x_j ~ q that the grammar refuses replaces the residual draw by a
+draw from p exactly when q drew a refused token, which over-weights p by q's refused mass. An
+n-gram draft token is a function of the history, so cutting it there is decided before the
+position; a draft model's q is masked by the grammar instead, so it never draws a refused token
+and is still the distribution x_j came from. (A draft that ignores the grammar and is verified
+whole stays lossless too, its refused tokens rejected since p is 0 there, but it emits less.)
+
 Rows are flat: sequence s owns widths[s] consecutive rows (its K drafted positions, then the
 bonus one); `draft_tokens` holds each row's draft token, -1 on the bonus rows.
 """

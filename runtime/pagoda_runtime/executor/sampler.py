@@ -9,7 +9,8 @@ and its position, so its tokens depend on nothing else in the batch and are the 
 it is sampled. Logprobs come from the raw model distribution, before any of this, as in vLLM.
 A verify step (speculative decoding) has a row per drafted position and per sequence's bonus
 position; its processed logits become the distributions rejection_sampler.py accepts drafts
-against, each row's penalties counting the draft tokens before it.
+against, each row's penalties counting the draft tokens before it and each row's grammar mask
+following them (grammar_mask.py).
 
 What the host knows when a step is launched (which rows draw, their parameters, the min_tokens
 mask) goes over with the step's inputs in one copy (`host_arrays`, staging.py); penalties and
@@ -185,7 +186,7 @@ class Sampler:
             # index_fill_ takes -inf as a kernel argument; assigning it through an index copies
             # it from the host first, which waits for the device.
             processed.view(-1).index_fill_(0, masked, float("-inf"))
-        processed = self._grammar(processed, seqs)
+        processed = self._grammar(processed, seqs, prefixes if drafts is not None else None)
         emitted = None
         if drafts is not None:
             tokens, emitted = self._verify(processed, params, staged, drafts)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from pagoda_runtime import LLM, SamplingParams
+from pagoda_runtime.engine.structured_outputs import StructuredOutputs
 
 from tests.runtime.tiny_models import build_tiny_model
 
@@ -70,3 +71,20 @@ def test_a_draft_model_keeps_greedy_tokens_on_the_gpu(tmp_path):
     sampled = SamplingParams(temperature=0.8, seed=3, max_tokens=32, ignore_eos=True)
     first = [o.outputs[0].token_ids for o in speculative.generate(PROMPTS, sampled)]
     assert [o.outputs[0].token_ids for o in speculative.generate(PROMPTS, sampled)] == first
+
+
+def test_constrained_samples_speculate_and_keep_their_greedy_tokens_on_the_gpu(tmp_path):
+    """Grammar masks of verify rows and of a draft model's q go to the device in pinned,
+    non-blocking copies; the constrained outputs are the plain engine's, beside free ones."""
+    folder = build_tiny_model(tmp_path / "llama3", "llama3")
+    kwargs = dict(dtype="float32", device="cuda", block_size=16, max_num_seqs=8, kv_cache_memory=2**26)
+    choice = StructuredOutputs(choice=("The quick brown fox jumps", "The lazy dog"))
+    specs = [choice, StructuredOutputs(regex=r"(ab)+c"), None, StructuredOutputs(json_object=True)]
+    params = [SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=spec) for spec in specs]
+    plain = LLM(str(folder), **kwargs).generate(PROMPTS, params)
+    for config in (NGRAM, {"model": str(folder), "num_speculative_tokens": 3}):
+        speculative = LLM(str(folder), speculative_config=config, **kwargs)
+        got = speculative.generate(PROMPTS, params)
+        assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in plain]
+        assert got[0].outputs[0].text in choice.choice
+        assert speculative.engine.stats().spec_decode.num_accepted_tokens > 0
