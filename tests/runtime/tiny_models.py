@@ -312,6 +312,15 @@ def build_tiny_model(
     return folder
 
 
+def build_target_and_near_draft(root: str | Path) -> tuple[Path, Path]:
+    """A tiny target and a draft model for it: the target's tokenizer and weights with another norm
+    epsilon, so that the target accepts about half its drafts (an unrelated random model's drafts
+    are all but never accepted). smollm: 8 query heads and 2 KV heads, which split over 2 ranks."""
+    root = Path(root)
+    target = build_tiny_model(root / "target", "smollm")
+    return target, build_tiny_model(root / "near", "smollm", overrides={"rms_norm_eps": 0.01})
+
+
 _GGUF_LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm.weight",
     "post_attention_layernorm.weight": "ffn_norm.weight",

@@ -7,7 +7,7 @@ import pytest
 from pagoda_runtime import LLM, SamplingParams
 from pagoda_runtime.contract.speculative import SpeculativeConfigError
 
-from tests.runtime.tiny_models import build_tiny_model
+from tests.runtime.tiny_models import build_target_and_near_draft, build_tiny_model
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog. The quick",
@@ -20,12 +20,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("draft")
-    target = build_tiny_model(root / "target", "smollm")
-    # The same tokenizer and weights with another norm epsilon: a draft the target agrees with
-    # about half the time (an unrelated random model's drafts are all but never accepted).
-    near = build_tiny_model(root / "near", "smollm", overrides={"rms_norm_eps": 0.01})
-    return target, near
+    return build_target_and_near_draft(tmp_path_factory.mktemp("draft"))
 
 
 def make(target, draft=None, k=3, **kwargs):

@@ -14,7 +14,7 @@ from pagoda_runtime.engine.llm_engine import LLMEngine
 from pagoda_runtime.loading.model_source import load_model_source
 from pagoda_runtime.parallel.tensor_parallel import TensorParallel
 
-from tests.runtime.tiny_models import build_tiny_model
+from tests.runtime.tiny_models import build_target_and_near_draft, build_tiny_model
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog. The quick",
@@ -31,12 +31,7 @@ SETTINGS = dict(dtype="float32", device="cpu", block_size=BLOCK_SIZE, max_num_ba
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("draft-tp")
-    # smollm: 8 query heads, 2 KV heads, so each of 2 ranks holds 4 and 1.
-    target = build_tiny_model(root / "target", "smollm")
-    # The target's tokenizer and weights with another norm epsilon: drafts that are often wrong.
-    near = build_tiny_model(root / "near", "smollm", overrides={"rms_norm_eps": 0.01})
-    return target, near
+    return build_target_and_near_draft(tmp_path_factory.mktemp("draft-tp"))
 
 
 def outputs(llm, prompts, params):

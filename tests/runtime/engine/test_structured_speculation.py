@@ -17,7 +17,7 @@ from pagoda_runtime.engine.ngram_proposer import NgramProposer
 from pagoda_runtime.engine.sequence import Sequence, SequenceGroup
 from pagoda_runtime.engine.structured_outputs import StructuredOutputs
 
-from tests.runtime.tiny_models import build_tiny_model
+from tests.runtime.tiny_models import build_target_and_near_draft
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 SCHEMA = {
@@ -50,11 +50,7 @@ CHOICE = StructuredOutputs(choice=PHRASES)
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("structured")
-    target = build_tiny_model(root / "target", "smollm")
-    # The target's tokenizer and weights with another norm epsilon: a draft it often disagrees with.
-    near = build_tiny_model(root / "near", "smollm", overrides={"rms_norm_eps": 0.01})
-    return target, near
+    return build_target_and_near_draft(tmp_path_factory.mktemp("structured"))
 
 
 def make(target, speculative=None, **kwargs):
