@@ -290,7 +290,8 @@ def _proposer(
         kv_cache_memory=float(budget),
         gpu_memory_utilization=None,
         enable_lora=False,
-        speculative_config=None,
+        # Kept: the draft's catch-up steps (the 1 to K + 1 tokens the target accepted, a sequence)
+        # replay the same short-step CUDA graphs as the target's verify steps.
     )
     weights = LOAD_PROGRESS.track(loaded.weights, len(weight_shapes(loaded.config)), arch.num_hidden_layers)
     runner = ModelRunner(loaded.config, weights, draft_config, placement, max_model_len, quantization, tp)

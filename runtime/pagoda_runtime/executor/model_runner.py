@@ -11,11 +11,12 @@ every 8 up to 128 and every 16 beyond, up to max_num_seqs): the forward, the LM 
 greedy argmax. The batch is padded to its bucket, padding tokens write to no slot (slot -1), and
 the attention metadata lives in static buffers that each replay refills. With LoRA the graphs
 also take each token's adapter slot from a static buffer, so a decode step of any adapters
-replays them. With speculative decoding, the verify steps of batches small enough to speculate
-(disable_by_batch_size) replay graphs too: one per batch-size bucket at 1 + K tokens a sequence.
-A sequence verifying a shorter draft, or none, keeps its tokens packed; the padding tokens come
-after every sequence's and belong to none (attention computes nothing for them), so each query
-sits at its real position and reads only its own sequence's keys.
+replays them. With speculative decoding, short steps of batches small enough to speculate
+(disable_by_batch_size) replay graphs too: one per batch-size bucket at 1 + K tokens a sequence,
+for the target's verify steps and a draft model's catch-up steps (the tokens the target accepted).
+A sequence with fewer tokens keeps them packed; the padding tokens come after every sequence's and
+belong to none (attention computes nothing for them), so each query sits at its real position and
+reads only its own sequence's keys.
 
 A model with sliding-window layers shorter than the context keeps their KV in a pool of its own
 (sizing.kv_pools; the block manager frees the blocks behind each window), so a step carries a
@@ -233,10 +234,10 @@ class ModelRunner:
         self._graph_sizes: list[int] = []  # decode's
         self._graph_pool = None
         self._max_graph_size = 0
-        # Verify steps' graphs: their batch sizes and their tokens a sequence (1 + K); none without
-        # speculative decoding.
-        self._verify_sizes: list[int] = []
-        self._verify_width = 0
+        # Short steps' graphs (speculative decoding's verify and catch-up steps): their batch sizes
+        # and their tokens a sequence (1 + K); none without speculative decoding.
+        self._short_sizes: list[int] = []
+        self._short_width = 0
         self.last_prepare_s = 0.0  # host time spent building the last step's tensors
         # The CUDA graph bucket the last forward replayed, None when it ran eagerly (profiles read it).
         self.last_graph_batch: int | None = None
@@ -429,7 +430,8 @@ class ModelRunner:
         together with the sampler's inputs; logits for the last token of each sequence that
         samples, or for every token (`every_logit`, scoring). A decode step every sequence of
         which samples is padded up to a captured graph's batch size (padding tokens write to
-        slot -1), and replays it; so is a verify step whose sequences all fit a verify graph."""
+        slot -1), and replays it; so is a short step (a verify step, a draft's catch-up) whose
+        sequences all sample and fit a short-step graph."""
         seqs = batch.seqs
         n = len(seqs)
         bs = self.block_size
@@ -451,14 +453,14 @@ class ModelRunner:
         if decode and samples_all and n <= self._max_graph_size:
             graph = self._graph_sizes[bisect.bisect_left(self._graph_sizes, n)]
         elif (
-            batch.drafts
+            not decode
             and samples_all
-            and self._verify_sizes
-            and n <= self._verify_sizes[-1]
-            and int(news.max()) <= self._verify_width
+            and self._short_sizes
+            and n <= self._short_sizes[-1]
+            and int(news.max()) <= self._short_width
         ):
-            graph = self._verify_sizes[bisect.bisect_left(self._verify_sizes, n)]
-            per_seq = self._verify_width
+            graph = self._short_sizes[bisect.bisect_left(self._short_sizes, n)]
+            per_seq = self._short_width
         size = graph or n  # sequences, padding included
         padded_tokens = size * per_seq if graph else num_tokens
 
@@ -473,7 +475,7 @@ class ModelRunner:
             ]
         else:
             np.cumsum(news, out=query_start[1 : n + 1])
-            query_start[n + 1 :] = num_tokens  # padding sequences of a verify graph: no tokens
+            query_start[n + 1 :] = num_tokens  # padding sequences of a short-step graph: no tokens
             positions = np.zeros(padded_tokens, dtype=np.int64)
             positions[:num_tokens] = np.repeat(starts - query_start[:n], news) + np.arange(num_tokens)
             firsts = query_start[:n].tolist()
@@ -543,7 +545,7 @@ class ModelRunner:
             query_start_loc=staged["query_start_loc"],
             seq_lens=staged["seq_lens"],
             block_tables=staged["block_tables"],
-            # A verify graph's: the tiles its attention was captured with.
+            # A short-step graph's: the tiles its attention was captured with.
             max_query_len=per_seq if graph else int(news.max()),
             max_seq_len=int(ends.max()),
         )
@@ -594,16 +596,16 @@ class ModelRunner:
     # ---- CUDA graphs -------------------------------------------------------------------------
 
     def _capture_graphs(self, max_num_seqs: int, speculative: SpeculativeConfig | None) -> None:
-        """One graph per decode batch size, and with speculative decoding one per verify batch size:
-        the forward, the LM head and each row's argmax, so a greedy decode step launches nothing
+        """One graph per decode batch size, and with speculative decoding one per short-step batch
+        size: the forward, the LM head and each row's argmax, so a greedy decode step launches nothing
         else. Their outputs are written into buffers shared by every graph (the LM head's float32
         logits would otherwise take [tokens, vocab] per graph)."""
         sizes = graph_batch_sizes(max_num_seqs)
         shapes = [(size, 1) for size in sizes]
         if speculative is not None:
-            self._verify_width = 1 + speculative.num_speculative_tokens
-            self._verify_sizes = graph_batch_sizes(min(max_num_seqs, speculative.disable_by_batch_size))
-            shapes += [(size, self._verify_width) for size in self._verify_sizes]
+            self._short_width = 1 + speculative.num_speculative_tokens
+            self._short_sizes = graph_batch_sizes(min(max_num_seqs, speculative.disable_by_batch_size))
+            shapes += [(size, self._short_width) for size in self._short_sizes]
         largest = sizes[-1]
         tokens = max(size * width for size, width in shapes)
         device = self.device
@@ -612,8 +614,8 @@ class ModelRunner:
             "positions": torch.zeros(tokens, dtype=torch.int64, device=device),
             "slot_mapping": torch.full((tokens,), -1, dtype=torch.int64, device=device),
             "query_start_loc": torch.arange(largest + 1, dtype=torch.int32, device=device),
-            # A verify step's packed sequences, refilled by each replay (decode's never change).
-            "verify_query_start_loc": torch.zeros(largest + 1, dtype=torch.int32, device=device),
+            # A short step's packed sequences, refilled by each replay (decode's never change).
+            "short_query_start_loc": torch.zeros(largest + 1, dtype=torch.int32, device=device),
             "seq_lens": torch.ones(largest, dtype=torch.int32, device=device),
             "block_tables": torch.zeros(largest, self.max_blocks_per_seq, dtype=torch.int32, device=device),
         }
@@ -662,14 +664,14 @@ class ModelRunner:
         self._graph_sizes = sizes
         self._max_graph_size = largest
         logger.info(
-            "captured CUDA graphs for decode batch sizes %s and verify batch sizes %s",
+            "captured CUDA graphs for decode batch sizes %s and short-step batch sizes %s",
             sizes,
-            self._verify_sizes or "none",
+            self._short_sizes or "none",
         )
 
     def _static_meta(self, size: int, width: int) -> AttentionMetadata:
         s = self._static
-        query_start = s["query_start_loc"] if width == 1 else s["verify_query_start_loc"]
+        query_start = s["query_start_loc"] if width == 1 else s["short_query_start_loc"]
         meta = AttentionMetadata(
             slot_mapping=s["slot_mapping"][: size * width],
             query_start_loc=query_start[: size + 1],
@@ -700,7 +702,7 @@ class ModelRunner:
         s["seq_lens"][:size].copy_(meta.seq_lens)
         s["block_tables"][:size, : meta.block_tables.shape[1]].copy_(meta.block_tables)
         if width > 1:
-            s["verify_query_start_loc"][: size + 1].copy_(meta.query_start_loc)
+            s["short_query_start_loc"][: size + 1].copy_(meta.query_start_loc)
         if self.windowed:
             s["window_slot_mapping"][:tokens].copy_(meta.window_slot_mapping)
             table_width = meta.window_block_tables.shape[1]

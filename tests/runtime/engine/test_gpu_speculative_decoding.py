@@ -54,8 +54,8 @@ def test_speculation_keeps_greedy_tokens_on_the_gpu(tmp_path):
 
 
 def test_a_draft_model_keeps_greedy_tokens_on_the_gpu(tmp_path):
-    """The draft's own runner on CUDA: its decode steps replay its CUDA graphs, its catch-up
-    chunks run eagerly, and q stays on the device into the verifier."""
+    """The draft's own runner on CUDA: its decode steps and its short catch-up steps replay its
+    CUDA graphs, a prompt's catch-up runs eagerly, and q stays on the device into the verifier."""
     folder = build_tiny_model(tmp_path / "llama3", "llama3")
     small = build_tiny_model(tmp_path / "small", "llama3", overrides={"num_hidden_layers": 1})
     kwargs = dict(dtype="float32", device="cuda", block_size=16, max_num_seqs=8, kv_cache_memory=2**26)
@@ -68,6 +68,8 @@ def test_a_draft_model_keeps_greedy_tokens_on_the_gpu(tmp_path):
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in plain]
     counts = speculative.engine.stats().spec_decode
     assert counts.num_drafts > 0 and counts.num_accepted_tokens > 0
+    # The draft's catch-up steps (1 to K + 1 tokens a sequence) have graphs of their own.
+    assert (1, 4) in speculative.engine.scheduler.proposer.runner._graphs
     sampled = SamplingParams(temperature=0.8, seed=3, max_tokens=32, ignore_eos=True)
     first = [o.outputs[0].token_ids for o in speculative.generate(PROMPTS, sampled)]
     assert [o.outputs[0].token_ids for o in speculative.generate(PROMPTS, sampled)] == first

@@ -135,10 +135,10 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
 COPYING = ["a b c d e f a b c d e f a b c", "one two three one two three one", "x y z x y z x y"]
 
 
-def _pretend_verify_graphs(runner) -> list:
-    """Verify graphs of sizes 1, 2 and 4 at 1 + 4 tokens a sequence, "replayed" eagerly on the
-    padded inputs a graph would get (a CPU captures none); the widths of the steps replayed."""
-    runner._verify_sizes, runner._verify_width = [1, 2, 4], 5
+def _pretend_short_graphs(runner) -> list:
+    """Short-step graphs of sizes 1, 2 and 4 at 1 + 4 tokens a sequence, "replayed" eagerly on the
+    padded inputs a graph would get (a CPU captures none); (size, width, tokens) of each replay."""
+    runner._short_sizes, runner._short_width = [1, 2, 4], 5
     replayed = []
 
     def replay(step):
@@ -156,7 +156,7 @@ def test_verify_steps_padded_to_their_graphs_keep_the_greedy_tokens(folder):
     plain = LLM(str(folder), dtype="float32", device="cpu", block_size=4).generate(COPYING, greedy)
     llm = LLM(str(folder), dtype="float32", device="cpu", block_size=4, speculative_config=NGRAM)
     runner = llm.engine.runner
-    replayed = _pretend_verify_graphs(runner)
+    replayed = _pretend_short_graphs(runner)
     prepare, padded = runner._prepare, []
 
     def recorded(batch, in_flight, every_logit=False):
@@ -189,3 +189,18 @@ def test_verify_steps_padded_to_their_graphs_keep_the_greedy_tokens(folder):
             assert int(meta.seq_lens[i]) == start + len(tokens)
         assert starts[len(expected) :] == [count] * (size + 1 - len(expected))
         assert step.input_ids.shape[0] == size * 5 and (meta.slot_mapping[count:] == -1).all()
+
+
+def test_a_draft_models_catch_up_steps_padded_to_their_graphs_keep_the_greedy_tokens(folder, tmp_path):
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    plain = LLM(str(folder), dtype="float32", device="cpu", block_size=4).generate(COPYING, greedy)
+    near = build_tiny_model(tmp_path / "near", "smollm", overrides={"rms_norm_eps": 0.01})
+    draft = {"model": str(near), "num_speculative_tokens": 4}
+    llm = LLM(str(folder), dtype="float32", device="cpu", block_size=4, speculative_config=draft)
+    target_replays = _pretend_short_graphs(llm.engine.runner)
+    draft_replays = _pretend_short_graphs(llm.engine.scheduler.proposer.runner)
+    got = llm.generate(COPYING, greedy)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in plain]
+    # The draft caught up on the target's tokens in short steps; the target verified in them.
+    assert draft_replays and target_replays
+    assert llm.engine.stats().spec_decode.num_accepted_tokens > 0
