@@ -1,0 +1,183 @@
+"""Speculative decoding with EAGLE heads: a head written in the published layout drafts from the
+tiny target's own hidden states, in a paged KV cache of its own; the target's greedy outputs are
+unchanged whatever it drafts, the head's blocks are rolled back and freed with each sequence, and
+a head that does not fit the target is refused at start-up."""
+
+import json
+
+import pytest
+from pagoda_runtime import LLM, SamplingParams
+from pagoda_runtime.contract.speculative import SpeculativeConfigError
+
+from tests.runtime.tiny_eagle import write_eagle1_head, write_eagle3_head
+from tests.runtime.tiny_models import build_tiny_model
+
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog. The quick",
+    "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return",
+    "Hello, world! How are",
+    "Once upon a time there",
+]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eagle")
+    # Four layers: EAGLE-3 reads the hidden states entering layers 2, 4 // 2 and 4 - 3.
+    target = build_tiny_model(root / "target", "llama3", overrides={"num_hidden_layers": 4})
+    vocab = json.loads((target / "config.json").read_text())["vocab_size"]
+    eagle3 = write_eagle3_head(root / "eagle3", target, list(range(0, vocab, 2)))
+    eagle1 = write_eagle1_head(root / "eagle1", target)
+    return target, eagle3, eagle1
+
+
+def make(target, head=None, method="eagle3", k=3, **kwargs):
+    settings = dict(dtype="float32", device="cpu", block_size=4, max_num_batched_tokens=32) | kwargs
+    speculative = None
+    if head is not None:
+        speculative = {"method": method, "model": str(head), "num_speculative_tokens": k}
+        speculative["disable_by_batch_size"] = 64
+    return LLM(str(target), speculative_config=speculative, **settings)
+
+
+def outputs(llm, prompts, params):
+    return [[(o.token_ids, o.finish_reason) for o in r.outputs] for r in llm.generate(prompts, params)]
+
+
+def all_free(llm):
+    proposer = llm.engine.scheduler.proposer
+    target, head = llm.engine.block_manager, proposer.block_manager
+    return (
+        target.num_free_blocks == target.num_blocks
+        and head.num_free_blocks == head.num_blocks
+        and not proposer._shadows
+        and not proposer._features
+    )
+
+
+@pytest.fixture(scope="module")
+def plain(folders):
+    return make(folders[0])
+
+
+@pytest.mark.parametrize("method", ["eagle3", "eagle"])
+def test_greedy_outputs_are_the_targets_own_and_the_heads_blocks_are_freed(folders, plain, method):
+    head = folders[1] if method == "eagle3" else folders[2]
+    speculative = make(folders[0], head, method)
+    assert outputs(speculative, PROMPTS, GREEDY) == outputs(plain, PROMPTS, GREEDY)
+    counts = speculative.engine.stats().spec_decode
+    assert counts.num_drafts > 0 and counts.num_draft_tokens > 0
+    assert all_free(speculative)
+    memory = speculative.engine.memory
+    # One layer of four: the head's cache holds the target's tokens in a quarter of its bytes.
+    assert memory.draft.num_kv_blocks >= memory.num_kv_blocks
+
+
+def test_preemption_n_and_abort_free_the_heads_blocks(folders):
+    plain_tight = make(folders[0])
+    block_bytes = plain_tight.engine.runner.kv_bytes_per_block
+    tight = dict(kv_cache_memory=40 * block_bytes, max_num_batched_tokens=16)
+    speculative = make(folders[0], folders[1], **tight)
+    params = [SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, n=1 + i % 2) for i in range(4)]
+    assert outputs(speculative, PROMPTS, params) == outputs(make(folders[0], **tight), PROMPTS, params)
+    assert speculative.engine.stats().num_preemptions > 0
+    assert all_free(speculative)
+    engine = speculative.engine
+    engine.add_request("a", PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
+    head_blocks = engine.scheduler.proposer.block_manager
+    while head_blocks.num_free_blocks == head_blocks.num_blocks:
+        engine.step()
+    engine.abort("a")
+    assert all_free(speculative)
+
+
+def rewrite_config(head, tmp_path, **changes):
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    config = json.loads((head / "config.json").read_text()) | changes
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors").write_bytes((head / "model.safetensors").read_bytes())
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"hidden_size": 128}, "has hidden_size 128, but the target's hidden size is 64"),
+        ({"target_hidden_size": 32}, "has target_hidden_size 32"),
+        ({"architectures": ["MedusaModel"]}, "is a 'MedusaModel' head; the eagle3 method loads"),
+        ({"vocab_size": 1000}, "has vocab_size 1000"),
+        ({"num_hidden_layers": 2}, "has num_hidden_layers 2"),
+        ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 9]}}, "reads the target's layers"),
+    ],
+)
+def test_a_head_that_does_not_fit_the_target_is_refused_at_start_up(folders, tmp_path, changes, named):
+    with pytest.raises(SpeculativeConfigError, match="speculative_config.model .*" + named.replace("(", ".")):
+        make(folders[0], rewrite_config(folders[1], tmp_path, **changes))
+
+
+def test_a_missing_head_or_a_two_layer_target_is_refused(folders, tmp_path):
+    with pytest.raises(SpeculativeConfigError, match="is not an EAGLE head folder"):
+        make(folders[0], tmp_path / "nowhere")
+    shallow = build_tiny_model(tmp_path / "shallow", "llama3")
+    with pytest.raises(SpeculativeConfigError, match="reads the target's layers .* but the target has 2"):
+        make(shallow, folders[1])
+
+
+def target_data(target, continuations, prompts):
+    """Along the tiny target's greedy continuations of `prompts` (token id lists), its hidden states
+    entering layers 2, 2 and 1 (EAGLE-3's of four layers), its argmax and the token embeddings."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ids = torch.tensor([p + out[0][0] for p, out in zip(prompts, continuations, strict=True)])
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = model(ids, output_hidden_states=True)
+    states = out.hidden_states
+    embeds = model.get_input_embeddings()(ids).detach()
+    return torch.cat([states[2], states[2], states[1]], -1), out.logits.argmax(-1), embeds
+
+
+def test_a_trained_head_drafts_what_the_target_says_and_an_untrained_one_does_not(folders, plain, tmp_path):
+    """A hundred Adam steps on the target's own hidden states along its greedy continuations of a
+    few prompts (EAGLE's training, without its multi-step part) make the head's drafts for those
+    continuations accepted about half the time; the same head untrained, almost never. A tiny random
+    target's next tokens are too erratic to generalize from a few seconds of training, so the
+    check is on the trained prompts: it holds only where the engine's head computes what the
+    training did (the same hidden states of the same layers, positions, rotations and draft
+    vocabulary). The outputs, greedy, are the target's either way."""
+    import torch
+
+    from tests.runtime.tiny_eagle import Eagle3Head
+
+    target = folders[0]
+    vocab = json.loads((target / "config.json").read_text())["vocab_size"]
+    prompts = torch.randint(3, 400, (8, 6), generator=torch.Generator().manual_seed(0)).tolist()
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    greedy = outputs(plain, prompts, params)
+    features, argmax, embeds = target_data(target, greedy, prompts)
+    # The draft vocabulary: the 96 tokens the target says most (the published heads keep 32k of 128k).
+    draft_ids = torch.bincount(argmax.flatten(), minlength=vocab).argsort(descending=True)[:96].sort().values
+    to_draft = torch.full((vocab,), -100).index_put_((draft_ids,), torch.arange(96))
+    labels = to_draft[argmax[:, 1:]]  # position p: the target's token after token p + 1
+    head = Eagle3Head(96, seed=1)
+    optimizer = torch.optim.Adam(head.parameters(), lr=1e-2)
+    for _ in range(100):
+        logits = head(embeds[:, 1:], features[:, :-1])
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, 96), labels.reshape(-1), ignore_index=-100
+        )
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    trained = write_eagle3_head(tmp_path / "trained", target, draft_ids.tolist(), head)
+    untrained = write_eagle3_head(tmp_path / "untrained", target, draft_ids.tolist(), Eagle3Head(96, seed=1))
+    rates = []
+    for folder in (trained, untrained):
+        llm = make(target, folder, k=2)
+        assert outputs(llm, prompts, params) == greedy
+        counts = llm.engine.stats().spec_decode
+        rates.append(counts.num_accepted_tokens / counts.num_draft_tokens)
+    assert rates[0] > 0.35 and rates[1] < 0.05, rates
