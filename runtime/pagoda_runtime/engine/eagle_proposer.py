@@ -24,8 +24,8 @@ EAGLE-3 head's draft vocabulary), so the rejection sampler keeps the output exac
 The target's hidden states wait per sequence until its head catches up: at its next draft, or once
 a step budget of them has piled up (a long prompt, a sequence not drafting while the batch is
 above disable_by_batch_size), so that they never hold more than two step budgets. A position whose
-hidden state the target never computed here (a prefix-cache hit, a forked sample's prompt, a head
-that ran out of blocks) is given zeros: the head drafts worse there, never wrongly.
+hidden state the target never computed here (a prefix-cache hit, a head that ran out of blocks)
+is given zeros: the head drafts worse there, never wrongly.
 """
 
 from __future__ import annotations

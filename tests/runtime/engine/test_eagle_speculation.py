@@ -181,3 +181,71 @@ def test_a_trained_head_drafts_what_the_target_says_and_an_untrained_one_does_no
         counts = llm.engine.stats().spec_decode
         rates.append(counts.num_accepted_tokens / counts.num_draft_tokens)
     assert rates[0] > 0.35 and rates[1] < 0.05, rates
+
+
+def test_an_eagle3_heads_q_over_its_draft_vocabulary_keeps_the_target_distribution():
+    """EAGLE-3's q is zero outside its draft vocabulary (here 3 of 5 tokens, mapped through d2t):
+    the target tokens it cannot draft come only from the residual, and the first and joint
+    two-token distributions are still the target's (the rejection sampler's chi-square harness);
+    without the residual step the same test fails."""
+    import torch
+    from pagoda_runtime.engine.draft_model_proposer import _distribution
+    from pagoda_runtime.executor.rejection_sampler import rejection_sample
+
+    from tests.runtime.engine.test_rejection_sampler import (
+        CRITICAL_FIRST,
+        CRITICAL_JOINT,
+        VOCAB,
+        TinyTarget,
+        chi_square,
+        generate_two_from_a_draft,
+        without_residual_q,
+    )
+
+    generator = torch.Generator().manual_seed(3)
+    target = TinyTarget(generator)
+    draft_to_target = torch.tensor([0, 2, 3])
+    params = SamplingParams(temperature=1.0)
+
+    def q(draft_logits):
+        logits = torch.full((draft_logits.shape[0], VOCAB), float("-inf"))
+        logits[:, draft_to_target] = draft_logits
+        return torch.cat([_distribution(row[None], params) for row in logits])
+
+    class Head:
+        first = q(torch.randn(1, 3, generator=generator))[0]
+        next = q(torch.randn(VOCAB, 3, generator=generator))
+
+    assert Head.first[1] == 0 and Head.first[4] == 0
+    first, second, _ = generate_two_from_a_draft(rejection_sample, target, Head, generator)
+    assert chi_square(first, target.first) < CRITICAL_FIRST
+    assert chi_square(first * VOCAB + second, target.joint()) < CRITICAL_JOINT
+    first, second, _ = generate_two_from_a_draft(without_residual_q, target, Head, generator)
+    assert chi_square(first * VOCAB + second, target.joint()) > CRITICAL_JOINT
+
+
+def test_sampled_requests_draw_drafts_from_the_head_and_seeded_ones_repeat(folders, plain):
+    speculative = make(folders[0], folders[1])
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=16, ignore_eos=True)
+    first = outputs(speculative, PROMPTS[:2], params)
+    assert first == outputs(speculative, PROMPTS[:2], params)
+    # top_k = 1 leaves the target one token per position: its greedy output, whatever q is.
+    only_top = SamplingParams(temperature=1.0, top_k=1, max_tokens=16, ignore_eos=True)
+    assert outputs(speculative, PROMPTS[1:3], only_top) == outputs(plain, PROMPTS[1:3], GREEDY)
+    assert all_free(speculative)
+
+
+def test_a_long_prompts_hidden_states_are_run_through_the_head_a_step_budget_at_a_time(folders):
+    """The target's hidden states wait for the head only up to about two step budgets: a prompt
+    many budgets long is caught up while it is prefilled, not held whole until its first draft."""
+    speculative = make(folders[0], folders[1], max_num_batched_tokens=8)
+    engine = speculative.engine
+    proposer = engine.scheduler.proposer
+    engine.add_request("long", PROMPTS[0] * 3, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    held = []
+    while engine.has_unfinished():
+        engine.step()
+        held += [states.shape[0] for _, states in proposer._features.values()]
+    assert len(engine.tokenizer.encode(PROMPTS[0] * 3)) > 8 * 8
+    assert max(held) <= 2 * 8
+    assert all_free(speculative)
