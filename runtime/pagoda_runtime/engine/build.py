@@ -277,7 +277,7 @@ def _eagle_proposer(
     config = engine_config.speculative_config
     arch = head.spec.config.architecture
     head_config = dataclasses.replace(
-        _draft_engine_config(engine_config, arch, target_runner, "auto"),
+        _draft_engine_config(engine_config, arch, target_runner, placement.dtype_name),
         kv_cache_dtype="auto",
         enforce_eager=True,
     )
