@@ -127,23 +127,62 @@ def write_eagle3_head(
     return folder
 
 
-def write_eagle1_head(folder: Path, target: Path, seed: int = 0) -> Path:
+class Eagle1Head(nn.Module):
+    """EAGLE-1's head: fc (with a bias) over [embedding, the target's last hidden state], one layer
+    without an input norm; the target's LM head (`lm_head`, frozen) makes its output logits."""
+
+    def __init__(self, lm_head: torch.Tensor, seed: int = 0) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(seed)
+
+        def linear(rows, cols):
+            return nn.Parameter(torch.randn(rows, cols, generator=generator) * cols**-0.5)
+
+        named = {
+            "fc.weight": linear(HIDDEN, 2 * HIDDEN),
+            "fc.bias": nn.Parameter(0.1 * torch.randn(HIDDEN, generator=generator)),
+            "layers.0.self_attn.q_proj.weight": linear(HEADS * HEAD_DIM, HIDDEN),
+            "layers.0.self_attn.k_proj.weight": linear(KV_HEADS * HEAD_DIM, HIDDEN),
+            "layers.0.self_attn.v_proj.weight": linear(KV_HEADS * HEAD_DIM, HIDDEN),
+            "layers.0.self_attn.o_proj.weight": linear(HIDDEN, HEADS * HEAD_DIM),
+            "layers.0.mlp.gate_proj.weight": linear(INTERMEDIATE, HIDDEN),
+            "layers.0.mlp.up_proj.weight": linear(INTERMEDIATE, HIDDEN),
+            "layers.0.mlp.down_proj.weight": linear(HIDDEN, INTERMEDIATE),
+            "layers.0.post_attention_layernorm.weight": nn.Parameter(
+                1.0 + 0.1 * torch.randn(HIDDEN, generator=generator)
+            ),
+        }
+        self.weights = nn.ParameterDict({k.replace(".", "::"): v for k, v in named.items()})
+        self.register_buffer("lm_head", lm_head.detach().clone())
+
+    def forward(self, embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """Logits [batch, tokens, vocab], positions as Eagle3Head's; `features` the target's final
+        norm's output."""
+        w = {k.removeprefix("layers::0::").removesuffix("::weight"): v for k, v in self.weights.items()}
+        w = {k.replace("::", "."): v for k, v in w.items()}
+        batch, tokens = embeds.shape[:2]
+        positions = torch.arange(tokens)
+        x = torch.cat([embeds, features], -1) @ w["fc"].T + w["fc.bias"]
+        q = _rotate((x @ w["self_attn.q_proj"].T).view(batch, tokens, HEADS, HEAD_DIM), positions)
+        k = _rotate((x @ w["self_attn.k_proj"].T).view(batch, tokens, KV_HEADS, HEAD_DIM), positions)
+        v = (x @ w["self_attn.v_proj"].T).view(batch, tokens, KV_HEADS, HEAD_DIM)
+        k, v = (t.repeat_interleave(HEADS // KV_HEADS, dim=2) for t in (k, v))
+        attended = nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        x = x + attended.transpose(1, 2).reshape(batch, tokens, HIDDEN) @ w["self_attn.o_proj"].T
+        y = _rms(x, w["post_attention_layernorm"])
+        y = nn.functional.silu(y @ w["mlp.gate_proj"].T) * (y @ w["mlp.up_proj"].T)
+        return (x + y @ w["mlp.down_proj"].T) @ self.lm_head.T
+
+    def published(self) -> dict[str, torch.Tensor]:
+        return {k.replace("::", "."): v.detach().clone().contiguous() for k, v in self.weights.items()}
+
+
+def write_eagle1_head(folder: Path, target: Path, head: Eagle1Head | None = None) -> Path:
+    """A random head (all ones for the LM head it never saves) unless `head` is given."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(head_config(target, "LlamaForCausalLM")))
-    generator = torch.Generator().manual_seed(seed)
-    shapes = {
-        "fc.weight": (HIDDEN, 2 * HIDDEN),
-        "fc.bias": (HIDDEN,),
-        "layers.0.self_attn.q_proj.weight": (HEADS * HEAD_DIM, HIDDEN),
-        "layers.0.self_attn.k_proj.weight": (KV_HEADS * HEAD_DIM, HIDDEN),
-        "layers.0.self_attn.v_proj.weight": (KV_HEADS * HEAD_DIM, HIDDEN),
-        "layers.0.self_attn.o_proj.weight": (HIDDEN, HEADS * HEAD_DIM),
-        "layers.0.mlp.gate_proj.weight": (INTERMEDIATE, HIDDEN),
-        "layers.0.mlp.up_proj.weight": (INTERMEDIATE, HIDDEN),
-        "layers.0.mlp.down_proj.weight": (HIDDEN, INTERMEDIATE),
-        "layers.0.post_attention_layernorm.weight": (HIDDEN,),
-    }
-    tensors = {name: 0.2 * torch.randn(shape, generator=generator) for name, shape in shapes.items()}
-    tensors["layers.0.post_attention_layernorm.weight"] += 1.0
-    torch.save(tensors, folder / "pytorch_model.bin")
+    head = head or Eagle1Head(torch.ones(1, HIDDEN))
+    torch.save(head.published(), folder / "pytorch_model.bin")
     return folder

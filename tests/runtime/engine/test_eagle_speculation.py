@@ -126,8 +126,9 @@ def test_a_missing_head_or_a_two_layer_target_is_refused(folders, tmp_path):
 
 
 def target_data(target, continuations, prompts):
-    """Along the tiny target's greedy continuations of `prompts` (token id lists), its hidden states
-    entering layers 2, 2 and 1 (EAGLE-3's of four layers), its argmax and the token embeddings."""
+    """Along the tiny target's greedy continuations of `prompts` (token id lists): its hidden states
+    entering layers 2, 2 and 1 (EAGLE-3's of four layers), its final norm's output (EAGLE-1's),
+    its argmax, the token embeddings and its LM head."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -137,46 +138,67 @@ def target_data(target, continuations, prompts):
         out = model(ids, output_hidden_states=True)
     states = out.hidden_states
     embeds = model.get_input_embeddings()(ids).detach()
-    return torch.cat([states[2], states[2], states[1]], -1), out.logits.argmax(-1), embeds
+    features = {"eagle3": torch.cat([states[2], states[2], states[1]], -1), "eagle": states[-1]}
+    return features, out.logits.argmax(-1), embeds, model.get_output_embeddings().weight.detach()
 
 
-def test_a_trained_head_drafts_what_the_target_says_and_an_untrained_one_does_not(folders, plain, tmp_path):
+@pytest.mark.parametrize("method", ["eagle3", "eagle"])
+def test_a_trained_head_drafts_what_the_target_says_and_an_untrained_one_does_not(
+    folders, plain, tmp_path, method
+):
     """A hundred Adam steps on the target's own hidden states along its greedy continuations of a
     few prompts (EAGLE's training, without its multi-step part) make the head's drafts for those
     continuations accepted about half the time; the same head untrained, almost never. A tiny random
     target's next tokens are too erratic to generalize from a few seconds of training, so the
     check is on the trained prompts: it holds only where the engine's head computes what the
-    training did (the same hidden states of the same layers, positions, rotations and draft
-    vocabulary). The outputs, greedy, are the target's either way."""
+    training did (the same hidden states of the same layers, positions, rotations and vocabulary
+    mapping). The outputs, greedy, are the target's either way."""
     import torch
 
-    from tests.runtime.tiny_eagle import Eagle3Head
+    from tests.runtime.tiny_eagle import Eagle1Head, Eagle3Head, write_eagle1_head
 
     target = folders[0]
     vocab = json.loads((target / "config.json").read_text())["vocab_size"]
     prompts = torch.randint(3, 400, (8, 6), generator=torch.Generator().manual_seed(0)).tolist()
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     greedy = outputs(plain, prompts, params)
-    features, argmax, embeds = target_data(target, greedy, prompts)
-    # The draft vocabulary: the 96 tokens the target says most (the published heads keep 32k of 128k).
-    draft_ids = torch.bincount(argmax.flatten(), minlength=vocab).argsort(descending=True)[:96].sort().values
-    to_draft = torch.full((vocab,), -100).index_put_((draft_ids,), torch.arange(96))
+    features, argmax, embeds, lm_head = target_data(target, greedy, prompts)
+    if method == "eagle3":
+        # The draft vocabulary: the 96 tokens the target says most (the published heads keep 32k
+        # of 128k).
+        draft_ids = (
+            torch.bincount(argmax.flatten(), minlength=vocab).argsort(descending=True)[:96].sort().values
+        )
+        to_draft = torch.full((vocab,), -100).index_put_((draft_ids,), torch.arange(96))
+
+        def new_head():
+            return Eagle3Head(96, seed=1)
+
+        def write(folder, head):
+            return write_eagle3_head(folder, target, draft_ids.tolist(), head)
+    else:
+        to_draft = torch.arange(vocab)
+
+        def new_head():
+            return Eagle1Head(lm_head, seed=1)
+
+        def write(folder, head):
+            return write_eagle1_head(folder, target, head)
+
     labels = to_draft[argmax[:, 1:]]  # position p: the target's token after token p + 1
-    head = Eagle3Head(96, seed=1)
+    head = new_head()
     optimizer = torch.optim.Adam(head.parameters(), lr=1e-2)
     for _ in range(100):
-        logits = head(embeds[:, 1:], features[:, :-1])
+        logits = head(embeds[:, 1:], features[method][:, :-1])
         loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, 96), labels.reshape(-1), ignore_index=-100
+            logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100
         )
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    trained = write_eagle3_head(tmp_path / "trained", target, draft_ids.tolist(), head)
-    untrained = write_eagle3_head(tmp_path / "untrained", target, draft_ids.tolist(), Eagle3Head(96, seed=1))
     rates = []
-    for folder in (trained, untrained):
-        llm = make(target, folder, k=2)
+    for folder in (write(tmp_path / "trained", head), write(tmp_path / "untrained", new_head())):
+        llm = make(target, folder, method, k=2)
         assert outputs(llm, prompts, params) == greedy
         counts = llm.engine.stats().spec_decode
         rates.append(counts.num_accepted_tokens / counts.num_draft_tokens)
