@@ -4,8 +4,8 @@
 own hidden states); `write_eagle3_head` saves one as the EAGLE authors do (config.json naming
 LlamaForCausalLMEagle3, model.safetensors with fc, midlayer.*, norm, lm_head, d2t and t2d, no
 embedding: the target's is used). `write_eagle1_head` saves a random EAGLE-1 head
-(LlamaForCausalLM with one layer, fc with its bias, layers.0.* without an input norm) as
-pytorch_model.bin, as the EAGLE-1 releases are.
+(LlamaForCausalLM with one layer, fc with its bias, layers.0.* without an input norm, an
+embed_tokens the target's replaces) as pytorch_model.bin, as the EAGLE-1 releases are.
 """
 
 from __future__ import annotations
@@ -182,7 +182,11 @@ class Eagle1Head(nn.Module):
 def write_eagle1_head(folder: Path, target: Path, head: Eagle1Head | None = None) -> Path:
     """A random head (all ones for the LM head it never saves) unless `head` is given."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(head_config(target, "LlamaForCausalLM")))
-    head = head or Eagle1Head(torch.ones(1, HIDDEN))
-    torch.save(head.published(), folder / "pytorch_model.bin")
+    config = head_config(target, "LlamaForCausalLM")
+    (folder / "config.json").write_text(json.dumps(config))
+    tensors = (head or Eagle1Head(torch.ones(1, HIDDEN))).published()
+    # EAGLE-1 releases carry a copy of the target's embedding; noise here, which the loader must
+    # leave for the target's own (a trained head's drafts would be rejected otherwise).
+    tensors["embed_tokens.weight"] = torch.randn(config["vocab_size"], HIDDEN)
+    torch.save(tensors, folder / "pytorch_model.bin")
     return folder

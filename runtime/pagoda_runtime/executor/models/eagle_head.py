@@ -16,10 +16,11 @@ Two published formats are read, as the EAGLE authors (SafeAILab/EAGLE) and vLLM 
   target's LM head turns it into logits.
 
 At position p the head takes token p + 1 and the target's hidden state at p, and predicts token
-p + 2. Where the checkpoint has no `embed_tokens.weight` (the published heads leave it out) the
-target's embedding is used. The head runs in a ModelRunner of its own (its paged KV cache, one
-layer); engine/eagle_proposer.py sets `inputs` (the hidden state of each token) before each forward
-and reads `outputs` after it.
+p + 2. The target's embedding is used where the checkpoint has no `embed_tokens.weight` (the
+published EAGLE-3 heads leave it out) and for EAGLE-1 (whose saved one is a frozen copy of it).
+The head runs in a ModelRunner of its own (its paged KV cache, one layer);
+engine/eagle_proposer.py sets `inputs` (the hidden state of each token) before each forward and
+reads `outputs` after it.
 """
 
 from __future__ import annotations
@@ -284,6 +285,8 @@ class EagleHead(nn.Module):
             owner, _, proj = path.rpartition(".")
             if name == "d2t":
                 self.draft_to_target.add_(tensor.to(self.draft_to_target.device, torch.int64))
+            elif name == "embed_tokens.weight" and not self.eagle3:
+                continue  # EAGLE-1 trained on a frozen copy of the target's: share the target's
             elif name == "embed_tokens.weight":
                 self.own_embedding = self._new_embedding()
                 self.own_embedding.load(tensor)
