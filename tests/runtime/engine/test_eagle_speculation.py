@@ -311,3 +311,16 @@ def test_eagle_heads_keep_greedy_tokens_on_the_gpu(folders, method):
     sampled = SamplingParams(temperature=0.8, seed=3, max_tokens=16, ignore_eos=True)
     assert outputs(speculative, PROMPTS, sampled) == outputs(speculative, PROMPTS, sampled)
     assert all_free(speculative)
+
+
+def test_prefix_cache_hits_leave_the_head_without_those_hidden_states_and_outputs_unchanged(folders):
+    """A prompt whose prefix the target's cache already holds is not run again, so the head gets no
+    hidden state there (zeros in their place): its drafts may be worse, the output is the target's."""
+    cached = dict(enable_prefix_caching=True)
+    speculative, plain = make(folders[0], folders[1], **cached), make(folders[0], **cached)
+    prompts = [PROMPTS[0], PROMPTS[0] + " fox", PROMPTS[1], PROMPTS[1] + " b"]
+    for llm in (speculative, plain):
+        llm.generate(prompts[::2], GREEDY)  # fills the prefix cache
+    assert outputs(speculative, prompts[1::2], GREEDY) == outputs(plain, prompts[1::2], GREEDY)
+    assert speculative.engine.block_manager.prefix_hits > 0
+    assert all_free(speculative)
