@@ -110,6 +110,7 @@ def rewrite_config(head, tmp_path, **changes):
         ({"vocab_size": 1000}, "has vocab_size 1000"),
         ({"num_hidden_layers": 2}, "has num_hidden_layers 2"),
         ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 9]}}, "reads the target's layers"),
+        ({"eagle_aux_hidden_state_layer_ids": [0, 1]}, r"reads the target's layers \[0, 1\]"),
     ],
 )
 def test_a_head_that_does_not_fit_the_target_is_refused_at_start_up(folders, tmp_path, changes, named):

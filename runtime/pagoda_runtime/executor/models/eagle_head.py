@@ -4,8 +4,8 @@ Two published formats are read, as the EAGLE authors (SafeAILab/EAGLE) and vLLM 
 
 - EAGLE-3 (`"method": "eagle3"`, config.json `LlamaForCausalLMEagle3`): the target's hidden states
   entering three of its layers (2, L // 2 and L - 3 of L, or the config's
-  eagle_config.eagle_aux_hidden_state_layer_ids) are concatenated and projected by `fc` to one
-  hidden state; the layer (`midlayer.*`) attends over [input_layernorm(embedding),
+  eagle_aux_hidden_state_layer_ids, at its top or in eagle_config) are concatenated and projected
+  by `fc` to one hidden state; the layer (`midlayer.*`) attends over [input_layernorm(embedding),
   hidden_norm(hidden)] (twice the hidden size wide), its residual stream starting from the hidden
   state; its own final `norm` and `lm_head` give logits over a reduced draft vocabulary, and `d2t`
   maps draft id i to target id i + d2t[i]. The stream before the final norm is the hidden state the
@@ -123,13 +123,14 @@ def read_head(folder: str, method: str, target: ModelConfig) -> HeadCheckpoint:
 def _target_layers(raw: dict, method: str, num_layers: int, folder: str) -> tuple[int, ...]:
     if method == "eagle":
         return (num_layers,)
-    ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    field = "eagle_aux_hidden_state_layer_ids"
+    ids = raw.get(field) or (raw.get("eagle_config") or {}).get(field)
     layers = tuple(ids) if ids else (2, num_layers // 2, num_layers - 3)
     if len(layers) != 3 or not all(isinstance(i, int) and 0 <= i < num_layers for i in layers):
         raise SpeculativeConfigError(
             f"speculative_config.model {folder!r} reads the target's layers {list(layers)}, but the target "
             f"has {num_layers}; an EAGLE-3 head needs three of them "
-            "(eagle_config.eagle_aux_hidden_state_layer_ids)"
+            "(eagle_aux_hidden_state_layer_ids)"
         )
     return layers
 
