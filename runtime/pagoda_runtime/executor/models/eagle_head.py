@@ -157,7 +157,9 @@ class EagleHead(nn.Module):
         tp: TensorParallel = SINGLE_PROCESS,
     ) -> None:
         """`target`: the target CausalLM, whose embedding (where the head has none) and, for
-        EAGLE-1, LM head the head uses; held as functions, so that its weights are not the head's."""
+        EAGLE-1, LM head the head uses; held as functions, so that its weights are not the head's.
+        The other arguments are build_model's; the head's projections stay unquantized whatever
+        `quantization` says (they are a few percent of the target's)."""
         super().__init__()
         self.config = config
         self.eagle3 = spec.method == "eagle3"
