@@ -43,6 +43,19 @@ def test_a_draft_model_config_infers_its_method_and_round_trips():
     assert (explicit.model, explicit.disable_by_batch_size) == ("/models/d", 16)
 
 
+def test_an_eagle_config_names_its_head_and_round_trips():
+    config = serve(
+        "--speculative-config", '{"method": "eagle3", "model": "/heads/e3", "num_speculative_tokens": 4}'
+    )
+    head = config.speculative_config
+    assert (head.method, head.model, head.num_speculative_tokens) == ("eagle3", "/heads/e3", 4)
+    assert serve(*to_args(["speculative_config"], config)).speculative_config == head
+    assert (
+        parse_speculative_config({"method": "eagle", "model": "h", "num_speculative_tokens": 2}).method
+        == "eagle"
+    )
+
+
 def test_lookup_bounds_default_as_in_vllm():
     assert parse_speculative_config({"method": "ngram", "num_speculative_tokens": 3}) == SpeculativeConfig(
         "ngram", 3, 5, 5
@@ -57,7 +70,9 @@ def test_lookup_bounds_default_as_in_vllm():
     ("config", "named"),
     [
         ('{"method": "lookahead", "num_speculative_tokens": 3}', "speculative_config.method"),
-        ('{"method": "eagle", "num_speculative_tokens": 3}', "not supported yet"),
+        ('{"method": "medusa", "num_speculative_tokens": 3}', "not supported yet"),
+        ('{"method": "eagle3", "num_speculative_tokens": 3}', "speculative_config.model must name the EAGLE"),
+        ('{"method": "eagle", "model": "h", "num_speculative_tokens": 3, "prompt_lookup_min": 2}', "ngram"),
         ('{"method": "ngram", "model": "draft", "num_speculative_tokens": 3}', "speculative_config.model"),
         ('{"method": "draft_model", "num_speculative_tokens": 3}', "speculative_config.model"),
         (

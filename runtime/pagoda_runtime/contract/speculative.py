@@ -3,8 +3,10 @@
 `serve --speculative-config '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max":
 4}'` and `LLM(..., speculative_config={...})` take the same JSON object; `parse_speculative_config`
 checks it field by field and names the field a bad value is in. Two proposers run: n-gram prompt
-lookup (`"method": "ngram"`) and a draft model (`"model": "<name or path>"`, `"method":
-"draft_model"` optional, as vLLM infers it); EAGLE and the other heads are refused, never ignored.
+lookup (`"method": "ngram"`), a draft model (`"model": "<name or path>"`, `"method": "draft_model"`
+optional, as vLLM infers it) and an EAGLE head (`"method": "eagle3"` or `"eagle"` with `"model":
+"<head folder>"`, engine/eagle_proposer.py); Medusa, MLP speculators and MTP are refused, never
+ignored.
 `disable_by_batch_size` (vLLM's speculative_disable_by_batch_size) switches speculation off for a
 step while more sequences than that are running: batching already amortizes the weight reads that
 speculation saves (the default is measured, BENCHMARKS.md).
@@ -18,9 +20,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-METHODS = ("ngram", "draft_model")
+METHODS = ("ngram", "draft_model", "eagle", "eagle3")
+# The methods whose "model" is a second network the proposer runs.
+MODEL_METHODS = ("draft_model", "eagle", "eagle3")
 # Methods vLLM has that this runtime does not run yet: refused by name rather than as unknown.
-UNSUPPORTED_METHODS = ("eagle", "eagle3", "medusa", "mlp_speculator", "mtp")
+UNSUPPORTED_METHODS = ("medusa", "mlp_speculator", "mtp")
 # Longer drafts are all but never accepted whole, and each drafted token costs a query position.
 MAX_SPECULATIVE_TOKENS = 16
 # vLLM's default window when neither prompt_lookup_min nor prompt_lookup_max is given.
@@ -42,7 +46,8 @@ class SpeculativeConfig:
     num_speculative_tokens: int  # K: the most tokens drafted per step, all verified in one target step
     prompt_lookup_max: int | None = None  # ngram: the longest n-gram looked up in earlier tokens
     prompt_lookup_min: int | None = None  # ngram: the shortest
-    model: str | None = None  # draft_model: its name or path, with the target's vocabulary
+    # draft_model: its name or path, with the target's vocabulary; eagle / eagle3: the head's folder
+    model: str | None = None
     # Speculation is off for a step while more sequences than this are running.
     disable_by_batch_size: int = DEFAULT_DISABLE_BY_BATCH_SIZE
 
@@ -90,12 +95,12 @@ def parse_speculative_config(value: str | Mapping[str, Any]) -> SpeculativeConfi
         raise SpeculativeConfigError(
             f"speculative_config.disable_by_batch_size must be at least 1, got {cutoff}"
         )
-    if method == "draft_model":
-        return _draft_model_config(value, k, cutoff)
+    if method in MODEL_METHODS:
+        return _model_config(value, method, k, cutoff)
     if "model" in value:
         raise SpeculativeConfigError(
-            'speculative_config.model names a draft model, which needs "method": "draft_model" '
-            f"(or no method), not {method!r}"
+            'speculative_config.model names a draft model or an EAGLE head, which needs "method": '
+            f'"draft_model", "eagle" or "eagle3" (or no method), not {method!r}'
         )
     # As vLLM: either bound alone sets both; neither gives the default window.
     lookup_max = _integer(value, "prompt_lookup_max", value.get("prompt_lookup_min", DEFAULT_PROMPT_LOOKUP))
@@ -112,20 +117,19 @@ def parse_speculative_config(value: str | Mapping[str, Any]) -> SpeculativeConfi
     return SpeculativeConfig(method, k, lookup_max, lookup_min, disable_by_batch_size=cutoff)
 
 
-def _draft_model_config(value: Mapping[str, Any], k: int, cutoff: int) -> SpeculativeConfig:
+def _model_config(value: Mapping[str, Any], method: str, k: int, cutoff: int) -> SpeculativeConfig:
     model = value.get("model")
+    what = "the draft model (a name or a path)" if method == "draft_model" else "the EAGLE head's folder"
     if not isinstance(model, str) or not model:
         raise SpeculativeConfigError(
-            "speculative_config.model must name the draft model (a name or a path) for the "
-            f"draft_model method, got {model!r}"
+            f"speculative_config.model must name {what} for the {method} method, got {model!r}"
         )
     lookup = [name for name in _LOOKUP_FIELDS if name in value]
     if lookup:
         raise SpeculativeConfigError(
-            f"speculative_config.{lookup[0]} applies to the ngram method only; "
-            "leave it out with a draft model"
+            f"speculative_config.{lookup[0]} applies to the ngram method only; leave it out with {method}"
         )
-    return SpeculativeConfig("draft_model", k, model=model, disable_by_batch_size=cutoff)
+    return SpeculativeConfig(method, k, model=model, disable_by_batch_size=cutoff)
 
 
 def _integer(value: Mapping[str, Any], name: str, default: Any) -> int:

@@ -35,6 +35,7 @@ from pagoda_runtime.contract.sizing import (
 from pagoda_runtime.contract.speculative import SpeculativeConfigError
 from pagoda_runtime.engine.block_manager import BlockManager
 from pagoda_runtime.engine.draft_model_proposer import DraftModelProposer, check_same_vocabulary
+from pagoda_runtime.engine.eagle_proposer import EagleProposer
 from pagoda_runtime.engine.lora_manager import LoraManager
 from pagoda_runtime.engine.memory_report import MemoryReport
 from pagoda_runtime.engine.ngram_proposer import NgramProposer
@@ -44,6 +45,7 @@ from pagoda_runtime.engine.window_block_manager import make_block_manager
 from pagoda_runtime.executor.devices import Placement, resolve_placement
 from pagoda_runtime.executor.model_runner import ModelRunner
 from pagoda_runtime.executor.models import weight_shapes
+from pagoda_runtime.executor.models.eagle_head import HEAD_ARCHITECTURES, EagleHead, HeadCheckpoint, read_head
 from pagoda_runtime.loading.load_progress import LOAD_PROGRESS
 from pagoda_runtime.loading.lora_source import adapter_folder
 from pagoda_runtime.loading.model_source import LoadedModel, load_model_source
@@ -95,19 +97,27 @@ def build_engine(
     sliced = check_tensor_parallel(arch, tp.size, quantization, loaded.group_size)
     limit = engine_config.max_model_len or arch.max_position_embeddings
     draft = _load_draft(engine_config, placement, loaded, tp)
-    # A draft model's cache holds as many tokens as the target's: the KV budget is split in
-    # proportion to their bytes per token; the draft's weights, read after the target's cache is
-    # sized, are kept out of a budget measured from the GPU's memory.
+    head = _read_eagle_head(engine_config, loaded, tp)
+    # A draft model's (or EAGLE head's) cache holds as many tokens as the target's: the KV budget
+    # is split in proportion to their bytes per token; the draft's weights, read after the
+    # target's cache is sized, are kept out of a budget measured from the GPU's memory.
     kv_share, reserve = 1.0, 0
+    target_bytes = kv_bytes_per_block(sliced, engine_config.block_size)
     if draft is not None:
-        target_bytes = kv_bytes_per_block(sliced, engine_config.block_size)
         kv_share = target_bytes / (target_bytes + kv_bytes_per_block(draft.sliced, engine_config.block_size))
         reserve = _predicted_weight_bytes(
             draft.loaded, draft.sliced, draft.quantization, engine_config, placement
         )
+    target_config = engine_config
+    if head is not None:
+        head_arch = head.spec.config.architecture
+        kv_share = target_bytes / (target_bytes + kv_bytes_per_block(head_arch, engine_config.block_size))
+        reserve = head.nbytes
+        # The head reads the target's hidden states of every step, which a CUDA graph does not keep.
+        target_config = dataclasses.replace(engine_config, enforce_eager=True)
     weights = LOAD_PROGRESS.track(loaded.weights, len(weight_shapes(loaded.config)), arch.num_hidden_layers)
     runner = ModelRunner(
-        loaded.config, weights, engine_config, placement, limit, quantization, tp, kv_share, reserve
+        loaded.config, weights, target_config, placement, limit, quantization, tp, kv_share, reserve
     )
     loras = None
     # Rank 0 alone serves adapters; it sends each to the others as it puts it in a device slot.
@@ -136,9 +146,13 @@ def build_engine(
         max_model_len,
         engine_config.max_num_batched_tokens,
     )
-    proposer, draft_runner, draft_memory = _proposer(
-        engine_config, placement, draft, runner, max_model_len, tp
-    )
+    if head is None:
+        proposer, draft_runner, draft_memory = _proposer(
+            engine_config, placement, draft, runner, max_model_len, tp
+        )
+    else:
+        proposer, draft_memory = _eagle_proposer(engine_config, placement, head, runner, max_model_len)
+        draft_runner = None  # EAGLE runs on one rank only
     memory = _memory_report(
         engine_config.model, runner, loaded, quantization, sliced, engine_config, placement
     )
@@ -260,6 +274,95 @@ def _load_draft(
     return _Draft(draft, quantization, sliced)
 
 
+def _read_eagle_head(
+    engine_config: EngineConfig, target: LoadedModel, tp: TensorParallel
+) -> HeadCheckpoint | None:
+    """An EAGLE head's config and weights, checked against the target; None without one."""
+    config = engine_config.speculative_config
+    if config is None or config.method not in HEAD_ARCHITECTURES:
+        return None
+    if tp.size > 1:
+        raise SpeculativeConfigError(
+            f"speculative_config.method {config.method!r} does not run with --tensor-parallel-size above "
+            '1 yet; use {"method": "ngram"} or one GPU'
+        )
+    return read_head(config.model, config.method, target.config)
+
+
+def _eagle_proposer(
+    engine_config: EngineConfig,
+    placement: Placement,
+    head: HeadCheckpoint,
+    target_runner: ModelRunner,
+    max_model_len: int,
+) -> tuple[Proposer, MemoryReport]:
+    """The EAGLE proposer: the head in a runner of its own (one layer's KV cache, for the target's
+    tokens and K more per sequence), handed the target's hidden states of every step."""
+    config = engine_config.speculative_config
+    arch = head.spec.config.architecture
+    head_config = dataclasses.replace(
+        _draft_engine_config(engine_config, arch, target_runner, placement.dtype_name),
+        kv_cache_dtype="auto",
+        enforce_eager=True,
+    )
+    runner = ModelRunner(
+        head.spec.config,
+        head.weights.items(),
+        head_config,
+        placement,
+        max_model_len,
+        "none",
+        build=partial(EagleHead, head.spec, target_runner.model),
+    )
+    block_manager = make_block_manager(
+        runner.pools,
+        engine_config.block_size,
+        None,
+        False,
+        max_model_len,
+        engine_config.max_num_batched_tokens,
+    )
+    proposer = EagleProposer(
+        config, runner, block_manager, engine_config.max_num_batched_tokens, engine_config.seed
+    )
+    target_runner.hand_hidden_states(head.spec.target_layers, proposer.record)
+    memory = MemoryReport(
+        model=config.model,
+        quantization="none",
+        dtype=placement.dtype_name,
+        kv_cache_dtype=runner.kv_cache_dtype_name,
+        weight_bytes=runner.weight_bytes,
+        predicted_weight_bytes=head.nbytes,
+        kv_bytes_per_block=runner.kv_bytes_per_block,
+        block_size=engine_config.block_size,
+        num_kv_blocks=runner.num_blocks,
+        kv_cache_bytes=runner.kv_cache_bytes,
+    )
+    return proposer, memory
+
+
+def _draft_engine_config(
+    engine_config: EngineConfig, arch: ModelArchitecture, target_runner: ModelRunner, kv_dtype: str
+) -> EngineConfig:
+    """A draft's (or head's) engine settings: a KV cache of the target's tokens and K more per
+    sequence, in bytes, and none of the target's adapters. The speculative config stays: a draft's
+    catch-up steps (the 1 to K + 1 tokens the target accepted, a sequence) replay the same
+    short-step CUDA graphs as the target's verify steps."""
+    config = engine_config.speculative_config
+    tokens = target_runner.num_blocks * engine_config.block_size
+    tokens += engine_config.max_num_seqs * config.num_speculative_tokens
+    block_bytes = kv_bytes_per_block(arch, engine_config.block_size, kv_dtype)
+    budget = -(-tokens // engine_config.block_size) * block_bytes
+    return dataclasses.replace(
+        engine_config,
+        model=config.model,
+        quantization="auto",
+        kv_cache_memory=float(budget),
+        gpu_memory_utilization=None,
+        enable_lora=False,
+    )
+
+
 def _proposer(
     engine_config: EngineConfig,
     placement: Placement,
@@ -278,20 +381,8 @@ def _proposer(
         return NgramProposer(config), None, None
     loaded, quantization = draft.loaded, draft.quantization
     arch = loaded.config.architecture
-    tokens = target_runner.num_blocks * engine_config.block_size
-    tokens += engine_config.max_num_seqs * config.num_speculative_tokens
-    kv_dtype = target_runner.kv_cache_dtype_name
-    block_bytes = kv_bytes_per_block(draft.sliced, engine_config.block_size, kv_dtype)
-    budget = -(-tokens // engine_config.block_size) * block_bytes
-    draft_config = dataclasses.replace(
-        engine_config,
-        model=config.model,
-        quantization="auto",
-        kv_cache_memory=float(budget),
-        gpu_memory_utilization=None,
-        enable_lora=False,
-        # Kept: the draft's catch-up steps (the 1 to K + 1 tokens the target accepted, a sequence)
-        # replay the same short-step CUDA graphs as the target's verify steps.
+    draft_config = _draft_engine_config(
+        engine_config, draft.sliced, target_runner, target_runner.kv_cache_dtype_name
     )
     weights = LOAD_PROGRESS.track(loaded.weights, len(weight_shapes(loaded.config)), arch.num_hidden_layers)
     runner = ModelRunner(loaded.config, weights, draft_config, placement, max_model_len, quantization, tp)

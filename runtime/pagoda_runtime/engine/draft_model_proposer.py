@@ -140,27 +140,15 @@ class DraftModelProposer:
             self.block_manager.free(shadow)
 
     def _catch_up(self, seqs: dict[int, Sequence]) -> dict[int, torch.Tensor]:
-        """Roll each shadow back to the prefix its cache shares with its sequence's read tokens, and
-        run the rest (at least the last token, whose logits the first draft token is drawn from),
-        at most `chunk` tokens a forward: each sequence's logits [1, vocab] after its last token."""
+        """Roll each shadow back to what its cache still holds of its sequence (`_rollback`) and run
+        the rest (at least the last token, whose logits the first draft token is drawn from), at
+        most `chunk` tokens a forward: each sequence's logits [1, vocab] after its last token."""
         todo = {}
         for i, seq in seqs.items():
             shadow = self._shadows.get(seq.seq_id)
             if shadow is None:
                 shadow = self._shadows[seq.seq_id] = Sequence(seq.group, seq.index)
-            known = seq.token_ids
-            computed = shadow.token_ids[: shadow.num_computed_tokens]
-            # A sequence's read tokens only grow, so only the shadow's last draft tokens can differ.
-            tail = min(max(0, len(computed) - self.config.num_speculative_tokens), len(known))
-            same = tail + next(
-                (j for j, (a, b) in enumerate(zip(computed[tail:], known[tail:], strict=False)) if a != b),
-                min(len(computed), len(known)) - tail,
-            )
-            same = min(same, len(known) - 1)
-            shadow.token_ids = shadow.token_ids[:same]
-            shadow.num_computed_tokens = same
-            self.block_manager.trim(shadow)
-            todo[i] = known[same:]
+            todo[i] = self._rollback(seq, shadow)
         logits = {}
         while todo:
             budget, chunks = self.chunk, {}
@@ -177,6 +165,26 @@ class DraftModelProposer:
                 elif i in out:
                     logits[i] = out[i]
         return logits
+
+    def _rollback(self, seq: Sequence, shadow: Sequence) -> list[int]:
+        """Cut the shadow back to the longest prefix its cache shares with the sequence's read tokens
+        (what the target rejected goes, what it accepted stays); the tokens to run after it."""
+        known = seq.token_ids
+        computed = shadow.token_ids[: shadow.num_computed_tokens]
+        # A sequence's read tokens only grow, so only the shadow's last draft tokens can differ.
+        tail = min(max(0, len(computed) - self.config.num_speculative_tokens), len(known))
+        same = tail + next(
+            (j for j, (a, b) in enumerate(zip(computed[tail:], known[tail:], strict=False)) if a != b),
+            min(len(computed), len(known)) - tail,
+        )
+        same = min(same, len(known) - 1)
+        self._trim(shadow, same)
+        return known[same:]
+
+    def _trim(self, shadow: Sequence, length: int) -> None:
+        shadow.token_ids = shadow.token_ids[:length]
+        shadow.num_computed_tokens = length
+        self.block_manager.trim(shadow)
 
     def _run(
         self, seqs: list[Sequence] | dict[int, Sequence], new: dict[int, list[int]]
@@ -198,10 +206,14 @@ class DraftModelProposer:
             order.append(i)
         if not order:
             return {}
-        logits = self.runner.forward_logits(batch)
+        logits = self._forward(batch)
         for shadow, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             shadow.num_computed_tokens += n
         return {i: logits[row : row + 1] for row, i in enumerate(order)}
+
+    def _forward(self, batch: ScheduledBatch) -> torch.Tensor:
+        """The logits [sequences, vocab] after each shadow's last new token."""
+        return self.runner.forward_logits(batch)
 
     def _draw(self, q: torch.Tensor, params: SamplingParams, position: int) -> int:
         if params.temperature == 0.0:

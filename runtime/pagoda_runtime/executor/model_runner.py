@@ -30,11 +30,13 @@ import bisect
 import itertools
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import torch
+from torch import nn
 
 from pagoda_runtime.contract.config import KV_CACHE_DTYPES, EngineConfig, ModelConfig
 from pagoda_runtime.contract.quantization_selection import cpu_packed_kernels, cpu_vocab_dtype
@@ -146,12 +148,14 @@ class ModelRunner:
         tp: TensorParallel = SINGLE_PROCESS,
         kv_share: float = 1.0,
         reserve_bytes: int = 0,
+        build: Callable[..., nn.Module] = build_model,
     ) -> None:
         """quantization: the method the projections are built with (already checked against the
         checkpoint by quantization_selection.py); tp: this process's rank; kv_share: the part of the
         KV budget this cache takes; reserve_bytes: device memory taken after this cache is sized,
         left out of a budget measured from the GPU's memory (a draft model's weights and cache take
-        both, engine/build.py)."""
+        both, engine/build.py); build: what builds the model from build_model's arguments (an EAGLE
+        head's, models/eagle_head.py)."""
         self.kv_share = kv_share
         self.reserve_bytes = reserve_bytes
         self.config = model_config
@@ -166,7 +170,7 @@ class ModelRunner:
         self.block_size = engine_config.block_size
         self.max_model_len = max_model_len
         self.max_blocks_per_seq = -(-max_model_len // self.block_size)
-        self.model = build_model(
+        self.model = build(
             model_config,
             get_attention_ops(self.device),
             max_model_len,
@@ -243,6 +247,9 @@ class ModelRunner:
         self.last_graph_batch: int | None = None
         # Rank 0 of a tensor-parallel group: where each step goes to the other ranks first.
         self.step_sender: StepSender | DraftStepSender | None = None
+        # With an EAGLE proposer: what takes each launched step's hidden states (hand_hidden_states).
+        self._hidden_sink: Callable[[ScheduledBatch, torch.Tensor], None] | None = None
+        self._hidden: dict[int, torch.Tensor] = {}  # layer -> the hidden state entering it, this step
         if self.device.type == "cuda" and not engine_config.enforce_eager:
             self._capture_graphs(engine_config.max_num_seqs, engine_config.speculative_config)
 
@@ -259,6 +266,28 @@ class ModelRunner:
         if slots is None:
             raise RuntimeError("rank 0 sent a LoRA adapter, but this rank runs without --enable-lora")
         slots.load_slot(load.slot, slots.slot_weights(f"in slot {load.slot}", load.weights), load.scaling)
+
+    def hand_hidden_states(
+        self, layers: tuple[int, ...], sink: Callable[[ScheduledBatch, torch.Tensor], None]
+    ) -> None:
+        """After each launched step, give `sink` the step's batch and, for each token it ran, the
+        hidden states entering `layers` concatenated in that order ([tokens, len(layers) * hidden];
+        the number of layers stands for the final norm's output): what an EAGLE head drafts from.
+        The runner must run eagerly (a CUDA graph keeps no hidden state)."""
+        num_layers = len(self.model.layers)
+
+        def keep(layer: int, module: nn.Module, args: tuple) -> None:
+            x, residual = args[1], args[2]
+            self._hidden[layer] = x if residual is None else x + residual
+
+        for layer in sorted(set(layers) - {num_layers}):
+            self.model.layers[layer].register_forward_pre_hook(partial(keep, layer))
+        self._hidden_layers = layers
+        self._hidden_sink = sink
+
+    def _hand_hidden(self, batch: ScheduledBatch) -> None:
+        hidden, self._hidden = self._hidden, {}
+        self._hidden_sink(batch, torch.cat([hidden[layer] for layer in self._hidden_layers], dim=-1))
 
     @property
     def kv_cache_dtype_name(self) -> str:
@@ -361,6 +390,8 @@ class ModelRunner:
         step, launched = self._prepare(batch, in_flight)
         self.last_prepare_s = time.perf_counter() - started
         logits, greedy = self.run(step)
+        if self._hidden_sink is not None:
+            self._hand_hidden(batch)
         if logits is None or not self.tp.is_driver:
             launched.rows, launched.output_index = [], []
             return launched
@@ -419,6 +450,8 @@ class ModelRunner:
                 hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
             finally:
                 slots.batch = None
+        if self._hidden_sink is not None:
+            self._hidden[len(self.model.layers)] = hidden
         if step.logits_rows.shape[0] == 0:
             return None, None
         return self.model.compute_logits(hidden[step.logits_rows]), None
