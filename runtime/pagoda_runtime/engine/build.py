@@ -108,16 +108,23 @@ def build_engine(
         reserve = _predicted_weight_bytes(
             draft.loaded, draft.sliced, draft.quantization, engine_config, placement
         )
-    target_config = engine_config
     if head is not None:
         head_arch = head.spec.config.architecture
         kv_share = target_bytes / (target_bytes + kv_bytes_per_block(head_arch, engine_config.block_size))
         reserve = head.nbytes
-        # The head reads the target's hidden states of every step, which a CUDA graph does not keep.
-        target_config = dataclasses.replace(engine_config, enforce_eager=True)
     weights = LOAD_PROGRESS.track(loaded.weights, len(weight_shapes(loaded.config)), arch.num_hidden_layers)
     runner = ModelRunner(
-        loaded.config, weights, target_config, placement, limit, quantization, tp, kv_share, reserve
+        loaded.config,
+        weights,
+        engine_config,
+        placement,
+        limit,
+        quantization,
+        tp,
+        kv_share,
+        reserve,
+        # An EAGLE head reads these of every step, replayed ones included.
+        hidden_layers=head.spec.target_layers if head is not None else (),
     )
     loras = None
     # Rank 0 alone serves adapters; it sends each to the others as it puts it in a device slot.
@@ -325,7 +332,7 @@ def _eagle_proposer(
     proposer = EagleProposer(
         config, runner, block_manager, engine_config.max_num_batched_tokens, engine_config.seed
     )
-    target_runner.hand_hidden_states(head.spec.target_layers, proposer.record)
+    target_runner.hand_hidden_states(proposer.record)
     memory = MemoryReport(
         model=config.model,
         quantization="none",

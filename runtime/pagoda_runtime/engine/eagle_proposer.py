@@ -10,8 +10,8 @@ local folder (config.json and model.safetensors or pytorch_model.bin); this runt
 none, and its tests write heads in the published layout.
 
 The target's model runner hands over the hidden states the head reads (ModelRunner.
-hand_hidden_states) for every token of every step, and runs eagerly; nothing of this happens
-without an EAGLE proposer. The head keeps its own small paged KV cache with the draft model's
+hand_hidden_states) for every token of every step, its CUDA graphs computing them too; nothing of
+this happens without an EAGLE proposer. The head keeps its own small paged KV cache with the draft model's
 machinery (engine/draft_model_proposer.py): a shadow sequence per decoding sequence, caught up
 before each draft, rolled back, freed when the sequence finishes, is aborted or is preempted. At
 position p the shadow holds token p + 1 and the target's hidden state at p; a position the head

@@ -134,6 +134,7 @@ class _Graph:
     graph: torch.cuda.CUDAGraph
     logits: torch.Tensor  # [size, vocab] float32
     greedy: torch.Tensor  # [size] int64: the argmax of each row
+    hidden: torch.Tensor | None = None  # the hidden states an EAGLE head reads, [tokens, width]
 
 
 class ModelRunner:
@@ -149,13 +150,16 @@ class ModelRunner:
         kv_share: float = 1.0,
         reserve_bytes: int = 0,
         build: Callable[..., nn.Module] = build_model,
+        hidden_layers: tuple[int, ...] = (),
     ) -> None:
         """quantization: the method the projections are built with (already checked against the
         checkpoint by quantization_selection.py); tp: this process's rank; kv_share: the part of the
         KV budget this cache takes; reserve_bytes: device memory taken after this cache is sized,
         left out of a budget measured from the GPU's memory (a draft model's weights and cache take
         both, engine/build.py); build: what builds the model from build_model's arguments (an EAGLE
-        head's, models/eagle_head.py)."""
+        head's, models/eagle_head.py); hidden_layers: the layers whose entering hidden states each
+        step hands over (hand_hidden_states; the number of layers stands for the final norm's
+        output), known before the CUDA graphs are captured so that they keep them too."""
         self.kv_share = kv_share
         self.reserve_bytes = reserve_bytes
         self.config = model_config
@@ -250,6 +254,9 @@ class ModelRunner:
         # With an EAGLE proposer: what takes each launched step's hidden states (hand_hidden_states).
         self._hidden_sink: Callable[[ScheduledBatch, torch.Tensor], None] | None = None
         self._hidden: dict[int, torch.Tensor] = {}  # layer -> the hidden state entering it, this step
+        self._hidden_layers = hidden_layers
+        self._replayed_hidden: torch.Tensor | None = None  # the last replay's, in its graph's buffer
+        self._keep_hidden_states()
         if self.device.type == "cuda" and not engine_config.enforce_eager:
             self._capture_graphs(engine_config.max_num_seqs, engine_config.speculative_config)
 
@@ -267,27 +274,35 @@ class ModelRunner:
             raise RuntimeError("rank 0 sent a LoRA adapter, but this rank runs without --enable-lora")
         slots.load_slot(load.slot, slots.slot_weights(f"in slot {load.slot}", load.weights), load.scaling)
 
-    def hand_hidden_states(
-        self, layers: tuple[int, ...], sink: Callable[[ScheduledBatch, torch.Tensor], None]
-    ) -> None:
+    def hand_hidden_states(self, sink: Callable[[ScheduledBatch, torch.Tensor], None]) -> None:
         """After each launched step, give `sink` the step's batch and, for each token it ran, the
-        hidden states entering `layers` concatenated in that order ([tokens, len(layers) * hidden];
-        the number of layers stands for the final norm's output): what an EAGLE head drafts from.
-        The runner must run eagerly (a CUDA graph keeps no hidden state)."""
+        hidden states entering the runner's hidden_layers concatenated in that order ([tokens,
+        len(layers) * hidden]): what an EAGLE head drafts from. A replayed step's are views of its
+        graph's buffer, which the next replay overwrites: `sink` copies what it keeps."""
+        self._hidden_sink = sink
+
+    def _keep_hidden_states(self) -> None:
+        """Hooks that keep the hidden state entering each of hidden_layers while the model runs
+        (eagerly, or while a CUDA graph is captured: the graph then computes them on each replay)."""
         num_layers = len(self.model.layers)
 
         def keep(layer: int, module: nn.Module, args: tuple) -> None:
             x, residual = args[1], args[2]
             self._hidden[layer] = x if residual is None else x + residual
 
-        for layer in sorted(set(layers) - {num_layers}):
+        for layer in sorted(set(self._hidden_layers) - {num_layers}):
             self.model.layers[layer].register_forward_pre_hook(partial(keep, layer))
-        self._hidden_layers = layers
-        self._hidden_sink = sink
+
+    def _gathered_hidden(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        hidden, self._hidden = self._hidden, {}
+        return torch.cat([hidden[layer] for layer in self._hidden_layers], dim=-1, out=out)
 
     def _hand_hidden(self, batch: ScheduledBatch) -> None:
-        hidden, self._hidden = self._hidden, {}
-        self._hidden_sink(batch, torch.cat([hidden[layer] for layer in self._hidden_layers], dim=-1))
+        if self.last_graph_batch is None:
+            hidden = self._gathered_hidden()
+        else:  # the real tokens come first in a replayed step, the padding after them
+            hidden = self._replayed_hidden[: sum(batch.num_new_tokens)]
+        self._hidden_sink(batch, hidden)
 
     @property
     def kv_cache_dtype_name(self) -> str:
@@ -450,7 +465,7 @@ class ModelRunner:
                 hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
             finally:
                 slots.batch = None
-        if self._hidden_sink is not None:
+        if self._hidden_layers:
             self._hidden[len(self.model.layers)] = hidden
         if step.logits_rows.shape[0] == 0:
             return None, None
@@ -662,6 +677,11 @@ class ModelRunner:
             self._static["lora_slots"] = torch.full((tokens,), -1, dtype=torch.int32, device=device)
         logits = torch.empty(tokens, self.config.architecture.vocab_size, dtype=torch.float32, device=device)
         greedy = torch.empty(tokens, dtype=torch.int64, device=device)
+        # With an EAGLE head: the hidden states it reads, written by every graph.
+        hidden_width = len(self._hidden_layers) * self.config.architecture.hidden_size
+        hidden_states = (
+            torch.empty(tokens, hidden_width, dtype=self.dtype, device=device) if hidden_width else None
+        )
         # Most tokens first, so that the smaller graphs fit in the memory pool the largest reserved.
         for size, width in sorted(shapes, key=lambda shape: shape[0] * shape[1], reverse=True):
             count = size * width
@@ -683,6 +703,9 @@ class ModelRunner:
                         lora.batch = None
                 rows = self.model.compute_logits(hidden, out=logits[:count])
                 torch.argmax(rows, dim=-1, out=greedy[:count])
+                if hidden_states is not None:
+                    self._hidden[len(self.model.layers)] = hidden
+                    self._gathered_hidden(out=hidden_states[:count])
 
             forward()  # warm-up: Triton compiles outside the capture
             torch.cuda.synchronize(device)
@@ -691,7 +714,8 @@ class ModelRunner:
                 forward()
             if self._graph_pool is None:
                 self._graph_pool = graph.pool()
-            self._graphs[size, width] = _Graph(graph, logits[:count], greedy[:count])
+            kept = None if hidden_states is None else hidden_states[:count]
+            self._graphs[size, width] = _Graph(graph, logits[:count], greedy[:count], kept)
             meta.seq_lens.fill_(1)
         torch.cuda.synchronize(device)
         self._graph_sizes = sizes
@@ -747,6 +771,7 @@ class ModelRunner:
                 s["lora_slots"][:tokens].copy_(step.lora_slots)
         graph = self._graphs[size, width]
         graph.graph.replay()
+        self._replayed_hidden = graph.hidden
         if width > 1:
             return graph.logits[step.logits_rows], graph.greedy[step.logits_rows]
         rows = step.logits_rows.shape[0]

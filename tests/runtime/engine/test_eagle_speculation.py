@@ -296,8 +296,8 @@ def test_eagle_under_tensor_parallelism_is_refused_at_start_up(folders):
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", ["eagle3", "eagle"])
 def test_eagle_heads_keep_greedy_tokens_on_the_gpu(folders, method):
-    """The head's runner on CUDA (Triton attention and norms over its paged cache), the target
-    running eagerly to hand over its hidden states, q staying on the device into the verifier."""
+    """The head's runner on CUDA (Triton attention and norms over its paged cache), the target's
+    CUDA graphs keeping the hidden states it reads, q staying on the device into the verifier."""
     head = folders[1] if method == "eagle3" else folders[2]
     kwargs = dict(dtype="float32", device="cuda", block_size=16, max_num_seqs=8, kv_cache_memory=2**26)
     greedy = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
@@ -307,6 +307,8 @@ def test_eagle_heads_keep_greedy_tokens_on_the_gpu(folders, method):
         speculative_config={"method": method, "model": str(head), "num_speculative_tokens": 3},
         **kwargs,
     )
+    graphs = speculative.engine.runner._graphs
+    assert graphs and all(graph.hidden is not None for graph in graphs.values())
     assert outputs(speculative, PROMPTS, greedy) == outputs(plain, PROMPTS, greedy)
     assert speculative.engine.stats().spec_decode.num_drafts > 0
     sampled = SamplingParams(temperature=0.8, seed=3, max_tokens=16, ignore_eos=True)
