@@ -15,6 +15,9 @@ steps ten times slower at random, which no ratio survives.
 
     .venv/bin/python -m benchmarks.spec_decode --result-json benchmarks/results/cpu/spec_decode.json
 
+--structured: JSON records to copy, each request constrained by the records' JSON schema (structured
+output speculates too: drafts cut where the grammar refuses, verify rows masked by it).
+
 On a GPU, --shape runs a random-weight model of a named shape instead (Llama-3-8B in the GPU
 script), on token-id prompts that quote a random passage, and --draft-model adds a draft-model row
 (a shape name: random weights too). Random weights decide nothing about acceptance, which is
@@ -26,6 +29,7 @@ the step's cost in plain steps), e.g. at the rate measured on the CPU with real 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import time
@@ -36,6 +40,7 @@ import torch
 from pagoda_runtime import LLM, SamplingParams
 from pagoda_runtime.bench.results import emit
 from pagoda_runtime.contract.model_catalogue import shape_config
+from pagoda_runtime.engine.structured_outputs import StructuredOutputs
 
 PASSAGE = (
     "The Amazon rainforest covers much of the Amazon basin of South America. The basin "
@@ -67,10 +72,36 @@ NGRAM = {
     "disable_by_batch_size": 256,
 }
 DRAFT = {"num_speculative_tokens": 4, "disable_by_batch_size": 256}
+# --structured: a record to copy under its schema (JSON mode on a copy-heavy task: tool calls that
+# repeat their arguments, extraction that quotes its source).
+RECORD_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "city": {"type": "string"},
+        "email": {"type": "string"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["name", "city", "email", "tags"],
+    "additionalProperties": False,
+}
+RECORDS = [
+    {"name": "Ada Lovelace", "city": "London", "email": "ada@example.org", "tags": ["math", "engines"]},
+    {"name": "Alan Turing", "city": "Manchester", "email": "alan@example.org", "tags": ["logic", "codes"]},
+    {"name": "Grace Hopper", "city": "New York", "email": "grace@example.org", "tags": ["compilers"]},
+    {"name": "Edsger Dijkstra", "city": "Austin", "email": "edsger@example.org", "tags": ["paths"]},
+]
+JSON_PROMPTS = [
+    f"Record:\n{json.dumps(record)}\n\nThe same record as JSON, copied exactly:\n" for record in RECORDS
+]
 
 
-def run(llm: LLM, prompts: list, max_tokens: int) -> tuple[float, list[list[int]]]:
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+def run(
+    llm: LLM, prompts: list, max_tokens: int, constraint: StructuredOutputs | None = None
+) -> tuple[float, list[list[int]]]:
+    params = SamplingParams(
+        temperature=0.0, max_tokens=max_tokens, ignore_eos=True, structured_outputs=constraint
+    )
     started = time.perf_counter()
     outputs = llm.generate(prompts, params)
     seconds = time.perf_counter() - started
@@ -97,6 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--shape", help="a random-weight model of this shape instead of the bundled one")
     parser.add_argument("--draft-model", help="also speculate with this draft model (with --shape: a shape)")
+    parser.add_argument(
+        "--structured",
+        action="store_true",
+        help="JSON records to copy, each request constrained by the records' JSON schema",
+    )
     parser.add_argument("--result-json", default=None)
     args = parser.parse_args(argv)
     load_before = os.getloadavg()
@@ -105,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         prompts_of = shape_prompts(args.shape, max(args.batches))
     else:
         model, engine_args = "smollm2-135m", {"device": "cpu"}
-        prompts_of = PROMPTS
+        prompts_of = JSON_PROMPTS if args.structured else PROMPTS
+    args.constraint = StructuredOutputs(json=json.dumps(RECORD_SCHEMA)) if args.structured else None
     proposers = {"ngram": NGRAM}
     if args.draft_model:
         proposers["draft_model"] = {**DRAFT, "model": args.draft_model}
@@ -128,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": model,
         "random_weights": bool(args.shape),
         "speculative_configs": proposers,
+        "json_schema": RECORD_SCHEMA if args.structured else None,
         "max_tokens": args.max_tokens,
         "repeats": args.repeats,
         "load_average_before": load_before,
@@ -143,16 +181,16 @@ def compare(plain: LLM, speculative: LLM, prompts_of: list, batch: int, args) ->
     prompts = [prompts_of[i % len(prompts_of)] for i in range(batch)]
     base_s = spec_s = float("inf")
     for _ in range(args.repeats):
-        seconds, expected = run(plain, prompts, args.max_tokens)
+        seconds, expected = run(plain, prompts, args.max_tokens, args.constraint)
         base_s = min(base_s, seconds)
         before = speculative.engine.stats().spec_decode
-        seconds, got = run(speculative, prompts, args.max_tokens)
+        seconds, got = run(speculative, prompts, args.max_tokens, args.constraint)
         spec_s = min(spec_s, seconds)
         after = speculative.engine.stats().spec_decode
     drafts = after.num_drafts - before.num_drafts
     drafted = after.num_draft_tokens - before.num_draft_tokens
     accepted = after.num_accepted_tokens - before.num_accepted_tokens
-    tokens = batch * args.max_tokens
+    tokens = sum(map(len, expected))  # a completed JSON value ends its request before max_tokens
     # Each target step emits one token per sequence plus what it accepted (the prefill's included).
     spec_steps = (tokens - accepted) / batch
     return {
@@ -166,7 +204,7 @@ def compare(plain: LLM, speculative: LLM, prompts_of: list, batch: int, args) ->
         "accepted_tokens": accepted,
         "acceptance_rate": accepted / drafted if drafted else None,
         "tokens_per_verify_step": (accepted + drafts) / drafts if drafts else None,
-        "plain_ms_per_step": 1000 * base_s / args.max_tokens,
+        "plain_ms_per_step": 1000 * base_s * batch / tokens,
         "speculative_ms_per_step": 1000 * spec_s / spec_steps,
         "outputs_identical": got == expected,
     }
