@@ -19,7 +19,7 @@ from pagoda_runtime.contract.names import REQUESTS_WAITING
 from pagoda_runtime.contract.serve_settings import LOG_FORMATS, ServerSettings
 from pagoda_runtime.contract.sizing import ModelArchitecture
 from pagoda_runtime.contract.sources import COMMIT_PATTERN
-from pagoda_runtime.contract.speculative import MAX_SPECULATIVE_TOKENS, METHODS
+from pagoda_runtime.contract.speculative import HEAD_METHODS, MAX_SPECULATIVE_TOKENS, METHODS
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
@@ -43,8 +43,9 @@ DNS_LABEL_OR_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 Quantization = Literal[QUANTIZATION_CHOICES]
 KvCacheDtype = Literal[KV_CACHE_DTYPES]
 Dtype = Literal[DTYPES]
-# The proposers a variant can ask for, under vLLM's method names.
-SpeculativeMethod = Literal[METHODS]
+# The proposers a variant can ask for, under vLLM's method names. EAGLE heads are the runtime's
+# only: the operator neither fetches a head folder through the model cache nor sizes one yet.
+SpeculativeMethod = Literal[tuple(m for m in METHODS if m not in HEAD_METHODS)]
 LogFormat = Literal[LOG_FORMATS]
 
 # Adapter slots per GPU unless runtime.maxLoras says: a few tenants' adapters in one step, where the

@@ -99,6 +99,11 @@ def _speculative_config(pod: dict) -> dict | None:
             "speculative.model.cache.accessMode must be ReadWriteMany",
         ),
         (_draft({**DRAFT_HF, "servedName": "draft"}), "servedName: Extra inputs are not permitted"),
+        # The runtime takes EAGLE heads; the operator neither fetches nor sizes one yet.
+        (
+            {"method": "eagle3", "numSpeculativeTokens": 3, "model": {"source": "bundled://smollm2-135m"}},
+            "method: Input should be 'ngram' or 'draft_model'",
+        ),
     ],
 )
 def test_a_bad_speculative_field_is_refused_naming_the_field(speculative, message):

@@ -20,9 +20,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-METHODS = ("ngram", "draft_model", "eagle", "eagle3")
+# EAGLE heads, whose "model" is a head folder (engine/eagle_proposer.py).
+HEAD_METHODS = ("eagle", "eagle3")
+METHODS = ("ngram", "draft_model", *HEAD_METHODS)
 # The methods whose "model" is a second network the proposer runs.
-MODEL_METHODS = ("draft_model", "eagle", "eagle3")
+MODEL_METHODS = ("draft_model", *HEAD_METHODS)
 # Methods vLLM has that this runtime does not run yet: refused by name rather than as unknown.
 UNSUPPORTED_METHODS = ("medusa", "mlp_speculator", "mtp")
 # Longer drafts are all but never accepted whole, and each drafted token costs a query position.

@@ -32,7 +32,7 @@ from pagoda_runtime.contract.sizing import (
     kv_bytes_per_block,
     weight_bytes,
 )
-from pagoda_runtime.contract.speculative import SpeculativeConfigError
+from pagoda_runtime.contract.speculative import HEAD_METHODS, SpeculativeConfigError
 from pagoda_runtime.engine.block_manager import BlockManager
 from pagoda_runtime.engine.draft_model_proposer import DraftModelProposer, check_same_vocabulary
 from pagoda_runtime.engine.eagle_proposer import EagleProposer
@@ -45,7 +45,7 @@ from pagoda_runtime.engine.window_block_manager import make_block_manager
 from pagoda_runtime.executor.devices import Placement, resolve_placement
 from pagoda_runtime.executor.model_runner import ModelRunner
 from pagoda_runtime.executor.models import weight_shapes
-from pagoda_runtime.executor.models.eagle_head import HEAD_ARCHITECTURES, EagleHead, HeadCheckpoint, read_head
+from pagoda_runtime.executor.models.eagle_head import EagleHead, HeadCheckpoint, read_head
 from pagoda_runtime.loading.load_progress import LOAD_PROGRESS
 from pagoda_runtime.loading.lora_source import adapter_folder
 from pagoda_runtime.loading.model_source import LoadedModel, load_model_source
@@ -286,7 +286,7 @@ def _read_eagle_head(
 ) -> HeadCheckpoint | None:
     """An EAGLE head's config and weights, checked against the target; None without one."""
     config = engine_config.speculative_config
-    if config is None or config.method not in HEAD_ARCHITECTURES:
+    if config is None or config.method not in HEAD_METHODS:
         return None
     if tp.size > 1:
         raise SpeculativeConfigError(
