@@ -173,6 +173,9 @@ class RankGroup:
             if process.exitcode != 0:
                 log.error("rank %d %s", rank, _how_it_ended(process.exitcode))
                 exit_code = exit_code or 1
+        # This process may lead another group later (an offline LLM after the last one's shutdown).
+        if dist.is_initialized():
+            dist.destroy_process_group()
         return exit_code
 
     # ---- torch.distributed -------------------------------------------------------------------
