@@ -164,8 +164,12 @@ class AsyncLLMEngine:
                 self._apply_pending()
                 if not self.engine.has_unfinished():
                     self._wake.clear()
+                    # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation
+                    # that arrives as the wait ends (a request's abort waking the loop just as the
+                    # server shuts down), and the loop then ticked on forever.
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), IDLE_TICK_S)
+                        async with asyncio.timeout(IDLE_TICK_S):
+                            await self._wake.wait()
                     continue
                 try:
                     outputs = await loop.run_in_executor(self._executor, self.engine.step)

@@ -155,3 +155,19 @@ def test_a_broken_device_stops_the_loop_and_says_why(engine_config):
         await engine.shutdown()
 
     run(main())
+
+
+def test_shutdown_ends_the_loop_when_a_wake_up_races_the_cancellation(engine_config):
+    """A request's abort wakes the idle loop just as the server shuts it down (the readiness canary,
+    cancelled first, aborts its generation): the loop must end, not tick on and hang the shutdown."""
+
+    async def main():
+        engine = AsyncLLMEngine.from_engine_config(engine_config)
+        await engine.start()
+        for _ in range(20):  # the loop idles in its wait for work
+            await asyncio.sleep(0)
+        engine._wake.set()
+        await asyncio.wait_for(engine.shutdown(), 5)
+        assert engine._task.done()
+
+    run(main())
