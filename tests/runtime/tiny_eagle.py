@@ -91,22 +91,9 @@ class Eagle3Head(nn.Module):
         [batch, tokens, hidden] of token p + 1 and the target's hidden states at p."""
         w = {k.removeprefix("midlayer::").removesuffix("::weight"): v for k, v in self.weights.items()}
         w = {k.replace("::", "."): v for k, v in w.items()}
-        batch, tokens = embeds.shape[:2]
-        positions = torch.arange(tokens)
         hidden = features @ w["fc"].T
         x = torch.cat([_rms(embeds, w["input_layernorm"]), _rms(hidden, w["hidden_norm"])], -1)
-        q = _rotate((x @ w["self_attn.q_proj"].T).view(batch, tokens, HEADS, HEAD_DIM), positions)
-        k = _rotate((x @ w["self_attn.k_proj"].T).view(batch, tokens, KV_HEADS, HEAD_DIM), positions)
-        v = (x @ w["self_attn.v_proj"].T).view(batch, tokens, KV_HEADS, HEAD_DIM)
-        k, v = (t.repeat_interleave(HEADS // KV_HEADS, dim=2) for t in (k, v))
-        attended = nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
-        )
-        x = hidden + attended.transpose(1, 2).reshape(batch, tokens, HIDDEN) @ w["self_attn.o_proj"].T
-        y = _rms(x, w["post_attention_layernorm"])
-        y = nn.functional.silu(y @ w["mlp.gate_proj"].T) * (y @ w["mlp.up_proj"].T)
-        x = x + y @ w["mlp.down_proj"].T
-        return _rms(x, w["norm"]) @ w["lm_head"].T
+        return _rms(_layer(x, hidden, w), w["norm"]) @ w["lm_head"].T
 
     def published(self) -> dict[str, torch.Tensor]:
         return {k.replace("::", "."): v.detach().clone().contiguous() for k, v in self.weights.items()}
@@ -125,6 +112,24 @@ def write_eagle3_head(
     tensors["t2d"] = torch.zeros(config["vocab_size"], dtype=torch.bool).index_fill_(0, ids, True)
     save_file(tensors, folder / "model.safetensors")
     return folder
+
+
+def _layer(x: torch.Tensor, residual: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The head's one decoder layer over x [batch, tokens, width], its residual stream starting
+    from `residual` (EAGLE-3: the projected hidden state; EAGLE-1: x itself)."""
+    batch, tokens = x.shape[:2]
+    positions = torch.arange(tokens)
+    q = _rotate((x @ w["self_attn.q_proj"].T).view(batch, tokens, HEADS, HEAD_DIM), positions)
+    k = _rotate((x @ w["self_attn.k_proj"].T).view(batch, tokens, KV_HEADS, HEAD_DIM), positions)
+    v = (x @ w["self_attn.v_proj"].T).view(batch, tokens, KV_HEADS, HEAD_DIM)
+    k, v = (t.repeat_interleave(HEADS // KV_HEADS, dim=2) for t in (k, v))
+    attended = nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+    )
+    x = residual + attended.transpose(1, 2).reshape(batch, tokens, HIDDEN) @ w["self_attn.o_proj"].T
+    y = _rms(x, w["post_attention_layernorm"])
+    y = nn.functional.silu(y @ w["mlp.gate_proj"].T) * (y @ w["mlp.up_proj"].T)
+    return x + y @ w["mlp.down_proj"].T
 
 
 class Eagle1Head(nn.Module):
@@ -160,20 +165,8 @@ class Eagle1Head(nn.Module):
         norm's output."""
         w = {k.removeprefix("layers::0::").removesuffix("::weight"): v for k, v in self.weights.items()}
         w = {k.replace("::", "."): v for k, v in w.items()}
-        batch, tokens = embeds.shape[:2]
-        positions = torch.arange(tokens)
         x = torch.cat([embeds, features], -1) @ w["fc"].T + w["fc.bias"]
-        q = _rotate((x @ w["self_attn.q_proj"].T).view(batch, tokens, HEADS, HEAD_DIM), positions)
-        k = _rotate((x @ w["self_attn.k_proj"].T).view(batch, tokens, KV_HEADS, HEAD_DIM), positions)
-        v = (x @ w["self_attn.v_proj"].T).view(batch, tokens, KV_HEADS, HEAD_DIM)
-        k, v = (t.repeat_interleave(HEADS // KV_HEADS, dim=2) for t in (k, v))
-        attended = nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
-        )
-        x = x + attended.transpose(1, 2).reshape(batch, tokens, HIDDEN) @ w["self_attn.o_proj"].T
-        y = _rms(x, w["post_attention_layernorm"])
-        y = nn.functional.silu(y @ w["mlp.gate_proj"].T) * (y @ w["mlp.up_proj"].T)
-        return (x + y @ w["mlp.down_proj"].T) @ self.lm_head.T
+        return _layer(x, x, w) @ self.lm_head.T
 
     def published(self) -> dict[str, torch.Tensor]:
         return {k.replace("::", "."): v.detach().clone().contiguous() for k, v in self.weights.items()}
