@@ -54,14 +54,18 @@ class Drain:
     async def wait(self, abort_all: Callable[[], None] | None) -> str:
         """Waits for accepted requests up to the timeout, aborts the rest; returns a one-line summary."""
         aborted = 0
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancellation that
+        # arrives as the wait ends (engine/async_engine.py's loop hung a shutdown that way).
         try:
-            await asyncio.wait_for(self._idle.wait(), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                await self._idle.wait()
         except TimeoutError:
             aborted = self.in_flight - self._aborted_by_signal
             if abort_all is not None:
                 abort_all()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), _ABORT_GRACE_S)
+                async with asyncio.timeout(_ABORT_GRACE_S):
+                    await self._idle.wait()
         by_signal = self._aborted_by_signal
         finished = self._in_flight_at_start - aborted - by_signal
         return (
