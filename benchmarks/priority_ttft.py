@@ -1,8 +1,10 @@
-"""Interactive TTFT under a saturating batch load, with and without priority scheduling (CPU).
+"""Interactive TTFT under a saturating batch load, with and without priority scheduling.
 
     python -m benchmarks.priority_ttft --out benchmarks/results/cpu/priority_ttft.json
+    python -m benchmarks.priority_ttft --model llama-3-8b --load-format dummy --device cuda \
+        --kv-cache-memory 8589934592 --out DIR/priority_ttft_llama-3-8b.json   # scripts/gpu-bench.sh
 
-For each policy a `pagoda-runtime serve` child with the bundled model on the CPU first answers
+For each policy a `pagoda-runtime serve` child (by default the bundled model on the CPU) first answers
 interactive requests alone (idle), then again while closed-loop batch clients keep every place of
 the batch taken and more requests queued behind them (loaded). Interactive requests are short
 (priority 0, sent one at a time with a pause between them), batch ones long (priority 10, the
@@ -37,11 +39,10 @@ from benchmarks.launched_server import launched_server
 ROOT = Path(__file__).resolve().parent.parent
 INTERACTIVE_PRIORITY = 0
 BATCH_PRIORITY = 10
-VOCAB = 49152  # SmolLM2's: random prompt ids stay inside it
 
 
-def _prompt(rng: random.Random, length: int) -> list[int]:
-    return [rng.randrange(100, VOCAB) for _ in range(length)]
+def _prompt(rng: random.Random, length: int, vocab: int) -> list[int]:
+    return [rng.randrange(min(100, vocab // 2), vocab) for _ in range(length)]
 
 
 async def _ttft(client: httpx.AsyncClient, body: dict) -> float:
@@ -80,7 +81,10 @@ async def _metric(client: httpx.AsyncClient, name: str) -> float:
 async def _probes(client, rng, args, priority: int | None, count: int) -> list[float]:
     ttfts = []
     for _ in range(count):
-        body = {"prompt": _prompt(rng, args.interactive_prompt), "max_tokens": args.interactive_tokens}
+        body = {
+            "prompt": _prompt(rng, args.interactive_prompt, args.vocab_size),
+            "max_tokens": args.interactive_tokens,
+        }
         if priority is not None:
             body["priority"] = priority
         ttfts.append(await _ttft(client, body))
@@ -102,7 +106,7 @@ async def _measure(url: str, args, policy: str) -> dict:
         async def batch_client() -> None:
             while not stop.is_set():
                 body = {
-                    "prompt": _prompt(rng, args.batch_prompt),
+                    "prompt": _prompt(rng, args.batch_prompt, args.vocab_size),
                     "max_tokens": args.batch_tokens,
                     "ignore_eos": True,
                 }
@@ -158,6 +162,15 @@ def _cpu_name() -> str:
     return platform.machine()
 
 
+def _device_name(device: str) -> str:
+    if device == "cpu":
+        return f"CPU: {_cpu_name()}, {os.cpu_count()} cores"
+    query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+    with contextlib.suppress(OSError):
+        return subprocess.run(query, capture_output=True, text=True, check=False).stdout.strip() or device
+    return device
+
+
 def _uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
 
@@ -166,6 +179,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/cpu/priority_ttft.json")
     parser.add_argument("--policies", nargs="+", default=["priority", "fcfs"], choices=["priority", "fcfs"])
+    parser.add_argument(
+        "--model", default="smollm2-135m", help="the served model, or a shape with dummy weights"
+    )
+    parser.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--kv-cache-memory", type=int, default=256 * 2**20, help="bytes")
+    parser.add_argument(
+        "--vocab-size", type=int, default=49152, help="random prompt ids stay below it (SmolLM2's)"
+    )
     parser.add_argument("--max-num-seqs", type=int, default=8)
     parser.add_argument(
         "--max-num-batched-tokens",
@@ -191,9 +213,11 @@ def main() -> int:
     for policy in args.policies:
         flags = [
             "--model",
-            "smollm2-135m",
+            args.model,
+            "--load-format",
+            args.load_format,
             "--device",
-            "cpu",
+            args.device,
             "--max-num-seqs",
             str(args.max_num_seqs),
             "--max-num-batched-tokens",
@@ -201,7 +225,7 @@ def main() -> int:
             "--max-model-len",
             "512",
             "--kv-cache-memory",
-            str(256 * 2**20),
+            str(args.kv_cache_memory),
             "--scheduling-policy",
             policy,
         ]
@@ -217,8 +241,10 @@ def main() -> int:
         "command": " ".join(["python -m benchmarks.priority_ttft", *sys.argv[1:]]),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "device": f"CPU: {_cpu_name()}, {os.cpu_count()} cores",
-        "model": "smollm2-135m (bundled)",
+        "device": _device_name(args.device),
+        "model": args.model,
+        # What benchmarks.targets judges the figure by: a shape's bound holds for that shape only.
+        "shape": args.model if args.load_format == "dummy" else None,
         "uptime_before": uptime_before,
         "uptime_after": _uptime(),
         "settings": {k: v for k, v in vars(args).items() if k != "out"},

@@ -69,6 +69,13 @@ def _decode_attention(batch: int, context: int) -> Callable[[dict], float]:
     return figure
 
 
+def _priority_ttft(data: dict) -> float:
+    """benchmarks.priority_ttft: interactive TTFT p95 under a saturating batch load as a multiple of
+    the idle server's, under --scheduling-policy priority."""
+    (row,) = [r for r in data["results"] if r["policy"] == "priority"]
+    return row["loaded_over_idle_p95"]
+
+
 def _gpu_idle_share(data: dict) -> float:
     """1 - kernel time / wall time over the same profiled steps (the first left out: it starts on an
     idle device); with async scheduling a step's kernels run into the next step's range, so the
@@ -138,6 +145,13 @@ TARGETS = (
         "lora_decode_step.json",
         lambda data: data["adapters_overhead"],
         0.15,
+        at_least=False,
+    ),
+    Target(
+        "interactive TTFT p95 under a batch load, x idle (priority policy)",
+        "priority_ttft_*.json",
+        _priority_ttft,
+        2.0,
         at_least=False,
     ),
     Target(

@@ -30,6 +30,8 @@
 #   spec-lora   speculative decoding (n-gram, and a Llama-3.2-1B-shaped draft model) at batch 1 to 32,
 #               and the whole decode step at batch 32 with 4 LoRA adapters of rank 16 against the
 #               base model alone
+#   priority    interactive TTFT under a saturating batch load against `serve --load-format dummy`,
+#               idle and loaded, with --scheduling-policy priority and then fcfs
 #   moe-lora    the fused MoE layer (Qwen3-30B-A3B, Mixtral-8x7B; bf16, int8, fp8, int4 experts) and
 #               batched LoRA on Llama-3-8B's projections (decode and prefill), each checked first
 #   offline     nano-vllm's workload (256 requests, 100-1024 in and out); transformers on its first
@@ -51,9 +53,9 @@ cd "$(dirname "$0")/.."
 
 declare -A budget=(
     [tests]=240 [decode]=120 [batch]=180 [quant]=150 [profile]=150 [kernels]=120
-    [moe-lora]=120 [spec-lora]=150 [offline]=200 [serve]=200 [stretch]=120 [offline-1b]=150
+    [moe-lora]=120 [spec-lora]=150 [priority]=180 [offline]=200 [serve]=200 [stretch]=120 [offline-1b]=150
 )
-order=(tests decode batch quant profile kernels spec-lora moe-lora offline serve stretch offline-1b)
+order=(tests decode batch quant profile kernels spec-lora priority moe-lora offline serve stretch offline-1b)
 # Seconds kept before the deadline for stopping the last part (KILL_AFTER beyond its TERM, then its
 # leftovers) and the targets table; a part with less than MIN_PART seconds is not started.
 KILL_AFTER=10
@@ -207,6 +209,8 @@ if $smoke; then
     kernels=(--smoke)
     spec=(--shape tiny-llama --draft-model tiny-llama --batches 1 2 --max-tokens 16 --repeats 1)
     lora_decode=(--smoke)
+    priority=(--device cpu --kv-cache-memory 8388608 --vocab-size 500 --max-num-seqs 2 --batch-clients 4
+        --batch-prompt 16 --batch-tokens 16 --interactive-prompt 8 --probes 2 --fcfs-probes 1 --pause 0.1)
 else
     shape=llama-3-8b small_shape=llama-3.2-1b
     tests=(tests/runtime)
@@ -222,6 +226,8 @@ else
     kernels=()
     spec=(--shape "$shape" --draft-model "$small_shape" --batches 1 4 16 32 --max-tokens 64)
     lora_decode=(--shape "$shape")
+    # 8 GiB of KV: the batch load's 16 x 192 tokens and the probes' fit many times over.
+    priority=(--device cuda --kv-cache-memory 8589934592 --vocab-size 128256 --fcfs-probes 6)
 fi
 
 # One command of a part, in the environment gpu-env.sh makes, within what is left of the part's time.
@@ -262,6 +268,8 @@ run_part() {
                 return "$rc" ;;
         spec-lora) run -m benchmarks.spec_decode "${spec[@]}" --result-json "$out/spec_decode_$shape.json" &&
             run -m benchmarks.lora_decode "${lora_decode[@]}" --result-json "$out/lora_decode_step.json" ;;
+        priority) run -m benchmarks.priority_ttft --model "$shape" --load-format dummy "${priority[@]}" \
+            --policies priority fcfs --out "$out/priority_ttft_$shape.json" ;;
         moe-lora) run -m benchmarks.moe_kernels --check --kinds bf16,int8,fp8,int4 "${moe_lora[@]}" \
                 --result-json "$out/moe_kernels.json" &&
             run -m benchmarks.lora_kernels --check "${moe_lora[@]}" --result-json "$out/lora_decode.json" &&

@@ -62,6 +62,7 @@ def test_every_part_runs_on_tiny_shapes_and_the_targets_read_its_results(tmp_pat
         "profile",
         "kernels",
         "spec-lora",
+        "priority",
         "offline",
         "serve",
         "stretch",
@@ -110,6 +111,10 @@ def test_every_part_runs_on_tiny_shapes_and_the_targets_read_its_results(tmp_pat
     assert any(r["drafts"] for r in spec["rows"])
     lora = json.loads((out / "lora_decode_step.json").read_text())
     assert lora["adapters_step_s"] > 0 and lora["base_step_s"] > 0
+    # The priority part: interactive requests idle and under the batch load, both policies.
+    priority = json.loads((out / "priority_ttft_tiny-llama.json").read_text())
+    assert [r["policy"] for r in priority["results"]] == ["priority", "fcfs"]
+    assert all(r["idle"]["n"] == 2 and r["loaded"]["n"] > 0 for r in priority["results"])
     rate = json.loads((out / "serve-rate-inf.json").read_text())
     assert rate["completed"] == 4 and rate["failed"] == 0
     rows = {row["target"]: row for row in json.loads((out / "targets.json").read_text())}
@@ -118,6 +123,9 @@ def test_every_part_runs_on_tiny_shapes_and_the_targets_read_its_results(tmp_pat
     assert decode["measured"] == latency["decode_tok_per_s"]
     assert decode["verdict"] == "not comparable (tiny-llama, not llama-3-8b)"
     assert rows["int4 batch-1 decode, x bf16"]["verdict"] == "not measured"
+    priority_row = rows["interactive TTFT p95 under a batch load, x idle (priority policy)"]
+    assert priority_row["measured"] == priority["results"][0]["loaded_over_idle_p95"]
+    assert priority_row["verdict"] == "not comparable (tiny-llama, not llama-3-8b)"
     lora_row = rows["decode step, batch 32 with 4 LoRA adapters of rank 16, over the base"]
     assert lora_row["measured"] == lora["adapters_overhead"]
     assert lora_row["verdict"] == "not comparable (tiny-llama, not llama-3-8b)"
