@@ -304,13 +304,14 @@ def _eagle_proposer(
     max_model_len: int,
 ) -> tuple[Proposer, MemoryReport]:
     """The EAGLE proposer: the head in a runner of its own (one layer's KV cache, for the target's
-    tokens and K more per sequence), handed the target's hidden states of every step."""
+    tokens and K more per sequence), handed the target's hidden states of every step. Its decode
+    (draft) steps have CUDA graphs up to disable_by_batch_size sequences, the most that draft."""
     config = engine_config.speculative_config
     arch = head.spec.config.architecture
     head_config = dataclasses.replace(
         _draft_engine_config(engine_config, arch, target_runner, placement.dtype_name),
         kv_cache_dtype="auto",
-        enforce_eager=True,
+        max_num_seqs=min(engine_config.max_num_seqs, config.disable_by_batch_size),
     )
     runner = ModelRunner(
         head.spec.config,
@@ -320,6 +321,7 @@ def _eagle_proposer(
         max_model_len,
         "none",
         build=partial(EagleHead, head.spec, target_runner.model),
+        token_state_width=arch.hidden_size,
     )
     block_manager = make_block_manager(
         runner.pools,

@@ -21,6 +21,12 @@ each next one from a head step fed the token just drawn and the head's own hidde
 q is the head's softmax at the request's temperature over the target's vocabulary (zero outside an
 EAGLE-3 head's draft vocabulary), so the rejection sampler keeps the output exactly the target's.
 
+On CUDA the head's runner replays CUDA graphs as a draft model's does (unless --enforce-eager):
+its draft steps those of its decode batch sizes up to disable_by_batch_size, its catch-up steps of
+at most 1 + K tokens a sequence its short-step graphs; a longer catch-up (a prompt's) runs eagerly.
+The hidden states `_forward` gives the head are copied into a static buffer before a replay, and
+the head's outputs read back from another (ModelRunner token_state_width).
+
 The target's hidden states wait per sequence until its head catches up: at its next draft, or once
 a step budget of them has piled up (a long prompt, a sequence not drafting while the batch is
 above disable_by_batch_size), so that they never hold more than two step budgets. A position whose

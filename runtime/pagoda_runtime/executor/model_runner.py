@@ -17,6 +17,9 @@ for the target's verify steps and a draft model's catch-up steps (the tokens the
 A sequence with fewer tokens keeps them packed; the padding tokens come after every sequence's and
 belong to none (attention computes nothing for them), so each query sits at its real position and
 reads only its own sequence's keys.
+An EAGLE head's runner captures the same graphs for its draft and catch-up steps; the hidden state
+it takes per token and the one it gives sit in two static buffers, real tokens first: each replay
+copies the step's in and hands back a view of the other.
 
 A model with sliding-window layers shorter than the context keeps their KV in a pool of its own
 (sizing.kv_pools; the block manager frees the blocks behind each window), so a step carries a
@@ -151,6 +154,7 @@ class ModelRunner:
         reserve_bytes: int = 0,
         build: Callable[..., nn.Module] = build_model,
         hidden_layers: tuple[int, ...] = (),
+        token_state_width: int = 0,
     ) -> None:
         """quantization: the method the projections are built with (already checked against the
         checkpoint by quantization_selection.py); tp: this process's rank; kv_share: the part of the
@@ -159,7 +163,10 @@ class ModelRunner:
         both, engine/build.py); build: what builds the model from build_model's arguments (an EAGLE
         head's, models/eagle_head.py); hidden_layers: the layers whose entering hidden states each
         step hands over (hand_hidden_states; the number of layers stands for the final norm's
-        output), known before the CUDA graphs are captured so that they keep them too."""
+        output), known before the CUDA graphs are captured so that they keep them too;
+        token_state_width: the width of the hidden state a model takes per token beside its id, in
+        `model.inputs`, and gives per token in `model.outputs` (an EAGLE head's), 0 for a model
+        without: the CUDA graphs read and write them in static buffers."""
         self.kv_share = kv_share
         self.reserve_bytes = reserve_bytes
         self.config = model_config
@@ -256,6 +263,9 @@ class ModelRunner:
         self._hidden: dict[int, torch.Tensor] = {}  # layer -> the hidden state entering it, this step
         self._hidden_layers = hidden_layers
         self._replayed_hidden: torch.Tensor | None = None  # the last replay's, in its graph's buffer
+        self._token_state_width = token_state_width
+        # The graphs' per-token hidden states in and out (an EAGLE head's), real tokens first.
+        self._token_states: tuple[torch.Tensor, torch.Tensor] | None = None
         self._keep_hidden_states()
         if self.device.type == "cuda" and not engine_config.enforce_eager:
             self._capture_graphs(engine_config.max_num_seqs, engine_config.speculative_config)
@@ -682,6 +692,14 @@ class ModelRunner:
         hidden_states = (
             torch.empty(tokens, hidden_width, dtype=self.dtype, device=device) if hidden_width else None
         )
+        if self._token_state_width:
+            # Zeros, so that the padding rows a graph computes never start from NaNs.
+            state_shape = (tokens, self._token_state_width)
+            self._token_states = (
+                torch.zeros(state_shape, dtype=self.dtype, device=device),
+                torch.zeros(state_shape, dtype=self.dtype, device=device),
+            )
+        token_states = self._token_states
         # Most tokens first, so that the smaller graphs fit in the memory pool the largest reserved.
         for size, width in sorted(shapes, key=lambda shape: shape[0] * shape[1], reverse=True):
             count = size * width
@@ -694,6 +712,8 @@ class ModelRunner:
             args = (static["input_ids"][:count], static["positions"][:count], self.kv_caches, meta)
 
             def forward(args=args, count=count) -> None:
+                if token_states is not None:
+                    self.model.inputs = token_states[0][:count]
                 if lora is not None:
                     lora.batch = lora_batch(self._static["lora_slots"][:count], lora.num_slots)
                 try:
@@ -703,21 +723,16 @@ class ModelRunner:
                         lora.batch = None
                 rows = self.model.compute_logits(hidden, out=logits[:count])
                 torch.argmax(rows, dim=-1, out=greedy[:count])
+                if token_states is not None:
+                    token_states[1][:count].copy_(self.model.outputs)
                 if hidden_states is not None:
                     self._hidden[len(self.model.layers)] = hidden
                     self._gathered_hidden(out=hidden_states[:count])
 
-            forward()  # warm-up: Triton compiles outside the capture
-            torch.cuda.synchronize(device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._graph_pool):
-                forward()
-            if self._graph_pool is None:
-                self._graph_pool = graph.pool()
+            graph = self._record(forward)
             kept = None if hidden_states is None else hidden_states[:count]
             self._graphs[size, width] = _Graph(graph, logits[:count], greedy[:count], kept)
             meta.seq_lens.fill_(1)
-        torch.cuda.synchronize(device)
         self._graph_sizes = sizes
         self._max_graph_size = largest
         logger.info(
@@ -725,6 +740,19 @@ class ModelRunner:
             sizes,
             self._short_sizes or "none",
         )
+
+    def _record(self, forward: Callable[[], None]) -> torch.cuda.CUDAGraph:
+        """`forward` captured in a CUDA graph in the runner's memory pool, after a warm-up run
+        (Triton compiles outside the capture)."""
+        forward()
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._graph_pool):
+            forward()
+        if self._graph_pool is None:
+            self._graph_pool = graph.pool()
+        torch.cuda.synchronize(self.device)
+        return graph
 
     def _static_meta(self, size: int, width: int) -> AttentionMetadata:
         s = self._static
@@ -769,9 +797,15 @@ class ModelRunner:
                 s["lora_slots"][:tokens].fill_(-1)
             else:
                 s["lora_slots"][:tokens].copy_(step.lora_slots)
+        states = self._token_states
+        if states is not None:  # the model's given states, one per real token
+            given = self.model.inputs
+            states[0][: given.shape[0]].copy_(given)
         graph = self._graphs[size, width]
         graph.graph.replay()
         self._replayed_hidden = graph.hidden
+        if states is not None:  # a view the next replay overwrites
+            self.model.outputs = states[1][: given.shape[0]]
         if width > 1:
             return graph.logits[step.logits_rows], graph.greedy[step.logits_rows]
         rows = step.logits_rows.shape[0]

@@ -143,53 +143,31 @@ def target_data(target, continuations, prompts):
     return features, out.logits.argmax(-1), embeds, model.get_output_embeddings().weight.detach()
 
 
-@pytest.mark.parametrize("method", ["eagle3", "eagle"])
-def test_a_trained_head_drafts_what_the_target_says_and_an_untrained_one_does_not(
-    folders, plain, tmp_path, method
-):
-    """A hundred Adam steps on the target's own hidden states along its greedy continuations of a
-    few prompts (EAGLE's training, without its multi-step part) make the head's drafts for those
-    continuations accepted about half the time; the same head untrained, almost never. A tiny random
-    target's next tokens are too erratic to generalize from a few seconds of training, so the
-    check is on the trained prompts: it holds only where the engine's head computes what the
-    training did (the same hidden states of the same layers, positions, rotations and vocabulary
-    mapping). The outputs, greedy, are the target's either way."""
+def write_head(method, target, folder, trained_on, steps=100):
+    """A head of `method` for the tiny target in the published layout, trained by `steps` Adam
+    steps on the target's own hidden states along its greedy continuations of `trained_on`
+    (prompts as token id lists, and their outputs) as EAGLE trains one, without its multi-step
+    part. An EAGLE-3 head's draft vocabulary: the 96 tokens the target says most there (the
+    published heads keep 32k of 128k)."""
     import torch
 
-    from tests.runtime.tiny_eagle import Eagle1Head, Eagle3Head, write_eagle1_head
+    from tests.runtime.tiny_eagle import Eagle1Head, Eagle3Head
 
-    target = folders[0]
     vocab = json.loads((target / "config.json").read_text())["vocab_size"]
-    prompts = torch.randint(3, 400, (8, 6), generator=torch.Generator().manual_seed(0)).tolist()
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    greedy = outputs(plain, prompts, params)
+    prompts, greedy = trained_on
     features, argmax, embeds, lm_head = target_data(target, greedy, prompts)
     if method == "eagle3":
-        # The draft vocabulary: the 96 tokens the target says most (the published heads keep 32k
-        # of 128k).
         draft_ids = (
             torch.bincount(argmax.flatten(), minlength=vocab).argsort(descending=True)[:96].sort().values
         )
         to_draft = torch.full((vocab,), -100).index_put_((draft_ids,), torch.arange(96))
-
-        def new_head():
-            return Eagle3Head(96, seed=1)
-
-        def write(folder, head):
-            return write_eagle3_head(folder, target, draft_ids.tolist(), head)
+        head = Eagle3Head(96, seed=1)
     else:
         to_draft = torch.arange(vocab)
-
-        def new_head():
-            return Eagle1Head(lm_head, seed=1)
-
-        def write(folder, head):
-            return write_eagle1_head(folder, target, head)
-
+        head = Eagle1Head(lm_head, seed=1)
     labels = to_draft[argmax[:, 1:]]  # position p: the target's token after token p + 1
-    head = new_head()
     optimizer = torch.optim.Adam(head.parameters(), lr=1e-2)
-    for _ in range(100):
+    for _ in range(steps):
         logits = head(embeds[:, 1:], features[method][:, :-1])
         loss = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100
@@ -197,10 +175,39 @@ def test_a_trained_head_drafts_what_the_target_says_and_an_untrained_one_does_no
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+    if method == "eagle3":
+        return write_eagle3_head(folder, target, draft_ids.tolist(), head)
+    return write_eagle1_head(folder, target, head)
+
+
+def training_prompts():
+    """Eight random prompts of six token ids, what the trained heads learn to continue."""
+    import torch
+
+    return torch.randint(3, 400, (8, 6), generator=torch.Generator().manual_seed(0)).tolist()
+
+
+TRAINED_PARAMS = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+
+@pytest.mark.parametrize("method", ["eagle3", "eagle"])
+def test_a_trained_head_drafts_what_the_target_says_and_an_untrained_one_does_not(
+    folders, plain, tmp_path, method
+):
+    """A head trained on the target's own hidden states (`write_head`) has its drafts for the
+    trained continuations accepted about half the time; the same head untrained, almost never. A
+    tiny random target's next tokens are too erratic to generalize from a few seconds of training,
+    so the check is on the trained prompts: it holds only where the engine's head computes what the
+    training did (the same hidden states of the same layers, positions, rotations and vocabulary
+    mapping). The outputs, greedy, are the target's either way."""
+    target = folders[0]
+    prompts = training_prompts()
+    greedy = outputs(plain, prompts, TRAINED_PARAMS)
     rates = []
-    for folder in (write(tmp_path / "trained", head), write(tmp_path / "untrained", new_head())):
+    for steps in (100, 0):
+        folder = write_head(method, target, tmp_path / f"trained{steps}", (prompts, greedy), steps)
         llm = make(target, folder, method, k=2)
-        assert outputs(llm, prompts, params) == greedy
+        assert outputs(llm, prompts, TRAINED_PARAMS) == greedy
         counts = llm.engine.stats().spec_decode
         rates.append(counts.num_accepted_tokens / counts.num_draft_tokens)
     assert rates[0] > 0.35 and rates[1] < 0.05, rates
@@ -297,20 +304,35 @@ def test_eagle_under_tensor_parallelism_is_refused_at_start_up(folders):
 @pytest.mark.parametrize("method", ["eagle3", "eagle"])
 def test_eagle_heads_keep_greedy_tokens_on_the_gpu(folders, method):
     """The head's runner on CUDA (Triton attention and norms over its paged cache), the target's
-    CUDA graphs keeping the hidden states it reads, q staying on the device into the verifier."""
+    CUDA graphs keeping the hidden states it reads, the head's own graphs captured for its draft
+    steps (decode, up to disable_by_batch_size 4) and catch-up steps (1 + K tokens a sequence), q
+    staying on the device into the verifier; --enforce-eager gives the same tokens without them."""
     head = folders[1] if method == "eagle3" else folders[2]
     kwargs = dict(dtype="float32", device="cuda", block_size=16, max_num_seqs=8, kv_cache_memory=2**26)
     greedy = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     plain = LLM(str(folders[0]), **kwargs)
-    speculative = LLM(
-        str(folders[0]),
-        speculative_config={"method": method, "model": str(head), "num_speculative_tokens": 3},
-        **kwargs,
-    )
+    config = {"method": method, "model": str(head), "num_speculative_tokens": 3}
+    speculative = LLM(str(folders[0]), speculative_config=config, **kwargs)
     graphs = speculative.engine.runner._graphs
     assert graphs and all(graph.hidden is not None for graph in graphs.values())
-    assert outputs(speculative, PROMPTS, greedy) == outputs(plain, PROMPTS, greedy)
+    head_runner = speculative.engine.scheduler.proposer.runner
+    assert set(head_runner._graphs) == {(size, width) for size in (1, 2, 4) for width in (1, 4)}
+    replay, replayed = head_runner._replay, []
+
+    def recorded(step):
+        replayed.append(step.meta.max_query_len)
+        return replay(step)
+
+    head_runner._replay = recorded
+    expected = outputs(plain, PROMPTS, greedy)
+    assert outputs(speculative, PROMPTS, greedy) == expected
     assert speculative.engine.stats().spec_decode.num_drafts > 0
+    # A random head's drafts are seldom accepted, so its catch-ups mostly take one token a sequence
+    # (decode graphs); tests/runtime/engine/test_eagle_head_graphs.py's trained heads take more.
+    assert 1 in replayed, "the head's draft steps replayed no graph"
+    eager = LLM(str(folders[0]), speculative_config=config, enforce_eager=True, **kwargs)
+    assert not eager.engine.scheduler.proposer.runner._graphs
+    assert outputs(eager, PROMPTS, greedy) == expected
     sampled = SamplingParams(temperature=0.8, seed=3, max_tokens=16, ignore_eos=True)
     assert outputs(speculative, PROMPTS, sampled) == outputs(speculative, PROMPTS, sampled)
     assert all_free(speculative)

@@ -18,9 +18,9 @@ Two published formats are read, as the EAGLE authors (SafeAILab/EAGLE) and vLLM 
 At position p the head takes token p + 1 and the target's hidden state at p, and predicts token
 p + 2. The target's embedding is used where the checkpoint has no `embed_tokens.weight` (the
 published EAGLE-3 heads leave it out) and for EAGLE-1 (whose saved one is a frozen copy of it).
-The head runs in a ModelRunner of its own (its paged KV cache, one layer);
+The head runs in a ModelRunner of its own (its paged KV cache, one layer, its CUDA graphs);
 engine/eagle_proposer.py sets `inputs` (the hidden state of each token) before each forward and
-reads `outputs` after it.
+reads `outputs` after it (a replayed graph's are copied in and out of static buffers).
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ class EagleHead(nn.Module):
         hidden = arch.hidden_size
         device = torch.device(device)
         self._target_embed: Callable[[torch.Tensor], torch.Tensor] = target.embed
-        self._target_logits: Callable[[torch.Tensor], torch.Tensor] = target.compute_logits
+        self._target_logits: Callable[..., torch.Tensor] = target.compute_logits
         # Not a submodule: the target's weights are not the head's.
         object.__setattr__(self, "_target_embedding", target.embed_tokens)
         fc_in = hidden * len(spec.target_layers) if self.eagle3 else 2 * hidden
@@ -238,13 +238,16 @@ class EagleHead(nn.Module):
         return self.outputs
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Float32 logits over the target's vocabulary; -inf on the tokens outside the draft's."""
+        """Float32 logits over the target's vocabulary; -inf on the tokens outside the draft's. Into
+        `out` when given (a CUDA graph's output buffer)."""
         if not self.eagle3:
-            return self._target_logits(hidden)
+            return self._target_logits(hidden, out)
         draft = self.lm_head.logits(hidden)
-        logits = draft.new_full((draft.shape[0], self.config.architecture.vocab_size), float("-inf"))
-        logits[:, self.draft_to_target] = draft
-        return logits
+        if out is None:
+            out = draft.new_empty(draft.shape[0], self.config.architecture.vocab_size)
+        out.fill_(float("-inf"))
+        out[:, self.draft_to_target] = draft
+        return out
 
     def pack_for_cpu(self, vocab_dtype: torch.dtype) -> None:
         if self.lm_head is not None:
