@@ -15,12 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pagoda_runtime.contract.sizing import (
-    FLOAT_DTYPE_BYTES,
-    ModelArchitecture,
-    kv_bytes_for_context,
-    kv_bytes_per_token,
-)
+from pagoda_runtime.contract.sizing import FLOAT_DTYPE_BYTES, ModelArchitecture, kv_layer_bytes_per_token
 
 # The config.json architecture each method loads.
 HEAD_ARCHITECTURES = {"eagle3": "LlamaForCausalLMEagle3", "eagle": "LlamaForCausalLM"}
@@ -35,9 +30,10 @@ _NORMS = {"eagle3": 4, "eagle": 1}
 
 @dataclass(frozen=True)
 class EagleHeadShape:
-    """An EAGLE head as sizing counts it. architecture: its one decoder layer, the target's
-    vocabulary; draft_vocab_size: the rows of EAGLE-3's LM head; fc_bias: fc saved with a bias;
-    own_embedding: an EAGLE-3 head saved with embed_tokens, which it uses in place of the target's."""
+    """An EAGLE head as sizing counts it. architecture: its decoder layer's shape (one layer,
+    whatever num_hidden_layers says) and the target's vocabulary; draft_vocab_size: the rows of
+    EAGLE-3's LM head; fc_bias: fc saved with a bias; own_embedding: an EAGLE-3 head saved with
+    embed_tokens, which it uses in place of the target's."""
 
     method: str
     architecture: ModelArchitecture
@@ -100,8 +96,8 @@ class EagleHeadShape:
 
     def kv_bytes_per_token(self) -> int:
         """Keys and values of one token in the head's one layer, in the model's dtype."""
-        return kv_bytes_per_token(self.architecture, "auto")
+        return kv_layer_bytes_per_token(self.architecture, "auto")
 
     def kv_bytes_for_context(self, tokens: int) -> int:
         """The head's keys and values of one sequence of `tokens` (the target's cache holds as many)."""
-        return kv_bytes_for_context(self.architecture, tokens, "auto")
+        return tokens * self.kv_bytes_per_token()
