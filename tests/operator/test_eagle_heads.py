@@ -241,3 +241,24 @@ def test_a_checkpoint_of_the_other_head_format_is_not_sized_as_the_method():
         model=TARGET, variants=[_variant(_head(HEAD_HF, "eagle3"), "eagle")], resources={"gpuMemory": "80Gi"}
     )
     assert plan_variant(s, s.variants[0], draft_checkpoint=_read(eagle1)).fit is None
+
+
+def test_a_head_the_spec_gives_an_architecture_is_sized_before_it_is_read():
+    # A pvc:// head with its shape in the spec: its own LM head counted over the whole vocabulary
+    # (the spec does not say the draft vocabulary), its KV one layer's whatever numLayers says.
+    layer = {
+        "numLayers": 3,
+        "hiddenSize": 4096,
+        "intermediateSize": 14336,
+        "numAttentionHeads": 32,
+        "numKeyValueHeads": 8,
+        "headDim": 128,
+        "vocabSize": 128256,
+        "maxPositionEmbeddings": 2048,
+    }
+    head = {"source": "pvc://heads/eagle3-llama-3.1-8b", "architecture": layer}
+    s = spec(model=TARGET, variants=[_variant(_head(head), "eagle")], resources={"gpuMemory": "80Gi"})
+    fit = plan_variant(s, s.variants[0]).fit
+    read = EagleHeadShape.from_config("eagle3", {**LLAMA31_EAGLE3, "draft_vocab_size": 128256})
+    assert fit.fits and fit.draft_weight_bytes == read.weight_bytes()
+    assert fit.draft_kv_bytes == read.kv_bytes_for_context(8192)
