@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from pagoda_runtime.contract.cache_layout import MANIFEST, MODEL_DIR
 from pagoda_runtime.contract.download_progress import parse_progress
+from pagoda_runtime.contract.eagle_sizing import EagleHeadShape
 from pagoda_runtime.contract.sizing import ModelArchitecture
 from pagoda_runtime.contract.sources import cache_key, parse_pvc
 
@@ -85,9 +86,9 @@ def job_ref(spec: InferenceServiceSpec) -> CacheRef | None:
 
 
 def draft_spec(spec: InferenceServiceSpec, variant: VariantSpec) -> InferenceServiceSpec | None:
-    """The variant's draft model as the model of the service otherwise unchanged (its runtime image,
-    tolerations and security), so that a draft is downloaded, sized and mounted as any model is;
-    None where the variant has no draft model."""
+    """The variant's draft model (or EAGLE head) as the model of the service otherwise unchanged
+    (its runtime image, tolerations and security), so that a draft is downloaded, sized and mounted
+    as any model is; None where the variant has no draft model."""
     draft = variant.speculative.draft if variant.speculative else None
     return None if draft is None else spec.model_copy(update={"model": draft})
 
@@ -420,7 +421,12 @@ def _reported_checkpoint(pods: list[dict], container: str) -> Checkpoint | None:
             facts = json.loads(terminated_message(pod, container))
         except ValueError:
             continue
-    arch = facts.get("architecture") if isinstance(facts, dict) else None
+    if not isinstance(facts, dict):
+        return None
+    if head := facts.get("eagleHead"):
+        shape = EagleHeadShape.from_facts(head)
+        return Checkpoint(shape.architecture, eagle_head=shape)
+    arch = facts.get("architecture")
     return Checkpoint(ModelArchitecture.from_facts(arch), facts.get("storedQuantization")) if arch else None
 
 

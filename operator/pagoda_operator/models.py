@@ -43,9 +43,10 @@ DNS_LABEL_OR_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 Quantization = Literal[QUANTIZATION_CHOICES]
 KvCacheDtype = Literal[KV_CACHE_DTYPES]
 Dtype = Literal[DTYPES]
-# The proposers a variant can ask for, under vLLM's method names. EAGLE heads are the runtime's
-# only: the operator neither fetches a head folder through the model cache nor sizes one yet.
-SpeculativeMethod = Literal[tuple(m for m in METHODS if m not in HEAD_METHODS)]
+# The proposers a variant can ask for, under vLLM's method names.
+SpeculativeMethod = Literal[METHODS]
+# "Is this method an EAGLE head's?", in CEL.
+_IS_HEAD_METHOD = "self.method in [" + ", ".join(f"'{m}'" for m in HEAD_METHODS) + "]"
 LogFormat = Literal[LOG_FORMATS]
 
 # Adapter slots per GPU unless runtime.maxLoras says: a few tenants' adapters in one step, where the
@@ -480,9 +481,27 @@ class SpeculativeSpec(Spec):
             "speculative.method draft_model needs speculative.model: the draft model's source",
         ),
         Rule(
-            "self.method == 'draft_model' || !has(self.model)",
-            lambda s: s.method == "draft_model" or s.model is None,
-            "speculative.model applies only to method draft_model; the ngram method needs no model",
+            f"!({_IS_HEAD_METHOD}) || has(self.model)",
+            lambda s: s.method not in HEAD_METHODS or s.model is not None,
+            "speculative.method eagle and eagle3 need speculative.model: the EAGLE head's source",
+        ),
+        Rule(
+            "self.method != 'ngram' || !has(self.model)",
+            lambda s: s.method != "ngram" or s.model is None,
+            "speculative.model applies only to methods draft_model, eagle and eagle3; the ngram method "
+            "needs no model",
+        ),
+        Rule(
+            f"!({_IS_HEAD_METHOD}) || !has(self.model) || !has(self.model.family)",
+            lambda s: s.method not in HEAD_METHODS or s.model is None or s.model.family is None,
+            "speculative.model.family names a whole model, not an EAGLE head: leave it out (the head is "
+            "sized from its config.json once read) or give speculative.model.architecture",
+        ),
+        Rule(
+            f"!({_IS_HEAD_METHOD}) || !has(self.model) || !{IS_GGUF_SOURCE.cel('self.model.source')}",
+            lambda s: s.method not in HEAD_METHODS or s.model is None or not s.model.is_gguf,
+            "an EAGLE head's speculative.model.source is a folder (hf://, s3://, pvc:// or file://), not "
+            "a GGUF file or the bundled model",
         ),
         Rule(
             "self.method == 'ngram' || (!has(self.promptLookupMax) && !has(self.promptLookupMin))",
@@ -511,8 +530,10 @@ class SpeculativeSpec(Spec):
 
     method: SpeculativeMethod = Field(
         description="The proposer that drafts tokens for the target model to verify: ngram (prompt "
-        "lookup: tokens that followed the same n-gram earlier in the sequence, no extra model) or "
-        "draft_model (a small model with the target's tokenizer, its own KV cache beside the target's).",
+        "lookup: tokens that followed the same n-gram earlier in the sequence, no extra model), "
+        "draft_model (a small model with the target's tokenizer, its own KV cache beside the target's), "
+        "eagle3 or eagle (an EAGLE-3 or EAGLE-1 head: one decoder layer drafting from the model's own "
+        "hidden states, held whole by the first GPU).",
     )
     num_speculative_tokens: int = Field(
         ge=1,
@@ -532,12 +553,19 @@ class SpeculativeSpec(Spec):
         default=None,
         description="draft_model: the draft's source, as model's (downloaded into a cache claim of its "
         "own, mounted read-only, or bundled), and its family or architecture, which size its weights "
-        "and KV cache in the fit check.",
+        "and KV cache in the fit check. eagle3, eagle: the head's folder (hf://, s3://, pvc:// or "
+        "file://), sized from its config.json once downloaded or read (or from architecture, with one "
+        "layer).",
     )
 
     @property
+    def eagle_head(self) -> bool:
+        return self.method in HEAD_METHODS
+
+    @property
     def draft(self) -> ModelSpec | None:
-        """The draft as a model of its own, for the cache and sizing code every model goes through."""
+        """The draft model (or EAGLE head) as a model of its own, for the cache code every model goes
+        through."""
         return None if self.model is None else ModelSpec(**dict(self.model))
 
 

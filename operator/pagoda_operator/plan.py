@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from kubernetes.utils import parse_quantity
+from pagoda_runtime.contract.eagle_sizing import EagleHeadShape
 from pagoda_runtime.contract.quantization_selection import select_quantization
 from pagoda_runtime.contract.sizing import (
     DraftModel,
@@ -32,6 +33,7 @@ class Checkpoint:
 
     architecture: ModelArchitecture
     stored_quantization: str | None = None  # awq, gptq, gguf; None for float weights
+    eagle_head: EagleHeadShape | None = None  # the folder holds an EAGLE head (its architecture's)
 
 
 @dataclass(frozen=True)
@@ -96,9 +98,14 @@ def _architecture(spec: InferenceServiceSpec, checkpoint: Checkpoint | None) -> 
 
 
 def draft_source(variant: VariantSpec) -> str | None:
-    """The source of the variant's draft model, if it speculates with one."""
+    """The source of the variant's draft model (or EAGLE head), if it speculates with one."""
     speculative = variant.speculative
     return speculative.model.source if speculative and speculative.model else None
+
+
+def draft_noun(variant: VariantSpec) -> str:
+    """What the variant's speculative.model is, in the status's words."""
+    return "EAGLE head" if variant.speculative and variant.speculative.eagle_head else "draft model"
 
 
 def _draft(
@@ -108,7 +115,7 @@ def _draft(
     the spec nor its checkpoint tells its shape. The runtime loads a draft with --quantization auto:
     a GGUF draft stays in its blocks, a float one in floats."""
     draft = variant.speculative.draft if variant.speculative else None
-    if draft is None:
+    if draft is None or variant.speculative.eagle_head:
         return None
     arch = draft.sizing_architecture() or (checkpoint.architecture if checkpoint else None)
     if arch is None:
@@ -117,6 +124,21 @@ def _draft(
     device_type = "cuda" if spec.resources.gpus else "cpu"
     quantization = select_quantization("auto", stored, device_type, draft.source, spec.runtime.dtype)
     return DraftModel(arch, quantization, gguf_block_type(draft.source) if quantization == "gguf" else None)
+
+
+def _head(variant: VariantSpec, checkpoint: Checkpoint | None) -> EagleHeadShape | None:
+    """The variant's EAGLE head as the fit check counts it, None where it has none or where neither
+    its checkpoint nor the spec's architecture (a one-layer model: the whole draft vocabulary
+    assumed) tells its shape. A checkpoint that is no head of the method sizes nothing: the runtime
+    refuses it by name."""
+    speculative = variant.speculative
+    if speculative is None or not speculative.eagle_head:
+        return None
+    if checkpoint is not None and checkpoint.eagle_head is not None:
+        head = checkpoint.eagle_head
+        return head if head.method == speculative.method else None
+    arch = speculative.model.sizing_architecture()
+    return EagleHeadShape(speculative.method, arch, arch.vocab_size) if arch is not None else None
 
 
 def _fit(
@@ -128,7 +150,9 @@ def _fit(
 ) -> FitResult | None:
     capacity = capacity_bytes(spec)
     draft = _draft(spec, variant, draft_checkpoint)
-    if arch is None or capacity is None or (draft is None and draft_source(variant) is not None):
+    head = _head(variant, draft_checkpoint)
+    sized_draft = draft is not None or head is not None or draft_source(variant) is None
+    if arch is None or capacity is None or not sized_draft:
         return None
     max_model_len = spec.model.max_model_len or arch.max_position_embeddings
     lora = 0
@@ -144,6 +168,7 @@ def _fit(
         gguf_block=gguf_block_type(spec.model.source),
         tensor_parallel_size=spec.tensor_parallel_size,
         draft=draft,
+        head=head,
         lora_bytes=lora,
     )
 
@@ -176,7 +201,7 @@ def plan_service(
 ) -> ServicePlan:
     """checkpoint: read from the files once an hf:// or s3:// model is downloaded, or a pvc:// one
     read; held: while that read, or a draft model's, is under way (ServicePlan.held);
-    draft_checkpoints: the same of the variants' draft models, by variant name."""
+    draft_checkpoints: the same of the variants' draft models (or EAGLE heads), by variant name."""
     return ServicePlan(
         spec,
         tuple(plan_variant(spec, v, checkpoint, draft_checkpoints.get(v.name)) for v in spec.variants),

@@ -29,7 +29,7 @@ from pagoda_operator.names import (
     variant_object_name,
     workload_name,
 )
-from pagoda_operator.plan import ServicePlan, VariantPlan, draft_source
+from pagoda_operator.plan import ServicePlan, VariantPlan, draft_noun, draft_source
 
 # Container waiting reasons that mean the pod will not get better on its own.
 _STUCK_REASONS = (
@@ -68,24 +68,24 @@ def model_fits_condition(plan: ServicePlan) -> Condition:
             unknown.append(variant.name)
         elif not variant.fit.fits:
             draft = draft_source(variant.variant)
-            with_draft = f" with draft model {draft}" if draft else ""
+            with_draft = f" with {draft_noun(variant.variant)} {draft}" if draft else ""
             misfits.append(
                 f"variant {variant.name} ({variant.quantization}){with_draft} {variant.fit.describe()}"
             )
     if misfits:
-        drafts = any(draft_source(v.variant) for v in plan.variants)
+        drafts = sorted({draft_noun(v.variant) for v in plan.variants if draft_source(v.variant)})
         return _condition(
             "ModelFits",
             False,
             "InsufficientMemory",
             "; ".join(misfits)
             + ": pick a smaller quantization or kvCacheDtype fp8, a shorter maxModelLen"
-            + (", a smaller draft model" if drafts else "")
+            + "".join(f", a smaller {noun}" for noun in drafts)
             + " or a larger GPU",
         )
     if unknown:
         drafts = (
-            " (and speculative.model's, for a draft model)"
+            " (and speculative.model's, for a draft model; an EAGLE head is sized once read)"
             if any(draft_source(v.variant) for v in plan.variants)
             else ""
         )

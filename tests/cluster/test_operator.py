@@ -499,6 +499,10 @@ INVALID = {
         lambda s: s["variants"][0].update(speculative={"method": "draft_model", "numSpeculativeTokens": 4}),
         "speculative.method draft_model needs speculative.model",
     ),
+    "eagle-head-without-its-source": (
+        lambda s: s["variants"][0].update(speculative={"method": "eagle3", "numSpeculativeTokens": 3}),
+        "speculative.method eagle and eagle3 need speculative.model",
+    ),
     "too-many-speculative-tokens": (
         lambda s: s["variants"][0].update(speculative={"method": "ngram", "numSpeculativeTokens": 17}),
         "spec.variants[0].speculative.numSpeculativeTokens: Invalid value: 17",

@@ -44,6 +44,10 @@ def _draft(model: dict, k: int = 4) -> dict:
     return {"method": "draft_model", "numSpeculativeTokens": k, "model": model}
 
 
+def _head(model: dict, method: str = "eagle3", k: int = 3) -> dict:
+    return {"method": method, "numSpeculativeTokens": k, "model": model}
+
+
 def _deployment(s, variant: str = "bf16") -> dict:
     objects = render(plan_service(s), namespace=NS, name=NAME, uid=UID, options=RenderOptions())
     for obj in objects:
@@ -68,7 +72,11 @@ def _speculative_config(pod: dict) -> dict | None:
 @pytest.mark.parametrize(
     "speculative, message",
     [
-        ({"method": "eagle", "numSpeculativeTokens": 4}, "speculative.method: Input should be 'ngram' or"),
+        (
+            {"method": "medusa", "numSpeculativeTokens": 4},
+            "speculative.method: Input should be 'ngram', 'draft_model', 'eagle' or 'eagle3'",
+        ),
+        ({"method": "eagle3", "numSpeculativeTokens": 4}, "eagle and eagle3 need speculative.model"),
         ({"method": "ngram", "numSpeculativeTokens": 0}, "numSpeculativeTokens: Input should be greater"),
         (
             {"method": "ngram", "numSpeculativeTokens": 17},
@@ -78,7 +86,7 @@ def _speculative_config(pod: dict) -> dict | None:
         ({"method": "draft_model", "numSpeculativeTokens": 4}, "draft_model needs speculative.model"),
         (
             {"method": "ngram", "numSpeculativeTokens": 4, "model": {"source": "bundled://smollm2-135m"}},
-            "speculative.model applies only to method draft_model",
+            "speculative.model applies only to methods draft_model, eagle and eagle3",
         ),
         (
             {**_draft({"source": "bundled://smollm2-135m"}), "promptLookupMax": 3},
@@ -99,11 +107,11 @@ def _speculative_config(pod: dict) -> dict | None:
             "speculative.model.cache.accessMode must be ReadWriteMany",
         ),
         (_draft({**DRAFT_HF, "servedName": "draft"}), "servedName: Extra inputs are not permitted"),
-        # The runtime takes EAGLE heads; the operator neither fetches nor sizes one yet.
         (
-            {"method": "eagle3", "numSpeculativeTokens": 3, "model": {"source": "bundled://smollm2-135m"}},
-            "method: Input should be 'ngram' or 'draft_model'",
+            _head({"source": "pvc://heads/e3", "family": "llama-3.2-1b"}),
+            "speculative.model.family names a whole model, not an EAGLE head",
         ),
+        (_head({"source": "bundled://smollm2-135m"}), "an EAGLE head's speculative.model.source is a folder"),
     ],
 )
 def test_a_bad_speculative_field_is_refused_naming_the_field(speculative, message):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pagoda_runtime.contract.bundled import BUNDLED_FILE, BUNDLED_MODEL_NAME
 
@@ -677,8 +677,9 @@ class FitResult:
     capacity_bytes: int  # of one GPU
     all_reduce_bytes: int = 0
     tensor_parallel_size: int = 1
-    draft_weight_bytes: int = 0  # a speculative-decoding draft model's, per GPU
+    draft_weight_bytes: int = 0  # a speculative-decoding draft model's (or EAGLE head's), per GPU
     draft_kv_bytes: int = 0  # the draft's KV of one sequence of max_model_len tokens, per GPU
+    eagle_head: bool = False  # the draft is an EAGLE head, whole on rank 0's GPU
     lora_bytes: int = 0  # the LoRA adapter slots (lora_slot_bytes)
 
     @property
@@ -704,8 +705,9 @@ class FitResult:
             collectives += f", LoRA adapter slots {self.lora_bytes / GIB:.2f} GiB"
         draft = ""
         if self.draft_weight_bytes:
+            what = "EAGLE head" if self.eagle_head else "draft"
             draft = (
-                f", draft weights {self.draft_weight_bytes / GIB:.2f} GiB and KV "
+                f", {what} weights {self.draft_weight_bytes / GIB:.2f} GiB and KV "
                 f"{self.draft_kv_bytes / GIB:.2f} GiB"
             )
         return (
@@ -727,6 +729,15 @@ class DraftModel:
     gguf_block: str | None = None
 
 
+class WholeDraft(Protocol):
+    """A draft held whole by the tensor-parallel driver (rank 0) alone: an EAGLE head
+    (contract/eagle_sizing.py's EagleHeadShape)."""
+
+    def weight_bytes(self) -> int: ...
+
+    def kv_bytes_for_context(self, tokens: int) -> int: ...
+
+
 def fits(
     arch: ModelArchitecture,
     quantization: str,
@@ -738,10 +749,13 @@ def fits(
     overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
     tensor_parallel_size: int = 1,
     draft: DraftModel | None = None,
+    head: WholeDraft | None = None,
     lora_bytes: int = 0,
 ) -> FitResult:
     """Whether the weights plus the KV cache of one max_model_len sequence fit the device memory,
-    with a draft model's weights and KV of that sequence beside them when it speculates with one.
+    with a draft model's (or an EAGLE head's) weights and KV of that sequence beside them when it
+    speculates with one. An EAGLE head is held whole by the tensor-parallel driver (rank 0), so the
+    figures are that GPU's, the one holding the most.
 
     With tensor_parallel_size > 1 every figure is one GPU's (capacity_bytes too): its slice of the
     weights and of the KV heads (the draft's too), plus the all-reduce buffers. Raises ValueError
@@ -756,6 +770,9 @@ def fits(
         draft_slice = check_tensor_parallel(draft.architecture, tensor_parallel_size, draft.quantization)
         draft_weights = weight_bytes(draft_slice, draft.quantization, gguf_block=draft.gguf_block)
         draft_kv = kv_bytes_for_context(draft_slice, max_model_len, kv_dtype)
+    if head is not None:
+        draft_weights = head.weight_bytes()
+        draft_kv = head.kv_bytes_for_context(max_model_len)
     result = FitResult(
         fits=False,
         weight_bytes=weights,
@@ -766,6 +783,7 @@ def fits(
         tensor_parallel_size=tensor_parallel_size,
         draft_weight_bytes=draft_weights,
         draft_kv_bytes=draft_kv,
+        eagle_head=head is not None,
         lora_bytes=lora_bytes,
     )
     return replace(result, fits=result.required_bytes <= capacity_bytes)

@@ -109,9 +109,9 @@ def build_engine(
             draft.loaded, draft.sliced, draft.quantization, engine_config, placement
         )
     if head is not None:
-        head_arch = head.spec.config.architecture
-        kv_share = target_bytes / (target_bytes + kv_bytes_per_block(head_arch, engine_config.block_size))
-        reserve = head.nbytes
+        head_block = head.shape.kv_bytes_per_token() * engine_config.block_size
+        kv_share = target_bytes / (target_bytes + head_block)
+        reserve = head.shape.weight_bytes(placement.dtype_name)
     weights = LOAD_PROGRESS.track(loaded.weights, len(weight_shapes(loaded.config)), arch.num_hidden_layers)
     runner = ModelRunner(
         loaded.config,
@@ -341,7 +341,7 @@ def _eagle_proposer(
         dtype=placement.dtype_name,
         kv_cache_dtype=runner.kv_cache_dtype_name,
         weight_bytes=runner.weight_bytes,
-        predicted_weight_bytes=head.nbytes,
+        predicted_weight_bytes=head.shape.weight_bytes(placement.dtype_name),
         kv_bytes_per_block=runner.kv_bytes_per_block,
         block_size=engine_config.block_size,
         num_kv_blocks=runner.num_blocks,

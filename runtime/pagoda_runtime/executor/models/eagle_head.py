@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from pagoda_runtime.contract.config import ModelConfig
+from pagoda_runtime.contract.eagle_sizing import HEAD_ARCHITECTURES, EagleHeadShape
 from pagoda_runtime.contract.speculative import SpeculativeConfigError
 from pagoda_runtime.executor.kernels import AttentionOps, build_cos_sin_cache
 from pagoda_runtime.executor.models import llama
@@ -43,8 +44,6 @@ from pagoda_runtime.executor.quantization import make_linear
 from pagoda_runtime.executor.vocab_parallel import VocabParallel
 from pagoda_runtime.parallel.tensor_parallel import SINGLE_PROCESS, TensorParallel
 
-# The config.json architecture each method loads.
-HEAD_ARCHITECTURES = {"eagle3": "LlamaForCausalLMEagle3", "eagle": "LlamaForCausalLM"}
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
@@ -65,8 +64,13 @@ class HeadCheckpoint:
     weights: dict[str, torch.Tensor]  # as stored, under the published names
 
     @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.weights.values())
+    def shape(self) -> EagleHeadShape:
+        """The head as sizing counts it (contract/eagle_sizing.py), the operator's fit check too."""
+        spec, arch = self.spec, self.spec.config.architecture
+        own_embedding = spec.method == "eagle3" and any(
+            name.removeprefix("model.") == "embed_tokens.weight" for name in self.weights
+        )
+        return EagleHeadShape(spec.method, arch, spec.draft_vocab_size, spec.fc_bias, own_embedding)
 
 
 def read_head(folder: str, method: str, target: ModelConfig) -> HeadCheckpoint:

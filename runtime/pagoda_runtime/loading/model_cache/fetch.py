@@ -103,6 +103,6 @@ def fetch(
 
 def termination_summary(manifest: dict) -> str:
     """The line the Job leaves in its termination message, which the operator reads (< 4 KiB): a
-    model's architecture, or an adapter's rank, alpha, targets and base model."""
-    keep = ("revision", "bytes", "modelPath", "architecture", "storedQuantization", "adapter")
+    model's architecture (an EAGLE head's shape), or an adapter's rank, alpha, targets and base model."""
+    keep = ("revision", "bytes", "modelPath", "architecture", "storedQuantization", "eagleHead", "adapter")
     return json.dumps({k: manifest[k] for k in keep if k in manifest}, separators=(",", ":"))
