@@ -311,7 +311,7 @@ def ready_condition(
                 "Ready",
                 False,
                 f"ModelCache{draft.phase}",
-                f"variant {variant}'s draft model cache {draft.summary()}: {draft.message}",
+                f"variant {variant}'s speculative.model cache {draft.summary()}: {draft.message}",
             )
     if not_ready := workloads.not_ready:
         reason = problems.all[0][0] if problems.all else "Starting"

@@ -262,3 +262,15 @@ def test_a_head_the_spec_gives_an_architecture_is_sized_before_it_is_read():
     read = EagleHeadShape.from_config("eagle3", {**LLAMA31_EAGLE3, "draft_vocab_size": 128256})
     assert fit.fits and fit.draft_weight_bytes == read.weight_bytes()
     assert fit.draft_kv_bytes == read.kv_bytes_for_context(8192)
+
+
+def test_a_head_folder_whose_config_lacks_its_shape_fails_its_download_saying_which_field(tmp_path, tiny):
+    _, heads = tiny
+    folder = tmp_path / "head"
+    folder.mkdir()
+    config = json.loads((heads["eagle3"] / "config.json").read_text())
+    del config["intermediate_size"]
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors").write_bytes((heads["eagle3"] / "model.safetensors").read_bytes())
+    with pytest.raises(ValueError, match="config.json lacks intermediate_size"):
+        checkpoint_facts(folder)

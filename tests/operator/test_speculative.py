@@ -318,7 +318,7 @@ def test_a_draft_the_spec_does_not_size_is_sized_from_what_its_job_read():
         and "speculative.model" in conditions["ModelFits"]["message"]
     )
     assert conditions["Ready"]["reason"] == "ModelCacheSizing"
-    assert "variant bf16's draft model cache" in conditions["Ready"]["message"]
+    assert "variant bf16's speculative.model cache" in conditions["Ready"]["message"]
 
     read = CacheStatus("drafts", "Ready", "sized", checkpoint=Checkpoint(KNOWN_ARCHITECTURES["llama-3.2-1b"]))
     plan = plan_with_cache(s, None, {"bf16": read})

@@ -26,6 +26,7 @@ _FC_INPUTS = {"eagle3": 3, "eagle": 2}
 # RMSNorms of hidden_size: input, hidden and post-attention norms and the final one (EAGLE-3);
 # the post-attention norm alone (EAGLE-1's layer takes fc's output unnormed, the target's norm ends).
 _NORMS = {"eagle3": 4, "eagle": 1}
+_REQUIRED_CONFIG = ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,12 @@ class EagleHeadShape:
         cls, method: str, config: Mapping[str, Any], tensor_names: Iterable[str] = ()
     ) -> EagleHeadShape:
         """The head of a config.json (and the names of the tensors saved beside it)."""
+        missing = [key for key in _REQUIRED_CONFIG if key not in config]
+        if missing:
+            raise ValueError(
+                f"the EAGLE head's config.json lacks {', '.join(missing)}: use the head's published "
+                "config.json, which names its layer's shape"
+            )
         hidden, heads = config["hidden_size"], config["num_attention_heads"]
         arch = ModelArchitecture(
             num_hidden_layers=1,
