@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from pagoda_operator import adapter_cache, adapter_loading
+from pagoda_operator import adapter_cache, adapter_loading, runtime_api_key
 from pagoda_operator.adapter_cache import AdapterDownload
 from pagoda_operator.adapter_loading import PodAdapters, PodMemory
 from pagoda_operator.inference_service import namespace_services, parse
@@ -29,6 +29,7 @@ class AdapterObservation:
 
     downloads: dict[str, AdapterDownload] = field(default_factory=dict)
     pods: dict[str, list[PodAdapters]] = field(default_factory=dict)  # by variant: its ready pods
+    blocked: str | None = None  # why the pods could not be called at all
 
 
 _seen: dict[tuple[str, str], AdapterObservation] = {}
@@ -88,6 +89,11 @@ def sync_adapters(k: Kube, spec: InferenceServiceSpec, namespace: str, name: str
         paths = {a.name: adapter_cache.replica_path(a) for a in spec.adapters}
         wanted = adapter_loading.wanted_adapters(spec, downloads, paths)
         by_variant: dict[str, list[PodAdapters]] = {v.name: [] for v in spec.variants}
+        try:
+            api_key = runtime_api_key.read_api_key(k, spec, namespace)
+        except runtime_api_key.KeyUnavailable as exc:
+            _seen[(namespace, name)] = AdapterObservation(downloads, by_variant, blocked=str(exc))
+            return
         every_pod = k.list("Pod", namespace, child_selector(name))
         memories = {
             uid: memory
@@ -107,7 +113,9 @@ def sync_adapters(k: Kube, spec: InferenceServiceSpec, namespace: str, name: str
         def sync(pod: dict) -> PodAdapters:
             memory = memories[pod["metadata"]["uid"]]
             base_url = f"http://{pod['status']['podIP']}:{PORT}"
-            return adapter_loading.sync_pod(pod["metadata"]["name"], base_url, wanted, memory, paths.keys())
+            return adapter_loading.sync_pod(
+                pod["metadata"]["name"], base_url, wanted, memory, paths.keys(), api_key
+            )
 
         # At once: a pod that does not answer costs its timeout, not every other pod's wait too.
         with ThreadPoolExecutor(max_workers=PODS_AT_ONCE) as pool:
@@ -143,7 +151,7 @@ def variant_adapters(spec: InferenceServiceSpec, namespace: str, name: str) -> d
     if seen is None or not spec.adapters:
         return {}
     return {
-        variant: adapter_loading.adapter_statuses(spec, seen.downloads, pods)
+        variant: adapter_loading.adapter_statuses(spec, seen.downloads, pods, seen.blocked)
         for variant, pods in seen.pods.items()
     }
 

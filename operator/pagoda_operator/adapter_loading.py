@@ -9,7 +9,9 @@ declaring or removing one restarts nothing: each ready pod is brought to the dec
 as soon as it is ready. spec.adapters is the whole set: an adapter a pod serves that the spec does not
 declare is unloaded. The runtime refuses an adapter that does not fit the model (400, its reason),
 which the status shows as Failed without asking again; a pod that does not answer is asked again on
-the next sync.
+the next sync. A service with runtime.apiKeySecretRef demands its key on /v1 (as vLLM's --api-key):
+every call carries it as `Authorization: Bearer <key>`, and a 401 (the pods started with another key)
+is a pod to ask again, not a refusal of the adapter.
 
 `sync_pod` makes the calls (stdlib HTTP: the operator has no other use for a client); the rest is pure.
 """
@@ -38,9 +40,12 @@ class Refused(Exception):
     """The runtime answered 4xx: the adapter cannot run there, for the reason given."""
 
 
-def _call(url: str, body: dict | None, timeout: float) -> bytes:
+def _call(url: str, body: dict | None, timeout: float, api_key: str | None) -> bytes:
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    request = urllib.request.Request(url, data=data, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.read()
@@ -50,6 +55,8 @@ def _call(url: str, body: dict | None, timeout: float) -> bytes:
             message = json.loads(text)["error"]["message"]
         except (ValueError, KeyError, TypeError):
             message = text.strip() or exc.reason
+        if exc.code == 401:
+            raise PodUnreachable(_unauthorized(url, api_key)) from exc
         if 400 <= exc.code < 500:
             raise Refused(f"{exc.code}: {message}") from exc
         raise PodUnreachable(f"{url} answered {exc.code}: {message}") from exc
@@ -57,11 +64,20 @@ def _call(url: str, body: dict | None, timeout: float) -> bytes:
         raise PodUnreachable(f"{url} did not answer: {exc}") from exc
 
 
-def served_adapters(base_url: str) -> dict[str, str]:
+def _unauthorized(url: str, api_key: str | None) -> str:
+    if api_key:
+        return (
+            f"{url} answered 401 to the key in runtime.apiKeySecretRef's Secret: the pods read the key "
+            "when they start, so restart them after changing the Secret"
+        )
+    return f"{url} answered 401: the pods demand an API key, so name its Secret in runtime.apiKeySecretRef"
+
+
+def served_adapters(base_url: str, api_key: str | None = None) -> dict[str, str]:
     """The adapters the pod serves, name -> the path each was loaded from: the cards of GET
     /v1/models that name a parent, with their root."""
     try:
-        cards = json.loads(_call(f"{base_url}/v1/models", None, READ_TIMEOUT_S))["data"]
+        cards = json.loads(_call(f"{base_url}/v1/models", None, READ_TIMEOUT_S, api_key))["data"]
         return {card["id"]: card["root"] for card in cards if card.get("parent")}
     except (ValueError, KeyError, TypeError) as exc:
         raise PodUnreachable(f"{base_url}/v1/models is not a model list: {exc}") from exc
@@ -69,13 +85,14 @@ def served_adapters(base_url: str) -> dict[str, str]:
         raise PodUnreachable(f"{base_url}/v1/models answered {exc}") from exc
 
 
-def load_adapter(base_url: str, name: str, path: str) -> None:
-    _call(f"{base_url}/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, LOAD_TIMEOUT_S)
+def load_adapter(base_url: str, name: str, path: str, api_key: str | None) -> None:
+    body = {"lora_name": name, "lora_path": path}
+    _call(f"{base_url}/v1/load_lora_adapter", body, LOAD_TIMEOUT_S, api_key)
 
 
-def unload_adapter(base_url: str, name: str) -> None:
+def unload_adapter(base_url: str, name: str, api_key: str | None) -> None:
     try:
-        _call(f"{base_url}/v1/unload_lora_adapter", {"lora_name": name}, READ_TIMEOUT_S)
+        _call(f"{base_url}/v1/unload_lora_adapter", {"lora_name": name}, READ_TIMEOUT_S, api_key)
     except Refused as exc:
         if not str(exc).startswith("404"):  # gone already: what was asked
             raise
@@ -100,19 +117,24 @@ class PodAdapters:
 
 
 def sync_pod(
-    pod: str, base_url: str, wanted: Mapping[str, str], memory: PodMemory, keep: Collection[str] = ()
+    pod: str,
+    base_url: str,
+    wanted: Mapping[str, str],
+    memory: PodMemory,
+    keep: Collection[str] = (),
+    api_key: str | None = None,
 ) -> PodAdapters:
     """Brings the pod at `base_url` to serve exactly `wanted` (adapter name -> lora_path). `keep`:
     adapters declared but not ready to load (a new revision still copying): what the pod serves
-    under those names stays until the new copy replaces it."""
+    under those names stays until the new copy replaces it. `api_key`: the key the pod demands."""
     try:
-        served = served_adapters(base_url)
+        served = served_adapters(base_url, api_key)
         for name, loaded_from in sorted(served.items()):
             if name in keep and name not in wanted:
                 continue
             # Not declared, or loaded from another revision's copy (or by hand, from elsewhere).
             if wanted.get(name) != loaded_from:
-                unload_adapter(base_url, name)
+                unload_adapter(base_url, name, api_key)
                 del served[name]
         refused = {}
         for name, path in sorted(wanted.items()):
@@ -122,7 +144,7 @@ def sync_pod(
                 refused[name] = memory.refused[(name, path)]
                 continue
             try:
-                load_adapter(base_url, name, path)
+                load_adapter(base_url, name, path, api_key)
             except Refused as exc:
                 refused[name] = memory.refused[(name, path)] = str(exc)
                 continue
@@ -147,9 +169,13 @@ def wanted_adapters(
 
 
 def adapter_statuses(
-    spec: InferenceServiceSpec, downloads: Mapping[str, AdapterDownload], pods: list[PodAdapters]
+    spec: InferenceServiceSpec,
+    downloads: Mapping[str, AdapterDownload],
+    pods: list[PodAdapters],
+    blocked: str | None = None,
 ) -> list[AdapterStatus]:
-    """Each declared adapter's state in one variant whose ready pods are `pods`."""
+    """Each declared adapter's state in one variant whose ready pods are `pods`. `blocked`: why the
+    last sync could not call the pods at all (their API key could not be read)."""
     out = []
     for adapter in spec.adapters:
         name = adapter.name
@@ -167,6 +193,9 @@ def adapter_statuses(
                     "start with the larger slots",
                 )
             )
+            continue
+        if blocked is not None:
+            out.append(AdapterStatus(name=name, state="Loading", message=blocked))
             continue
         refusals = [f"pod {p.pod}: {p.refused[name]}" for p in pods if name in p.refused]
         if refusals:

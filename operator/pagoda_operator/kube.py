@@ -41,6 +41,8 @@ SHARED_KINDS: dict[str, tuple[str, str]] = {
     "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),
     "Job": ("/apis/batch/v1", "jobs"),
 }
+# kind → (API prefix, plural) of the objects the operator only reads.
+READ_KINDS: dict[str, tuple[str, str]] = {"Pod": ("/api/v1", "pods"), "Secret": ("/api/v1", "secrets")}
 SERVICE_MONITOR_API = ("monitoring.coreos.com", "v1", "servicemonitors")
 LEADER_WORKER_SET_API = (LWS_GROUP, LWS_VERSION, LWS_PLURAL)
 # The child kinds that exist only where their CRDs are installed, and the API that tells.
@@ -108,7 +110,7 @@ class Kube:
         return json.loads(data) if data else {}
 
     def _path(self, kind: str, namespace: str, name: str = "") -> str:
-        prefix, plural = (CHILD_KINDS | SHARED_KINDS | {"Pod": ("/api/v1", "pods")})[kind]
+        prefix, plural = (CHILD_KINDS | SHARED_KINDS | READ_KINDS)[kind]
         return f"{prefix}/namespaces/{namespace}/{plural}" + (f"/{name}" if name else "")
 
     def apply(self, manifest: dict, *, force: bool, manager: str = FIELD_MANAGER) -> dict:

@@ -979,12 +979,6 @@ class InferenceServiceSpec(Spec):
             "adapters need runtime.enableLora: set it true or leave it unset",
         ),
         Rule(
-            "!has(self.adapters) || self.adapters.size() == 0 || !has(self.runtime.apiKeySecretRef)",
-            lambda s: not s.adapters or s.runtime.api_key_secret_ref is None,
-            "adapters cannot be served with runtime.apiKeySecretRef yet: the operator loads them through "
-            "the runtime's API and reads no Secrets; drop one of the two",
-        ),
-        Rule(
             "!has(self.adapters) || self.adapters.size() == 0 || "
             "!self.runtime.extraArgs.exists(a, a.startsWith('--lora-modules'))",
             lambda s: not s.adapters or not any(a.startswith("--lora-modules") for a in s.runtime.extra_args),

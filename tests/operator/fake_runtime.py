@@ -1,7 +1,7 @@
 """A stand-in for the runtime's LoRA API on loopback, with vLLM's bodies and status codes: GET
 /v1/models (adapters carry their parent and, as root, the path they were loaded from), POST
 /v1/load_lora_adapter (400 for a name already served or a folder it refuses), POST
-/v1/unload_lora_adapter (404 for a name not served)."""
+/v1/unload_lora_adapter (404 for a name not served); with an API key, 401 to a call without it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,13 @@ BASE = "llama"
 
 
 class FakeRuntime:
-    def __init__(self, refuse: dict[str, str] | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        refuse: dict[str, str] | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str | None = None,
+    ) -> None:
         self.adapters: dict[str, str] = {}  # name -> path
         self.refuse = refuse or {}  # path -> the 400's message
         self.calls: list[tuple[str, str]] = []  # (endpoint, adapter name)
@@ -36,7 +42,15 @@ class FakeRuntime:
             def _error(self, code: int, message: str) -> None:
                 self._answer(code, {"error": {"message": message, "type": "BadRequestError", "code": code}})
 
+            def _refused_key(self) -> bool:
+                if api_key is None or self.headers.get("Authorization") == f"Bearer {api_key}":
+                    return False
+                self._error(401, "Missing or incorrect API key; send it as 'Authorization: Bearer <key>'.")
+                return True
+
             def do_GET(self) -> None:
+                if self._refused_key():
+                    return
                 cards = [{"id": BASE, "object": "model", "root": f"/models/{BASE}", "parent": None}]
                 cards += [
                     {"id": name, "object": "model", "root": path, "parent": BASE}
@@ -46,6 +60,8 @@ class FakeRuntime:
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self._refused_key():
+                    return
                 name = body["lora_name"]
                 runtime.calls.append((self.path, name))
                 if self.path == "/v1/load_lora_adapter":

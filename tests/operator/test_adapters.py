@@ -3,6 +3,7 @@ into running pods through the runtime's API (a fake runtime on loopback)."""
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -69,10 +70,6 @@ def test_bad_adapter_names_are_refused(name):
         ),
         ({"runtime": {"maxLoras": 8, "maxCpuLoras": 4}}, "maxCpuLoras must be at least runtime.maxLoras"),
         ({"adapters": [{**SQL, "source": "hf://org/sql-lora/model.gguf"}]}, "source"),
-        (
-            {"adapters": [SQL], "runtime": {"apiKeySecretRef": {"name": "k", "key": "k"}}},
-            "adapters cannot be served with runtime.apiKeySecretRef yet",
-        ),
         (
             {"adapters": [SQL], "runtime": {"extraArgs": ["--lora-modules", "x=/models/x"]}},
             "declare every adapter in spec.adapters, not --lora-modules",
@@ -375,13 +372,19 @@ def test_a_pod_that_does_not_answer_is_reported_not_failed():
 
 
 class FakeKube:
-    """The calls adapter_cluster makes: Jobs and Pods by name and label."""
+    """The calls adapter_cluster makes: Jobs, Secrets and Pods by name and label."""
 
-    def __init__(self, jobs: dict[str, dict], pods: list[dict], job_pods: dict[str, list[dict]]):
-        self.jobs, self.pods, self.job_pods = jobs, pods, job_pods
+    def __init__(
+        self,
+        jobs: dict[str, dict],
+        pods: list[dict],
+        job_pods: dict[str, list[dict]],
+        secrets: dict[str, dict] | None = None,
+    ):
+        self.jobs, self.pods, self.job_pods, self.secrets = jobs, pods, job_pods, secrets or {}
 
     def get(self, kind, namespace, name):
-        return self.jobs.get(name) if kind == "Job" else None
+        return {"Job": self.jobs, "Secret": self.secrets}[kind].get(name)
 
     def list(self, kind, namespace, selector):
         if selector.startswith("job-name="):
@@ -442,4 +445,29 @@ def test_every_ready_pod_of_every_variant_gets_the_adapters(monkeypatch):
             )
             adapter_cluster.sync_adapters(kube, fewer, NS, NAME)
             assert first.adapters == second.adapters == {}
+    adapter_cluster.forget(NS, NAME)
+
+
+def test_with_an_api_key_the_adapters_wait_for_its_secret_and_then_load(monkeypatch):
+    """A service whose pods demand a key: while its Secret is missing the status says so and nothing
+    is called; once the Secret is there, the next sync sends its key and loads the adapter."""
+    s = spec(adapters=[SQL], runtime={"apiKeySecretRef": {"name": "api", "key": "token"}})
+    (sql,) = (adapter_cache.adapter_ref(a).name for a in s.adapters)
+    sql_job, sql_pods = _done_job(16)
+    kube = FakeKube({sql: sql_job}, [], {sql: sql_pods})
+    with FakeRuntime(api_key="s3cret") as runtime:
+        monkeypatch.setattr(adapter_cluster, "PORT", runtime.port)
+        kube.pods = [_pod("a", "127.0.0.1", "bf16")]
+        adapter_cluster.sync_adapters(kube, s, NS, NAME)
+        ((state,),) = adapter_cluster.variant_adapters(s, NS, NAME).values()
+        assert state.state == "Loading" and state.message.startswith(
+            f"the Secret api that runtime.apiKeySecretRef names is not in namespace {NS}: create it"
+        )
+        assert runtime.calls == []
+        assert adapter_cluster.unsettled(first_status(s, {"bf16": [state]}).model_dump(by_alias=True))
+        kube.secrets["api"] = {"data": {"token": base64.b64encode(b"s3cret\n").decode()}}
+        adapter_cluster.sync_adapters(kube, s, NS, NAME)
+        ((state,),) = adapter_cluster.variant_adapters(s, NS, NAME).values()
+        assert (state.state, state.message) == ("Loaded", "loaded in 1 of 1 ready pods")
+        assert runtime.adapters == {"sql": adapter_cache.replica_path(s.adapters[0])}
     adapter_cluster.forget(NS, NAME)

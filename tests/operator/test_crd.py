@@ -280,6 +280,8 @@ def test_rbac_grants_what_the_operator_applies():
         for verb in ("create", "patch", "list", "delete"):
             assert (group, resource, verb) in granted, (group, resource, verb)
     assert ("pagoda.dev", "inferenceservices/status", "patch") in granted
+    # The Secret a service names for its API key is read by name; no Secret is listed or watched.
+    assert {v for g, r, v in granted if (g, r) == ("", "secrets")} == {"get"}
     assert not any(v == "*" or r == "*" for _, r, v in granted)
 
 
