@@ -119,12 +119,18 @@ def layout(args: argparse.Namespace, env=None) -> WorldLayout:
     return world_layout(args.tensor_parallel_size, args.distributed_port, args.distributed_timeout, env)
 
 
+def api_key(args: argparse.Namespace) -> str | None:
+    """--api-key, else the environment's; surrounding whitespace dropped, since a Secret written from
+    a file usually ends in a newline that no client sends (nor could, in a header)."""
+    return (args.api_key or os.environ.get(API_KEY_ENV) or "").strip() or None
+
+
 def server_settings(args: argparse.Namespace) -> ServerSettings:
     return from_args(
         ServerSettings,
         args,
         served_model_names=tuple(args.served_model_names or [args.model]),
-        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        api_key=api_key(args),
         max_num_seqs=args.max_num_seqs,
     )
 
@@ -294,7 +300,7 @@ def _bench_serve(args: argparse.Namespace) -> int:
         output_len=args.random_output_len,
         vocab_size=args.random_vocab_size,
         seed=args.seed,
-        api_key=args.api_key or os.environ.get(API_KEY_ENV),
+        api_key=api_key(args),
         result_json=args.result_json,
     )
     return run(config)

@@ -76,6 +76,9 @@ def test_server_settings_default_the_name_and_read_the_key_from_the_environment(
     assert settings.api_key == "from-env" and settings.max_queue == 4 and settings.drain_timeout == 90
     named = server_settings(parser().parse_args(["serve", "--served-model-name", "m", "--api-key", "flag"]))
     assert named.served_model_name == "m" and named.api_key == "flag"
+    # A key Secret made from a file ends in a newline that clients never send.
+    monkeypatch.setenv(API_KEY_ENV, "from-file\n")
+    assert server_settings(parser().parse_args(["serve"])).api_key == "from-file"
 
 
 def test_vllm_flags_reach_the_settings(tmp_path):
