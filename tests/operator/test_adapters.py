@@ -9,19 +9,17 @@ import json
 import pytest
 from fake_runtime import FakeRuntime
 from kubernetes_schema import validate
-from operator_specs import spec
+from operator_specs import NAME, NS, UID, first_status, spec
 from pagoda_operator import adapter_cache, adapter_cluster
 from pagoda_operator.adapter_cache import AdapterDownload
 from pagoda_operator.adapter_loading import PodAdapters, PodMemory, adapter_statuses, sync_pod
 from pagoda_operator.model_cache import JobPlacement
 from pagoda_operator.plan import plan_service
 from pagoda_operator.render import POD_SECURITY, RenderOptions, render
-from pagoda_operator.status import compute_status
 from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES
 from pagoda_runtime.contract.sizing import lora_slot_bytes
 from pydantic import ValidationError
 
-NS, NAME, UID = "ml", "llama", "0b7e1d2a-0000-4000-8000-000000000001"
 REVISION = "e1945c40cd546c78e41f1151f4db032b271faeaa"
 SQL = {"name": "sql", "source": "hf://org/sql-lora", "revision": REVISION, "rank": 16}
 TONE = {"name": "tone", "source": "pvc://fine-tunes/tone/checkpoint-1200"}
@@ -269,28 +267,13 @@ def test_a_refusal_or_a_silent_pod_shows():
     assert (state.state, state.message) == ("Loading", "no ready pod yet")
 
 
-def first_status(s, adapters):
-    """The status of a service with no workload yet, its variants' adapters as given."""
-    return compute_status(
-        plan_service(s),
-        namespace=NS,
-        name=NAME,
-        generation=1,
-        deployments=[],
-        pods=[],
-        previous=None,
-        now="2026-01-01T00:00:00Z",
-        adapters=adapters,
-    )
-
-
 def test_the_status_lists_adapters_under_each_variant():
     s = spec(adapters=[SQL], variants=[{"name": "bf16"}, {"name": "int4", "quantization": "int4"}])
     adapters = {
         "bf16": adapter_statuses(s, {"sql": READY}, [PodAdapters("p1", frozenset({"sql"}))]),
         "int4": adapter_statuses(s, {"sql": READY}, []),
     }
-    status = first_status(s, adapters)
+    status = first_status(plan_service(s), adapters=adapters)
     dumped = status.model_dump(mode="json", by_alias=True)
     assert [v["adapters"][0]["state"] for v in dumped["variants"]] == ["Loaded", "Loading"]
     assert next(c for c in status.conditions if c.type == "Degraded").status == "False"
@@ -299,7 +282,7 @@ def test_the_status_lists_adapters_under_each_variant():
 def test_a_failed_adapter_degrades_the_service():
     s = spec(adapters=[SQL])
     failed = {"sql": AdapterDownload("Failed", "downloading hf://org/sql-lora failed: 401")}
-    status = first_status(s, {"bf16": adapter_statuses(s, failed, [])})
+    status = first_status(plan_service(s), adapters={"bf16": adapter_statuses(s, failed, [])})
     degraded = next(c for c in status.conditions if c.type == "Degraded")
     assert (degraded.status, degraded.reason) == ("True", "AdapterFailed")
     assert degraded.message == "adapter sql in variant bf16: downloading hf://org/sql-lora failed: 401"
@@ -464,7 +447,9 @@ def test_with_an_api_key_the_adapters_wait_for_its_secret_and_then_load(monkeypa
             f"the Secret api that runtime.apiKeySecretRef names is not in namespace {NS}: create it"
         )
         assert runtime.calls == []
-        assert adapter_cluster.unsettled(first_status(s, {"bf16": [state]}).model_dump(by_alias=True))
+        assert adapter_cluster.unsettled(
+            first_status(plan_service(s), adapters={"bf16": [state]}).model_dump(by_alias=True)
+        )
         kube.secrets["api"] = {"data": {"token": base64.b64encode(b"s3cret\n").decode()}}
         adapter_cluster.sync_adapters(kube, s, NS, NAME)
         ((state,),) = adapter_cluster.variant_adapters(s, NS, NAME).values()

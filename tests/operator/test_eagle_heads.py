@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from kubernetes_schema import validate
-from operator_specs import MINIMAL, spec
+from operator_specs import MINIMAL, NAME, NS, UID, first_status, spec
 from pagoda_operator.inference_service import error_text
 from pagoda_operator.model_cache import (
     JobPlacement,
@@ -25,7 +25,7 @@ from pagoda_operator.models import InferenceServiceSpec, SpeculativeSpec
 from pagoda_operator.names import variant_object_name
 from pagoda_operator.plan import Checkpoint, plan_service, plan_variant
 from pagoda_operator.render import DRAFT_MOUNT, POD_SECURITY, RenderOptions, pod_tolerations, render
-from pagoda_operator.status import compute_status, status_patch
+from pagoda_operator.status import status_patch
 from pagoda_runtime.contract.eagle_sizing import EagleHeadShape
 from pagoda_runtime.contract.sizing import GIB
 from pagoda_runtime.contract.speculative import parse_speculative_config
@@ -37,7 +37,6 @@ from tests.runtime.tiny_eagle import write_eagle1_head, write_eagle3_head
 from tests.runtime.tiny_models import build_tiny_model
 
 CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "inferenceservices.pagoda.dev.yaml"
-NS, NAME, UID = "ml", "llama", "0b7e1d2a-0000-4000-8000-000000000001"
 COMMIT = "0e9e39f249a16976918f6564b8830bc894c89659"
 HEAD_HF = {"source": "hf://yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "revision": COMMIT}
 TARGET = {"source": "pvc://models/llama-3.1-8b", "family": "llama-3.1-8b", "maxModelLen": 8192}
@@ -173,16 +172,7 @@ def test_the_operator_sizes_a_head_as_the_runtime_holds_it(tiny, method):
 
 
 def _fits_condition(s, plan) -> dict:
-    status = compute_status(
-        plan,
-        namespace=NS,
-        name=NAME,
-        generation=1,
-        deployments=[],
-        pods=[],
-        previous=None,
-        now="2026-01-01T00:00:00Z",
-    )
+    status = first_status(plan)
     return next(c for c in status_patch(status)["conditions"] if c["type"] == "ModelFits")
 
 

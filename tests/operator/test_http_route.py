@@ -5,14 +5,13 @@ from __future__ import annotations
 import jsonschema
 import pytest
 from kubernetes_schema import module_crd_schema
-from operator_specs import spec
+from operator_specs import NAME, NS, UID, spec
 from pagoda_operator.names import variant_object_name
 from pagoda_operator.plan import plan_service
 from pagoda_operator.render import RenderOptions, render
 from pagoda_runtime.contract.names import VARIANT_ROUTES_HEADER
 from pydantic import ValidationError
 
-NS, NAME, UID = "ml", "llama", "0b7e1d2a-0000-4000-8000-000000000001"
 ROUTE = {"gatewayRef": {"name": "public", "namespace": "gateways"}, "hostnames": ["llm.example"]}
 CANARY = [{"name": "bf16", "traffic": 95}, {"name": "int4", "quantization": "int4", "traffic": 5}]
 

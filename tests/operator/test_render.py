@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import pytest
 from kubernetes_schema import validate
-from operator_specs import spec
+from operator_specs import NAME, NS, UID, spec
 from pagoda_operator.model_cache import cache_ref
 from pagoda_operator.names import variant_object_name
 from pagoda_operator.plan import plan_service, plan_variant
 from pagoda_operator.render import RenderOptions, render, runtime_args
 from pagoda_operator.replicas import replicas_to_apply
-
-NS, NAME, UID = "ml", "llama", "0b7e1d2a-0000-4000-8000-000000000001"
 
 
 def child(variant: str) -> str:

@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 from kubernetes_schema import lws_crd_schema, validate, validate_leader_worker_set
-from operator_specs import spec
+from operator_specs import NAME, NS, UID, spec
 from pagoda_operator.leader_worker_set import LABEL_WORKER_INDEX
 from pagoda_operator.names import GROUP_SET_MAX_LENGTH, group_set_name, selector_labels, variant_object_name
 from pagoda_operator.plan import Checkpoint, plan_service
@@ -16,7 +16,6 @@ from pagoda_operator.status import compute_status
 from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES
 from pydantic import ValidationError
 
-NS, NAME, UID = "ml", "llama", "0b7e1d2a-0000-4000-8000-000000000001"
 MODEL = {"source": "pvc://models/llama-3-70b", "family": "llama-3-70b"}
 FOUR_GPUS = dict(model=MODEL, resources={"gpus": 4, "gpuMemory": "80Gi"})
 TWO_NODES = dict(

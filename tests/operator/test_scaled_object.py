@@ -5,7 +5,7 @@ from __future__ import annotations
 import jsonschema
 import pytest
 from kubernetes_schema import module_crd_schema
-from operator_specs import spec
+from operator_specs import NAME, NS, UID, spec
 from pagoda_operator.names import group_set_name, variant_object_name
 from pagoda_operator.plan import plan_service, plan_variant
 from pagoda_operator.render import RenderOptions, render
@@ -13,7 +13,6 @@ from pagoda_operator.replicas import replicas_to_apply
 from pagoda_operator.settings import KedaSettings
 from pydantic import ValidationError
 
-NS, NAME, UID = "ml", "llama", "0b7e1d2a-0000-4000-8000-000000000001"
 KEDA = KedaSettings(
     prometheus_url="http://prom:9090", request_counter='gw_requests{{rule=~"{namespace}/{route}/{rules}"}}'
 )

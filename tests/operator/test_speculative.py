@@ -7,7 +7,7 @@ import json
 
 import pytest
 from kubernetes_schema import validate
-from operator_specs import MINIMAL, spec
+from operator_specs import MINIMAL, NAME, NS, UID, first_status, spec
 from pagoda_operator import resync
 from pagoda_operator.inference_service import error_text, plan_with_cache
 from pagoda_operator.model_cache import (
@@ -24,13 +24,12 @@ from pagoda_operator.models import InferenceServiceSpec
 from pagoda_operator.names import group_set_name, variant_object_name
 from pagoda_operator.plan import Checkpoint, plan_service, plan_variant
 from pagoda_operator.render import DRAFT_MOUNT, POD_SECURITY, RenderOptions, pod_tolerations, render
-from pagoda_operator.status import compute_status, status_patch
+from pagoda_operator.status import status_patch
 from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES
 from pagoda_runtime.contract.sizing import kv_bytes_for_context, weight_bytes
 from pagoda_runtime.contract.speculative import parse_speculative_config
 from pydantic import ValidationError
 
-NS, NAME, UID = "ml", "llama", "0b7e1d2a-0000-4000-8000-000000000001"
 COMMIT = "0e9e39f249a16976918f6564b8830bc894c89659"
 DRAFT_HF = {"source": "hf://meta-llama/Llama-3.2-1B-Instruct", "revision": COMMIT, "family": "llama-3.2-1b"}
 TARGET = {"source": "pvc://models/llama-3-8b", "family": "llama-3-8b", "maxModelLen": 8192}
@@ -205,17 +204,7 @@ def test_pvc_and_bundled_drafts_are_read_where_they_are():
 
 
 def _status(s, plan, **kwargs) -> dict:
-    status = compute_status(
-        plan,
-        namespace=NS,
-        name=NAME,
-        generation=1,
-        deployments=[],
-        pods=[],
-        previous=None,
-        now="2026-01-01T00:00:00Z",
-        **kwargs,
-    )
+    status = first_status(plan, **kwargs)
     return {c["type"]: c for c in status_patch(status)["conditions"]}
 
 
