@@ -905,17 +905,6 @@ class InferenceServiceSpec(Spec):
             "there is no pipeline parallelism): leave it unset to have it derived",
         ),
         Rule(
-            f"{RANKS_PER_POD_CEL} * self.parallelism.nodes == 1 || self.variants.all(v, "
-            "!has(v.speculative) || !(v.speculative.method in ["
-            + ", ".join(f"'{m}'" for m in HEAD_METHODS)
-            + "]))",
-            lambda s: s.tensor_parallel_size == 1
-            or not any(v.speculative and v.speculative.eagle_head for v in s.variants),
-            "speculative.method eagle3 and eagle run on one GPU only (the runtime refuses an EAGLE head "
-            "under tensor parallelism): use resources.gpus 1 and parallelism.nodes 1, or method ngram "
-            "or draft_model",
-        ),
-        Rule(
             "self.parallelism.nodes == 1 || self.resources.gpus >= 1",
             lambda s: s.parallelism.nodes == 1 or s.resources.gpus >= 1,
             "parallelism.nodes above 1 needs GPU pods (resources.gpus at least 1): a CPU replica runs "

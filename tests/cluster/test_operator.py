@@ -506,19 +506,6 @@ INVALID = {
         lambda s: s["variants"][0].update(speculative={"method": "eagle3", "numSpeculativeTokens": 3}),
         "speculative.method eagle and eagle3 need speculative.model",
     ),
-    "eagle-head-on-two-gpus": (
-        lambda s: (
-            s["resources"].update(gpus=2),
-            s["variants"][0].update(
-                speculative={
-                    "method": "eagle3",
-                    "numSpeculativeTokens": 3,
-                    "model": {"source": "pvc://heads/h"},
-                }
-            ),
-        ),
-        "speculative.method eagle3 and eagle run on one GPU only",
-    ),
     "too-many-speculative-tokens": (
         lambda s: s["variants"][0].update(speculative={"method": "ngram", "numSpeculativeTokens": 17}),
         "spec.variants[0].speculative.numSpeculativeTokens: Invalid value: 17",

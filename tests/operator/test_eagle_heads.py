@@ -27,7 +27,8 @@ from pagoda_operator.plan import Checkpoint, plan_service, plan_variant
 from pagoda_operator.render import DRAFT_MOUNT, POD_SECURITY, RenderOptions, pod_tolerations, render
 from pagoda_operator.status import status_patch
 from pagoda_runtime.contract.eagle_sizing import EagleHeadShape
-from pagoda_runtime.contract.sizing import GIB
+from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES
+from pagoda_runtime.contract.sizing import GIB, weight_bytes
 from pagoda_runtime.contract.speculative import parse_speculative_config
 from pagoda_runtime.loading.model_cache.architecture import checkpoint_facts
 from pagoda_runtime.loading.model_cache.fetch import termination_summary
@@ -210,23 +211,17 @@ def test_a_variant_that_fits_only_without_its_head_gets_no_pods_and_the_status_n
     assert "variant plain" not in fits["message"]
 
 
-@pytest.mark.parametrize("parallel", [{"resources": {"gpus": 2}}, {"parallelism": {"nodes": 2}}])
-def test_a_head_under_tensor_parallelism_is_refused_at_admission_as_the_runtime_refuses_it(parallel):
-    head = {**MINIMAL, "variants": [_variant(_head(HEAD_HF), "e"), _variant(None, "plain")]}
-    resources = {**MINIMAL.get("resources", {}), "gpus": 1, **parallel.get("resources", {})}
-    with pytest.raises(ValidationError) as refused:
-        InferenceServiceSpec.model_validate({**head, **parallel, "resources": resources})
-    message = "speculative.method eagle3 and eagle run on one GPU only"
-    assert message in error_text(refused.value)
-    # The same service on one GPU is admitted, and so is a draft model on two.
-    InferenceServiceSpec.model_validate({**head, "resources": {**resources, "gpus": 1}})
-    draft = _variant({"method": "ngram", "numSpeculativeTokens": 3}, "e")
-    InferenceServiceSpec.model_validate({**MINIMAL, **parallel, "resources": resources, "variants": [draft]})
-    rule = next(r for r in InferenceServiceSpec.RULES if r.message.startswith(message))
-    schema = yaml.safe_load(CRD_FILE.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    assert {"rule": rule.cel, "message": rule.message} in schema["properties"]["spec"][
-        "x-kubernetes-validations"
-    ]
+def test_under_tensor_parallelism_the_head_is_counted_whole_on_each_gpu():
+    # Every rank holds the whole head (its weights and one layer's KV); the target's are split in two.
+    shape = EagleHeadShape.from_config("eagle3", LLAMA31_EAGLE3)
+    s = spec(
+        model=TARGET, variants=[_variant(_head(HEAD_HF), "eagle")], resources={"gpus": 2, "gpuMemory": "80Gi"}
+    )
+    plan = plan_variant(s, s.variants[0], draft_checkpoint=_read(shape))
+    assert plan.split_error is None and plan.fit.fits and plan.fit.tensor_parallel_size == 2
+    assert plan.fit.weight_bytes == weight_bytes(KNOWN_ARCHITECTURES["llama-3.1-8b"].per_rank(2), "none")
+    assert plan.fit.draft_weight_bytes == shape.weight_bytes()
+    assert plan.fit.draft_kv_bytes == shape.kv_bytes_for_context(8192)
 
 
 def test_a_checkpoint_of_the_other_head_format_is_not_sized_as_the_method():

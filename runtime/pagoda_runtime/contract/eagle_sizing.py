@@ -5,8 +5,8 @@ A head (executor/models/eagle_head.py) holds `fc`, one decoder layer, and for EA
 and an LM head over the draft vocabulary (and its own embedding where the checkpoint carries one);
 EAGLE-1 uses the target's embedding and LM head. Its projections stay unquantized, in the model's
 dtype. Its KV cache is one layer's, for as many tokens as the target's cache, in the model's dtype
-(the target's --kv-cache-dtype does not apply to it). The head is never split over GPUs (the runtime
-runs it on one), so sizing.fits counts it whole.
+(the target's --kv-cache-dtype does not apply to it). Under tensor parallelism every rank holds the
+whole head, so sizing.fits counts it whole on each GPU.
 """
 
 from __future__ import annotations

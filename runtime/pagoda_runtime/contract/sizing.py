@@ -679,7 +679,7 @@ class FitResult:
     tensor_parallel_size: int = 1
     draft_weight_bytes: int = 0  # a speculative-decoding draft model's (or EAGLE head's), per GPU
     draft_kv_bytes: int = 0  # the draft's KV of one sequence of max_model_len tokens, per GPU
-    eagle_head: bool = False  # the draft is an EAGLE head, held whole on one GPU
+    eagle_head: bool = False  # the draft is an EAGLE head, whole on every GPU
     lora_bytes: int = 0  # the LoRA adapter slots (lora_slot_bytes)
 
     @property
@@ -730,7 +730,7 @@ class DraftModel:
 
 
 class WholeDraft(Protocol):
-    """A draft held whole on one GPU, never split: an EAGLE head
+    """A draft held whole by every tensor-parallel rank, never split: an EAGLE head
     (contract/eagle_sizing.py's EagleHeadShape)."""
 
     def weight_bytes(self) -> int: ...
@@ -754,7 +754,7 @@ def fits(
 ) -> FitResult:
     """Whether the weights plus the KV cache of one max_model_len sequence fit the device memory,
     with a draft model's (or an EAGLE head's) weights and KV of that sequence beside them when it
-    speculates with one. An EAGLE head is counted whole: it is never split over GPUs.
+    speculates with one. An EAGLE head is held whole by every rank, so each GPU counts all of it.
 
     With tensor_parallel_size > 1 every figure is one GPU's (capacity_bytes too): its slice of the
     weights and of the KV heads (the draft's too), plus the all-reduce buffers. Raises ValueError

@@ -13,7 +13,8 @@ draft's weights and of its KV heads, so memory stays even across the GPUs and th
 other ranks replay the draft's forwards (parallel/step_broadcast.py's DRAFT_STEP). Whole on rank 0
 alone, the draft would have needed no broadcast, but rank 0 would hold the whole draft while the
 other GPUs sat idle through each draft forward, and a draft larger than one GPU's spare memory
-could not run at all.
+could not run at all. An EAGLE head (one layer) is whole on every rank instead, and its steps are
+replayed the same way, each with the hidden states it takes per token.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def build_engine(
     sliced = check_tensor_parallel(arch, tp.size, quantization, loaded.group_size)
     limit = engine_config.max_model_len or arch.max_position_embeddings
     draft = _load_draft(engine_config, placement, loaded, tp)
-    head = _read_eagle_head(engine_config, loaded, tp)
+    head = _read_eagle_head(engine_config, loaded)
     # A draft model's (or EAGLE head's) cache holds as many tokens as the target's: the KV budget
     # is split in proportion to their bytes per token; the draft's weights, read after the
     # target's cache is sized, are kept out of a budget measured from the GPU's memory.
@@ -158,8 +159,9 @@ def build_engine(
             engine_config, placement, draft, runner, max_model_len, tp
         )
     else:
-        proposer, draft_memory = _eagle_proposer(engine_config, placement, head, runner, max_model_len)
-        draft_runner = None  # EAGLE runs on one rank only
+        proposer, draft_runner, draft_memory = _eagle_proposer(
+            engine_config, placement, head, runner, max_model_len
+        )
     memory = _memory_report(
         engine_config.model, runner, loaded, quantization, sliced, engine_config, placement
     )
@@ -281,18 +283,12 @@ def _load_draft(
     return _Draft(draft, quantization, sliced)
 
 
-def _read_eagle_head(
-    engine_config: EngineConfig, target: LoadedModel, tp: TensorParallel
-) -> HeadCheckpoint | None:
-    """An EAGLE head's config and weights, checked against the target; None without one."""
+def _read_eagle_head(engine_config: EngineConfig, target: LoadedModel) -> HeadCheckpoint | None:
+    """An EAGLE head's config and weights, checked against the target; None without one. Under
+    tensor parallelism every rank holds the whole head."""
     config = engine_config.speculative_config
     if config is None or config.method not in HEAD_METHODS:
         return None
-    if tp.size > 1:
-        raise SpeculativeConfigError(
-            f"speculative_config.method {config.method!r} does not run with --tensor-parallel-size above "
-            '1 yet; use {"method": "ngram"} or one GPU'
-        )
     return read_head(config.model, config.method, target.config)
 
 
@@ -302,10 +298,13 @@ def _eagle_proposer(
     head: HeadCheckpoint,
     target_runner: ModelRunner,
     max_model_len: int,
-) -> tuple[Proposer, MemoryReport]:
-    """The EAGLE proposer: the head in a runner of its own (one layer's KV cache, for the target's
-    tokens and K more per sequence), handed the target's hidden states of every step. Its decode
-    (draft) steps have CUDA graphs up to disable_by_batch_size sequences, the most that draft."""
+) -> tuple[Proposer, ModelRunner, MemoryReport]:
+    """The EAGLE proposer and the head's runner (one layer's KV cache, for the target's tokens and
+    K more per sequence), handed the target's hidden states of every step. Its decode (draft) steps
+    have CUDA graphs up to disable_by_batch_size sequences, the most that draft. Under tensor
+    parallelism every rank holds the whole head and runs its steps as rank 0 sends them, since the
+    head embeds its tokens with the target's vocabulary-parallel embedding (EAGLE-1 also takes the
+    target's LM head), collectives of every rank."""
     config = engine_config.speculative_config
     arch = head.spec.config.architecture
     head_config = dataclasses.replace(
@@ -347,7 +346,7 @@ def _eagle_proposer(
         num_kv_blocks=runner.num_blocks,
         kv_cache_bytes=runner.kv_cache_bytes,
     )
-    return proposer, memory
+    return proposer, runner, memory
 
 
 def _draft_engine_config(

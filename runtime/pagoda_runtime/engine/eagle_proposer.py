@@ -16,7 +16,9 @@ machinery (engine/draft_model_proposer.py): a shadow sequence per decoding seque
 before each draft, rolled back, freed when the sequence finishes, is aborted or is preempted. At
 position p the shadow holds token p + 1 and the target's hidden state at p; a position the head
 computed from its own hidden state (a draft) is run again from the target's once the target has
-verified it. Drafting is as a draft model's: the first token from the caught-up head's logits,
+verified it. Under tensor parallelism the proposer is rank 0's and every rank holds the whole
+head, running its steps as rank 0 sends them, each with the hidden states its tokens take
+(engine/build.py). Drafting is as a draft model's: the first token from the caught-up head's logits,
 each next one from a head step fed the token just drawn and the head's own hidden state, K in all;
 q is the head's softmax at the request's temperature over the target's vocabulary (zero outside an
 EAGLE-3 head's draft vocabulary), so the rejection sampler keeps the output exactly the target's.

@@ -463,6 +463,8 @@ class ModelRunner:
             return self._forward(step)
 
     def _forward(self, step: StepInputs) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if step.token_states is not None:  # rank 0's own, or received from it
+            self.model.inputs = step.token_states
         if step.replayable:
             return self._replay(step)
         self.last_graph_batch = None
@@ -617,6 +619,8 @@ class ModelRunner:
             staged["logits_rows"],
             replayable=graph is not None,
             lora_slots=staged.get("lora_slots"),
+            # Set by the proposer before this forward; sent with the step to the other ranks.
+            token_states=self.model.inputs if self._token_state_width else None,
         )
         sampler_inputs = {
             k.removeprefix("sampler."): v for k, v in staged.items() if k.startswith("sampler.")

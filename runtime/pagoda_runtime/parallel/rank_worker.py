@@ -36,7 +36,7 @@ def compute(group: RankGroup, local_rank: int) -> str | None:
         member = group.join(local_rank)
         parts = build_engine(member.engine_config, tp=member.tp)
         group.all_loaded(member)
-        receiver = StepReceiver(member.tp, member.device, parts.runner.receive_lora)
+        receiver = StepReceiver(member.tp, member.device, parts.runner.receive_lora, parts.runner.dtype)
         runners = {STEP: parts.runner, DRAFT_STEP: parts.draft_runner}
         while (received := receiver.receive()) is not None:
             kind, step = received

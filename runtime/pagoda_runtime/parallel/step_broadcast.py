@@ -10,7 +10,9 @@ on the CPU, NCCL on GPUs, where the tensors never leave the device), and the oth
 exactly the tensors rank 0 runs on, so every rank takes the same path (eager or CUDA graph) and
 calls the same collectives in the same order. A speculative-decoding draft model is sharded over the
 same ranks: its forwards go the same way, marked DRAFT_STEP (DraftStepSender), and each rank runs
-them on its shard of the draft.
+them on its shard of the draft. An EAGLE head is whole on every rank and its steps go the same way,
+with a third broadcast: the hidden state it takes per token (the head's inputs, which only rank 0's
+proposer knows), in the model's dtype.
 
 Rank 0 holds a lock over each step, from the send to the last collective of its forward, and
 sends a keepalive whenever no step went out for a while: a waiting rank then only ever waits
@@ -21,6 +23,7 @@ or stuck peer from an idle server.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -35,7 +38,7 @@ from pagoda_runtime.parallel.lora_broadcast import LoraLoad, num_values, pack, u
 from pagoda_runtime.parallel.tensor_parallel import TensorParallel
 
 KEEPALIVE, STEP, STOP, LORA, DRAFT_STEP = 0, 1, 2, 3, 4
-_HEADER_LEN = 9
+_HEADER_LEN = 11
 # Rank 0 sends a keepalive after this long without a step, and at least four within a timeout.
 MAX_KEEPALIVE_INTERVAL_S = 10.0
 
@@ -51,6 +54,8 @@ class StepInputs:
     replayable: bool  # padded to a captured CUDA graph's batch size, which every rank replays
     # int32 [num_tokens]: each token's LoRA slot (-1: the base model); None when no token has one.
     lora_slots: torch.Tensor | None = None
+    # [real tokens, width]: the hidden state an EAGLE head takes beside each token; None for others.
+    token_states: torch.Tensor | None = None
 
 
 def keepalive_interval(timeout_s: float) -> float:
@@ -71,6 +76,7 @@ def _header(kind: int, step: StepInputs | None = None) -> list[int]:
         step.logits_rows.shape[0],
         int(step.replayable),
         int(step.lora_slots is not None),
+        *((0, 0) if step.token_states is None else step.token_states.shape),
     ]
 
 
@@ -90,7 +96,7 @@ def _payload(step: StepInputs) -> torch.Tensor:
 
 
 def _unpack(header: list[int], payload: torch.Tensor) -> StepInputs:
-    _, num_tokens, num_seqs, width, max_query_len, max_seq_len, num_rows, replayable, lora = header
+    _, num_tokens, num_seqs, width, max_query_len, max_seq_len, num_rows, replayable, lora = header[:9]
     sizes = [num_tokens, num_tokens, num_tokens, num_seqs + 1, num_seqs, num_seqs * width, num_rows]
     sizes.append(num_tokens * lora)
     input_ids, positions, slots, query_start, seq_lens, tables, rows, lora_slots = payload.split(sizes)
@@ -136,6 +142,8 @@ class StepSender:
             try:
                 self._send(_header(kind, step))
                 dist.broadcast(_payload(step), group_src=0, group=self._tp.group)
+                if step.token_states is not None:
+                    dist.broadcast(step.token_states.contiguous(), group_src=0, group=self._tp.group)
                 yield
             except Exception as exc:
                 self._on_failure(f"rank 0: a step of the tensor-parallel group failed: {_describe(exc)}")
@@ -194,12 +202,20 @@ class DraftStepSender:
 class StepReceiver:
     """The other ranks' side: the next step and its kind (STEP for the target model, DRAFT_STEP for
     the draft's), skipping keepalives; None once rank 0 says stop. A LoRA adapter that comes
-    between steps goes to `on_lora` (ModelRunner.receive_lora)."""
+    between steps goes to `on_lora` (ModelRunner.receive_lora); `dtype`: the model's, that of an
+    EAGLE head's token states."""
 
-    def __init__(self, tp: TensorParallel, device: torch.device, on_lora: Callable[[LoraLoad], None]) -> None:
+    def __init__(
+        self,
+        tp: TensorParallel,
+        device: torch.device,
+        on_lora: Callable[[LoraLoad], None],
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         self._tp = tp
         self._device = device
         self._on_lora = on_lora
+        self._dtype = dtype
 
     def receive(self) -> tuple[int, StepInputs] | None:
         while True:
@@ -215,7 +231,12 @@ class StepReceiver:
         size = 3 * fields[1] + 2 * fields[2] + 1 + fields[2] * fields[3] + fields[6] + fields[1] * fields[8]
         payload = torch.empty(size, dtype=torch.int64, device=self._device)
         dist.broadcast(payload, group_src=0, group=self._tp.group)
-        return fields[0], _unpack(fields, payload)
+        step = _unpack(fields, payload)
+        if fields[9]:
+            states = torch.empty(fields[9], fields[10], dtype=self._dtype, device=self._device)
+            dist.broadcast(states, group_src=0, group=self._tp.group)
+            step = dataclasses.replace(step, token_states=states)
+        return fields[0], step
 
     def _receive_lora(self, slot: int, rows: int) -> None:
         index = torch.empty(rows, 5, dtype=torch.int64, device=self._device)

@@ -281,25 +281,6 @@ def test_a_long_prompts_hidden_states_are_run_through_the_head_a_step_budget_at_
     assert all_free(speculative)
 
 
-def test_eagle_under_tensor_parallelism_is_refused_at_start_up(folders):
-    """Checked as the head is read, before any rank loads a weight (a rank is a process here)."""
-    from types import SimpleNamespace
-
-    from pagoda_runtime.contract.config import EngineConfig
-    from pagoda_runtime.contract.speculative import parse_speculative_config
-    from pagoda_runtime.engine.build import _read_eagle_head
-    from pagoda_runtime.loading.model_source import load_model_source
-
-    speculative = parse_speculative_config(
-        {"method": "eagle3", "model": str(folders[1]), "num_speculative_tokens": 2}
-    )
-    config = EngineConfig(model=str(folders[0]), speculative_config=speculative, tensor_parallel_size=2)
-    with pytest.raises(
-        SpeculativeConfigError, match="method 'eagle3' does not run with --tensor-parallel-size"
-    ):
-        _read_eagle_head(config, load_model_source(str(folders[0])), SimpleNamespace(size=2))
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", ["eagle3", "eagle"])
 def test_eagle_heads_keep_greedy_tokens_on_the_gpu(folders, method):
