@@ -32,8 +32,8 @@ def key_in_secret(secret: dict | None, ref: SecretKeyRef, namespace: str) -> str
             "Secret or name the key that holds the pods' API key"
         )
     try:
-        # A final newline (a Secret written from a file) cannot travel in a header: the pod's answer
-        # then says whether the key without it is the one it demands.
+        # A final newline (a Secret written from a file) cannot travel in a header; the runtime
+        # drops it from the key it reads too (cli.api_key).
         key = base64.b64decode(encoded, validate=True).decode().strip()
     except (binascii.Error, UnicodeDecodeError):
         key = ""

@@ -17,6 +17,8 @@ from typing import Any
 
 from pagoda_runtime.contract.sizing import FLOAT_DTYPE_BYTES, ModelArchitecture, kv_layer_bytes_per_token
 
+# The files a head's weights are saved in, either one.
+HEAD_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 # The config.json architecture each method loads.
 HEAD_ARCHITECTURES = {"eagle3": "LlamaForCausalLMEagle3", "eagle": "LlamaForCausalLM"}
 # The head's attention input: EAGLE-3's layer attends over [norm(embedding), norm(hidden)].
@@ -27,6 +29,11 @@ _FC_INPUTS = {"eagle3": 3, "eagle": 2}
 # the post-attention norm alone (EAGLE-1's layer takes fc's output unnormed, the target's norm ends).
 _NORMS = {"eagle3": 4, "eagle": 1}
 _REQUIRED_CONFIG = ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+
+
+def draft_vocab_size(method: str, config: Mapping[str, Any], vocab_size: int) -> int:
+    """The tokens the head drafts: an EAGLE-3 head's draft vocabulary, else the target's."""
+    return (config.get("draft_vocab_size") or vocab_size) if method == "eagle3" else vocab_size
 
 
 @dataclass(frozen=True)
@@ -65,13 +72,17 @@ class EagleHeadShape:
             max_position_embeddings=config.get("max_position_embeddings", 2048),
             attention_bias=bool(config.get("attention_bias", False)),
         )
+        return cls.from_tensors(method, arch, draft_vocab_size(method, config, arch.vocab_size), tensor_names)
+
+    @classmethod
+    def from_tensors(
+        cls, method: str, architecture: ModelArchitecture, draft_vocab: int, tensor_names: Iterable[str]
+    ) -> EagleHeadShape:
+        """The head of that layer and draft vocabulary, saved as the tensors named."""
         names = {name.removeprefix("model.") for name in tensor_names}
-        draft_vocab = (
-            (config.get("draft_vocab_size") or arch.vocab_size) if method == "eagle3" else arch.vocab_size
-        )
         return cls(
             method,
-            arch,
+            architecture,
             draft_vocab,
             fc_bias="fc.bias" in names,
             own_embedding=method == "eagle3" and "embed_tokens.weight" in names,

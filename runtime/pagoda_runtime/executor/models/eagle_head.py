@@ -34,7 +34,12 @@ import torch
 from torch import nn
 
 from pagoda_runtime.contract.config import ModelConfig
-from pagoda_runtime.contract.eagle_sizing import HEAD_ARCHITECTURES, EagleHeadShape
+from pagoda_runtime.contract.eagle_sizing import (
+    HEAD_ARCHITECTURES,
+    HEAD_WEIGHT_FILES,
+    EagleHeadShape,
+    draft_vocab_size,
+)
 from pagoda_runtime.contract.speculative import SpeculativeConfigError
 from pagoda_runtime.executor.kernels import AttentionOps, build_cos_sin_cache
 from pagoda_runtime.executor.models import llama
@@ -43,8 +48,6 @@ from pagoda_runtime.executor.models.layers import Attention, DecoderLayer, Gated
 from pagoda_runtime.executor.quantization import make_linear
 from pagoda_runtime.executor.vocab_parallel import VocabParallel
 from pagoda_runtime.parallel.tensor_parallel import SINGLE_PROCESS, TensorParallel
-
-_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
 @dataclass(frozen=True)
@@ -66,11 +69,10 @@ class HeadCheckpoint:
     @property
     def shape(self) -> EagleHeadShape:
         """The head as sizing counts it (contract/eagle_sizing.py), the operator's fit check too."""
-        spec, arch = self.spec, self.spec.config.architecture
-        own_embedding = spec.method == "eagle3" and any(
-            name.removeprefix("model.") == "embed_tokens.weight" for name in self.weights
+        spec = self.spec
+        return EagleHeadShape.from_tensors(
+            spec.method, spec.config.architecture, spec.draft_vocab_size, self.weights
         )
-        return EagleHeadShape(spec.method, arch, spec.draft_vocab_size, spec.fc_bias, own_embedding)
 
 
 def read_head(folder: str, method: str, target: ModelConfig) -> HeadCheckpoint:
@@ -78,11 +80,11 @@ def read_head(folder: str, method: str, target: ModelConfig) -> HeadCheckpoint:
     the target: SpeculativeConfigError, naming the field, where it cannot draft for it."""
     path = Path(folder)
     config_file = path / "config.json"
-    weight_file = next((path / name for name in _WEIGHT_FILES if (path / name).is_file()), None)
+    weight_file = next((path / name for name in HEAD_WEIGHT_FILES if (path / name).is_file()), None)
     if not config_file.is_file() or weight_file is None:
         raise SpeculativeConfigError(
             f"speculative_config.model {folder!r} is not an EAGLE head folder (config.json and "
-            f"{' or '.join(_WEIGHT_FILES)}); download the head and give its folder"
+            f"{' or '.join(HEAD_WEIGHT_FILES)}); download the head and give its folder"
         )
     raw = json.loads(config_file.read_text())
     expected = HEAD_ARCHITECTURES[method]
@@ -117,10 +119,9 @@ def read_head(folder: str, method: str, target: ModelConfig) -> HeadCheckpoint:
             f"{target_arch.vocab_size}; use a head trained for this target"
         )
     layers = _target_layers(raw, method, target_arch.num_hidden_layers, folder)
-    draft_vocab = (raw.get("draft_vocab_size") or arch.vocab_size) if method == "eagle3" else arch.vocab_size
     weights = _read_weights(weight_file)
-    fc_bias = any(name.removeprefix("model.") == "fc.bias" for name in weights)
-    spec = HeadSpec(method, replace(config, model_type=method), layers, draft_vocab, fc_bias)
+    shape = EagleHeadShape.from_tensors(method, arch, draft_vocab_size(method, raw, arch.vocab_size), weights)
+    spec = HeadSpec(method, replace(config, model_type=method), layers, shape.draft_vocab_size, shape.fc_bias)
     return HeadCheckpoint(spec, weights)
 
 

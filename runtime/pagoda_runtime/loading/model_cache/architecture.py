@@ -8,10 +8,8 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from pagoda_runtime.contract.eagle_sizing import HEAD_ARCHITECTURES, EagleHeadShape
+from pagoda_runtime.contract.eagle_sizing import HEAD_ARCHITECTURES, HEAD_WEIGHT_FILES, EagleHeadShape
 from pagoda_runtime.loading.model_source import load_model_source
-
-_HEAD_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
 def checkpoint_facts(path: Path) -> dict:
@@ -34,7 +32,7 @@ def eagle_head_shape(path: Path) -> EagleHeadShape | None:
     """The EAGLE head in folder `path`, None where it holds none: an EAGLE-3 head by its config's
     architecture, an EAGLE-1 head (a one-layer LlamaForCausalLM) by its fc projection."""
     config_file = path / "config.json"
-    weight_file = next((path / name for name in _HEAD_WEIGHT_FILES if (path / name).is_file()), None)
+    weight_file = next((path / name for name in HEAD_WEIGHT_FILES if (path / name).is_file()), None)
     if not path.is_dir() or not config_file.is_file() or weight_file is None:
         return None
     config = json.loads(config_file.read_text())
