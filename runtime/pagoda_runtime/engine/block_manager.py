@@ -2,7 +2,9 @@
 
 A full block is identified by a chained hash of (its parent's hash, its token ids), so equal
 prefixes map to equal hashes whatever follows them; the chain of a request with a LoRA adapter
-starts from the adapter's id, as its keys and values differ from the base model's. Blocks shared
+starts from the adapter's id, as its keys and values differ from the base model's, and so does one
+of a sequence with a `cache_salt` (a speculative proposer's cache keyed by more than its own tokens,
+engine/draft_model_proposer.py). Blocks shared
 by several sequences carry a reference count; a block whose count drops to zero keeps its contents
 and its hash, and sits in a least-recently-freed queue until either a new prefix hits it or the
 pool needs it back.
@@ -31,7 +33,8 @@ def chain_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
 
 def _chain_root(seq: Sequence) -> int | None:
     lora = seq.group.lora
-    return None if lora is None else hash(("lora", lora.lora_int_id))
+    key = (None if lora is None else lora.lora_int_id, seq.cache_salt)
+    return None if key == (None, None) else hash(("root", *key))
 
 
 class BlockManager:

@@ -326,7 +326,7 @@ def _eagle_proposer(
         runner.pools,
         engine_config.block_size,
         None,
-        False,
+        engine_config.enable_prefix_caching,
         max_model_len,
         engine_config.max_num_batched_tokens,
     )
@@ -398,7 +398,7 @@ def _proposer(
         runner.pools,
         engine_config.block_size,
         runner.window,
-        False,
+        engine_config.enable_prefix_caching,
         max_model_len,
         engine_config.max_num_batched_tokens,
     )

@@ -16,7 +16,13 @@ after that), and K tokens are drawn one decode step after another, each from the
 distribution q at the request's temperature (its argmax for a greedy request). The target
 verifies them against q (executor/rejection_sampler.py), so the output is the target's whatever
 the draft proposes. The shadow's blocks are freed with the sequence: when it finishes, is aborted
-or is preempted (it catches up again on its next draft). A draft cache that runs out of blocks
+or is preempted (it catches up again on its next draft).
+
+The draft's cache has a prefix cache of its own, as the target's (--enable-prefix-caching): the
+full blocks of what the target accepted are published as the shadow is rolled back to them, keyed
+by their tokens (and the request's adapter), and a new shadow starts from the blocks its tokens
+hit. So a prompt whose prefix the target's cache holds (a system prompt) is not run through the
+draft again either, before its first draft. A draft cache that runs out of blocks
 drafts nothing for that sequence, never fails a step. The sequences of a step draft together: one
 forward (or one per budget-sized chunk) catches them all up, and each draft position is one
 batched decode step of the draft, so a step costs about K draft forwards whatever the batch.
@@ -147,8 +153,9 @@ class DraftModelProposer:
         for i, seq in seqs.items():
             shadow = self._shadows.get(seq.seq_id)
             if shadow is None:
-                shadow = self._shadows[seq.seq_id] = Sequence(seq.group, seq.index)
+                shadow = self._shadows[seq.seq_id] = self._admitted(seq)
             todo[i] = self._rollback(seq, shadow)
+            self.block_manager.cache_computed_blocks(shadow)
         logits = {}
         while todo:
             budget, chunks = self.chunk, {}
@@ -165,6 +172,27 @@ class DraftModelProposer:
                 elif i in out:
                     logits[i] = out[i]
         return logits
+
+    def _admitted(self, seq: Sequence) -> Sequence:
+        """A new shadow for `seq`, holding the blocks of the draft's prefix cache that its first
+        tokens hit (`_shadow_tokens`); none when the cache has no room for them."""
+        shadow = Sequence(seq.group, seq.index)
+        shadow.cache_salt = self._cache_salt(seq)
+        shadow.token_ids = self._shadow_tokens(seq)
+        prefix = self.block_manager.find_prefix(shadow)
+        if prefix and self.block_manager.can_admit(shadow, prefix, 0):
+            self.block_manager.admit(shadow, prefix, 0)
+        self._trim(shadow, shadow.num_computed_tokens)
+        return shadow
+
+    def _shadow_tokens(self, seq: Sequence) -> list[int]:
+        """The tokens a shadow holds once caught up: the sequence's, the draft's KV of each position
+        a function of those up to it, so that its blocks are cached by their tokens as the target's."""
+        return list(seq.token_ids)
+
+    def _cache_salt(self, seq: Sequence) -> tuple | None:
+        """What the draft's KV depends on beyond the shadow's tokens (and the request's adapter)."""
+        return seq.cache_salt
 
     def _rollback(self, seq: Sequence, shadow: Sequence) -> list[int]:
         """Cut the shadow back to the longest prefix its cache shares with the sequence's read tokens
@@ -184,6 +212,8 @@ class DraftModelProposer:
     def _trim(self, shadow: Sequence, length: int) -> None:
         shadow.token_ids = shadow.token_ids[:length]
         shadow.num_computed_tokens = length
+        # Hashes past the cut were of tokens that may come back different (drafts, lookups).
+        del shadow.block_hashes[length // self.block_manager.block_size :]
         self.block_manager.trim(shadow)
 
     def _run(

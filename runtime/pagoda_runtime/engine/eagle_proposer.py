@@ -31,9 +31,16 @@ the head's outputs read back from another (ModelRunner token_state_width).
 
 The target's hidden states wait per sequence until its head catches up: at its next draft, or once
 a step budget of them has piled up (a long prompt, a sequence not drafting while the batch is
-above disable_by_batch_size), so that they never hold more than two step budgets. A position whose
-hidden state the target never computed here (a prefix-cache hit, a head that ran out of blocks)
-is given zeros: the head drafts worse there, never wrongly.
+above disable_by_batch_size), so that they never hold more than two step budgets.
+
+The head's cache is prefix-cached as a draft model's: its KV at position p is computed from the
+layer's input there alone (one layer), token p + 1 and the target's hidden state at p, a function
+of the target's tokens up to p + 1; its blocks are keyed by the shadow's tokens, the target's first
+token and the adapter. So where the target's cache hits a prompt's prefix, the head's hits it too
+(both publish what they computed of it). A position whose hidden state the target never computed
+here and the head's cache does not hold (a prefix the target cached while the head did not run
+it: a sequence that finished without drafting, a head that ran out of blocks) is given zeros, and
+its block is cached so: the head drafts worse there, never wrongly.
 """
 
 from __future__ import annotations
@@ -89,6 +96,20 @@ class EagleProposer(DraftModelProposer):
         self._features.pop(seq.seq_id, None)
         self._fed.pop(seq.seq_id, None)
         super().free(seq)
+
+    def _admitted(self, seq: Sequence) -> Sequence:
+        shadow = super()._admitted(seq)
+        self._fed[seq.seq_id] = shadow.num_computed_tokens
+        return shadow
+
+    def _shadow_tokens(self, seq: Sequence) -> list[int]:
+        """Position p holds token p + 1: the head's KV there is computed from that token and the
+        target's hidden state at p alone (one layer), a function of the tokens up to p + 1."""
+        return seq.token_ids[1 : seq.num_computed_tokens + 1]
+
+    def _cache_salt(self, seq: Sequence) -> tuple:
+        """The target's hidden states also depend on its first token, which no shadow holds."""
+        return ("eagle", seq.token_ids[0], seq.cache_salt)
 
     def _rollback(self, seq: Sequence, shadow: Sequence) -> list[int]:
         """Keep the shadow's positions run from the target's hidden states that the target still

@@ -7,6 +7,7 @@ import pytest
 from pagoda_runtime import LLM, SamplingParams
 from pagoda_runtime.contract.speculative import SpeculativeConfigError
 
+from tests.runtime.engine.proposer_work import count_tokens_run
 from tests.runtime.tiny_models import build_target_and_near_draft, build_tiny_model
 
 PROMPTS = [
@@ -101,6 +102,26 @@ def test_an_aborted_request_frees_its_draft_blocks(small_draft):
         engine.step()
     engine.abort("a")
     assert all_free(speculative)
+
+
+def test_a_prompt_whose_prefix_the_draft_has_cached_runs_only_the_rest_through_the_draft(folders, plain):
+    """Like the target's, the draft's cache keeps the blocks it computed for the tokens the target
+    accepted, keyed by those tokens: a later prompt sharing a long prefix (a system prompt) runs
+    only what follows it through the draft before its first draft, where it ran the whole prompt
+    again before. The outputs stay the target's, and every block is free or cached afterwards."""
+    shared = [(7 * i) % 500 + 3 for i in range(48)]
+    first, second = shared + [11, 12], shared + [13, 14, 15]
+    ran_second, hits = {}, {}
+    for caching in (True, False):
+        speculative = make(folders[0], folders[1], enable_prefix_caching=caching)
+        assert outputs(speculative, [first], GREEDY) == outputs(plain, [first], GREEDY)
+        ran = count_tokens_run(speculative.engine.scheduler.proposer)
+        assert outputs(speculative, [second], GREEDY) == outputs(plain, [second], GREEDY)
+        ran_second[caching] = sum(ran)
+        hits[caching] = speculative.engine.scheduler.proposer.block_manager.prefix_hits
+        assert all_free(speculative)
+    assert ran_second[False] - ran_second[True] >= 44, ran_second  # 11 of the 12 shared blocks
+    assert hits == {True: 48, False: 0}
 
 
 def test_a_draft_with_another_vocabulary_is_refused_at_start_up(folders, tmp_path):

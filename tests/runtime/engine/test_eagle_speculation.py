@@ -9,6 +9,7 @@ import pytest
 from pagoda_runtime import LLM, SamplingParams
 from pagoda_runtime.contract.speculative import SpeculativeConfigError
 
+from tests.runtime.engine.proposer_work import count_tokens_run
 from tests.runtime.tiny_eagle import write_eagle1_head, write_eagle3_head
 from tests.runtime.tiny_models import build_tiny_model
 
@@ -319,14 +320,37 @@ def test_eagle_heads_keep_greedy_tokens_on_the_gpu(folders, method):
     assert all_free(speculative)
 
 
-def test_prefix_cache_hits_leave_the_head_without_those_hidden_states_and_outputs_unchanged(folders):
-    """A prompt whose prefix the target's cache already holds is not run again, so the head gets no
-    hidden state there (zeros in their place): its drafts may be worse, the output is the target's."""
-    cached = dict(enable_prefix_caching=True)
-    speculative, plain = make(folders[0], folders[1], **cached), make(folders[0], **cached)
-    prompts = [PROMPTS[0], PROMPTS[0] + " fox", PROMPTS[1], PROMPTS[1] + " b"]
-    for llm in (speculative, plain):
-        llm.generate(prompts[::2], GREEDY)  # fills the prefix cache
-    assert outputs(speculative, prompts[1::2], GREEDY) == outputs(plain, prompts[1::2], GREEDY)
-    assert speculative.engine.block_manager.prefix_hits > 0
-    assert all_free(speculative)
+def test_a_prefix_both_caches_hold_runs_only_the_rest_through_the_head(folders):
+    """A prompt whose prefix the target's cache holds is not run again, so the target computes no
+    hidden state there; the head's own cache holds its blocks for those tokens (its KV at a position
+    is a function of the tokens up to the next one), so the head runs only the rest, as the target,
+    where it ran the whole prompt before (on zeros). Outputs stay the target's."""
+    shared = [(7 * i) % 500 + 3 for i in range(48)]
+    first, second = shared + [11, 12], shared + [13, 14, 15]
+    plain = make(folders[0])
+    ran_second, hits = {}, {}
+    for caching in (True, False):
+        speculative = make(folders[0], folders[1], enable_prefix_caching=True)
+        speculative.engine.scheduler.proposer.block_manager.enable_prefix_caching = caching
+        assert outputs(speculative, [first], GREEDY) == outputs(plain, [first], GREEDY)
+        ran = count_tokens_run(speculative.engine.scheduler.proposer)
+        assert outputs(speculative, [second], GREEDY) == outputs(plain, [second], GREEDY)
+        ran_second[caching] = sum(ran)
+        hits[caching] = speculative.engine.scheduler.proposer.block_manager.prefix_hits
+        assert speculative.engine.block_manager.prefix_hits == 48
+        assert all_free(speculative)
+    assert ran_second[False] - ran_second[True] >= 40, ran_second
+    assert hits[True] >= 44 and hits[False] == 0
+
+
+def test_prompts_that_differ_only_in_their_first_token_share_no_head_blocks(folders):
+    """A head's position p holds token p + 1, so two prompts differing in token 0 alone put the same
+    tokens in its cache; the target's hidden states, and so the head's KV, differ: its blocks are
+    keyed by the first token too."""
+    speculative = make(folders[0], folders[1], enable_prefix_caching=True)
+    shared = [(7 * i) % 500 + 3 for i in range(48)]
+    speculative.generate([[5] + shared], GREEDY)
+    speculative.generate([[6] + shared], GREEDY)
+    assert speculative.engine.scheduler.proposer.block_manager.prefix_hits == 0
+    speculative.generate([[5] + shared + [9]], GREEDY)
+    assert speculative.engine.scheduler.proposer.block_manager.prefix_hits >= 44
