@@ -18,10 +18,9 @@ verifies them against q (executor/rejection_sampler.py), so the output is the ta
 the draft proposes. The shadow's blocks are freed with the sequence: when it finishes, is aborted
 or is preempted (it catches up again on its next draft).
 
-The draft's cache has a prefix cache of its own, as the target's (--enable-prefix-caching): the
-full blocks of what the target accepted are published as the shadow is rolled back to them, keyed
-by their tokens (and the request's adapter), and a new shadow starts from the blocks its tokens
-hit. So a prompt whose prefix the target's cache holds (a system prompt) is not run through the
+The draft's cache has a prefix cache of its own, as the target's (--enable-prefix-caching): its
+full blocks are published as they are computed, keyed by their tokens (and the request's adapter),
+and a new shadow starts from the blocks its tokens hit. So a prompt whose prefix the target's cache holds (a system prompt) is not run through the
 draft again either, before its first draft. A draft cache that runs out of blocks
 drafts nothing for that sequence, never fails a step. The sequences of a step draft together: one
 forward (or one per budget-sized chunk) catches them all up, and each draft position is one
@@ -75,6 +74,11 @@ def check_same_vocabulary(
 
 
 class DraftModelProposer:
+    # A draft model's KV at a position is a function of the tokens up to it, drafts included, so
+    # its blocks are published as they are computed: a sliding-window pool hands blocks back as
+    # the shadow moves on, unpublished ones lost to the cache.
+    caches_every_forward = True
+
     def __init__(
         self,
         config: SpeculativeConfig,
@@ -239,6 +243,8 @@ class DraftModelProposer:
         logits = self._forward(batch)
         for shadow, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             shadow.num_computed_tokens += n
+            if self.caches_every_forward:
+                self.block_manager.cache_computed_blocks(shadow)
         return {i: logits[row : row + 1] for row, i in enumerate(order)}
 
     def _forward(self, batch: ScheduledBatch) -> torch.Tensor:

@@ -57,6 +57,10 @@ from pagoda_runtime.executor.models.eagle_head import EagleHead
 
 
 class EagleProposer(DraftModelProposer):
+    # A draft position is computed from the head's own hidden state, not the target's: blocks are
+    # published only as the shadow is rolled back to the positions run from the target's.
+    caches_every_forward = False
+
     def __init__(
         self,
         config: SpeculativeConfig,

@@ -124,6 +124,22 @@ def test_a_prompt_whose_prefix_the_draft_has_cached_runs_only_the_rest_through_t
     assert hits == {True: 48, False: 0}
 
 
+@pytest.mark.parametrize("family", ["gemma2", "qwen3_window"])
+def test_a_sliding_window_draft_hits_its_prefix_cache_in_both_pools(tmp_path, family):
+    """A draft with sliding-window layers keeps those layers' blocks in a pool of their own; a
+    prefix longer than the window is found in both, and drafting for itself it stays exact."""
+    model = build_tiny_model(tmp_path / family, family)
+    shared = [(7 * i) % 500 + 3 for i in range(40)]
+    speculative, plain = make(model, model), make(model)
+    prompts = [shared + [11, 12], shared + [13, 14, 15], shared + [11, 12, 16]]
+    for prompt in prompts:
+        assert outputs(speculative, [prompt], GREEDY) == outputs(plain, [prompt], GREEDY)
+    counts = speculative.engine.stats().spec_decode
+    assert counts.num_accepted_tokens == counts.num_draft_tokens > 0
+    assert speculative.engine.scheduler.proposer.block_manager.prefix_hits >= 2 * 36
+    assert all_free(speculative)
+
+
 def test_a_draft_with_another_vocabulary_is_refused_at_start_up(folders, tmp_path):
     other = build_tiny_model(tmp_path / "other", "smollm", tokenizer="metaspace")
     with pytest.raises(SpeculativeConfigError, match="speculative_config.model .* different vocabulary"):
