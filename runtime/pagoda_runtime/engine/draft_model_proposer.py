@@ -16,15 +16,15 @@ after that), and K tokens are drawn one decode step after another, each from the
 distribution q at the request's temperature (its argmax for a greedy request). The target
 verifies them against q (executor/rejection_sampler.py), so the output is the target's whatever
 the draft proposes. The shadow's blocks are freed with the sequence: when it finishes, is aborted
-or is preempted (it catches up again on its next draft).
-
-The draft's cache has a prefix cache of its own, as the target's (--enable-prefix-caching): its
-full blocks are published as they are computed, keyed by their tokens (and the request's adapter),
-and a new shadow starts from the blocks its tokens hit. So a prompt whose prefix the target's cache holds (a system prompt) is not run through the
-draft again either, before its first draft. A draft cache that runs out of blocks
+or is preempted (it catches up again on its next draft). A draft cache that runs out of blocks
 drafts nothing for that sequence, never fails a step. The sequences of a step draft together: one
 forward (or one per budget-sized chunk) catches them all up, and each draft position is one
 batched decode step of the draft, so a step costs about K draft forwards whatever the batch.
+
+The draft's cache has a prefix cache of its own, as the target's (--enable-prefix-caching): its
+full blocks are published as they are computed, keyed by their tokens (and the request's adapter),
+and a new shadow starts from the blocks its tokens hit. So a prompt whose prefix the target's
+cache holds (a system prompt) is not run through the draft again either, before its first draft.
 
 A grammar-constrained sample drafts from q masked by its grammar: its matcher is advanced along
 the draft as it is drawn (and rolled back after), and each position's logits are masked by the
