@@ -3,7 +3,8 @@
 A full block is identified by a chained hash of (its parent's hash, its token ids), so equal
 prefixes map to equal hashes whatever follows them; the chain of a request with a LoRA adapter
 starts from the adapter's id, as its keys and values differ from the base model's, and so does one
-of a sequence with a `cache_salt` (a speculative proposer's cache keyed by more than its own tokens,
+of a sequence with a `cache_salt` (a request's, vLLM's field: only requests with the same salt share
+blocks; or a speculative proposer's, whose KV depends on more than its own tokens,
 engine/draft_model_proposer.py). Blocks shared
 by several sequences carry a reference count; a block whose count drops to zero keeps its contents
 and its hash, and sits in a least-recently-freed queue until either a new prefix hits it or the

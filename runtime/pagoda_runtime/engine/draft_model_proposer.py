@@ -194,7 +194,7 @@ class DraftModelProposer:
         a function of those up to it, so that its blocks are cached by their tokens as the target's."""
         return list(seq.token_ids)
 
-    def _cache_salt(self, seq: Sequence) -> tuple | None:
+    def _cache_salt(self, seq: Sequence) -> object:
         """What the draft's KV depends on beyond the shadow's tokens (and the request's adapter)."""
         return seq.cache_salt
 

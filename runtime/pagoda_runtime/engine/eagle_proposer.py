@@ -111,7 +111,7 @@ class EagleProposer(DraftModelProposer):
         target's hidden state at p alone (one layer), a function of the tokens up to p + 1."""
         return seq.token_ids[1 : seq.num_computed_tokens + 1]
 
-    def _cache_salt(self, seq: Sequence) -> tuple:
+    def _cache_salt(self, seq: Sequence) -> object:
         """The target's hidden states also depend on its first token, which no shadow holds."""
         return ("eagle", seq.token_ids[0], seq.cache_salt)
 

@@ -35,6 +35,8 @@ class SamplingParams:
     # False: token ids only, no text (benchmarks of random-weight models have no real vocabulary).
     detokenize: bool = True
     structured_outputs: StructuredOutputs | None = None
+    # Only requests with the same salt share prefix-cache blocks (engine/block_manager.py), as vLLM.
+    cache_salt: str | None = None
     output_kind: str = "cumulative"  # one of OUTPUT_KINDS
 
     def __post_init__(self) -> None:
@@ -76,6 +78,7 @@ class SamplingParams:
                 f"logprobs must be in [0, 20], got {self.logprobs}",
             ),
             (all(s for s in self.stop), "stop strings must not be empty"),
+            (self.cache_salt is None or bool(self.cache_salt), "cache_salt must not be empty"),
             (
                 self.output_kind in OUTPUT_KINDS,
                 f"output_kind must be one of {', '.join(OUTPUT_KINDS)}, got {self.output_kind!r}",

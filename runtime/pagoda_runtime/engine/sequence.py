@@ -69,8 +69,9 @@ class Sequence:
         self.window_block_table: list[int] = []
         # Chained prefix hashes of this sequence's full blocks, extended as blocks fill up.
         self.block_hashes: list[int] = []
-        # Roots that chain with the adapter's (block_manager.py): what else its KV depends on.
-        self.cache_salt: tuple | None = None
+        # What roots its prefix-cache hash chain with the adapter (block_manager.py): the request's
+        # cache_salt, or what else a proposer's KV depends on.
+        self.cache_salt: object = group.params.cache_salt
         self.num_computed_tokens = 0  # tokens whose keys and values are in the cache
         self.num_cached_tokens = 0  # of the prompt, found in the prefix cache at first admission
         self.num_preemptions = 0

@@ -66,6 +66,7 @@ def sampling_params(
             ignore_eos=body.ignore_eos,
             logprobs=logprobs,
             structured_outputs=constraint,
+            cache_salt=body.cache_salt,
             output_kind="delta",  # the endpoints read deltas, and the whole text from the final output
         )
     except ValueError as exc:

@@ -82,3 +82,17 @@ def test_fork_shares_full_blocks_only():
     bm.free(leader)
     bm.free(child)
     assert bm.num_free_blocks == 8
+
+
+def test_only_sequences_with_the_same_cache_salt_share_prefix_blocks():
+    bm = BlockManager(num_blocks=16, block_size=4)
+
+    def salted(salt):
+        group = SequenceGroup("r", list(range(13)), SamplingParams(cache_salt=salt), 0.0)
+        return Sequence(group, 0)
+
+    first = salted("tenant-a")
+    run_prompt(bm, first)
+    assert bm.find_prefix(salted("tenant-b")) == []
+    assert bm.find_prefix(salted(None)) == []
+    assert bm.find_prefix(salted("tenant-a")) == first.block_table[:3]

@@ -114,6 +114,25 @@ def test_unknown_model_and_context_overflow(client):
     assert "1024" in str(overflow.value) and "5000" in str(overflow.value)
 
 
+def test_only_requests_with_the_same_cache_salt_share_the_prefix_cache(server):
+    """vLLM's cache_salt: a prompt another tenant sent is found in the prefix cache only under the
+    same salt, so its cached prefix cannot be probed by timing from outside; an empty salt is a 400."""
+    prompt = "Summarize the following report in one sentence. " * 8
+
+    def hits_after(**salt):
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 1} | salt
+        assert httpx.post(server.url + "/v1/completions", json=body, timeout=120).status_code == 200
+        return metric(server.url, "pagoda_prefix_cache_hits_total")
+
+    before = hits_after(cache_salt="tenant-a")
+    assert hits_after(cache_salt="tenant-b") == before
+    assert hits_after() == before
+    assert hits_after(cache_salt="tenant-a") >= before + 64
+    empty = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "cache_salt": ""}
+    response = httpx.post(server.url + "/v1/chat/completions", json=empty, timeout=30)
+    assert response.status_code == 400 and "cache_salt" in response.text, response.text
+
+
 def test_info_reports_the_bundled_model_as_loaded_on_the_cpu(server):
     info = httpx.get(server.url + "/v1/info", timeout=10).json()
     # With --dtype auto the CPU keeps the bundled Q4_1 projections packed (see quantization_selection.py):
