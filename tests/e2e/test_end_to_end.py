@@ -5,7 +5,8 @@ from its image and the example becomes Ready through its probes; the pod is lock
 only to its volumes; the OpenAI client gets a chat completion through the Service's ClusterIP; a
 spec change rolls the pod while streams run and loses none, and so does an operator upgrade (a new
 runtime image default, the install's, which the example does not pin); queue depth scraped by Prometheus
-scales the Deployment up and back down; deleting the InferenceService leaves nothing behind.
+scales the Deployment up and back down; turning on a draft model rolls the pod to one that
+speculates; deleting the InferenceService leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import yaml
 from conftest import OPERATOR_NAMESPACE
 from pagoda_operator.names import LABEL_ISVC, child_selector, variant_object_name
 from pagoda_runtime.contract.names import REQUESTS_WAITING as QUEUE_METRIC
+from pagoda_runtime.contract.names import SPEC_DECODE_DRAFTS
 from polling import wait_for
 from providers import ROOT
 
@@ -403,6 +405,58 @@ def test_queue_depth_scales_up_then_down_without_losing_a_request(cluster, isvc)
     terminated = status["state"]["terminated"]
     assert terminated["exitCode"] == 0 and terminated["message"].startswith("drained in "), terminated
     assert "0 aborted" in terminated["message"], terminated
+
+
+# Run in the runtime's container: one greedy completion and the metrics after it, from the pod itself
+# (the Service may still route to the pod being drained).
+_IN_POD = """
+import json, sys, urllib.request
+body = {"model": sys.argv[1], "prompt": sys.argv[2], "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+request = urllib.request.Request("http://127.0.0.1:8000/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+text = json.load(urllib.request.urlopen(request, timeout=300))["choices"][0]["text"]
+metrics = urllib.request.urlopen("http://127.0.0.1:8000/metrics", timeout=30).read().decode()
+print(json.dumps({"text": text, "metrics": metrics}))
+"""
+
+
+def _greedy_text_in(cluster, pod: dict, prompt: str) -> dict:
+    out = cluster.kubectl(
+        "exec", "-n", NAMESPACE, pod["metadata"]["name"], "-c", "runtime", "--",
+        "python", "-c", _IN_POD, NAME, prompt, timeout=330,
+    )  # fmt: skip
+    return json.loads(out.stdout)
+
+
+def _speculates(pod: dict) -> bool:
+    return "--speculative-config" in pod["spec"]["containers"][0].get("args", [])
+
+
+def test_a_draft_model_turned_on_rolls_the_pod_and_the_new_one_speculates(cluster, isvc):
+    """A variant's speculative field (the bundled model drafting for itself): the operator renders
+    --speculative-config with the draft where the pod reads it, the new pod becomes Ready, drafts
+    (its vLLM spec-decode counters grow) and answers a greedy request with the text the pod
+    without speculation gave."""
+    prompt = "Repeat after me: one two three four, one two three four, one two three"
+    [old] = wait_for(
+        lambda: _runtime_pods(cluster), check=lambda ps: len(ps) == 1, timeout=300, what="one pod", interval=2
+    )
+    before = _greedy_text_in(cluster, old, prompt)
+    [variant] = _get(cluster, "infsvc", NAME)["spec"]["variants"]
+    draft = {"source": "bundled://smollm2-135m", "family": "smollm2-135m"}
+    variant["speculative"] = {"method": "draft_model", "numSpeculativeTokens": 3, "model": draft}
+    patch = json.dumps({"spec": {"variants": [variant]}})
+    cluster.kubectl("patch", "infsvc", NAME, "-n", NAMESPACE, "--type=merge", "-p", patch)
+    [new] = wait_for(
+        lambda: [p for p in _runtime_pods(cluster) if _speculates(p) and _ready(p)],
+        timeout=600,
+        what="a Ready pod with the speculative config",
+        interval=2,
+    )
+    after = _greedy_text_in(cluster, new, prompt)
+    assert after["text"] == before["text"]
+    drafts = [m for m in after["metrics"].splitlines() if m.startswith(SPEC_DECODE_DRAFTS + "_total")]
+    assert drafts and float(drafts[0].rsplit(" ", 1)[1]) > 0, drafts
 
 
 def test_deleting_the_inference_service_removes_every_child(cluster, isvc):
