@@ -180,6 +180,11 @@ def adapter_statuses(
     for adapter in spec.adapters:
         name = adapter.name
         download = downloads.get(name) or AdapterDownload("Downloading", "its download Job is being created")
+        if download.phase == "Downloading" and blocked is not None:
+            # Said now, so that the Secret is fixed while the copy runs rather than after it.
+            message = f"{download.message}; once copied it cannot be loaded yet: {blocked}"
+            out.append(AdapterStatus(name=name, state=download.phase, message=message))
+            continue
         if download.phase != "Ready":
             out.append(AdapterStatus(name=name, state=download.phase, message=download.message))
             continue

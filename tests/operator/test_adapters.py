@@ -267,6 +267,16 @@ def test_a_refusal_or_a_silent_pod_shows():
     assert (state.state, state.message) == ("Loading", "no ready pod yet")
 
 
+def test_an_unreadable_api_key_shows_while_the_adapter_still_downloads():
+    s = spec(adapters=[SQL, TONE])
+    downloads = {"sql": READY, "tone": AdapterDownload("Downloading", "42% of 80.0 MB")}
+    blocked = "the Secret api that runtime.apiKeySecretRef names is not in namespace ml: create it"
+    states = {a.name: a for a in adapter_statuses(s, downloads, [], blocked)}
+    assert (states["sql"].state, states["sql"].message) == ("Loading", blocked)
+    assert states["tone"].state == "Downloading"
+    assert states["tone"].message == f"42% of 80.0 MB; once copied it cannot be loaded yet: {blocked}"
+
+
 def test_the_status_lists_adapters_under_each_variant():
     s = spec(adapters=[SQL], variants=[{"name": "bf16"}, {"name": "int4", "quantization": "int4"}])
     adapters = {
