@@ -133,6 +133,7 @@ _sampling = {
     "min_tokens": st.integers(0, 3),
     "ignore_eos": st.booleans(),
     "priority": st.one_of(st.integers(-3, 3), boundary_ints),
+    "cache_salt": st.one_of(text, st.integers(0, 3)),
     "stop_token_ids": _token_ids,
     "include_stop_str_in_output": st.booleans(),
     "response_format": _response_format,

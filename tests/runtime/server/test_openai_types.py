@@ -36,6 +36,7 @@ from .test_tools_api import CALL, END, WEATHER
 # vLLM's sampling, scheduling and structured-output extensions, which OpenAI's API does not have.
 VLLM_EXTENSIONS = {
     "priority",
+    "cache_salt",
     "top_k",
     "min_p",
     "repetition_penalty",
