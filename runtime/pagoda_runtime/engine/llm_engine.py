@@ -329,6 +329,11 @@ class LLMEngine:
         the step before) drops its token; one that verified a draft appends the tokens the target
         accepted and its own after them, up to the first that ends it."""
         batch = launched.batch
+        if launched.prompt_logprobs is not None:
+            for span, entries in launched.prompt_logprobs.to_host():
+                request = self.requests.get(batch.seqs[span.seq_index].group.request_id)
+                if request is not None:
+                    request.record_prompt_logprobs(span.first, entries)
         now = time.monotonic()
         eos = self.model_config.eos_token_ids
         widths = [1] * len(launched.rows) if launched.drafts is None else launched.drafts.widths

@@ -41,3 +41,6 @@ class RequestOutput:
     metrics: RequestMetrics
     num_cached_tokens: int = 0
     delta: list[CompletionOutput] | None = None
+    # With SamplingParams.prompt_logprobs: per prompt token, None for the first (nothing predicts
+    # it), then {token_id: logprob} of the token and the top alternatives, once computed.
+    prompt_logprobs: list[TokenLogprobs | None] | None = None

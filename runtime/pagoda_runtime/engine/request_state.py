@@ -69,6 +69,9 @@ class Request:
         self.logprobs: list[list[TokenLogprobs] | None] = [
             [] if params.logprobs is not None else None for _ in range(params.n)
         ]
+        self.prompt_logprobs: list[TokenLogprobs | None] | None = (
+            None if params.prompt_logprobs is None else [None] * len(prompt_token_ids)
+        )
         self.metrics = RequestMetrics(arrival_time=arrival_time)
 
     @property
@@ -139,6 +142,11 @@ class Request:
             stop_reason=seq.stop_reason if reason is not None else None,
         )
 
+    def record_prompt_logprobs(self, first: int, entries: list[TokenLogprobs]) -> None:
+        """The logprobs of prompt tokens first + 1 .. first + len(entries), from the logits after
+        the tokens before each (a prompt computed again after a preemption gives the same)."""
+        self.prompt_logprobs[first + 1 : first + 1 + len(entries)] = entries
+
     def output(self, deltas: list[CompletionOutput]) -> RequestOutput:
         finished = self.finished
         outputs = []
@@ -153,6 +161,7 @@ class Request:
             metrics=self.metrics,
             num_cached_tokens=self.seqs[0].num_cached_tokens,
             delta=deltas,
+            prompt_logprobs=None if self.prompt_logprobs is None else list(self.prompt_logprobs),
         )
 
     def _cumulative(self) -> list[CompletionOutput]:

@@ -31,6 +31,8 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     logprobs: int | None = None  # top-n logprobs per generated token; 0 = only the chosen one
+    # The same for each prompt token after the first (executor/prompt_logprobs.py), as vLLM's.
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     # False: token ids only, no text (benchmarks of random-weight models have no real vocabulary).
     detokenize: bool = True
@@ -76,6 +78,10 @@ class SamplingParams:
             (
                 self.logprobs is None or 0 <= self.logprobs <= 20,
                 f"logprobs must be in [0, 20], got {self.logprobs}",
+            ),
+            (
+                self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
+                f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}",
             ),
             (all(s for s in self.stop), "stop strings must not be empty"),
             (self.cache_salt is None or bool(self.cache_salt), "cache_salt must not be empty"),

@@ -256,7 +256,8 @@ class Scheduler:
             bm.fork(leader, seq, shared)
             bm.append(seq, min(remaining, budget))
             return True
-        prefix = bm.find_prefix(seq)
+        # A prompt whose logprobs were asked for is computed whole: a cached block yields no logits.
+        prefix = bm.find_prefix(seq) if seq.params.prompt_logprobs is None else []
         num_new = min(seq.num_tokens - len(prefix) * bm.block_size, budget)
         if not bm.can_admit(seq, prefix, num_new):
             return False

@@ -63,6 +63,7 @@ from pagoda_runtime.executor.kernels.lora_slots import lora_batch
 from pagoda_runtime.executor.kernels.reference import FP8_KV_DTYPE
 from pagoda_runtime.executor.models import build_model
 from pagoda_runtime.executor.models.lora_layers import LoraSlots, attach_lora
+from pagoda_runtime.executor.prompt_logprobs import DevicePromptLogprobs, PromptSpan, prompt_spans
 from pagoda_runtime.executor.quantization.memory import decode_weight_bytes, model_weight_bytes
 from pagoda_runtime.executor.rejection_sampler import Drafts
 from pagoda_runtime.executor.sampler import DeviceSamples, Sampler, SamplerOutput, uses_history
@@ -122,6 +123,10 @@ class LaunchedStep:
     greedy: torch.Tensor | None = None  # their argmax, when a CUDA graph computed it
     sampler_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
     samples: DeviceSamples | None = None  # None until sampled, when no row samples, on ranks > 0
+    # Of a step that computes prompt positions whose logprobs a request asked for (rank 0's).
+    prompt_spans: list[PromptSpan] = field(default_factory=list)
+    prompt_targets: torch.Tensor | None = None
+    prompt_logprobs: DevicePromptLogprobs | None = None
 
     @property
     def sampled(self) -> bool:
@@ -412,11 +417,17 @@ class ModelRunner:
         With tensor parallelism every rank runs every step on the same batch (the forward and the
         logits are collectives); only rank 0 samples, the others get no samples."""
         started = time.perf_counter()
-        step, launched = self._prepare(batch, in_flight)
+        step, launched = self._prepare(batch, in_flight, prompt_logprobs=True)
         self.last_prepare_s = time.perf_counter() - started
         logits, greedy = self.run(step)
         if self._hidden_sink is not None:
             self._hand_hidden(batch)
+        if launched.prompt_spans and self.tp.is_driver:
+            sampling = len(launched.rows)
+            launched.prompt_logprobs = DevicePromptLogprobs(
+                launched.prompt_spans, logits[sampling:], launched.prompt_targets
+            )
+            logits = logits[:sampling] if sampling else None
         if logits is None or not self.tp.is_driver:
             launched.rows, launched.output_index = [], []
             return launched
@@ -484,14 +495,19 @@ class ModelRunner:
         return self.model.compute_logits(hidden[step.logits_rows]), None
 
     def _prepare(
-        self, batch: ScheduledBatch, in_flight: LaunchedStep | None, every_logit: bool = False
+        self,
+        batch: ScheduledBatch,
+        in_flight: LaunchedStep | None,
+        every_logit: bool = False,
+        prompt_logprobs: bool = False,
     ) -> tuple[StepInputs, LaunchedStep]:
         """The step's flat tensors, built with numpy and copied to the device in one transfer
         together with the sampler's inputs; logits for the last token of each sequence that
-        samples, or for every token (`every_logit`, scoring). A decode step every sequence of
-        which samples is padded up to a captured graph's batch size (padding tokens write to
-        slot -1), and replays it; so is a short step (a verify step, a draft's catch-up) whose
-        sequences all sample and fit a short-step graph."""
+        samples, or for every token (`every_logit`, scoring), and with `prompt_logprobs` (a
+        target model's step, not a draft's) those of the prompt positions requests asked for. A
+        decode step every sequence of which samples is padded up to a captured graph's batch size
+        (padding tokens write to slot -1), and replays it; so is a short step (a verify step, a
+        draft's catch-up) whose sequences all sample and fit a short-step graph."""
         seqs = batch.seqs
         n = len(seqs)
         bs = self.block_size
@@ -504,12 +520,15 @@ class ModelRunner:
             drafted[i] = len(draft)
         ends = starts + news
         rows = np.flatnonzero(ends == known + pending + drafted)
+        spans, prompt_rows, prompt_targets = (
+            prompt_spans(seqs, starts, news, known) if prompt_logprobs else ([], None, None)
+        )
         num_tokens = int(news.sum())
         decode = num_tokens == n
         seq_slots = None if batch.lora_slots is None else np.array(batch.lora_slots, dtype=np.int32)
         graph = None
         per_seq = 1  # tokens a sequence in the graph replayed
-        samples_all = not every_logit and rows.shape[0] == n
+        samples_all = not every_logit and rows.shape[0] == n and not spans
         if decode and samples_all and n <= self._max_graph_size:
             graph = self._graph_sizes[bisect.bisect_left(self._graph_sizes, n)]
         elif (
@@ -563,6 +582,8 @@ class ModelRunner:
             if every_logit
             else np.repeat(query_start[1:][rows].astype(np.int64) - widths, widths) + row_offsets
         )
+        if spans:  # after the sampling rows (prompt_logprobs.py)
+            logits_rows = np.concatenate([logits_rows, prompt_rows])
         # A sequence whose last input token was sampled by the step in flight.
         waiting = np.flatnonzero(ends > known + drafted)
         gather_to = (query_start[waiting] + known[waiting] - starts[waiting]).astype(np.int64)
@@ -594,6 +615,8 @@ class ModelRunner:
             )
         if not every_logit:
             arrays |= {f"sampler.{k}": v for k, v in self.sampler.host_arrays(sampling, output_index).items()}
+        if spans:
+            arrays["prompt_targets"] = prompt_targets
         staged = self._staging.to_device(arrays)
         if waiting.shape[0]:
             sampled = in_flight.samples.tokens
@@ -634,6 +657,8 @@ class ModelRunner:
         launched = LaunchedStep(
             batch, shape, row_seqs.tolist(), output_index, drafts, sampler_inputs=sampler_inputs
         )
+        if spans:
+            launched.prompt_spans, launched.prompt_targets = spans, staged["prompt_targets"]
         return step, launched
 
     @staticmethod

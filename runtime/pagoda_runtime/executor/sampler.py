@@ -33,6 +33,7 @@ from pagoda_runtime.engine.outputs import TokenLogprobs
 from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.engine.sequence import Sequence
 from pagoda_runtime.executor.devices import host_list_on
+from pagoda_runtime.executor.host_copy import HostCopy
 from pagoda_runtime.executor.rejection_sampler import Drafts, rejection_sample, target_probs
 
 # Odd 64-bit constant (the golden ratio's) that spreads one seed over the samples of a request.
@@ -80,34 +81,21 @@ class DeviceSamples:
     top_values: torch.Tensor | None = None
     top_ids: torch.Tensor | None = None
     emitted: torch.Tensor | None = None  # of a verify step: per sequence, the rows emitted
-    _host: list[torch.Tensor] | None = None
-    _copied: torch.cuda.Event | None = None
+    _copy: HostCopy | None = None
 
     def start_copy(self) -> None:
-        """Queue the copies to the host (on CUDA; a CPU has them already)."""
-        parts = [
-            t
-            for t in (self.tokens, self.emitted, self.chosen, self.top_values, self.top_ids)
-            if t is not None
-        ]
-        if self.tokens.device.type != "cuda":
-            self._host = parts
-            return
-        self._host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in parts]
-        for host, device in zip(self._host, parts, strict=True):
-            host.copy_(device, non_blocking=True)
-        self._copied = torch.cuda.Event()
-        self._copied.record()
+        """Queue the copies to the host."""
+        parts = (self.tokens, self.emitted, self.chosen, self.top_values, self.top_ids)
+        self._copy = HostCopy([t for t in parts if t is not None])
 
     def to_host(self) -> SamplerOutput:
-        if self._copied is not None:
-            self._copied.synchronize()
-        token_ids = self._host[0].tolist()
-        emitted = None if self.emitted is None else self._host[1].tolist()
+        host = self._copy.wait()
+        token_ids = host[0].tolist()
+        emitted = None if self.emitted is None else host[1].tolist()
         logprobs: list[TokenLogprobs | None] = [None] * len(token_ids)
         if self.chosen is None:
             return SamplerOutput(token_ids, logprobs, emitted)
-        chosen, top_values, top_ids = (t.tolist() for t in self._host[-3:])
+        chosen, top_values, top_ids = (t.tolist() for t in host[-3:])
         for i, p in enumerate(self.params):
             if p.logprobs is None:
                 continue

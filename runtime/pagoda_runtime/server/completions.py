@@ -35,28 +35,43 @@ def prompt_token_ids(
     return tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
 
 
+def _echoed_text(prompt: str | list[int] | list[str] | list[list[int]], ids: list[int], tokenizer) -> str:
+    """The prompt as the request wrote it: its text, or its token ids decoded."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    return prompt if isinstance(prompt, str) else tokenizer.decode(ids)
+
+
 async def create_completion(body: CompletionRequest, request: Request):
     state: ServerState = request.app.state.pagoda
     lora_name = check_model(state, body.model, request)
     engine = await admit(state, body.priority)
     ids = prompt_token_ids(body.prompt, engine.tokenizer)
-    params = sampling_params(body, body.max_tokens, body.logprobs, structured_outputs(body))
+    # An echo with logprobs reports the prompt tokens' too: the engine computes them.
+    prompt_logprobs = body.logprobs if body.echo else None
+    params = sampling_params(body, body.max_tokens, body.logprobs, structured_outputs(body), prompt_logprobs)
+    echoed = _echoed_text(body.prompt, ids, engine.tokenizer) if body.echo else ""
     request_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     model = body.model or state.settings.served_model_name
     include_usage = body.stream_options is not None and body.stream_options.include_usage
 
-    def logprobs(token_ids, token_logprobs, offset):
+    def logprobs(token_ids, token_logprobs, offset, out: RequestOutput | None = None):
+        """Of the tokens; with `out`, after those of its echoed prompt."""
         if body.logprobs is None:
             return None
-        return completion_logprobs(engine.tokenizer, token_ids, token_logprobs, body.logprobs, offset)
+        before = None
+        if out is not None and out.prompt_logprobs is not None:
+            before = completion_logprobs(engine.tokenizer, ids, out.prompt_logprobs, body.logprobs, 0)
+        return completion_logprobs(engine.tokenizer, token_ids, token_logprobs, body.logprobs, offset, before)
 
     def whole(final: RequestOutput) -> CompletionResponse:
+        echo = final if body.echo else None
         choices = [
             CompletionChoice(
                 index=o.index,
-                text=o.text,
-                logprobs=logprobs(o.token_ids, o.logprobs, 0),
+                text=echoed + o.text,
+                logprobs=logprobs(o.token_ids, o.logprobs, len(echoed), echo),
                 finish_reason=o.finish_reason,
             )
             for o in sorted(final.outputs, key=lambda o: o.index)
@@ -67,19 +82,24 @@ async def create_completion(body: CompletionRequest, request: Request):
 
     async def stream(outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[bytes]:
         offsets = [0] * body.n
+        unechoed = set(range(body.n)) if body.echo else set()  # choices whose prompt is still to send
         out = None
         async for out in outputs:
             choices = []
             for delta in out.delta or ():
+                echo = out if delta.index in unechoed else None
+                unechoed.discard(delta.index)
+                prefix = echoed if echo is not None else ""
+                offset = offsets[delta.index] + len(prefix)
                 choices.append(
                     CompletionChoice(
                         index=delta.index,
-                        text=delta.text,
-                        logprobs=logprobs(delta.token_ids, delta.logprobs, offsets[delta.index]),
+                        text=prefix + delta.text,
+                        logprobs=logprobs(delta.token_ids, delta.logprobs, offset, echo),
                         finish_reason=delta.finish_reason,
                     )
                 )
-                offsets[delta.index] += len(delta.text)
+                offsets[delta.index] = offset + len(delta.text)
             if choices:
                 chunk = CompletionResponse(id=request_id, created=created, model=model, choices=choices)
                 yield sse.event(chunk, exclude=None if include_usage else {"usage"})

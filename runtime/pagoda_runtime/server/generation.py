@@ -43,7 +43,11 @@ def usage(out: RequestOutput) -> UsageInfo:
 
 
 def sampling_params(
-    body: SamplingFields, max_tokens: int | None, logprobs: int | None, constraint: StructuredOutputs | None
+    body: SamplingFields,
+    max_tokens: int | None,
+    logprobs: int | None,
+    constraint: StructuredOutputs | None,
+    prompt_logprobs: int | None = None,
 ) -> SamplingParams:
     """max_tokens None: up to the context length. `constraint`: the body's own (server.constraints)
     or one the endpoint derived (tool_choice)."""
@@ -65,6 +69,7 @@ def sampling_params(
             include_stop_str_in_output=body.include_stop_str_in_output,
             ignore_eos=body.ignore_eos,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             structured_outputs=constraint,
             cache_salt=body.cache_salt,
             output_kind="delta",  # the endpoints read deltas, and the whole text from the final output

@@ -20,15 +20,26 @@ def _top(alternatives: TokenLogprobs, n: int) -> list[tuple[int, float]]:
 
 
 def completion_logprobs(
-    tokenizer, token_ids: list[int], logprobs: list[TokenLogprobs], top_n: int, text_offset: int
+    tokenizer,
+    token_ids: list[int],
+    logprobs: list[TokenLogprobs | None],
+    top_n: int,
+    text_offset: int,
+    before: CompletionLogprobs | None = None,
 ) -> CompletionLogprobs:
-    """The legacy completions format; text_offset is where these tokens start in the choice's text."""
-    result = CompletionLogprobs()
+    """The legacy completions format, appended to `before` (an echoed prompt's) where given;
+    text_offset is where these tokens start in the choice's text. A token without logprobs (a
+    prompt's first, which nothing predicts) has nulls, as OpenAI's echo gives."""
+    result = before or CompletionLogprobs()
     for token_id, alternatives in zip(token_ids, logprobs, strict=True):
         token = _text(tokenizer, token_id)
         result.tokens.append(token)
-        result.token_logprobs.append(max(alternatives[token_id], _FLOOR))
-        result.top_logprobs.append({_text(tokenizer, t): lp for t, lp in _top(alternatives, top_n)})
+        if alternatives is None:
+            result.token_logprobs.append(None)
+            result.top_logprobs.append(None)
+        else:
+            result.token_logprobs.append(max(alternatives[token_id], _FLOOR))
+            result.top_logprobs.append({_text(tokenizer, t): lp for t, lp in _top(alternatives, top_n)})
         result.text_offset.append(text_offset)
         text_offset += len(token)
     return result

@@ -189,16 +189,11 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: TokenCount | None = 16
     logprobs: int | None = Field(default=None, ge=0, le=5)
+    # The prompt before each completion's text, with logprobs its tokens' too (the first's null):
+    # how evaluation harnesses score a text's likelihood.
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
-
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, echo: bool) -> bool:
-        if echo:
-            raise ValueError("echo is not supported by this server; set it to false")
-        return echo
 
     @field_validator("best_of")
     @classmethod
@@ -295,7 +290,7 @@ class UsageInfo(BaseModel):
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)  # null: an echoed first token
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
     text_offset: list[int] = Field(default_factory=list)
 

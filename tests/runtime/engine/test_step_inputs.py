@@ -63,9 +63,9 @@ def test_the_vectorized_step_inputs_equal_the_token_by_token_ones(folder, overla
     runner = llm.engine.runner
     prepare, checked = runner._prepare, []
 
-    def compared(batch, in_flight, every_logit=False):
+    def compared(batch, in_flight, every_logit=False, prompt_logprobs=False):
         expected = token_by_token(batch, in_flight)
-        step, launched = prepare(batch, in_flight, every_logit)
+        step, launched = prepare(batch, in_flight, every_logit, prompt_logprobs)
         meta = step.meta
         got = {
             "input_ids": step.input_ids,
@@ -159,13 +159,13 @@ def test_verify_steps_padded_to_their_graphs_keep_the_greedy_tokens(folder):
     replayed = _pretend_short_graphs(runner)
     prepare, padded = runner._prepare, []
 
-    def recorded(batch, in_flight, every_logit=False):
+    def recorded(batch, in_flight, every_logit=False, prompt_logprobs=False):
         expected = {}  # each sequence's tokens this step: its last known ones, then its draft
         for i, seq in enumerate(batch.seqs):
             start = seq.num_computed_tokens
             tokens = seq.token_ids[start : start + batch.num_new_tokens[i]] + batch.drafts.get(i, [])
             expected[i] = (start, tokens[: batch.num_new_tokens[i]])
-        step, launched = prepare(batch, in_flight, every_logit)
+        step, launched = prepare(batch, in_flight, every_logit, prompt_logprobs)
         if step.replayable and step.meta.max_query_len > 1:
             padded.append((expected, step))
         return step, launched

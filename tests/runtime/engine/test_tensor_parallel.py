@@ -13,7 +13,7 @@ import multiprocessing
 
 import pytest
 import torch
-from pagoda_runtime import LLM
+from pagoda_runtime import LLM, SamplingParams
 from pagoda_runtime.contract.config import EngineConfig
 from pagoda_runtime.contract.sizing import kv_heads_per_rank
 from pagoda_runtime.engine.llm_engine import LLMEngine
@@ -170,12 +170,22 @@ def test_a_row_parallel_shard_never_cuts_a_quantization_group():
 @pytest.mark.slow
 def test_the_offline_llm_splits_over_ranks_as_serve_does(models):
     folder = next(f for name, f, _ in models["tiny"] if name == "gqa")
-    whole = LLM(folder, dtype="float32", device="cpu", **TINY_ENGINE).generate(PROMPTS, GREEDY)
+    # Prompt logprobs too: their rows are in the step every rank computes the logits of.
+    scored = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, prompt_logprobs=2)
+    one = LLM(folder, dtype="float32", device="cpu", **TINY_ENGINE)
+    whole, whole_scored = one.generate(PROMPTS, GREEDY), one.generate(PROMPTS[0], scored)[0]
     llm = LLM(folder, dtype="float32", device="cpu", tensor_parallel_size=2, **TINY_ENGINE)
     try:
         assert llm.engine.runner.tp.size == 2
         split = llm.generate(PROMPTS, GREEDY)
         assert [o.outputs[0].token_ids for o in split] == [o.outputs[0].token_ids for o in whole]
+        split_scored = llm.generate(PROMPTS[0], scored)[0]
+        assert split_scored.prompt_logprobs[0] is None
+        for mine, theirs in zip(
+            split_scored.prompt_logprobs[1:], whole_scored.prompt_logprobs[1:], strict=True
+        ):
+            assert mine.keys() == theirs.keys()
+            assert all(mine[t] == pytest.approx(theirs[t], abs=1e-4) for t in mine)
     finally:
         llm.shutdown()
     # The spawned rank has exited (finish joined it after the stop).

@@ -137,7 +137,6 @@ def test_errors_name_the_field_and_have_openai_shape(fake):
         ({"prompt": "x", "temperature": 5}, "temperature"),
         ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
         ({"max_tokens": 3}, "prompt"),
-        ({"prompt": "x", "echo": True}, "echo"),
         ({"prompt": "x", "n": 2, "best_of": 3}, "best_of"),
         ({"prompt": "x", "stop": [""]}, "stop"),
         ({"prompt": "x", "n": "many"}, "n"),

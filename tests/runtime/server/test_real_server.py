@@ -114,6 +114,33 @@ def test_unknown_model_and_context_overflow(client):
     assert "1024" in str(overflow.value) and "5000" in str(overflow.value)
 
 
+def test_echo_with_logprobs_scores_the_prompt_as_evaluation_harnesses_ask(client):
+    """lm-evaluation-harness's loglikelihood request: echo, logprobs 1, one token. The text is the
+    prompt and the completion; the logprobs cover every prompt token (the first null, nothing
+    predicts it) and then the completion's, whole and streamed alike."""
+    ask = dict(model=MODEL, prompt=PROMPT, max_tokens=1, temperature=0, echo=True, logprobs=1)
+    whole = client.completions.create(**ask).choices[0]
+    prompt_tokens = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=1).usage.prompt_tokens
+    assert whole.text.startswith(PROMPT) and len(whole.text) > len(PROMPT)
+    logprobs = whole.logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == prompt_tokens + 1
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    assert all(lp <= 0 for lp in logprobs.token_logprobs[1:])
+    assert all(len(top) >= 1 for top in logprobs.top_logprobs[1:])
+    # The greedy completion token is its position's most likely one.
+    last_top = logprobs.top_logprobs[-1]
+    assert max(last_top, key=last_top.get) == logprobs.tokens[-1]
+    chunks = list(client.completions.create(**ask, stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.text
+    streamed = [
+        lp
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for lp in c.choices[0].logprobs.token_logprobs
+    ]
+    assert streamed == logprobs.token_logprobs
+
+
 def test_only_requests_with_the_same_cache_salt_share_the_prefix_cache(server):
     """vLLM's cache_salt: a prompt another tenant sent is found in the prefix cache only under the
     same salt, so its cached prefix cannot be probed by timing from outside; an empty salt is a 400."""
