@@ -21,6 +21,7 @@ import torch
 from pagoda_runtime.engine.outputs import TokenLogprobs
 from pagoda_runtime.engine.sequence import Sequence
 from pagoda_runtime.executor.host_copy import HostCopy
+from pagoda_runtime.executor.sampler import logprob_entry
 
 
 @dataclass(frozen=True)
@@ -72,12 +73,10 @@ class DevicePromptLogprobs:
         targets, chosen, top_values, top_ids = (t.tolist() for t in self._copy.wait())
         out, row = [], 0
         for span in self.spans:
-            entries = []
-            for r in range(row, row + span.count):
-                entry = {targets[r]: chosen[r]}
-                for token, value in zip(top_ids[r][: span.top_k], top_values[r][: span.top_k], strict=True):
-                    entry.setdefault(token, value)
-                entries.append(entry)
+            entries = [
+                logprob_entry(targets[r], chosen[r], top_ids[r], top_values[r], span.top_k)
+                for r in range(row, row + span.count)
+            ]
             out.append((span, entries))
             row += span.count
         return out

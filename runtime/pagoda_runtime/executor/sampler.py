@@ -97,13 +97,19 @@ class DeviceSamples:
             return SamplerOutput(token_ids, logprobs, emitted)
         chosen, top_values, top_ids = (t.tolist() for t in host[-3:])
         for i, p in enumerate(self.params):
-            if p.logprobs is None:
-                continue
-            entry = {token_ids[i]: chosen[i]}
-            for token, value in zip(top_ids[i][: p.logprobs], top_values[i][: p.logprobs], strict=True):
-                entry.setdefault(token, value)
-            logprobs[i] = entry
+            if p.logprobs is not None:
+                logprobs[i] = logprob_entry(token_ids[i], chosen[i], top_ids[i], top_values[i], p.logprobs)
         return SamplerOutput(token_ids, logprobs, emitted)
+
+
+def logprob_entry(
+    token: int, value: float, top_ids: list[int], top_values: list[float], top_k: int
+) -> TokenLogprobs:
+    """{token id: logprob}: the chosen token's, then the top k's (the chosen one among them once)."""
+    entry = {token: value}
+    for other, other_value in zip(top_ids[:top_k], top_values[:top_k], strict=True):
+        entry.setdefault(other, other_value)
+    return entry
 
 
 class Sampler:
