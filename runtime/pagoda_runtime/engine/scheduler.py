@@ -137,7 +137,7 @@ class Scheduler:
             if seq.status is not running or seq.last_token_sampled:
                 continue  # preempted earlier in this loop, or its last token is being sampled
             computed = seq.num_computed_tokens
-            num_new = min(seq.num_tokens - computed, budget)
+            num_new = _step_tokens(seq, budget)
             draft, probs = drafts.get(seq.seq_id, ([], None))
             if draft:
                 draft = draft[: budget - 1]
@@ -177,7 +177,7 @@ class Scheduler:
             else:
                 self.running.append(seq)
             seq.status = SequenceStatus.RUNNING
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            num_new = _step_tokens(seq, budget)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(num_new)
             budget -= num_new
@@ -314,3 +314,14 @@ class Scheduler:
             self.draft_lengths.forget(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
+
+
+# Prompt tokens one step computes of a request with prompt_logprobs: each is a float32 logits row
+# of the whole vocabulary (256 x 152k is 156 MB), so a long prompt must not take a whole budget.
+PROMPT_LOGPROBS_CHUNK = 256
+
+
+def _step_tokens(seq: Sequence, budget: int) -> int:
+    """The tokens `seq` computes this step, drafts aside: what it has left, within the budget."""
+    num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+    return num_new if seq.params.prompt_logprobs is None else min(num_new, PROMPT_LOGPROBS_CHUNK)

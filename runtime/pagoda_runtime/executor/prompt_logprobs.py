@@ -8,7 +8,8 @@ vLLM reports them). The rows follow the sampling rows in the step's logits_rows,
 computes them with the rest (every tensor-parallel rank, since the logits are collectives); only
 rank 0 reads them. A step with such rows runs eagerly (a CUDA graph holds sampling rows only).
 Their prompt is never taken from the prefix cache (scheduler), so every position is computed, by
-the request's first sample.
+the request's first sample, at most PROMPT_LOGPROBS_CHUNK tokens a step (each row is a float32 row
+of the vocabulary, so a long prompt must not take a whole step budget in one go).
 """
 
 from __future__ import annotations

@@ -107,3 +107,21 @@ def test_prompt_logprobs_on_the_gpu_under_async_scheduling(model, reference):
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, prompt_logprobs=2)
     outs = llm.generate([PROMPT, PROMPT[:9]], [params, SamplingParams(temperature=0.0, max_tokens=8)])
     check_against(reference, outs[0].prompt_logprobs, 2, tolerance=5e-3)
+
+
+def test_a_long_prompt_is_scored_a_bounded_chunk_a_step(model):
+    """Each prompt position is a float32 row of the vocabulary: a long prompt is computed at most
+    PROMPT_LOGPROBS_CHUNK tokens a step whatever the budget, and every position is still reported."""
+    from pagoda_runtime.engine.scheduler import PROMPT_LOGPROBS_CHUNK
+
+    llm = make(model, max_num_batched_tokens=1024)
+    engine = llm.engine
+    prompt = [(7 * i) % 300 + 5 for i in range(PROMPT_LOGPROBS_CHUNK + 100)]
+    engine.add_request("long", prompt, SamplingParams(max_tokens=1, prompt_logprobs=0))
+    engine.step()
+    assert engine.scheduler.running[0].num_computed_tokens == PROMPT_LOGPROBS_CHUNK
+    finished = []
+    while engine.has_unfinished():
+        finished += [o for o in engine.step() if o.finished]
+    [out] = finished
+    assert out.prompt_logprobs[0] is None and all(e is not None for e in out.prompt_logprobs[1:])
