@@ -152,7 +152,7 @@ class SamplingFields(ValidText):
     priority: Int64 = Field(default=0, strict=True)
     # vLLM's: salts the prefix cache's keys, so that only requests with the same salt share KV blocks
     # (another tenant cannot tell from a faster first token that a prompt was seen before).
-    cache_salt: str | None = Field(default=None, min_length=1)
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
     stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
     response_format: ResponseFormat | None = None

@@ -158,6 +158,10 @@ def test_only_requests_with_the_same_cache_salt_share_the_prefix_cache(server):
     empty = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "cache_salt": ""}
     response = httpx.post(server.url + "/v1/chat/completions", json=empty, timeout=30)
     assert response.status_code == 400 and "cache_salt" in response.text, response.text
+    long = httpx.post(
+        server.url + "/v1/chat/completions", json=empty | {"cache_salt": "s" * 1025}, timeout=30
+    )
+    assert long.status_code == 400 and "cache_salt" in long.text, long.text
 
 
 def test_info_reports_the_bundled_model_as_loaded_on_the_cpu(server):
