@@ -324,4 +324,7 @@ PROMPT_LOGPROBS_CHUNK = 256
 def _step_tokens(seq: Sequence, budget: int) -> int:
     """The tokens `seq` computes this step, drafts aside: what it has left, within the budget."""
     num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-    return num_new if seq.params.prompt_logprobs is None else min(num_new, PROMPT_LOGPROBS_CHUNK)
+    # Plain arithmetic for a decode, as the loop over running sequences asks.
+    if num_new <= PROMPT_LOGPROBS_CHUNK or seq.params.prompt_logprobs is None:
+        return num_new
+    return PROMPT_LOGPROBS_CHUNK
