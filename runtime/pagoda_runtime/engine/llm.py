@@ -20,6 +20,7 @@ from typing import Any
 
 from pagoda_runtime.contract.config import EngineConfig
 from pagoda_runtime.contract.speculative import parse_speculative_config
+from pagoda_runtime.engine.chat_prompt import chat_prompt_ids
 from pagoda_runtime.engine.llm_engine import LLMEngine
 from pagoda_runtime.engine.outputs import RequestOutput
 from pagoda_runtime.engine.sampling_params import SamplingParams
@@ -98,17 +99,20 @@ class LLM:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[RequestOutput]:
-        """One conversation (a list of {"role", "content"} messages) or several; `tools` in OpenAI's
-        shape are handed to the template, as the server does."""
+        """One conversation (a list of {"role", "content"} messages) or several, rendered as the
+        server renders them (engine/chat_prompt.py); `tools` in OpenAI's shape."""
         conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
-        tokenizer = self.engine.tokenizer
-        extra = {"tools": [dict(t) for t in tools]} if tools else {}
         prompts = [
-            # The template writes the special tokens (BOS included) itself.
-            tokenizer.encode(
-                tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt, **extra),
-                add_special_tokens=False,
+            chat_prompt_ids(
+                self.engine.tokenizer,
+                c,
+                tools=[dict(t) for t in tools] if tools else None,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                template_kwargs=chat_template_kwargs,
             )
             for c in conversations
         ]

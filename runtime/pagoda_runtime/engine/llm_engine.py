@@ -330,10 +330,10 @@ class LLMEngine:
         accepted and its own after them, up to the first that ends it."""
         batch = launched.batch
         if launched.prompt_logprobs is not None:
-            for span, entries in launched.prompt_logprobs.to_host():
+            for span, entries, ranks in launched.prompt_logprobs.to_host():
                 request = self.requests.get(batch.seqs[span.seq_index].group.request_id)
                 if request is not None:
-                    request.record_prompt_logprobs(span.first, entries)
+                    request.record_prompt_logprobs(span.first, entries, ranks)
         now = time.monotonic()
         eos = self.model_config.eos_token_ids
         widths = [1] * len(launched.rows) if launched.drafts is None else launched.drafts.widths

@@ -44,3 +44,6 @@ class RequestOutput:
     # With SamplingParams.prompt_logprobs: per prompt token, None for the first (nothing predicts
     # it), then {token_id: logprob} of the token and the top alternatives, once computed.
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    # With them, each prompt token's rank under the model (1: the likeliest), None for the first:
+    # vLLM's Logprob.rank, which its API reports beside each prompt logprob.
+    prompt_token_ranks: list[int | None] | None = None

@@ -66,8 +66,7 @@ class ChatTokenizer(Protocol):
         self,
         messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
-        *,
-        tools: list[dict] | None = None,
+        **template_variables: Any,
     ) -> str: ...
 
 

@@ -69,9 +69,11 @@ class Request:
         self.logprobs: list[list[TokenLogprobs] | None] = [
             [] if params.logprobs is not None else None for _ in range(params.n)
         ]
-        self.prompt_logprobs: list[TokenLogprobs | None] | None = (
-            None if params.prompt_logprobs is None else [None] * len(prompt_token_ids)
-        )
+        self.prompt_logprobs: list[TokenLogprobs | None] | None = None
+        self.prompt_token_ranks: list[int | None] | None = None
+        if params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None] * len(prompt_token_ids)
+            self.prompt_token_ranks = [None] * len(prompt_token_ids)
         self.metrics = RequestMetrics(arrival_time=arrival_time)
 
     @property
@@ -142,10 +144,12 @@ class Request:
             stop_reason=seq.stop_reason if reason is not None else None,
         )
 
-    def record_prompt_logprobs(self, first: int, entries: list[TokenLogprobs]) -> None:
-        """The logprobs of prompt tokens first + 1 .. first + len(entries), from the logits after
-        the tokens before each (a prompt computed again after a preemption gives the same)."""
+    def record_prompt_logprobs(self, first: int, entries: list[TokenLogprobs], ranks: list[int]) -> None:
+        """The logprobs and ranks of prompt tokens first + 1 .. first + len(entries), from the
+        logits after the tokens before each (a prompt computed again after a preemption gives the
+        same)."""
         self.prompt_logprobs[first + 1 : first + 1 + len(entries)] = entries
+        self.prompt_token_ranks[first + 1 : first + 1 + len(ranks)] = ranks
 
     def output(self, deltas: list[CompletionOutput]) -> RequestOutput:
         finished = self.finished
@@ -162,6 +166,7 @@ class Request:
             num_cached_tokens=self.seqs[0].num_cached_tokens,
             delta=deltas,
             prompt_logprobs=None if self.prompt_logprobs is None else list(self.prompt_logprobs),
+            prompt_token_ranks=None if self.prompt_token_ranks is None else list(self.prompt_token_ranks),
         )
 
     def _cumulative(self) -> list[CompletionOutput]:

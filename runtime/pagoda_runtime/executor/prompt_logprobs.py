@@ -66,18 +66,21 @@ class DevicePromptLogprobs:
         self.spans = spans
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         chosen = logprobs.gather(1, targets[:, None])[:, 0]
+        # vLLM's rank: 1 + how many tokens the model found likelier than the prompt's own.
+        ranks = (logprobs > chosen[:, None]).sum(dim=-1) + 1
         top_values, top_ids = logprobs.topk(max(s.top_k for s in spans), dim=-1)
-        self._copy = HostCopy([targets, chosen, top_values, top_ids])
+        self._copy = HostCopy([targets, chosen, ranks, top_values, top_ids])
 
-    def to_host(self) -> list[tuple[PromptSpan, list[TokenLogprobs]]]:
-        """Per span, one {token id: logprob} per row: the prompt token's, then its top k."""
-        targets, chosen, top_values, top_ids = (t.tolist() for t in self._copy.wait())
+    def to_host(self) -> list[tuple[PromptSpan, list[TokenLogprobs], list[int]]]:
+        """Per span, one {token id: logprob} per row (the prompt token's, then its top k) and the
+        prompt token's rank per row."""
+        targets, chosen, ranks, top_values, top_ids = (t.tolist() for t in self._copy.wait())
         out, row = [], 0
         for span in self.spans:
+            rows = range(row, row + span.count)
             entries = [
-                logprob_entry(targets[r], chosen[r], top_ids[r], top_values[r], span.top_k)
-                for r in range(row, row + span.count)
+                logprob_entry(targets[r], chosen[r], top_ids[r], top_values[r], span.top_k) for r in rows
             ]
-            out.append((span, entries))
+            out.append((span, entries, ranks[row : row + span.count]))
             row += span.count
         return out

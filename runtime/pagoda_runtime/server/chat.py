@@ -7,9 +7,10 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-import jinja2
 from fastapi import Request
 
+from pagoda_runtime.engine.chat_prompt import ChatPromptError
+from pagoda_runtime.engine.chat_prompt import chat_prompt_ids as render_chat
 from pagoda_runtime.engine.outputs import RequestOutput
 from pagoda_runtime.engine.protocol import ChatTokenizer
 from pagoda_runtime.server import sse
@@ -17,7 +18,7 @@ from pagoda_runtime.server.admission import admit, check_model
 from pagoda_runtime.server.constraints import structured_outputs
 from pagoda_runtime.server.errors import APIError
 from pagoda_runtime.server.generation import generate, respond, sampling_params, usage
-from pagoda_runtime.server.logprobs import chat_logprobs
+from pagoda_runtime.server.logprobs import chat_logprobs, prompt_logprobs
 from pagoda_runtime.server.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -26,6 +27,7 @@ from pagoda_runtime.server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatMessage,
+    ChatTemplateOptions,
     DeltaMessage,
 )
 from pagoda_runtime.server.state import ServerState
@@ -48,21 +50,22 @@ from pagoda_runtime.server.tools import (
 
 def chat_prompt_ids(
     messages: list[ChatMessage],
+    tools: list[ToolDefinition] | None,
+    options: ChatTemplateOptions,
     tokenizer: ChatTokenizer,
-    tools: list[ToolDefinition] | None = None,
-    add_generation_prompt: bool = True,
 ) -> list[int]:
-    plain = [m.for_template() for m in messages]
-    extra = {"tools": template_tools(tools)} if tools else {}
+    """The messages (and tools) through the chat template, with a body's template options."""
     try:
-        text = tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt, **extra)
-    except (ValueError, TypeError, jinja2.TemplateError) as exc:
-        # No template, or the template itself rejects the conversation (e.g. roles must alternate).
-        raise APIError(
-            400, f"The messages cannot be rendered with the model's chat template: {exc}.", param="messages"
-        ) from exc
-    # The template already writes the special tokens (BOS included) where the model expects them.
-    return tokenizer.encode(text, add_special_tokens=False)
+        return render_chat(
+            tokenizer,
+            [m.for_template() for m in messages],
+            tools=template_tools(tools) if tools else None,
+            add_generation_prompt=options.add_generation_prompt,
+            continue_final_message=options.continue_final_message,
+            template_kwargs=options.chat_template_kwargs,
+        )
+    except ChatPromptError as exc:
+        raise APIError(400, f"{exc}.", param=exc.param) from exc
 
 
 async def create_chat_completion(body: ChatCompletionRequest, request: Request):
@@ -80,11 +83,15 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
             param="tool_choice",
         )
     engine = await admit(state, body.priority)
-    ids = chat_prompt_ids(body.messages, engine.tokenizer, body.tools)
+    ids = chat_prompt_ids(body.messages, body.tools, body, engine.tokenizer)
     limit_field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     top_n = body.top_logprobs or 0
     params = sampling_params(
-        body, body.completion_token_limit(), top_n if body.logprobs else None, forced or constraint
+        body,
+        body.completion_token_limit(),
+        top_n if body.logprobs else None,
+        forced or constraint,
+        body.prompt_logprobs,
     )
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
@@ -127,7 +134,12 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
                 )
             )
         return ChatCompletionResponse(
-            id=request_id, created=created, model=model, choices=choices, usage=usage(final)
+            id=request_id,
+            created=created,
+            model=model,
+            choices=choices,
+            usage=usage(final),
+            prompt_logprobs=prompt_logprobs(engine.tokenizer, final, body.prompt_logprobs),
         )
 
     def chunk(choices: list[ChatChunkChoice], **extra) -> bytes:

@@ -8,14 +8,14 @@ from collections.abc import AsyncIterator
 
 from fastapi import Request
 
-from pagoda_runtime.engine.outputs import RequestOutput
+from pagoda_runtime.engine.outputs import CompletionOutput, RequestOutput
 from pagoda_runtime.engine.protocol import ChatTokenizer
 from pagoda_runtime.server import sse
 from pagoda_runtime.server.admission import admit, check_model
 from pagoda_runtime.server.constraints import structured_outputs
 from pagoda_runtime.server.errors import APIError
 from pagoda_runtime.server.generation import generate, respond, sampling_params, usage
-from pagoda_runtime.server.logprobs import completion_logprobs
+from pagoda_runtime.server.logprobs import completion_logprobs, prompt_logprobs
 from pagoda_runtime.server.protocol import CompletionChoice, CompletionRequest, CompletionResponse
 from pagoda_runtime.server.state import ServerState
 
@@ -47,9 +47,14 @@ async def create_completion(body: CompletionRequest, request: Request):
     lora_name = check_model(state, body.model, request)
     engine = await admit(state, body.priority)
     ids = prompt_token_ids(body.prompt, engine.tokenizer)
-    # An echo with logprobs reports the prompt tokens' too: the engine computes them.
-    prompt_logprobs = body.logprobs if body.echo else None
-    params = sampling_params(body, body.max_tokens, body.logprobs, structured_outputs(body), prompt_logprobs)
+    # An echo with logprobs reports the prompt tokens' too: the engine computes them once for both.
+    asked = [k for k in (body.prompt_logprobs, body.logprobs if body.echo else None) if k is not None]
+    # The prompt alone as the answer: one token is computed (the prompt's last logits need a step)
+    # and never shown, as vLLM does.
+    prompt_only = body.scores_prompt_only()
+    max_tokens = 1 if prompt_only else body.max_tokens
+    constraint = structured_outputs(body)
+    params = sampling_params(body, max_tokens, body.logprobs, constraint, max(asked, default=None))
     echoed = _echoed_text(body.prompt, ids, engine.tokenizer) if body.echo else ""
     request_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
@@ -65,19 +70,27 @@ async def create_completion(body: CompletionRequest, request: Request):
             before = completion_logprobs(engine.tokenizer, ids, out.prompt_logprobs, body.logprobs, 0)
         return completion_logprobs(engine.tokenizer, token_ids, token_logprobs, body.logprobs, offset, before)
 
+    def shown(sample: CompletionOutput) -> tuple[str, list[int], list | None]:
+        """The sample's text, tokens and logprobs the response shows."""
+        return ("", [], []) if prompt_only else (sample.text, sample.token_ids, sample.logprobs)
+
     def whole(final: RequestOutput) -> CompletionResponse:
         echo = final if body.echo else None
-        choices = [
-            CompletionChoice(
-                index=o.index,
-                text=echoed + o.text,
-                logprobs=logprobs(o.token_ids, o.logprobs, len(echoed), echo),
-                finish_reason=o.finish_reason,
+        scored = prompt_logprobs(engine.tokenizer, final, body.prompt_logprobs)
+        choices = []
+        for o in sorted(final.outputs, key=lambda o: o.index):
+            text, token_ids, token_logprobs = shown(o)
+            choices.append(
+                CompletionChoice(
+                    index=o.index,
+                    text=echoed + text,
+                    logprobs=logprobs(token_ids, token_logprobs, len(echoed), echo),
+                    finish_reason=o.finish_reason,
+                    prompt_logprobs=scored,
+                )
             )
-            for o in sorted(final.outputs, key=lambda o: o.index)
-        ]
         return CompletionResponse(
-            id=request_id, created=created, model=model, choices=choices, usage=usage(final)
+            id=request_id, created=created, model=model, choices=choices, usage=usage(final, not prompt_only)
         )
 
     async def stream(outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[bytes]:
@@ -91,21 +104,24 @@ async def create_completion(body: CompletionRequest, request: Request):
                 unechoed.discard(delta.index)
                 prefix = echoed if echo is not None else ""
                 offset = offsets[delta.index] + len(prefix)
+                text, token_ids, token_logprobs = shown(delta)
                 choices.append(
                     CompletionChoice(
                         index=delta.index,
-                        text=prefix + delta.text,
-                        logprobs=logprobs(delta.token_ids, delta.logprobs, offset, echo),
+                        text=prefix + text,
+                        logprobs=logprobs(token_ids, token_logprobs, offset, echo),
                         finish_reason=delta.finish_reason,
                     )
                 )
-                offsets[delta.index] = offset + len(delta.text)
+                offsets[delta.index] = offset + len(text)
             if choices:
                 chunk = CompletionResponse(id=request_id, created=created, model=model, choices=choices)
                 yield sse.event(chunk, exclude=None if include_usage else {"usage"})
         if include_usage:
             yield sse.event(
-                CompletionResponse(id=request_id, created=created, model=model, choices=[], usage=usage(out))
+                CompletionResponse(
+                    id=request_id, created=created, model=model, choices=[], usage=usage(out, not prompt_only)
+                )
             )
 
     outputs = generate(state, engine, ids, params, request_id, priority=body.priority, lora_name=lora_name)

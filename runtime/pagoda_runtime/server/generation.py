@@ -36,9 +36,10 @@ class Disconnected(Exception):
     """The client closed the connection before the response was ready."""
 
 
-def usage(out: RequestOutput) -> UsageInfo:
+def usage(out: RequestOutput, answered: bool = True) -> UsageInfo:
+    """answered False: the prompt alone was the answer (echo with max_tokens 0), no completion token."""
     prompt = len(out.prompt_token_ids)
-    completion = sum(len(o.token_ids) for o in out.outputs)
+    completion = sum(len(o.token_ids) for o in out.outputs) if answered else 0
     return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 

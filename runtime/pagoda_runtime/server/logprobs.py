@@ -1,9 +1,17 @@
-"""Engine logprobs ({token_id: logprob} per generated token) in OpenAI's two formats."""
+"""Engine logprobs ({token_id: logprob} per token) in OpenAI's two formats and vLLM's
+prompt_logprobs."""
 
 from __future__ import annotations
 
-from pagoda_runtime.engine.outputs import TokenLogprobs
-from pagoda_runtime.server.protocol import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
+from pagoda_runtime.engine.outputs import RequestOutput, TokenLogprobs
+from pagoda_runtime.server.protocol import (
+    ChatLogprobs,
+    CompletionLogprobs,
+    PromptLogprob,
+    PromptLogprobs,
+    TokenLogprob,
+    TopLogprob,
+)
 
 # JSON has no -Infinity; OpenAI-compatible servers report masked-out tokens with this floor instead.
 _FLOOR = -9999.0
@@ -62,3 +70,26 @@ def chat_logprobs(tokenizer, token_ids: list[int], logprobs: list[TokenLogprobs]
             )
         )
     return ChatLogprobs(content=content)
+
+
+def prompt_logprobs(tokenizer, out: RequestOutput, top_n: int | None) -> PromptLogprobs | None:
+    """vLLM's prompt_logprobs of a request that asked for top_n (None: it did not): per prompt token
+    (None for the first) its own entry and the top_n likeliest, each once, keyed by token id; an
+    alternative's rank is its place among them."""
+    if top_n is None:
+        return None
+    result: PromptLogprobs = []
+    for token_id, alternatives, rank in zip(
+        out.prompt_token_ids, out.prompt_logprobs, out.prompt_token_ranks, strict=True
+    ):
+        if alternatives is None:
+            result.append(None)
+            continue
+        own = max(alternatives[token_id], _FLOOR)
+        text = _text(tokenizer, token_id)
+        entry = {str(token_id): PromptLogprob(logprob=own, rank=rank, decoded_token=text)}
+        for place, (alt, value) in enumerate(_top(alternatives, top_n), start=1):
+            text = _text(tokenizer, alt)
+            entry.setdefault(str(alt), PromptLogprob(logprob=value, rank=place, decoded_token=text))
+        result.append(entry)
+    return result

@@ -153,6 +153,9 @@ class SamplingFields(ValidText):
     # vLLM's: salts the prefix cache's keys, so that only requests with the same salt share KV blocks
     # (another tenant cannot tell from a faster first token that a prompt was seen before).
     cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
+    # vLLM's: each prompt token's logprob, rank and this many likeliest alternatives, in the
+    # response's prompt_logprobs; strict, so that "1" or 1.5 is a 400 rather than a parsed count.
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=20, strict=True)
     stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
     response_format: ResponseFormat | None = None
@@ -172,6 +175,15 @@ class SamplingFields(ValidText):
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop sequences are allowed, got {len(stop)}")
         return stop
 
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _prompt_logprobs_whole(cls, count: int | None, info: ValidationInfo) -> int | None:
+        if count is not None and info.data.get("stream"):
+            raise ValueError(
+                "prompt_logprobs are not available when streaming, as in vLLM; set stream to false"
+            )
+        return count
+
     @field_validator("logit_bias")
     @classmethod
     def _no_logit_bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
@@ -187,7 +199,8 @@ class SamplingFields(ValidText):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: TokenCount | None = 16
+    # 0 only with echo: the prompt and its logprobs alone, as OpenAI's legacy API and vLLM give.
+    max_tokens: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = 16
     logprobs: int | None = Field(default=None, ge=0, le=5)
     # The prompt before each completion's text, with logprobs its tokens' too (the first's null):
     # how evaluation harnesses score a text's likelihood.
@@ -208,6 +221,20 @@ class CompletionRequest(SamplingFields):
         if suffix:
             raise ValueError("suffix (insertion) is not supported by this server; remove it")
         return suffix
+
+    @model_validator(mode="after")
+    def _no_tokens_only_with_echo(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise PydanticCustomError(
+                "no_tokens",
+                "0 generates nothing; ask for at least 1 token, or set echo to score the prompt alone",
+                {"param": "max_tokens"},
+            )
+        return self
+
+    def scores_prompt_only(self) -> bool:
+        """echo with max_tokens 0: the prompt (and its logprobs) is the whole answer."""
+        return self.echo and self.max_tokens == 0
 
 
 class TextPart(BaseModel):
@@ -260,7 +287,27 @@ class ChatMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatTemplateOptions(BaseModel):
+    """vLLM's chat-template options, on the chat endpoint and on /tokenize's messages
+    (engine/chat_prompt.py)."""
+
+    add_generation_prompt: bool = True
+    # The final message left open for the model to go on with: a reply the client prefilled.
+    continue_final_message: bool = False
+    # The template's own variables, such as Qwen 3's enable_thinking.
+    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None
+
+    @field_validator("chat_template")
+    @classmethod
+    def _no_request_template(cls, template: str | None) -> str | None:
+        # A template is code the server runs; vLLM too refuses one from a request unless trusted.
+        if template is not None:
+            raise ValueError("a chat template per request is not accepted; serve with --chat-template")
+        return template
+
+
+class ChatCompletionRequest(SamplingFields, ChatTemplateOptions):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: TokenCount | None = None
     max_completion_tokens: TokenCount | None = None
@@ -295,11 +342,24 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    """vLLM's Logprob, as its prompt_logprobs report each token: keyed by the token's id."""
+
+    logprob: float
+    rank: int  # 1: the likeliest token
+    decoded_token: str
+
+
+# Per prompt token, None for the first (nothing predicts it): the token's entry and its top k.
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
+    prompt_logprobs: PromptLogprobs | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class CompletionResponse(BaseModel):
@@ -349,6 +409,7 @@ class ChatCompletionResponse(BaseModel):
     system_fingerprint: str | None = None
     choices: list[ChatChoice]
     usage: UsageInfo
+    prompt_logprobs: PromptLogprobs | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class DeltaMessage(BaseModel):

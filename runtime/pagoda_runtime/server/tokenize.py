@@ -10,20 +10,20 @@ from pagoda_runtime.engine.request_validation import first_out_of_vocabulary
 from pagoda_runtime.server.admission import check_model
 from pagoda_runtime.server.chat import chat_prompt_ids
 from pagoda_runtime.server.errors import APIError
-from pagoda_runtime.server.protocol import ChatMessage, TokenId, ValidText
+from pagoda_runtime.server.protocol import ChatMessage, ChatTemplateOptions, TokenId, ValidText
 from pagoda_runtime.server.state import ServerState
 from pagoda_runtime.server.tools import ToolDefinition
 
 
-class TokenizeRequest(ValidText):
-    """Either prompt (a plain text) or messages (rendered with the chat template)."""
+class TokenizeRequest(ValidText, ChatTemplateOptions):
+    """Either prompt (a plain text) or messages (rendered with the chat template, as the chat
+    endpoint renders them)."""
 
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     tools: list[ToolDefinition] | None = None
     add_special_tokens: bool = True
-    add_generation_prompt: bool = True
     return_token_strs: bool = False
 
     @model_validator(mode="after")
@@ -61,7 +61,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
     engine = _engine(state)
     tokenizer = engine.tokenizer
     if body.messages is not None:
-        ids = chat_prompt_ids(body.messages, tokenizer, body.tools, body.add_generation_prompt)
+        ids = chat_prompt_ids(body.messages, body.tools, body, tokenizer)
     else:
         ids = tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
     strs = [tokenizer.decode([t], skip_special_tokens=False) for t in ids] if body.return_token_strs else None

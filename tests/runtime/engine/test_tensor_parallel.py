@@ -181,6 +181,7 @@ def test_the_offline_llm_splits_over_ranks_as_serve_does(models):
         assert [o.outputs[0].token_ids for o in split] == [o.outputs[0].token_ids for o in whole]
         split_scored = llm.generate(PROMPTS[0], scored)[0]
         assert split_scored.prompt_logprobs[0] is None
+        assert split_scored.prompt_token_ranks == whole_scored.prompt_token_ranks
         for mine, theirs in zip(
             split_scored.prompt_logprobs[1:], whole_scored.prompt_logprobs[1:], strict=True
         ):

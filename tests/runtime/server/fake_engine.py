@@ -39,11 +39,16 @@ class FakeTokenizer:
     chat_template: str | None = None
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
+        **variables,
     ) -> str:
         if self.chat_template is not None:
             return self.chat_template
         rendered = "".join(f"<tools>{','.join(t['function']['name'] for t in tools)}\n" for _ in [1] if tools)
+        rendered += "".join(f"<{name}={value}>\n" for name, value in sorted(variables.items()))
         for m in messages:
             calls = "".join(
                 f"<call>{c['function']['name']}({c['function']['arguments']})"

@@ -134,6 +134,7 @@ _sampling = {
     "ignore_eos": st.booleans(),
     "priority": st.one_of(st.integers(-3, 3), boundary_ints),
     "cache_salt": st.one_of(text, st.integers(0, 3)),
+    "prompt_logprobs": st.one_of(st.integers(0, 3), boundary_ints, text),
     "stop_token_ids": _token_ids,
     "include_stop_str_in_output": st.booleans(),
     "response_format": _response_format,
@@ -145,7 +146,7 @@ _sampling = {
 }
 COMPLETION_FIELDS = {
     **_sampling,
-    "max_tokens": st.integers(1, 3),
+    "max_tokens": st.integers(0, 3),
     "logprobs": st.one_of(st.integers(0, 5), boundary_ints),
     "echo": st.booleans(),
     "suffix": st.one_of(st.none(), text),
@@ -198,6 +199,18 @@ _tool_choice = st.one_of(
         }
     ),
 )
+# vLLM's chat-template options (the chat endpoint's and /tokenize's): template variables, reserved
+# names among them, a template of the request's own.
+_CHAT_TEMPLATE = {
+    "add_generation_prompt": st.booleans(),
+    "continue_final_message": st.booleans(),
+    "chat_template_kwargs": st.dictionaries(
+        st.sampled_from(["enable_thinking", "messages", "bos_token", "x"]),
+        st.one_of(st.booleans(), text),
+        max_size=2,
+    ),
+    "chat_template": st.one_of(st.none(), text),
+}
 CHAT_FIELDS = {
     **_sampling,
     "messages": st.lists(_message, min_size=1, max_size=3),
@@ -209,6 +222,7 @@ CHAT_FIELDS = {
     "tool_choice": _tool_choice,
     "parallel_tool_calls": st.booleans(),
     "functions": st.lists(st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=1), max_size=1),
+    **_CHAT_TEMPLATE,
 }
 # Token limits a wrong value may set: past the context (a 400), or at most 3 (cheap); likewise n,
 # whose valid values up to 128 cost as many sequences.
@@ -253,8 +267,8 @@ _tokenize = st.fixed_dictionaries(
         "messages": st.one_of(st.lists(_message, max_size=2), wrong),
         "tools": st.lists(_tool, max_size=1),
         "add_special_tokens": st.one_of(st.booleans(), junk),
-        "add_generation_prompt": st.booleans(),
         "return_token_strs": st.one_of(st.booleans(), junk),
+        **_CHAT_TEMPLATE,
     },
 )
 _detokenize = st.fixed_dictionaries(

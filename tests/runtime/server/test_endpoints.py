@@ -29,6 +29,37 @@ def test_tokenize_a_prompt_and_messages_then_detokenize(fake):
     assert other.status_code == 404
 
 
+def test_chat_template_options_render_alike_on_chat_and_tokenize(fake):
+    """vLLM's chat_template_kwargs, add_generation_prompt and continue_final_message: the template
+    gets the variables, the prefilled reply is left open, and both endpoints render the same ids."""
+    client, engine = fake
+    body = {
+        "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hel"}],
+        "add_generation_prompt": False,
+        "continue_final_message": True,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    tokens = client.post("/tokenize", json=body).json()["tokens"]
+    assert engine.tokenizer.decode(tokens) == "<enable_thinking=False>\n<user>hi\n<assistant>Hel"
+    answered = client.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 2} | body)
+    assert answered.status_code == 200, answered.text
+    assert engine.seen_prompts[-1] == tokens
+
+
+def test_chat_template_misuse_is_a_400_naming_the_field(fake):
+    client, _ = fake
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    for extra, field in [
+        ({"continue_final_message": True}, "continue_final_message"),
+        ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
+        ({"chat_template": "{{ messages }}"}, "chat_template"),
+    ]:
+        for path in ("/v1/chat/completions", "/tokenize"):
+            refused = client.post(path, json=chat | extra)
+            assert refused.status_code == 400, (path, extra, refused.text)
+            assert refused.json()["error"]["param"] == field, refused.text
+
+
 def test_cors_preflight_is_answered_without_the_api_key():
     app, _ = fake_app(api_key="secret", allowed_origins=("https://ui.example",))
     with TestClient(app) as client:

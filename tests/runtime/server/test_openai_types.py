@@ -37,6 +37,11 @@ from .test_tools_api import CALL, END, WEATHER
 VLLM_EXTENSIONS = {
     "priority",
     "cache_salt",
+    "prompt_logprobs",
+    "add_generation_prompt",
+    "continue_final_message",
+    "chat_template_kwargs",
+    "chat_template",
     "top_k",
     "min_p",
     "repetition_penalty",

@@ -141,6 +141,81 @@ def test_echo_with_logprobs_scores_the_prompt_as_evaluation_harnesses_ask(client
     assert streamed == logprobs.token_logprobs
 
 
+def test_prompt_logprobs_are_reported_as_vllm_reports_them(server):
+    """vLLM's prompt_logprobs field: per prompt token (None for the first) an entry keyed by token
+    id with its logprob, rank and text, plus the k likeliest; the values are the ones echo reports,
+    on both endpoints."""
+    ask = dict(model=MODEL, prompt=PROMPT, max_tokens=1, temperature=0, echo=True, logprobs=1)
+    whole = httpx.post(server.url + "/v1/completions", json=ask | {"prompt_logprobs": 2}, timeout=120)
+    assert whole.status_code == 200, whole.text
+    choice = whole.json()["choices"][0]
+    echoed, scored = choice["logprobs"], choice["prompt_logprobs"]
+    prompt_tokens = whole.json()["usage"]["prompt_tokens"]
+    assert len(scored) == prompt_tokens and scored[0] is None
+    for position, entry in enumerate(scored[1:], start=1):
+        own = [e for e in entry.values() if e["decoded_token"] == echoed["tokens"][position]]
+        assert own and own[0]["logprob"] == pytest.approx(echoed["token_logprobs"][position], abs=1e-6)
+        assert 2 <= len(entry) <= 3  # the top 2, and the prompt token when not among them
+        by_rank = sorted(entry.values(), key=lambda e: e["rank"])
+        assert [e["rank"] for e in by_rank[:2]] == [1, 2]
+        assert by_rank[0]["logprob"] >= by_rank[1]["logprob"] >= min(e["logprob"] for e in by_rank)
+        assert own[0]["rank"] >= 1 and (own[0]["rank"] <= 2) == (len(entry) == 2)
+    # Without the field the choice carries none (the response is OpenAI's, unchanged).
+    assert (
+        "prompt_logprobs"
+        not in httpx.post(server.url + "/v1/completions", json=ask, timeout=120).json()["choices"][0]
+    )
+
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Name a color."}], "max_tokens": 2}
+    answered = httpx.post(
+        server.url + "/v1/chat/completions", json=chat | {"prompt_logprobs": 0}, timeout=120
+    )
+    assert answered.status_code == 200, answered.text
+    chat_scored = answered.json()["prompt_logprobs"]
+    assert len(chat_scored) == answered.json()["usage"]["prompt_tokens"] and chat_scored[0] is None
+    assert all(len(entry) == 1 and next(iter(entry.values()))["rank"] >= 1 for entry in chat_scored[1:])
+
+
+def test_echo_with_no_tokens_scores_the_prompt_alone(server):
+    """OpenAI's legacy and vLLM's echo with max_tokens 0: the answer is the prompt and its logprobs,
+    no completion token shown or counted, whole and streamed alike."""
+    ask = dict(model=MODEL, prompt=PROMPT, max_tokens=0, echo=True, logprobs=1)
+    whole = httpx.post(server.url + "/v1/completions", json=ask, timeout=120).json()
+    choice = whole["choices"][0]
+    assert choice["text"] == PROMPT and choice["finish_reason"] == "length"
+    assert len(choice["logprobs"]["tokens"]) == whole["usage"]["prompt_tokens"]
+    assert choice["logprobs"]["token_logprobs"][0] is None
+    assert whole["usage"]["completion_tokens"] == 0
+    with httpx.stream(
+        "POST", server.url + "/v1/completions", json=ask | {"stream": True}, timeout=120
+    ) as streamed:
+        events = [json.loads(line[6:]) for line in streamed.iter_lines() if line.startswith("data: {")]
+    assert "".join(c["text"] for e in events for c in e["choices"]) == PROMPT
+    logprobs = [
+        lp for e in events for c in e["choices"] if c["logprobs"] for lp in c["logprobs"]["token_logprobs"]
+    ]
+    assert logprobs == choice["logprobs"]["token_logprobs"]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
+        ({"prompt_logprobs": 21}, "prompt_logprobs"),
+        ({"prompt_logprobs": "1"}, "prompt_logprobs"),
+        ({"prompt_logprobs": -1}, "prompt_logprobs"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": -1, "echo": True}, "max_tokens"),
+    ],
+)
+def test_bad_prompt_logprobs_and_token_counts_are_400s_naming_the_field(server, body, field):
+    response = httpx.post(
+        server.url + "/v1/completions", json={"model": MODEL, "prompt": PROMPT} | body, timeout=30
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == field, response.text
+
+
 def test_only_requests_with_the_same_cache_salt_share_the_prefix_cache(server):
     """vLLM's cache_salt: a prompt another tenant sent is found in the prefix cache only under the
     same salt, so its cached prefix cannot be probed by timing from outside; an empty salt is a 400."""
