@@ -17,7 +17,7 @@ from pagoda_runtime.server import sse
 from pagoda_runtime.server.admission import admit, check_model
 from pagoda_runtime.server.constraints import structured_outputs
 from pagoda_runtime.server.errors import APIError
-from pagoda_runtime.server.generation import generate, respond, sampling_params, usage
+from pagoda_runtime.server.generation import generate, respond, sampling_params, truncated, usage
 from pagoda_runtime.server.logprobs import chat_logprobs, prompt_logprobs
 from pagoda_runtime.server.protocol import (
     AssistantMessage,
@@ -84,6 +84,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
         )
     engine = await admit(state, body.priority)
     ids = chat_prompt_ids(body.messages, body.tools, body, engine.tokenizer)
+    ids = truncated(ids, body.truncate_prompt_tokens, engine.max_model_len)
+    returned_ids = body.return_token_ids
     limit_field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     top_n = body.top_logprobs or 0
     params = sampling_params(
@@ -131,6 +133,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
                     message=reply,
                     logprobs=logprobs(o.token_ids, o.logprobs),
                     finish_reason=finish_reason(o.finish_reason, bool(reply.tool_calls)),
+                    token_ids=o.token_ids if returned_ids else None,
                 )
             )
         return ChatCompletionResponse(
@@ -140,6 +143,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
             choices=choices,
             usage=usage(final),
             prompt_logprobs=prompt_logprobs(engine.tokenizer, final, body.prompt_logprobs),
+            prompt_token_ids=ids if returned_ids else None,
         )
 
     def chunk(choices: list[ChatChunkChoice], **extra) -> bytes:
@@ -156,7 +160,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
             [
                 ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
                 for i in range(body.n)
-            ]
+            ],
+            prompt_token_ids=ids if returned_ids else None,
         )
         texts = [""] * body.n
         tool_streams = [tool_stream() for _ in range(body.n)]
@@ -177,6 +182,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
                             delta=DeltaMessage(content=content or None, tool_calls=calls or None),
                             logprobs=logprobs(delta.token_ids, delta.logprobs) if delta.token_ids else None,
                             finish_reason=finish_reason(delta.finish_reason, called),
+                            token_ids=delta.token_ids if returned_ids else None,
                         )
                     )
             if choices:

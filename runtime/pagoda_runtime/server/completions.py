@@ -14,14 +14,16 @@ from pagoda_runtime.server import sse
 from pagoda_runtime.server.admission import admit, check_model
 from pagoda_runtime.server.constraints import structured_outputs
 from pagoda_runtime.server.errors import APIError
-from pagoda_runtime.server.generation import generate, respond, sampling_params, usage
+from pagoda_runtime.server.generation import generate, respond, sampling_params, truncated, usage
 from pagoda_runtime.server.logprobs import completion_logprobs, prompt_logprobs
 from pagoda_runtime.server.protocol import CompletionChoice, CompletionRequest, CompletionResponse
 from pagoda_runtime.server.state import ServerState
 
 
 def prompt_token_ids(
-    prompt: str | list[int] | list[str] | list[list[int]], tokenizer: ChatTokenizer
+    prompt: str | list[int] | list[str] | list[list[int]],
+    tokenizer: ChatTokenizer,
+    add_special_tokens: bool = True,
 ) -> list[int]:
     """The one prompt's token ids; whether they fit the model is the engine's check."""
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
@@ -32,7 +34,7 @@ def prompt_token_ids(
                 param="prompt",
             )
         prompt = prompt[0]
-    return tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    return tokenizer.encode(prompt, add_special_tokens) if isinstance(prompt, str) else list(prompt)
 
 
 def _echoed_text(prompt: str | list[int] | list[str] | list[list[int]], ids: list[int], tokenizer) -> str:
@@ -46,7 +48,8 @@ async def create_completion(body: CompletionRequest, request: Request):
     state: ServerState = request.app.state.pagoda
     lora_name = check_model(state, body.model, request)
     engine = await admit(state, body.priority)
-    ids = prompt_token_ids(body.prompt, engine.tokenizer)
+    ids = prompt_token_ids(body.prompt, engine.tokenizer, body.add_special_tokens)
+    ids = truncated(ids, body.truncate_prompt_tokens, engine.max_model_len)
     # An echo with logprobs reports the prompt tokens' too: the engine computes them once for both.
     asked = [k for k in (body.prompt_logprobs, body.logprobs if body.echo else None) if k is not None]
     # The prompt alone as the answer: one token is computed (the prompt's last logits need a step)
@@ -55,7 +58,10 @@ async def create_completion(body: CompletionRequest, request: Request):
     max_tokens = 1 if prompt_only else body.max_tokens
     constraint = structured_outputs(body)
     params = sampling_params(body, max_tokens, body.logprobs, constraint, max(asked, default=None))
-    echoed = _echoed_text(body.prompt, ids, engine.tokenizer) if body.echo else ""
+    echoed = ""
+    if body.echo:  # a truncated prompt is echoed as what the model saw
+        whole_prompt = body.prompt if body.truncate_prompt_tokens is None else ids
+        echoed = _echoed_text(whole_prompt, ids, engine.tokenizer)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     model = body.model or state.settings.served_model_name
@@ -87,6 +93,8 @@ async def create_completion(body: CompletionRequest, request: Request):
                     logprobs=logprobs(token_ids, token_logprobs, len(echoed), echo),
                     finish_reason=o.finish_reason,
                     prompt_logprobs=scored,
+                    prompt_token_ids=ids if body.return_token_ids else None,
+                    token_ids=token_ids if body.return_token_ids else None,
                 )
             )
         return CompletionResponse(
@@ -95,13 +103,14 @@ async def create_completion(body: CompletionRequest, request: Request):
 
     async def stream(outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[bytes]:
         offsets = [0] * body.n
-        unechoed = set(range(body.n)) if body.echo else set()  # choices whose prompt is still to send
+        unsent = set(range(body.n))  # choices whose first chunk is still to send (with the prompt)
         out = None
         async for out in outputs:
             choices = []
             for delta in out.delta or ():
-                echo = out if delta.index in unechoed else None
-                unechoed.discard(delta.index)
+                first = delta.index in unsent
+                unsent.discard(delta.index)
+                echo = out if first and body.echo else None
                 prefix = echoed if echo is not None else ""
                 offset = offsets[delta.index] + len(prefix)
                 text, token_ids, token_logprobs = shown(delta)
@@ -111,6 +120,8 @@ async def create_completion(body: CompletionRequest, request: Request):
                         text=prefix + text,
                         logprobs=logprobs(token_ids, token_logprobs, offset, echo),
                         finish_reason=delta.finish_reason,
+                        prompt_token_ids=ids if first and body.return_token_ids else None,
+                        token_ids=token_ids if body.return_token_ids else None,
                     )
                 )
                 offsets[delta.index] = offset + len(text)

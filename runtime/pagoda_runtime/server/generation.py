@@ -43,6 +43,13 @@ def usage(out: RequestOutput, answered: bool = True) -> UsageInfo:
     return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
+def truncated(ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
+    """vLLM's truncate_prompt_tokens: the prompt's last `keep` tokens (-1: the context's length)."""
+    if keep is None:
+        return ids
+    return ids[-(max_model_len if keep == -1 else keep) :]
+
+
 def sampling_params(
     body: SamplingFields,
     max_tokens: int | None,
@@ -68,6 +75,7 @@ def sampling_params(
             stop=body.stop_list(),
             stop_token_ids=body.stop_token_ids or [],
             include_stop_str_in_output=body.include_stop_str_in_output,
+            skip_special_tokens=body.skip_special_tokens,
             ignore_eos=body.ignore_eos,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -124,10 +124,27 @@ class ValidText(BaseModel):
         return data
 
 
+# vLLM's request fields this server does not implement, each with the value that asks nothing of it:
+# any other value is a 400 naming the field (unknown fields are ignored, so these must be named).
+UNIMPLEMENTED_VLLM_FIELDS: dict[str, Any] = {
+    "use_beam_search": False,
+    "allowed_token_ids": None,
+    "bad_words": [],
+    "spaces_between_special_tokens": True,
+    "logprob_token_ids": None,
+    "return_tokens_as_token_ids": False,
+    "prompt_embeds": None,
+    "thinking_token_budget": None,
+    "repetition_detection": None,
+}
+
+
 class SamplingFields(ValidText):
     """The sampling knobs both endpoints share."""
 
     model_config = ConfigDict(extra="ignore")
+    # The fields of UNIMPLEMENTED_VLLM_FIELDS this endpoint refuses, with theirs.
+    unimplemented: ClassVar[dict[str, Any]] = UNIMPLEMENTED_VLLM_FIELDS
 
     model: str | None = None
     n: int = Field(default=1, ge=1, le=128)
@@ -158,6 +175,11 @@ class SamplingFields(ValidText):
     prompt_logprobs: int | None = Field(default=None, ge=0, le=20, strict=True)
     stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    # vLLM's: the prompt's and each choice's token ids beside the text (what RL trainers read).
+    return_token_ids: bool = False
+    # vLLM's: only the prompt's last N tokens are kept (-1: as many as the context holds).
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1, le=INT32_MAX)
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsField | None = None
     # vLLM's older names for structured_outputs' members.
@@ -174,6 +196,26 @@ class SamplingFields(ValidText):
         if isinstance(stop, list) and len(stop) > MAX_STOP_STRINGS:
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop sequences are allowed, got {len(stop)}")
         return stop
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unimplemented_left_alone(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, default in cls.unimplemented.items():
+                if data.get(name) not in (None, default):
+                    raise PydanticCustomError(
+                        "unimplemented",
+                        "{param} is not supported by this server; remove it",
+                        {"param": name},
+                    )
+        return data
+
+    @field_validator("truncate_prompt_tokens")
+    @classmethod
+    def _some_prompt_kept(cls, keep: int | None) -> int | None:
+        if keep == 0:
+            raise ValueError("0 would keep no prompt token; give at least 1, or -1 for the context length")
+        return keep
 
     @field_validator("prompt_logprobs")
     @classmethod
@@ -199,6 +241,7 @@ class SamplingFields(ValidText):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
+    add_special_tokens: bool = True  # vLLM's: False leaves out the BOS the tokenizer would add
     # 0 only with echo: the prompt and its logprobs alone, as OpenAI's legacy API and vLLM give.
     max_tokens: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = 16
     logprobs: int | None = Field(default=None, ge=0, le=5)
@@ -308,6 +351,9 @@ class ChatTemplateOptions(BaseModel):
 
 
 class ChatCompletionRequest(SamplingFields, ChatTemplateOptions):
+    # vLLM's chat adds no special tokens of its own by default (the template writes them).
+    unimplemented: ClassVar[dict[str, Any]] = UNIMPLEMENTED_VLLM_FIELDS | {"add_special_tokens": False}
+
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: TokenCount | None = None
     max_completion_tokens: TokenCount | None = None
@@ -354,12 +400,19 @@ class PromptLogprob(BaseModel):
 PromptLogprobs = list[dict[str, PromptLogprob] | None]
 
 
+def _absent_when_none(**kwargs: Any) -> Any:
+    """A field of vLLM's that a response carries only when the request asked for it."""
+    return Field(default=None, exclude_if=lambda v: v is None, **kwargs)
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
-    prompt_logprobs: PromptLogprobs | None = Field(default=None, exclude_if=lambda v: v is None)
+    prompt_logprobs: PromptLogprobs | None = _absent_when_none()
+    prompt_token_ids: list[int] | None = _absent_when_none()  # streamed: in a choice's first chunk
+    token_ids: list[int] | None = _absent_when_none()
 
 
 class CompletionResponse(BaseModel):
@@ -399,6 +452,7 @@ class ChatChoice(BaseModel):
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    token_ids: list[int] | None = _absent_when_none()
 
 
 class ChatCompletionResponse(BaseModel):
@@ -409,7 +463,8 @@ class ChatCompletionResponse(BaseModel):
     system_fingerprint: str | None = None
     choices: list[ChatChoice]
     usage: UsageInfo
-    prompt_logprobs: PromptLogprobs | None = Field(default=None, exclude_if=lambda v: v is None)
+    prompt_logprobs: PromptLogprobs | None = _absent_when_none()
+    prompt_token_ids: list[int] | None = _absent_when_none()
 
 
 class DeltaMessage(BaseModel):
@@ -424,6 +479,7 @@ class ChatChunkChoice(BaseModel):
     delta: DeltaMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    token_ids: list[int] | None = _absent_when_none()
 
 
 class ChatCompletionChunk(BaseModel):
@@ -434,6 +490,7 @@ class ChatCompletionChunk(BaseModel):
     system_fingerprint: str | None = None
     choices: list[ChatChunkChoice]
     usage: UsageInfo | None = None
+    prompt_token_ids: list[int] | None = _absent_when_none()  # in the first chunk
 
 
 class ModelCard(BaseModel):
