@@ -13,7 +13,9 @@ import jinja2
 from pagoda_runtime.engine.protocol import ChatTokenizer
 
 # What the renderer itself gives the template; chat_template_kwargs may not replace them.
-_RENDERER_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+_RENDERER_VARIABLES = frozenset(
+    {"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token"}
+)
 
 
 class ChatPromptError(ValueError):
@@ -53,8 +55,10 @@ def chat_prompt_ids(
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
     template_kwargs: Mapping[str, Any] | None = None,
+    documents: list[dict[str, str]] | None = None,
 ) -> list[int]:
-    """messages: as the template reads them ({"role", "content", ...}); tools in OpenAI's shape."""
+    """messages: as the template reads them ({"role", "content", ...}); tools in OpenAI's shape;
+    documents for templates that write retrieved documents (RAG), as vLLM hands them over."""
     if continue_final_message and add_generation_prompt:
         raise ChatPromptError(
             "continue_final_message goes on with the last message and add_generation_prompt starts a "
@@ -68,6 +72,8 @@ def chat_prompt_ids(
             "chat_template_kwargs",
         )
     variables = dict(template_kwargs or {}) | ({"tools": tools} if tools else {})
+    if documents is not None:
+        variables["documents"] = documents
     try:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt, **variables)
     except (ValueError, TypeError, jinja2.TemplateError) as exc:

@@ -63,6 +63,7 @@ def chat_prompt_ids(
             add_generation_prompt=options.add_generation_prompt,
             continue_final_message=options.continue_final_message,
             template_kwargs=options.chat_template_kwargs,
+            documents=options.documents,
         )
     except ChatPromptError as exc:
         raise APIError(400, f"{exc}.", param=exc.param) from exc
@@ -86,6 +87,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     ids = chat_prompt_ids(body.messages, body.tools, body, engine.tokenizer)
     ids = truncated(ids, body.truncate_prompt_tokens, engine.max_model_len)
     returned_ids = body.return_token_ids
+    last = body.messages[-1]
+    replying_as = "assistant" if body.add_generation_prompt else last.role
+    echoed = last.text() if body.echo and last.role == replying_as else ""
     limit_field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     top_n = body.top_logprobs or 0
     params = sampling_params(
@@ -127,6 +131,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
         choices = []
         for o in sorted(final.outputs, key=lambda o: o.index):
             reply = message(o.text)
+            if echoed:
+                reply.content = echoed + (reply.content or "")
             choices.append(
                 ChatChoice(
                     index=o.index,
@@ -163,6 +169,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
             ],
             prompt_token_ids=ids if returned_ids else None,
         )
+        if echoed:
+            yield chunk([ChatChunkChoice(index=i, delta=DeltaMessage(content=echoed)) for i in range(body.n)])
         texts = [""] * body.n
         tool_streams = [tool_stream() for _ in range(body.n)]
         out = None

@@ -339,6 +339,8 @@ class ChatTemplateOptions(BaseModel):
     continue_final_message: bool = False
     # The template's own variables, such as Qwen 3's enable_thinking.
     chat_template_kwargs: dict[str, Any] | None = None
+    # Retrieved documents, for templates that write them (RAG), e.g. [{"title": ..., "text": ...}].
+    documents: list[dict[str, str]] | None = None
     chat_template: str | None = None
 
     @field_validator("chat_template")
@@ -354,6 +356,9 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateOptions):
     # vLLM's chat adds no special tokens of its own by default (the template writes them).
     unimplemented: ClassVar[dict[str, Any]] = UNIMPLEMENTED_VLLM_FIELDS | {"add_special_tokens": False}
 
+    # vLLM's: the reply begins with the last message's text when that message has the reply's role
+    # (with continue_final_message, the prefilled part and its continuation make one message).
+    echo: bool = False
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: TokenCount | None = None
     max_completion_tokens: TokenCount | None = None

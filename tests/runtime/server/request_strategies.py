@@ -216,6 +216,7 @@ _CHAT_TEMPLATE = {
         max_size=2,
     ),
     "chat_template": st.one_of(st.none(), text),
+    "documents": st.lists(st.dictionaries(st.sampled_from(["title", "text"]), text, max_size=2), max_size=1),
 }
 CHAT_FIELDS = {
     **_sampling,
@@ -229,6 +230,7 @@ CHAT_FIELDS = {
     "parallel_tool_calls": st.booleans(),
     "functions": st.lists(st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=1), max_size=1),
     **_CHAT_TEMPLATE,
+    "echo": st.booleans(),
 }
 # Token limits a wrong value may set: past the context (a 400), or at most 3 (cheap); likewise n,
 # whose valid values up to 128 cost as many sequences.

@@ -5,6 +5,8 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from .conftest import MODEL, fake_app, wait_ready
+from .fake_engine import SCRIPT
+from .test_api_fake_engine import sse_payloads
 
 
 def test_health_and_version(fake):
@@ -44,6 +46,35 @@ def test_chat_template_options_render_alike_on_chat_and_tokenize(fake):
     answered = client.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 2} | body)
     assert answered.status_code == 200, answered.text
     assert engine.seen_prompts[-1] == tokens
+
+
+def test_chat_echo_gives_the_prefilled_reply_whole_and_documents_reach_the_template(fake):
+    """vLLM's chat echo: a continued final message comes back with its prefilled part, whole and
+    streamed; a conversation ending with the user's message echoes nothing."""
+    client, engine = fake
+    prefilled = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hel"}],
+        "add_generation_prompt": False,
+        "continue_final_message": True,
+        "echo": True,
+        "max_tokens": 4,
+    }
+    whole = client.post("/v1/chat/completions", json=prefilled).json()
+    assert whole["choices"][0]["message"]["content"] == "Hel" + SCRIPT[:4]
+    with client.stream("POST", "/v1/chat/completions", json=prefilled | {"stream": True}) as streamed:
+        text = "".join(c["delta"].get("content") or "" for p in sse_payloads(streamed) for c in p["choices"])
+    assert text == "Hel" + SCRIPT[:4]
+    asked = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "echo": True, "max_tokens": 4}
+    assert (
+        client.post("/v1/chat/completions", json=asked).json()["choices"][0]["message"]["content"]
+        == SCRIPT[:4]
+    )
+    documents = [{"title": "Colors", "text": "Red, yellow and blue."}]
+    tokens = client.post("/tokenize", json={"messages": asked["messages"], "documents": documents}).json()[
+        "tokens"
+    ]
+    assert f"<documents={documents}>" in engine.tokenizer.decode(tokens)
 
 
 def test_chat_template_misuse_is_a_400_naming_the_field(fake):
