@@ -14,7 +14,7 @@ from pagoda_runtime.engine.protocol import ChatTokenizer
 
 # What the renderer itself gives the template; chat_template_kwargs may not replace them.
 _RENDERER_VARIABLES = frozenset(
-    {"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token"}
+    {"messages", "tools", "documents", "reasoning_effort", "add_generation_prompt", "bos_token", "eos_token"}
 )
 
 
@@ -56,9 +56,12 @@ def chat_prompt_ids(
     continue_final_message: bool = False,
     template_kwargs: Mapping[str, Any] | None = None,
     documents: list[dict[str, str]] | None = None,
+    reasoning_effort: str | None = None,
 ) -> list[int]:
     """messages: as the template reads them ({"role", "content", ...}); tools in OpenAI's shape;
-    documents for templates that write retrieved documents (RAG), as vLLM hands them over."""
+    documents for templates that write retrieved documents (RAG), as vLLM hands them over;
+    reasoning_effort for templates that read it, and "none" of it turns thinking off (Qwen 3's
+    enable_thinking) unless template_kwargs sets that itself."""
     if continue_final_message and add_generation_prompt:
         raise ChatPromptError(
             "continue_final_message goes on with the last message and add_generation_prompt starts a "
@@ -74,6 +77,9 @@ def chat_prompt_ids(
     variables = dict(template_kwargs or {}) | ({"tools": tools} if tools else {})
     if documents is not None:
         variables["documents"] = documents
+    if reasoning_effort is not None:
+        variables["reasoning_effort"] = reasoning_effort
+        variables.setdefault("enable_thinking", reasoning_effort != "none")
     try:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt, **variables)
     except (ValueError, TypeError, jinja2.TemplateError) as exc:

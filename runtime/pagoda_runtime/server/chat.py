@@ -64,6 +64,7 @@ def chat_prompt_ids(
             continue_final_message=options.continue_final_message,
             template_kwargs=options.chat_template_kwargs,
             documents=options.documents,
+            reasoning_effort=options.reasoning_effort,
         )
     except ChatPromptError as exc:
         raise APIError(400, f"{exc}.", param=exc.param) from exc
@@ -85,7 +86,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
         )
     engine = await admit(state, body.priority)
     ids = chat_prompt_ids(body.messages, body.tools, body, engine.tokenizer)
-    ids = truncated(ids, body.truncate_prompt_tokens, engine.max_model_len)
+    ids = truncated(ids, body, engine.max_model_len)
     returned_ids = body.return_token_ids
     last = body.messages[-1]
     replying_as = "assistant" if body.add_generation_prompt else last.role

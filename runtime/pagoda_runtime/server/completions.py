@@ -49,7 +49,7 @@ async def create_completion(body: CompletionRequest, request: Request):
     lora_name = check_model(state, body.model, request)
     engine = await admit(state, body.priority)
     ids = prompt_token_ids(body.prompt, engine.tokenizer, body.add_special_tokens)
-    ids = truncated(ids, body.truncate_prompt_tokens, engine.max_model_len)
+    ids = truncated(ids, body, engine.max_model_len)
     # An echo with logprobs reports the prompt tokens' too: the engine computes them once for both.
     asked = [k for k in (body.prompt_logprobs, body.logprobs if body.echo else None) if k is not None]
     # The prompt alone as the answer: one token is computed (the prompt's last logits need a step)

@@ -43,11 +43,13 @@ def usage(out: RequestOutput, answered: bool = True) -> UsageInfo:
     return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
-def truncated(ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
-    """vLLM's truncate_prompt_tokens: the prompt's last `keep` tokens (-1: the context's length)."""
-    if keep is None:
+def truncated(ids: list[int], body: SamplingFields, max_model_len: int) -> list[int]:
+    """vLLM's truncate_prompt_tokens: the prompt's last N tokens (-1: the context's length), or its
+    first N with truncation_side "right"."""
+    if body.truncate_prompt_tokens is None:
         return ids
-    return ids[-(max_model_len if keep == -1 else keep) :]
+    keep = max_model_len if body.truncate_prompt_tokens == -1 else body.truncate_prompt_tokens
+    return ids[:keep] if body.truncation_side == "right" else ids[-keep:]
 
 
 def sampling_params(

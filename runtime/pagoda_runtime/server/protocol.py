@@ -136,6 +136,15 @@ UNIMPLEMENTED_VLLM_FIELDS: dict[str, Any] = {
     "prompt_embeds": None,
     "thinking_token_budget": None,
     "repetition_detection": None,
+    "length_penalty": 1.0,
+    "watermarking": False,
+    "stream_interval": None,
+    "return_prompt_text": False,
+    "vllm_xargs": None,
+    "kv_transfer_params": None,
+    "ec_transfer_params": None,
+    "media_io_kwargs": None,
+    "mm_processor_kwargs": None,
 }
 
 
@@ -178,8 +187,10 @@ class SamplingFields(ValidText):
     skip_special_tokens: bool = True
     # vLLM's: the prompt's and each choice's token ids beside the text (what RL trainers read).
     return_token_ids: bool = False
-    # vLLM's: only the prompt's last N tokens are kept (-1: as many as the context holds).
+    # vLLM's: only the prompt's last N tokens are kept (-1: as many as the context holds), or with
+    # truncation_side "right" its first N.
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1, le=INT32_MAX)
+    truncation_side: Literal["left", "right"] = "left"
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsField | None = None
     # vLLM's older names for structured_outputs' members.
@@ -341,6 +352,9 @@ class ChatTemplateOptions(BaseModel):
     chat_template_kwargs: dict[str, Any] | None = None
     # Retrieved documents, for templates that write them (RAG), e.g. [{"title": ..., "text": ...}].
     documents: list[dict[str, str]] | None = None
+    # OpenAI's; to the template as its variable, and (as vLLM does) "none" turns a template's
+    # thinking off unless chat_template_kwargs says otherwise.
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     chat_template: str | None = None
 
     @field_validator("chat_template")

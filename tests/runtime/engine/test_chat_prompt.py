@@ -54,6 +54,13 @@ def test_template_variables_reach_the_template_as_in_transformers(tokenizers):
     assert "<think></think>" in ours.decode(
         chat_prompt_ids(ours, question, template_kwargs={"enable_thinking": False})
     )
+    # OpenAI's reasoning_effort "none" turns thinking off, unless the template's variable is given.
+    assert "<think></think>" in ours.decode(chat_prompt_ids(ours, question, reasoning_effort="none"))
+    assert "<think>" not in ours.decode(chat_prompt_ids(ours, question, reasoning_effort="high"))
+    kept_on = chat_prompt_ids(
+        ours, question, reasoning_effort="none", template_kwargs={"enable_thinking": True}
+    )
+    assert "<think>" not in ours.decode(kept_on)
 
 
 @pytest.mark.parametrize(

@@ -138,6 +138,7 @@ _sampling = {
     "skip_special_tokens": st.booleans(),
     "return_token_ids": st.booleans(),
     "truncate_prompt_tokens": st.one_of(st.integers(-1, 8), boundary_ints),
+    "truncation_side": st.sampled_from(["left", "right", "middle"]),
     "use_beam_search": st.booleans(),
     "bad_words": st.lists(text, max_size=1),
     "stop_token_ids": _token_ids,
@@ -217,6 +218,7 @@ _CHAT_TEMPLATE = {
     ),
     "chat_template": st.one_of(st.none(), text),
     "documents": st.lists(st.dictionaries(st.sampled_from(["title", "text"]), text, max_size=2), max_size=1),
+    "reasoning_effort": st.sampled_from(["none", "low", "high", "extreme"]),
 }
 CHAT_FIELDS = {
     **_sampling,

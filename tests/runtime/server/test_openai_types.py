@@ -43,6 +43,7 @@ VLLM_EXTENSIONS = {
     "chat_template_kwargs",
     "chat_template",
     "documents",
+    "truncation_side",
     "skip_special_tokens",
     "return_token_ids",
     "truncate_prompt_tokens",

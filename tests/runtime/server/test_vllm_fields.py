@@ -52,6 +52,8 @@ def test_a_prompt_is_cut_to_its_last_tokens(fake):
     assert body["usage"]["prompt_tokens"] == 3 and body["choices"][0]["text"] == "fgh" + SCRIPT[:2]
     whole = client.post("/v1/completions", json=ask | {"truncate_prompt_tokens": -1}).json()
     assert whole["usage"]["prompt_tokens"] == 8  # shorter than the context: kept whole
+    client.post("/v1/completions", json=ask | {"truncation_side": "right"})
+    assert engine.seen_prompts[-1] == engine.tokenizer.encode("abc")
     client.post("/v1/chat/completions", json=CHAT | {"truncate_prompt_tokens": 4})
     assert len(engine.seen_prompts[-1]) == 4
 
@@ -82,6 +84,9 @@ def test_special_token_choices_reach_the_tokenizer_and_the_detokenizer(fake):
         ("/v1/completions", "prompt_embeds", "AAAA"),
         ("/v1/chat/completions", "add_special_tokens", True),
         ("/v1/completions", "truncate_prompt_tokens", 0),
+        ("/v1/completions", "truncation_side", "middle"),
+        ("/v1/chat/completions", "stream_interval", 4),
+        ("/v1/chat/completions", "reasoning_effort", "extreme"),
     ],
 )
 def test_vllm_fields_not_implemented_are_400s_naming_them(fake, path, field, value):
