@@ -1,10 +1,12 @@
-"""POST /v1/completions: a text prompt (or token ids) in, n completions out, whole or streamed."""
+"""POST /v1/completions: a text prompt (or token ids), or a list of them, in; n completions of each
+out, whole or streamed."""
 
 from __future__ import annotations
 
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from fastapi import Request
 
@@ -13,43 +15,51 @@ from pagoda_runtime.engine.protocol import ChatTokenizer
 from pagoda_runtime.server import sse
 from pagoda_runtime.server.admission import admit, check_model
 from pagoda_runtime.server.constraints import structured_outputs
-from pagoda_runtime.server.errors import APIError
 from pagoda_runtime.server.generation import generate, respond, sampling_params, truncated, usage
 from pagoda_runtime.server.logprobs import completion_logprobs, prompt_logprobs
-from pagoda_runtime.server.protocol import CompletionChoice, CompletionRequest, CompletionResponse
+from pagoda_runtime.server.merged_outputs import finals, merged
+from pagoda_runtime.server.protocol import CompletionChoice, CompletionRequest, CompletionResponse, UsageInfo
 from pagoda_runtime.server.state import ServerState
 
+PromptForm = str | list[int] | list[str] | list[list[int]]
 
-def prompt_token_ids(
-    prompt: str | list[int] | list[str] | list[list[int]],
-    tokenizer: ChatTokenizer,
-    add_special_tokens: bool = True,
-) -> list[int]:
-    """The one prompt's token ids; whether they fit the model is the engine's check."""
+
+def prompts_of(prompt: PromptForm) -> list[str | list[int]]:
+    """The request's prompts: one text or token-id list, or a list of either (a batch)."""
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
-        if len(prompt) != 1:
-            raise APIError(
-                400,
-                f"Batched prompts ({len(prompt)}) are not supported; send one request per prompt.",
-                param="prompt",
-            )
-        prompt = prompt[0]
-    return tokenizer.encode(prompt, add_special_tokens) if isinstance(prompt, str) else list(prompt)
+        return list(prompt)
+    return [prompt]
 
 
-def _echoed_text(prompt: str | list[int] | list[str] | list[list[int]], ids: list[int], tokenizer) -> str:
-    """The prompt as the request wrote it: its text, or its token ids decoded."""
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    return prompt if isinstance(prompt, str) else tokenizer.decode(ids)
+@dataclass(frozen=True)
+class _Prompt:
+    ids: list[int]
+    echoed: str  # what echo puts before its completions: the prompt as written, or as the model saw it
+
+
+def _prompt(
+    prompt: str | list[int], body: CompletionRequest, tokenizer: ChatTokenizer, max_model_len: int
+) -> _Prompt:
+    """A prompt's token ids (whether they fit the model is the engine's check) and its echo."""
+    ids = tokenizer.encode(prompt, body.add_special_tokens) if isinstance(prompt, str) else list(prompt)
+    ids = truncated(ids, body, max_model_len)
+    if not body.echo:
+        return _Prompt(ids, "")
+    as_written = isinstance(prompt, str) and body.truncate_prompt_tokens is None
+    return _Prompt(ids, prompt if as_written else tokenizer.decode(ids))
+
+
+def _total(usages: list[UsageInfo]) -> UsageInfo:
+    prompt, completion = sum(u.prompt_tokens for u in usages), sum(u.completion_tokens for u in usages)
+    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
 async def create_completion(body: CompletionRequest, request: Request):
     state: ServerState = request.app.state.pagoda
     lora_name = check_model(state, body.model, request)
     engine = await admit(state, body.priority)
-    ids = prompt_token_ids(body.prompt, engine.tokenizer, body.add_special_tokens)
-    ids = truncated(ids, body, engine.max_model_len)
+    tokenizer = engine.tokenizer
+    prompts = [_prompt(p, body, tokenizer, engine.max_model_len) for p in prompts_of(body.prompt)]
     # An echo with logprobs reports the prompt tokens' too: the engine computes them once for both.
     asked = [k for k in (body.prompt_logprobs, body.logprobs if body.echo else None) if k is not None]
     # The prompt alone as the answer: one token is computed (the prompt's last logits need a step)
@@ -58,82 +68,93 @@ async def create_completion(body: CompletionRequest, request: Request):
     max_tokens = 1 if prompt_only else body.max_tokens
     constraint = structured_outputs(body)
     params = sampling_params(body, max_tokens, body.logprobs, constraint, max(asked, default=None))
-    echoed = ""
-    if body.echo:  # a truncated prompt is echoed as what the model saw
-        whole_prompt = body.prompt if body.truncate_prompt_tokens is None else ids
-        echoed = _echoed_text(whole_prompt, ids, engine.tokenizer)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     model = body.model or state.settings.served_model_name
     include_usage = body.stream_options is not None and body.stream_options.include_usage
+    n = body.n  # a prompt's samples are choices p * n .. p * n + n - 1, as vLLM numbers them
 
-    def logprobs(token_ids, token_logprobs, offset, out: RequestOutput | None = None):
+    def logprobs(prompt: _Prompt, token_ids, token_logprobs, offset, out: RequestOutput | None = None):
         """Of the tokens; with `out`, after those of its echoed prompt."""
         if body.logprobs is None:
             return None
         before = None
         if out is not None and out.prompt_logprobs is not None:
-            before = completion_logprobs(engine.tokenizer, ids, out.prompt_logprobs, body.logprobs, 0)
-        return completion_logprobs(engine.tokenizer, token_ids, token_logprobs, body.logprobs, offset, before)
+            before = completion_logprobs(tokenizer, prompt.ids, out.prompt_logprobs, body.logprobs, 0)
+        return completion_logprobs(tokenizer, token_ids, token_logprobs, body.logprobs, offset, before)
 
     def shown(sample: CompletionOutput) -> tuple[str, list[int], list | None]:
         """The sample's text, tokens and logprobs the response shows."""
         return ("", [], []) if prompt_only else (sample.text, sample.token_ids, sample.logprobs)
 
-    def whole(final: RequestOutput) -> CompletionResponse:
-        echo = final if body.echo else None
-        scored = prompt_logprobs(engine.tokenizer, final, body.prompt_logprobs)
+    def whole(finals: list[RequestOutput]) -> CompletionResponse:
         choices = []
-        for o in sorted(final.outputs, key=lambda o: o.index):
-            text, token_ids, token_logprobs = shown(o)
-            choices.append(
-                CompletionChoice(
-                    index=o.index,
-                    text=echoed + text,
-                    logprobs=logprobs(token_ids, token_logprobs, len(echoed), echo),
-                    finish_reason=o.finish_reason,
-                    prompt_logprobs=scored,
-                    prompt_token_ids=ids if body.return_token_ids else None,
-                    token_ids=token_ids if body.return_token_ids else None,
-                )
-            )
-        return CompletionResponse(
-            id=request_id, created=created, model=model, choices=choices, usage=usage(final, not prompt_only)
-        )
-
-    async def stream(outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[bytes]:
-        offsets = [0] * body.n
-        unsent = set(range(body.n))  # choices whose first chunk is still to send (with the prompt)
-        out = None
-        async for out in outputs:
-            choices = []
-            for delta in out.delta or ():
-                first = delta.index in unsent
-                unsent.discard(delta.index)
-                echo = out if first and body.echo else None
-                prefix = echoed if echo is not None else ""
-                offset = offsets[delta.index] + len(prefix)
-                text, token_ids, token_logprobs = shown(delta)
+        for i, (prompt, final) in enumerate(zip(prompts, finals, strict=True)):
+            echo = final if body.echo else None
+            scored = prompt_logprobs(tokenizer, final, body.prompt_logprobs)
+            for o in sorted(final.outputs, key=lambda o: o.index):
+                text, token_ids, token_logprobs = shown(o)
                 choices.append(
                     CompletionChoice(
-                        index=delta.index,
-                        text=prefix + text,
-                        logprobs=logprobs(token_ids, token_logprobs, offset, echo),
-                        finish_reason=delta.finish_reason,
-                        prompt_token_ids=ids if first and body.return_token_ids else None,
+                        index=i * n + o.index,
+                        text=prompt.echoed + text,
+                        logprobs=logprobs(prompt, token_ids, token_logprobs, len(prompt.echoed), echo),
+                        finish_reason=o.finish_reason,
+                        prompt_logprobs=scored,
+                        prompt_token_ids=prompt.ids if body.return_token_ids else None,
                         token_ids=token_ids if body.return_token_ids else None,
                     )
                 )
-                offsets[delta.index] = offset + len(text)
+        total = _total([usage(f, not prompt_only) for f in finals])
+        return CompletionResponse(id=request_id, created=created, model=model, choices=choices, usage=total)
+
+    async def stream(outputs: AsyncIterator[tuple[int, RequestOutput]]) -> AsyncIterator[bytes]:
+        offsets = [0] * (len(prompts) * n)
+        unsent = set(range(len(prompts) * n))  # choices whose first chunk is still to send (with the prompt)
+        last: list[RequestOutput | None] = [None] * len(prompts)
+        async for i, out in outputs:
+            last[i] = out
+            prompt = prompts[i]
+            choices = []
+            for delta in out.delta or ():
+                index = i * n + delta.index
+                first = index in unsent
+                unsent.discard(index)
+                echo = out if first and body.echo else None
+                prefix = prompt.echoed if echo is not None else ""
+                offset = offsets[index] + len(prefix)
+                text, token_ids, token_logprobs = shown(delta)
+                choices.append(
+                    CompletionChoice(
+                        index=index,
+                        text=prefix + text,
+                        logprobs=logprobs(prompt, token_ids, token_logprobs, offset, echo),
+                        finish_reason=delta.finish_reason,
+                        prompt_token_ids=prompt.ids if first and body.return_token_ids else None,
+                        token_ids=token_ids if body.return_token_ids else None,
+                    )
+                )
+                offsets[index] = offset + len(text)
             if choices:
                 chunk = CompletionResponse(id=request_id, created=created, model=model, choices=choices)
                 yield sse.event(chunk, exclude=None if include_usage else {"usage"})
         if include_usage:
+            total = _total([usage(out, not prompt_only) for out in last])
             yield sse.event(
-                CompletionResponse(
-                    id=request_id, created=created, model=model, choices=[], usage=usage(out, not prompt_only)
-                )
+                CompletionResponse(id=request_id, created=created, model=model, choices=[], usage=total)
             )
 
-    outputs = generate(state, engine, ids, params, request_id, priority=body.priority, lora_name=lora_name)
+    streams = [
+        generate(
+            state,
+            engine,
+            prompt.ids,
+            params,
+            request_id if len(prompts) == 1 else f"{request_id}-{i}",
+            priority=body.priority,
+            lora_name=lora_name,
+        )
+        for i, prompt in enumerate(prompts)
+    ]
+    outputs = merged(streams) if body.stream else finals(streams)
     return await respond(request, state, outputs, whole, stream if body.stream else None)

@@ -32,6 +32,9 @@ LogitBias = Annotated[float, Field(ge=-100.0, le=100.0)]
 StopStrings = str | list[Annotated[str, Field(min_length=1)]] | None
 # OpenAI's documented limit; a longer list is refused by name instead of by a union's type error.
 MAX_STOP_STRINGS = 4
+# The most completions one request asks for (n, times its prompts on completions): each is a
+# sequence of the batch, and n alone goes this far.
+MAX_COMPLETIONS = 128
 JSONSchema = dict[str, Any] | bool
 
 
@@ -156,7 +159,7 @@ class SamplingFields(ValidText):
     unimplemented: ClassVar[dict[str, Any]] = UNIMPLEMENTED_VLLM_FIELDS
 
     model: str | None = None
-    n: int = Field(default=1, ge=1, le=128)
+    n: int = Field(default=1, ge=1, le=MAX_COMPLETIONS)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: Int64 | None = None
@@ -275,6 +278,18 @@ class CompletionRequest(SamplingFields):
         if suffix:
             raise ValueError("suffix (insertion) is not supported by this server; remove it")
         return suffix
+
+    @model_validator(mode="after")
+    def _bounded_batch(self) -> CompletionRequest:
+        prompts = len(self.prompt) if self.prompt and isinstance(self.prompt[0], str | list) else 1
+        if (total := prompts * self.n) > MAX_COMPLETIONS:
+            raise PydanticCustomError(
+                "too_many_completions",
+                "{prompts} prompts with n {n} ask for {total} completions, more than the {most} one "
+                "request may; split the prompts over several requests",
+                {"param": "prompt", "prompts": prompts, "n": self.n, "total": total, "most": MAX_COMPLETIONS},
+            )
+        return self
 
     @model_validator(mode="after")
     def _no_tokens_only_with_echo(self) -> CompletionRequest:

@@ -140,7 +140,8 @@ def test_errors_name_the_field_and_have_openai_shape(fake):
         ({"prompt": "x", "n": 2, "best_of": 3}, "best_of"),
         ({"prompt": "x", "stop": [""]}, "stop"),
         ({"prompt": "x", "n": "many"}, "n"),
-        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": ["a"] * 65, "n": 2}, "prompt"),
+        ({"prompt": ["a", "b" * 600]}, "prompt"),
         ({"prompt": [999999]}, "prompt"),
     ]
     for request, param in cases:

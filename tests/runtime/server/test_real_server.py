@@ -114,6 +114,29 @@ def test_unknown_model_and_context_overflow(client):
     assert "1024" in str(overflow.value) and "5000" in str(overflow.value)
 
 
+def test_a_list_of_prompts_gives_each_prompt_its_own_greedy_completion(client):
+    """A batch of prompts in one request (as lm-evaluation-harness sends them): choice i is prompt
+    i's, the same text the prompt gets alone, whole and streamed."""
+    prompts = [PROMPT, "Once upon a time", "def fibonacci(n):"]
+    alone = [
+        client.completions.create(model=MODEL, prompt=p, max_tokens=6, temperature=0).choices[0].text
+        for p in prompts
+    ]
+    batched = client.completions.create(model=MODEL, prompt=prompts, max_tokens=6, temperature=0)
+    assert [c.text for c in sorted(batched.choices, key=lambda c: c.index)] == alone
+    assert batched.usage.completion_tokens == sum(
+        client.completions.create(model=MODEL, prompt=p, max_tokens=6, temperature=0).usage.completion_tokens
+        for p in prompts
+    )
+    streamed = [""] * len(prompts)
+    for chunk in client.completions.create(
+        model=MODEL, prompt=prompts, max_tokens=6, temperature=0, stream=True
+    ):
+        for c in chunk.choices:
+            streamed[c.index] += c.text
+    assert streamed == alone
+
+
 def test_echo_with_logprobs_scores_the_prompt_as_evaluation_harnesses_ask(client):
     """lm-evaluation-harness's loglikelihood request: echo, logprobs 1, one token. The text is the
     prompt and the completion; the logprobs cover every prompt token (the first null, nothing

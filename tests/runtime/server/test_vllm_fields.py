@@ -1,6 +1,7 @@
 """vLLM's request fields that clients (RL trainers, evaluation harnesses, agents) send, over the
-fake engine: token ids beside the text, prompt truncation, special tokens, and the fields this
-server does not implement, each a 400 naming it instead of being ignored."""
+fake engine: a list of prompts in one request, token ids beside the text, prompt truncation,
+special tokens, and the fields this server does not implement, each a 400 naming it instead of
+being ignored."""
 
 from __future__ import annotations
 
@@ -11,6 +12,39 @@ from .fake_engine import SCRIPT, FakeTokenizer
 from .test_api_fake_engine import sse_payloads
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6}
+
+
+def test_a_list_of_prompts_is_answered_in_one_response_numbered_as_vllm_numbers_it(fake):
+    """Prompt p's samples are choices p * n .. p * n + n - 1; usage sums every prompt's; streamed
+    chunks add up to the whole response (lm-evaluation-harness batches prompts this way)."""
+    client, engine = fake
+    ask = {"model": MODEL, "prompt": ["ab", "hi"], "n": 2, "max_tokens": 3, "echo": True}
+    answered = client.post("/v1/completions", json=ask)
+    assert answered.status_code == 200, answered.text
+    whole = answered.json()
+    texts = {c["index"]: c["text"] for c in whole["choices"]}
+    assert texts == {0: "ab" + SCRIPT[:3], 1: "ab" + SCRIPT[1:4], 2: "hi" + SCRIPT[:3], 3: "hi" + SCRIPT[1:4]}
+    assert whole["usage"] == {"prompt_tokens": 4, "completion_tokens": 12, "total_tokens": 16}
+    assert sorted(map(tuple, engine.seen_prompts[-2:])) == [(97, 98), (104, 105)]
+    as_ids = client.post("/v1/completions", json=ask | {"prompt": [[97, 98], [104, 105]]}).json()
+    assert {c["index"]: c["text"] for c in as_ids["choices"]} == texts
+    streamed_ask = ask | {"stream": True, "stream_options": {"include_usage": True}}
+    with client.stream("POST", "/v1/completions", json=streamed_ask) as streamed:
+        payloads = sse_payloads(streamed)
+    streamed_texts = dict.fromkeys(texts, "")
+    for c in (c for p in payloads for c in p["choices"]):
+        streamed_texts[c["index"]] += c["text"]
+    assert streamed_texts == texts and payloads[-1]["usage"] == whole["usage"]
+
+
+def test_a_batch_with_a_prompt_the_engine_refuses_is_a_400_and_runs_nothing(fake):
+    client, engine = fake
+    for stream in (False, True):
+        ask = {"model": MODEL, "prompt": ["ab", "x" * 600], "max_tokens": 3, "stream": stream}
+        refused = client.post("/v1/completions", json=ask)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "prompt", refused.text
+        assert "600" in refused.json()["error"]["message"]
+    assert not engine.running and not engine.requests
 
 
 def test_completions_return_token_ids_whole_and_streamed(fake):
