@@ -34,6 +34,9 @@ class SamplingParams:
     # The same for each prompt token after the first (executor/prompt_logprobs.py), as vLLM's.
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    # {token id: value} added to those tokens' logits before sampling, as OpenAI's logit_bias: -100
+    # all but bans a token, 100 all but forces it.
+    logit_bias: dict[int, float] | None = None
     # False: token ids only, no text (benchmarks of random-weight models have no real vocabulary).
     detokenize: bool = True
     structured_outputs: StructuredOutputs | None = None
@@ -84,6 +87,10 @@ class SamplingParams:
                 f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}",
             ),
             (all(s for s in self.stop), "stop strings must not be empty"),
+            (
+                all(-100.0 <= v <= 100.0 for v in (self.logit_bias or {}).values()),
+                "logit_bias values must be in [-100, 100]",
+            ),
             (self.cache_salt is None or bool(self.cache_salt), "cache_salt must not be empty"),
             (
                 self.output_kind in OUTPUT_KINDS,
@@ -97,7 +104,7 @@ class SamplingParams:
     def token_id_fields(self) -> dict[str, list[int]]:
         """Each field that holds token ids, by name: request_validation checks them against the
         vocabulary, so that a field added here is checked too."""
-        return {"stop_token_ids": self.stop_token_ids}
+        return {"stop_token_ids": self.stop_token_ids, "logit_bias": list(self.logit_bias or ())}
 
     @property
     def greedy(self) -> bool:

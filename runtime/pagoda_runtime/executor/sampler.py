@@ -1,7 +1,7 @@
 """Logits -> next tokens, one row per sequence that samples this step.
 
-Penalties, the min_tokens mask and grammar masks change the logits for greedy and random rows
-alike; temperature, top-k, top-p and min-p shape the distribution of random rows, which then draw
+Penalties, logit_bias, the min_tokens mask and grammar masks change the logits for greedy and
+random rows alike; temperature, top-k, top-p and min-p shape the distribution of random rows, which then draw
 with the exponential race (argmax of p / E, E ~ Exp(1) noise). On CUDA one Triton kernel does the
 random rows (kernels/triton_sampling.py); elsewhere `truncated_race`, its reference, does. A seeded
 sample's noise comes from a seed derived from its seed, its index among the request's samples
@@ -138,7 +138,12 @@ class Sampler:
             if chosen[k].seed is not None:
                 seeds[k] = row_seed(chosen[k].seed, seqs[i].index, output_index[i])
         masked: list[int] = []
+        biased: list[int] = []
+        bias: list[float] = []
         for i, p in enumerate(params):
+            if p.logit_bias:
+                biased.extend(i * self.vocab_size + t for t in p.logit_bias)
+                bias.extend(p.logit_bias.values())
             if output_index[i] < p.min_tokens:
                 stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_token_ids))
                 # The engine refuses ids outside the vocabulary; one that got here would index
@@ -153,6 +158,8 @@ class Sampler:
             "min_p": np.array([p.min_p for p in chosen], dtype=np.float32),
             "seeds": seeds,
             "min_tokens_masked": np.array(masked, dtype=np.int64),
+            "logit_bias_index": np.array(biased, dtype=np.int64),  # flat, as min_tokens_masked
+            "logit_bias": np.array(bias, dtype=np.float32),
         }
 
     def __call__(
@@ -173,9 +180,11 @@ class Sampler:
             raw_logprobs = torch.log_softmax(logits, dim=-1)
         prefixes = drafts.row_prefixes() if drafts is not None else [[]] * len(seqs)
         processed = self._penalize(logits, seqs, output_index, prefixes)
-        masked = staged["min_tokens_masked"]
-        if processed is logits and (masked.shape[0] or self._grammar.constrains(seqs)):
-            processed = logits.clone()  # the masks below write in place
+        masked, biased = staged["min_tokens_masked"], staged["logit_bias_index"]
+        if processed is logits and (masked.shape[0] or biased.shape[0] or self._grammar.constrains(seqs)):
+            processed = logits.clone()  # the bias and the masks below write in place
+        if biased.shape[0]:
+            processed.view(-1).index_add_(0, biased, staged["logit_bias"].to(processed.dtype))
         if masked.shape[0]:
             # index_fill_ takes -inf as a kernel argument; assigning it through an index copies
             # it from the host first, which waits for the device.

@@ -27,8 +27,10 @@ Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 TokenCount = Annotated[int, Field(ge=1, le=INT32_MAX)]
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
-# OpenAI's range for a logit bias.
+# OpenAI's range for a logit bias, and how many tokens one request may bias (each is host work in
+# every step the request samples in).
 LogitBias = Annotated[float, Field(ge=-100.0, le=100.0)]
+MAX_LOGIT_BIAS = 300
 StopStrings = str | list[Annotated[str, Field(min_length=1)]] | None
 # OpenAI's documented limit; a longer list is refused by name instead of by a union's type error.
 MAX_STOP_STRINGS = 4
@@ -242,10 +244,17 @@ class SamplingFields(ValidText):
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_logit_bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
-        if bias:
-            raise ValueError("logit_bias is not supported by this server; remove it")
+    def _token_ids_as_keys(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        if bias is None:
+            return None
+        if len(bias) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} tokens may be biased, got {len(bias)}")
+        if not all(key.isascii() and key.isdigit() for key in bias):
+            raise ValueError('keys must be token ids written as strings, e.g. {"1234": -100}')
         return bias
+
+    def logit_bias_by_id(self) -> dict[int, float] | None:
+        return None if self.logit_bias is None else {int(k): v for k, v in self.logit_bias.items()}
 
     def stop_list(self) -> list[str]:
         if self.stop is None:

@@ -239,6 +239,26 @@ def test_bad_prompt_logprobs_and_token_counts_are_400s_naming_the_field(server, 
     assert response.json()["error"]["param"] == field, response.text
 
 
+def test_logit_bias_forces_and_bans_tokens_as_openai_documents(server):
+    """OpenAI's logit_bias: 100 on a token makes the greedy completion that token; -100 on the
+    greedy first token makes it another. Keys are token ids written as strings."""
+    url = server.url + "/v1/completions"
+    ask = {"model": MODEL, "prompt": PROMPT, "max_tokens": 3, "temperature": 0, "return_token_ids": True}
+    greedy = httpx.post(url, json=ask, timeout=120).json()["choices"][0]["token_ids"]
+    forced = httpx.post(url, json=ask | {"logit_bias": {"1000": 100}}, timeout=120).json()
+    assert forced["choices"][0]["token_ids"] == [1000, 1000, 1000]
+    banned = httpx.post(url, json=ask | {"logit_bias": {str(greedy[0]): -100}}, timeout=120).json()
+    assert banned["choices"][0]["token_ids"][0] != greedy[0]
+    for bias, words in [
+        ({"blue": 5}, "token ids written as strings"),
+        ({"49152": 5}, "outside the model's vocabulary"),
+        ({str(i): 1 for i in range(301)}, "at most 300"),
+    ]:
+        refused = httpx.post(url, json=ask | {"logit_bias": bias}, timeout=30)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "logit_bias", refused.text
+        assert words in refused.json()["error"]["message"]
+
+
 def test_only_requests_with_the_same_cache_salt_share_the_prefix_cache(server):
     """vLLM's cache_salt: a prompt another tenant sent is found in the prefix cache only under the
     same salt, so its cached prefix cannot be probed by timing from outside; an empty salt is a 400."""
