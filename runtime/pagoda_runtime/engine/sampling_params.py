@@ -37,6 +37,8 @@ class SamplingParams:
     # {token id: value} added to those tokens' logits before sampling, as OpenAI's logit_bias: -100
     # all but bans a token, 100 all but forces it.
     logit_bias: dict[int, float] | None = None
+    # vLLM's: only these tokens may be sampled (every other logit masked).
+    allowed_token_ids: list[int] | None = None
     # False: token ids only, no text (benchmarks of random-weight models have no real vocabulary).
     detokenize: bool = True
     structured_outputs: StructuredOutputs | None = None
@@ -91,6 +93,10 @@ class SamplingParams:
                 all(-100.0 <= v <= 100.0 for v in (self.logit_bias or {}).values()),
                 "logit_bias values must be in [-100, 100]",
             ),
+            (
+                self.allowed_token_ids is None or bool(self.allowed_token_ids),
+                "allowed_token_ids must not be empty; leave it out to allow every token",
+            ),
             (self.cache_salt is None or bool(self.cache_salt), "cache_salt must not be empty"),
             (
                 self.output_kind in OUTPUT_KINDS,
@@ -104,7 +110,11 @@ class SamplingParams:
     def token_id_fields(self) -> dict[str, list[int]]:
         """Each field that holds token ids, by name: request_validation checks them against the
         vocabulary, so that a field added here is checked too."""
-        return {"stop_token_ids": self.stop_token_ids, "logit_bias": list(self.logit_bias or ())}
+        return {
+            "stop_token_ids": self.stop_token_ids,
+            "logit_bias": list(self.logit_bias or ()),
+            "allowed_token_ids": self.allowed_token_ids or [],
+        }
 
     @property
     def greedy(self) -> bool:

@@ -1,16 +1,16 @@
 """Logits -> next tokens, one row per sequence that samples this step.
 
-Penalties, logit_bias, the min_tokens mask and grammar masks change the logits for greedy and
-random rows alike; temperature, top-k, top-p and min-p shape the distribution of random rows, which then draw
-with the exponential race (argmax of p / E, E ~ Exp(1) noise). On CUDA one Triton kernel does the
-random rows (kernels/triton_sampling.py); elsewhere `truncated_race`, its reference, does. A seeded
-sample's noise comes from a seed derived from its seed, its index among the request's samples
-and its position, so its tokens depend on nothing else in the batch and are the same whenever
-it is sampled. Logprobs come from the raw model distribution, before any of this, as in vLLM.
-A verify step (speculative decoding) has a row per drafted position and per sequence's bonus
-position; its processed logits become the distributions rejection_sampler.py accepts drafts
-against, each row's penalties counting the draft tokens before it and each row's grammar mask
-following them (grammar_mask.py).
+Penalties, logit_bias, allowed_token_ids, the min_tokens mask and grammar masks change the logits
+for greedy and random rows alike; temperature, top-k, top-p and min-p shape the distribution of
+random rows, which then draw with the exponential race (argmax of p / E, E ~ Exp(1) noise). On CUDA
+one Triton kernel does the random rows (kernels/triton_sampling.py); elsewhere `truncated_race`,
+its reference, does. A seeded sample's noise comes from a seed derived from its seed, its index
+among the request's samples and its position, so its tokens depend on nothing else in the batch and
+are the same whenever it is sampled. Logprobs come from the raw model distribution, before any of
+this, as in vLLM. A verify step (speculative decoding) has a row per drafted position and per
+sequence's bonus position; its processed logits become the distributions rejection_sampler.py
+accepts drafts against, each row's penalties counting the draft tokens before it and each row's
+grammar mask following them (grammar_mask.py).
 
 What the host knows when a step is launched (which rows draw, their parameters, the min_tokens
 mask) goes over with the step's inputs in one copy (`host_arrays`, staging.py); penalties and
@@ -140,10 +140,16 @@ class Sampler:
         masked: list[int] = []
         biased: list[int] = []
         bias: list[float] = []
+        restricted: list[int] = []  # rows with allowed_token_ids
+        allowed: list[np.ndarray] = []  # flat indices into those rows only
         for i, p in enumerate(params):
             if p.logit_bias:
                 biased.extend(i * self.vocab_size + t for t in p.logit_bias)
                 bias.extend(p.logit_bias.values())
+            if p.allowed_token_ids:
+                ids = np.asarray(p.allowed_token_ids, dtype=np.int64)
+                allowed.append(ids + len(restricted) * self.vocab_size)
+                restricted.append(i)
             if output_index[i] < p.min_tokens:
                 stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_token_ids))
                 # The engine refuses ids outside the vocabulary; one that got here would index
@@ -160,6 +166,8 @@ class Sampler:
             "min_tokens_masked": np.array(masked, dtype=np.int64),
             "logit_bias_index": np.array(biased, dtype=np.int64),  # flat, as min_tokens_masked
             "logit_bias": np.array(bias, dtype=np.float32),
+            "restricted_rows": np.array(restricted, dtype=np.int64),
+            "allowed_index": np.concatenate(allowed) if allowed else np.zeros(0, dtype=np.int64),
         }
 
     def __call__(
@@ -181,10 +189,14 @@ class Sampler:
         prefixes = drafts.row_prefixes() if drafts is not None else [[]] * len(seqs)
         processed = self._penalize(logits, seqs, output_index, prefixes)
         masked, biased = staged["min_tokens_masked"], staged["logit_bias_index"]
-        if processed is logits and (masked.shape[0] or biased.shape[0] or self._grammar.constrains(seqs)):
+        restricted = staged["restricted_rows"]
+        writes = masked.shape[0] or biased.shape[0] or restricted.shape[0]
+        if processed is logits and (writes or self._grammar.constrains(seqs)):
             processed = logits.clone()  # the bias and the masks below write in place
         if biased.shape[0]:
             processed.view(-1).index_add_(0, biased, staged["logit_bias"].to(processed.dtype))
+        if restricted.shape[0]:
+            self._allow_only(processed, restricted, staged["allowed_index"])
         if masked.shape[0]:
             # index_fill_ takes -inf as a kernel argument; assigning it through an index copies
             # it from the host first, which waits for the device.
@@ -206,6 +218,13 @@ class Sampler:
             samples.top_values, samples.top_ids = raw_logprobs.topk(top_n, dim=-1)
         samples.start_copy()
         return samples
+
+    def _allow_only(self, logits: torch.Tensor, rows: torch.Tensor, allowed: torch.Tensor) -> None:
+        """Masks every logit of `rows` but the allowed ones (flat indices into those rows alone)."""
+        keep = torch.zeros(rows.shape[0] * self.vocab_size, dtype=torch.bool, device=logits.device)
+        keep.index_fill_(0, allowed, True)
+        chosen = logits.index_select(0, rows).masked_fill_(~keep.view(rows.shape[0], -1), float("-inf"))
+        logits.index_copy_(0, rows, chosen)
 
     def _sample(
         self, logits: torch.Tensor, params: list[SamplingParams], staged: dict[str, torch.Tensor], out

@@ -79,6 +79,7 @@ def sampling_params(
             include_stop_str_in_output=body.include_stop_str_in_output,
             skip_special_tokens=body.skip_special_tokens,
             logit_bias=body.logit_bias_by_id(),
+            allowed_token_ids=body.allowed_token_ids,
             ignore_eos=body.ignore_eos,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,

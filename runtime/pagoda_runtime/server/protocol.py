@@ -31,6 +31,8 @@ Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 # every step the request samples in).
 LogitBias = Annotated[float, Field(ge=-100.0, le=100.0)]
 MAX_LOGIT_BIAS = 300
+# How many tokens allowed_token_ids may name (host work in every step, as logit_bias).
+MAX_ALLOWED_TOKENS = 4096
 StopStrings = str | list[Annotated[str, Field(min_length=1)]] | None
 # OpenAI's documented limit; a longer list is refused by name instead of by a union's type error.
 MAX_STOP_STRINGS = 4
@@ -133,7 +135,6 @@ class ValidText(BaseModel):
 # any other value is a 400 naming the field (unknown fields are ignored, so these must be named).
 UNIMPLEMENTED_VLLM_FIELDS: dict[str, Any] = {
     "use_beam_search": False,
-    "allowed_token_ids": None,
     "bad_words": [],
     "spaces_between_special_tokens": True,
     "logprob_token_ids": None,
@@ -188,6 +189,8 @@ class SamplingFields(ValidText):
     # response's prompt_logprobs; strict, so that "1" or 1.5 is a 400 rather than a parsed count.
     prompt_logprobs: int | None = Field(default=None, ge=0, le=20, strict=True)
     stop_token_ids: list[TokenId] | None = None
+    # vLLM's: only these tokens may be sampled (each inside the vocabulary: the engine's check).
+    allowed_token_ids: list[TokenId] | None = Field(default=None, min_length=1, max_length=MAX_ALLOWED_TOKENS)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     # vLLM's: the prompt's and each choice's token ids beside the text (what RL trainers read).

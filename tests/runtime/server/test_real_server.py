@@ -239,9 +239,10 @@ def test_bad_prompt_logprobs_and_token_counts_are_400s_naming_the_field(server, 
     assert response.json()["error"]["param"] == field, response.text
 
 
-def test_logit_bias_forces_and_bans_tokens_as_openai_documents(server):
+def test_logit_bias_and_allowed_token_ids_choose_the_tokens(server):
     """OpenAI's logit_bias: 100 on a token makes the greedy completion that token; -100 on the
-    greedy first token makes it another. Keys are token ids written as strings."""
+    greedy first token makes it another; keys are token ids written as strings. vLLM's
+    allowed_token_ids: only those tokens are sampled."""
     url = server.url + "/v1/completions"
     ask = {"model": MODEL, "prompt": PROMPT, "max_tokens": 3, "temperature": 0, "return_token_ids": True}
     greedy = httpx.post(url, json=ask, timeout=120).json()["choices"][0]["token_ids"]
@@ -249,6 +250,14 @@ def test_logit_bias_forces_and_bans_tokens_as_openai_documents(server):
     assert forced["choices"][0]["token_ids"] == [1000, 1000, 1000]
     banned = httpx.post(url, json=ask | {"logit_bias": {str(greedy[0]): -100}}, timeout=120).json()
     assert banned["choices"][0]["token_ids"][0] != greedy[0]
+    allowed = httpx.post(
+        url, json=ask | {"temperature": 1.0, "max_tokens": 8, "allowed_token_ids": [1000, 2000]}, timeout=120
+    ).json()
+    assert set(allowed["choices"][0]["token_ids"]) <= {1000, 2000}
+    outside = httpx.post(url, json=ask | {"allowed_token_ids": [49152]}, timeout=30)
+    assert outside.status_code == 400 and outside.json()["error"]["param"] == "allowed_token_ids", (
+        outside.text
+    )
     for bias, words in [
         ({"blue": 5}, "token ids written as strings"),
         ({"49152": 5}, "outside the model's vocabulary"),

@@ -1,6 +1,7 @@
-"""OpenAI's logit_bias: values added to chosen tokens' logits before sampling. Greedy decoding with
-a bias equals transformers' greedy loop with the same bias added to its logits, alone, beside
-unbiased requests, and while speculating (the verify step biases every drafted position)."""
+"""OpenAI's logit_bias (values added to chosen tokens' logits before sampling) and vLLM's
+allowed_token_ids (every other token masked). Greedy decoding with either equals transformers'
+greedy loop with the same change to its logits, alone, beside plain requests, and while
+speculating (the verify step changes every drafted position's logits)."""
 
 import pytest
 import torch
@@ -26,13 +27,17 @@ def hf(folder):
     ).eval()
 
 
-def hf_greedy(hf, prompt, bias, steps):
+def hf_greedy(hf, prompt, bias, steps, allowed=None):
     ids = list(prompt)
     with torch.no_grad():
         for _ in range(steps):
             logits = hf(torch.tensor([ids])).logits[0, -1].float()
             for token, value in bias.items():
                 logits[token] += value
+            if allowed is not None:
+                kept = torch.full_like(logits, float("-inf"))
+                kept[allowed] = logits[allowed]
+                logits = kept
             ids.append(int(logits.argmax()))
     return ids[len(prompt) :]
 
@@ -92,3 +97,31 @@ def test_a_bias_outside_the_vocabulary_or_the_range_is_refused(folder):
         llm.generate(PROMPT, SamplingParams(max_tokens=2, logit_bias={100000: 1.0}))
     with pytest.raises(ValueError, match=r"logit_bias values must be in \[-100, 100\]"):
         SamplingParams(logit_bias={5: 101.0})
+
+
+def test_only_allowed_tokens_are_sampled_and_greedy_is_the_restricted_argmax(folder, hf):
+    llm = make(folder)
+    greedy = hf_greedy(hf, PROMPT, {}, 6)
+    allowed = sorted({(t * 7) % 250 + 3 for t in range(40)} - set(greedy))
+    restricted = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, allowed_token_ids=allowed)
+    [out] = llm.generate(PROMPT, restricted)
+    assert out.outputs[0].token_ids == hf_greedy(hf, PROMPT, {}, 6, allowed)
+    few = [11, 22, 33]
+    sampled = SamplingParams(
+        temperature=1.5, seed=1, max_tokens=20, ignore_eos=True, allowed_token_ids=few, n=3
+    )
+    assert all(set(o.token_ids) <= set(few) for o in llm.generate(PROMPT, sampled)[0].outputs)
+    speculative = make(folder, speculative_config=NGRAM)
+    [drafted] = speculative.generate(
+        REPEATING,
+        SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, allowed_token_ids=[5, 6, 7, 9]),
+    )
+    assert drafted.outputs[0].token_ids == hf_greedy(hf, REPEATING, {}, 10, [5, 6, 7, 9])
+    assert speculative.engine.stats().spec_decode.num_drafts > 0
+
+
+def test_an_allow_list_that_is_empty_or_outside_the_vocabulary_is_refused(folder):
+    with pytest.raises(ValueError, match="allowed_token_ids must not be empty"):
+        SamplingParams(allowed_token_ids=[])
+    with pytest.raises(ValueError, match="allowed_token_ids holds token id 99999"):
+        make(folder).generate(PROMPT, SamplingParams(max_tokens=2, allowed_token_ids=[5, 99999]))
