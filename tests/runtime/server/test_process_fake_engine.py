@@ -116,15 +116,16 @@ def test_ten_times_overload_sheds_with_429_and_stays_ready(start):
     assert len(ready) > 10 and set(ready) == {200}, ready
 
 
-@pytest.mark.parametrize("stream", [True, False])
-def test_client_disconnect_aborts_the_request(start, stream):
+@pytest.mark.parametrize(("stream", "prompts"), [(True, 1), (False, 1), (True, 3), (False, 3)])
+def test_client_disconnect_aborts_the_request(start, stream, prompts):
+    """Each of a batch's prompts is its own engine request: a client gone aborts all of them."""
     server = start()
-    body = {"prompt": "x", "max_tokens": 400, "stream": stream}
+    body = {"prompt": ["x"] * prompts if prompts > 1 else "x", "max_tokens": 400, "stream": stream}
     if stream:
         with httpx.stream("POST", server.url + "/v1/completions", json=body) as response:
             lines = response.iter_lines()
             next(lines)
-            assert metric(server.url, "pagoda_num_requests_running") == 1
+            assert metric(server.url, "pagoda_num_requests_running") == prompts
     else:
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(server.url + "/v1/completions", json=body, timeout=0.5)
@@ -132,7 +133,9 @@ def test_client_disconnect_aborts_the_request(start, stream):
     while metric(server.url, "pagoda_num_requests_running") != 0:
         assert time.monotonic() < deadline, "the abandoned request is still running"
         time.sleep(0.02)
-    assert metric(server.url, 'pagoda_requests_total{finish_reason="abort",model_name="fake-model"}') == 1
+    assert (
+        metric(server.url, 'pagoda_requests_total{finish_reason="abort",model_name="fake-model"}') == prompts
+    )
     # Counted from the deltas the server saw: a running request's outputs carry no whole text.
     assert metric(server.url, 'pagoda_generation_tokens_total{model_name="fake-model"}') > 0
 
