@@ -8,7 +8,7 @@ from pydantic import BaseModel, model_validator
 
 from pagoda_runtime.engine.request_validation import first_out_of_vocabulary
 from pagoda_runtime.server.admission import check_model
-from pagoda_runtime.server.chat import chat_prompt_ids
+from pagoda_runtime.server.chat_turn import chat_prompt_ids
 from pagoda_runtime.server.errors import APIError
 from pagoda_runtime.server.protocol import ChatMessage, ChatTemplateOptions, TokenId, ValidText
 from pagoda_runtime.server.state import ServerState

@@ -44,6 +44,7 @@ VLLM_EXTENSIONS = {
     "chat_template",
     "documents",
     "truncation_side",
+    "allowed_token_ids",
     "skip_special_tokens",
     "return_token_ids",
     "truncate_prompt_tokens",
