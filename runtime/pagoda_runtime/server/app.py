@@ -30,6 +30,7 @@ from pagoda_runtime.server.lora_routes import load_lora_adapter, unload_lora_ada
 from pagoda_runtime.server.metrics_compat import vllm_registry
 from pagoda_runtime.server.middleware import EdgeMiddleware
 from pagoda_runtime.server.protocol import ModelCard, ModelList
+from pagoda_runtime.server.responses import create_response
 from pagoda_runtime.server.state import ServerState
 from pagoda_runtime.server.tokenize import detokenize, tokenize
 
@@ -71,6 +72,7 @@ def build_app(
         )
     app.add_api_route("/v1/completions", create_completion, methods=["POST"])
     app.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"])
+    app.add_api_route("/v1/responses", create_response, methods=["POST"])
     app.add_api_route("/tokenize", tokenize, methods=["POST"])
     app.add_api_route("/detokenize", detokenize, methods=["POST"])
     app.add_api_route("/v1/load_lora_adapter", load_lora_adapter, methods=["POST"])

@@ -236,15 +236,16 @@ CHAT_FIELDS = {
 }
 # Token limits a wrong value may set: past the context (a 400), or at most 3 (cheap); likewise n,
 # whose valid values up to 128 cost as many sequences.
-_TOKEN_LIMITS = ("max_tokens", "max_completion_tokens")
+_TOKEN_LIMITS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 _CHEAPER = {
     "max_tokens": (range(4, 5000), 3),
     "max_completion_tokens": (range(4, 5000), 3),
+    "max_output_tokens": (range(4, 5000), 3),
     "n": (range(3, 129), 2),
 }
 
 
-def _body(model: str, fields: dict, required: list[str]):
+def _body(model: str, fields: dict, required: list[str], limit: str = "max_tokens"):
     valid = st.fixed_dictionaries(
         {"model": st.just(model), **{k: fields[k] for k in required}},
         optional={k: v for k, v in fields.items() if k not in required and k != "model"},
@@ -262,12 +263,63 @@ def _body(model: str, fields: dict, required: list[str]):
         for name, (costly, cheap) in _CHEAPER.items():
             if type(body.get(name)) is int and body[name] in costly:
                 body[name] = cheap
-        if not any(limit in body for limit in _TOKEN_LIMITS):
-            body["max_tokens"] = 2  # else a chat completion may fill the whole context
+        if not any(name in body for name in _TOKEN_LIMITS):
+            body[limit] = 2  # else a chat completion may fill the whole context
         return encode(body)
 
     return st.tuples(valid, changes, unknown, dropped).map(build)
 
+
+_response_item = st.one_of(
+    _message.map(lambda m: {k: v for k, v in m.items() if k in ("role", "content")}),
+    st.fixed_dictionaries(
+        {
+            "type": st.just("function_call"),
+            "call_id": text,
+            "name": st.sampled_from(["get_weather", ""]),
+            "arguments": st.sampled_from(['{"city": "x"}', "{"]),
+        }
+    ),
+    st.fixed_dictionaries({"type": st.just("function_call_output"), "call_id": text, "output": text}),
+    st.fixed_dictionaries({"type": st.sampled_from(["reasoning", "input_image", "other"])}),
+)
+RESPONSES_FIELDS = {
+    "input": st.one_of(text, st.lists(_response_item, max_size=3)),
+    "instructions": st.one_of(st.none(), text),
+    "max_output_tokens": st.one_of(st.integers(0, 3), boundary_ints),
+    "temperature": st.floats(0, 2),
+    "top_p": st.floats(0.01, 1),
+    "stream": st.booleans(),
+    "tools": st.lists(
+        st.one_of(
+            _tool.map(
+                lambda t: {"type": t["type"], **t["function"]} if isinstance(t.get("function"), dict) else t
+            ),
+            st.just({"type": "web_search"}),
+        ),
+        max_size=2,
+    ),
+    "tool_choice": st.one_of(
+        st.sampled_from(["none", "auto", "required", "bogus"]),
+        st.fixed_dictionaries(
+            {"type": st.just("function"), "name": st.sampled_from(["get_weather", "nope"])}
+        ),
+    ),
+    "parallel_tool_calls": st.booleans(),
+    "text": st.fixed_dictionaries(
+        {
+            "format": st.one_of(
+                st.just({"type": "text"}), st.just({"type": "json_object"}), st.just({"type": "json_schema"})
+            )
+        }
+    ),
+    "reasoning": st.fixed_dictionaries({"effort": st.sampled_from(["none", "low", "high", "huge"])}),
+    "metadata": st.dictionaries(st.text(max_size=4), text, max_size=2),
+    "store": st.booleans(),
+    "previous_response_id": st.one_of(st.none(), text),
+    "include": st.lists(st.sampled_from(["message.output_text.logprobs"]), max_size=1),
+    "priority": st.one_of(st.integers(-3, 3), boundary_ints),
+}
 
 _tokenize = st.fixed_dictionaries(
     {},
@@ -289,8 +341,9 @@ _detokenize = st.fixed_dictionaries(
 def request_bodies(model: str):
     """(path, raw body) pairs for the generating endpoints and /tokenize, /detokenize, including
     bodies that are not JSON at all."""
-    paths = ["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"]
+    paths = ["/v1/completions", "/v1/chat/completions", "/v1/responses", "/tokenize", "/detokenize"]
     return st.one_of(
+        st.tuples(st.just("/v1/responses"), _body(model, RESPONSES_FIELDS, ["input"], "max_output_tokens")),
         st.tuples(st.just("/v1/completions"), _body(model, COMPLETION_FIELDS, ["prompt"])),
         st.tuples(st.just("/v1/completions"), _body(model, COMPLETION_FIELDS, ["prompt"])),
         st.tuples(st.just("/v1/chat/completions"), _body(model, CHAT_FIELDS, ["messages"])),
@@ -310,10 +363,15 @@ def check_response(status: int, content_type: str, body: bytes) -> None:
         assert isinstance(error["message"], str) and error["message"] and error["type"]
     elif content_type.startswith("text/event-stream"):
         assert body.endswith(b"data: [DONE]\n\n"), body[-200:]
-        assert b'"error":' not in body, body[-500:]
+        assert b'"error":{' not in body, body[-500:]  # a Responses event carries "error":null
     else:
         answer = json.loads(body)
-        assert answer.get("choices") or "tokens" in answer or "prompt" in answer, answer
+        assert (
+            answer.get("choices")
+            or answer.get("object") == "response"
+            or "tokens" in answer
+            or "prompt" in answer
+        ), answer
 
 
 # ---- valid requests with an output constraint or tools -----------------------------------------

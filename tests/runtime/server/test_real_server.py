@@ -137,6 +137,24 @@ def test_a_list_of_prompts_gives_each_prompt_its_own_greedy_completion(client):
     assert streamed == alone
 
 
+def test_the_responses_api_answers_as_the_chat_endpoint_does(client):
+    """OpenAI's Responses API through the official client: the same greedy text the chat endpoint
+    gives the same turn, whole and streamed, with its token counts."""
+    question = "Name a primary color."
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": question}], max_tokens=6, temperature=0
+    )
+    response = client.responses.create(model=MODEL, input=question, max_output_tokens=6, temperature=0)
+    assert response.output_text == chat.choices[0].message.content
+    assert response.usage.input_tokens == chat.usage.prompt_tokens
+    assert response.usage.output_tokens == chat.usage.completion_tokens
+    events = list(
+        client.responses.create(model=MODEL, input=question, max_output_tokens=6, temperature=0, stream=True)
+    )
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == response.output_text
+    assert events[-1].response.output_text == response.output_text
+
+
 def test_echo_with_logprobs_scores_the_prompt_as_evaluation_harnesses_ask(client):
     """lm-evaluation-harness's loglikelihood request: echo, logprobs 1, one token. The text is the
     prompt and the completion; the logprobs cover every prompt token (the first null, nothing
