@@ -272,7 +272,11 @@ def _loaded_over_idle(row: dict) -> str:
 def _priority_rows(loaded: list[dict]) -> list[dict]:
     """priority_ttft.py's runs, one row per policy, with the step budget each server ran with."""
     return [
-        {**result, "max_num_batched_tokens": run["settings"].get("max_num_batched_tokens", 8192)}
+        {
+            **result,
+            "max_num_batched_tokens": run["settings"].get("max_num_batched_tokens", 8192),
+            "interactive_prompt": run["settings"]["interactive_prompt"],
+        }
         for run in loaded
         for result in run["results"]
     ]
@@ -549,10 +553,11 @@ TABLES = [
     ),
     Table(
         "priority-ttft-cpu",
-        ("cpu/priority_ttft.json", "cpu/priority_ttft_chunked.json"),
+        ("cpu/priority_ttft.json", "cpu/priority_ttft_chunked.json", "cpu/priority_ttft_chunked_256.json"),
         (
             Column("policy", lambda r: r["policy"]),
             Column("step budget (tokens)", lambda r: str(r["max_num_batched_tokens"])),
+            Column("interactive prompt (tokens)", lambda r: str(r["interactive_prompt"])),
             Column("idle TTFT p50 / p95 (ms)", lambda r: _p50_p95(r["idle"])),
             Column("loaded TTFT p50 / p95 (ms)", lambda r: _p50_p95(r["loaded"])),
             Column("loaded / idle p50, p95", _loaded_over_idle),
