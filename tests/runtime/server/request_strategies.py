@@ -136,6 +136,7 @@ _sampling = {
     "cache_salt": st.one_of(text, st.integers(0, 3)),
     "prompt_logprobs": st.one_of(st.integers(0, 3), boundary_ints, text),
     "skip_special_tokens": st.booleans(),
+    "allowed_token_ids": st.one_of(st.lists(st.one_of(st.integers(0, 60), boundary_ints), max_size=3), wrong),
     "return_token_ids": st.booleans(),
     "truncate_prompt_tokens": st.one_of(st.integers(-1, 8), boundary_ints),
     "truncation_side": st.sampled_from(["left", "right", "middle"]),
@@ -319,6 +320,8 @@ RESPONSES_FIELDS = {
     "previous_response_id": st.one_of(st.none(), text),
     "include": st.lists(st.sampled_from(["message.output_text.logprobs"]), max_size=1),
     "priority": st.one_of(st.integers(-3, 3), boundary_ints),
+    "user": text,
+    "truncation": st.sampled_from(["disabled", "auto"]),
 }
 
 _tokenize = st.fixed_dictionaries(

@@ -20,11 +20,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from loopback_client import metric
 from pagoda_runtime.server.protocol import ChatCompletionRequest, CompletionRequest
+from pagoda_runtime.server.responses_protocol import ResponsesRequest
 
 from .conftest import ServerProcess
 from .request_strategies import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
+    RESPONSES_FIELDS,
     VOCAB,
     check_response,
     check_structured,
@@ -90,6 +92,7 @@ def assert_alive(http: httpx.Client) -> None:
 def test_the_fuzzer_covers_every_request_field():
     assert set(CompletionRequest.model_fields) <= set(COMPLETION_FIELDS)
     assert set(ChatCompletionRequest.model_fields) <= set(CHAT_FIELDS)
+    assert set(ResponsesRequest.model_fields) - {"model"} <= set(RESPONSES_FIELDS)
 
 
 @pytest.mark.parametrize(
