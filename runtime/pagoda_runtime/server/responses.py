@@ -10,6 +10,7 @@ import itertools
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from fastapi import Request
 from pydantic import ValidationError
@@ -47,7 +48,10 @@ async def create_response(body: ResponsesRequest, request: Request):
     except ValidationError as exc:
         message, param = validation_message(exc)
         raise APIError(400, message, param=param) from exc
-    turn = await prepare_chat(chat, request)
+    # The engine's refusals name this API's fields, not the chat request's.
+    turn = replace(
+        await prepare_chat(chat, request), fields={"prompt": "input", "max_tokens": "max_output_tokens"}
+    )
     response_id = f"resp_{uuid.uuid4().hex}"
     message_id = f"msg_{uuid.uuid4().hex}"
     model = body.model or turn.state.settings.served_model_name

@@ -127,6 +127,8 @@ def test_function_calls_go_out_as_items_and_come_back_as_input(fake, sdk):
         ({"tool_choice": "required"}, "tool_choice"),
         ({"text": {"format": {"type": "json_schema"}}}, "text.format"),
         ({"max_output_tokens": 0}, "max_output_tokens"),
+        ({"input": "x" * 600}, "input"),
+        ({"max_output_tokens": 600}, "max_output_tokens"),
     ],
 )
 def test_what_the_server_does_not_serve_is_a_400_naming_the_field(fake, extra, field):
