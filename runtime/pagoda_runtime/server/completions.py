@@ -21,15 +21,6 @@ from pagoda_runtime.server.merged_outputs import finals, merged
 from pagoda_runtime.server.protocol import CompletionChoice, CompletionRequest, CompletionResponse, UsageInfo
 from pagoda_runtime.server.state import ServerState
 
-PromptForm = str | list[int] | list[str] | list[list[int]]
-
-
-def prompts_of(prompt: PromptForm) -> list[str | list[int]]:
-    """The request's prompts: one text or token-id list, or a list of either (a batch)."""
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
-        return list(prompt)
-    return [prompt]
-
 
 @dataclass(frozen=True)
 class _Prompt:
@@ -59,7 +50,7 @@ async def create_completion(body: CompletionRequest, request: Request):
     lora_name = check_model(state, body.model, request)
     engine = await admit(state, body.priority)
     tokenizer = engine.tokenizer
-    prompts = [_prompt(p, body, tokenizer, engine.max_model_len) for p in prompts_of(body.prompt)]
+    prompts = [_prompt(p, body, tokenizer, engine.max_model_len) for p in body.prompts()]
     # An echo with logprobs reports the prompt tokens' too: the engine computes them once for both.
     asked = [k for k in (body.prompt_logprobs, body.logprobs if body.echo else None) if k is not None]
     # The prompt alone as the answer: one token is computed (the prompt's last logits need a step)

@@ -291,9 +291,14 @@ class CompletionRequest(SamplingFields):
             raise ValueError("suffix (insertion) is not supported by this server; remove it")
         return suffix
 
+    def prompts(self) -> list[str | list[int]]:
+        """The request's prompts: one text or token-id list, or a list of either (a batch)."""
+        batch = isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str | list)
+        return list(self.prompt) if batch else [self.prompt]
+
     @model_validator(mode="after")
     def _bounded_batch(self) -> CompletionRequest:
-        prompts = len(self.prompt) if self.prompt and isinstance(self.prompt[0], str | list) else 1
+        prompts = len(self.prompts())
         if (total := prompts * self.n) > MAX_COMPLETIONS:
             raise PydanticCustomError(
                 "too_many_completions",

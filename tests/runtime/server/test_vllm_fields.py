@@ -35,6 +35,9 @@ def test_a_list_of_prompts_is_answered_in_one_response_numbered_as_vllm_numbers_
     for c in (c for p in payloads for c in p["choices"]):
         streamed_texts[c["index"]] += c["text"]
     assert streamed_texts == texts and payloads[-1]["usage"] == whole["usage"]
+    # One text prompt is one prompt, however long (its characters are not a batch).
+    long = client.post("/v1/completions", json={"model": MODEL, "prompt": "y" * 300, "n": 2, "max_tokens": 1})
+    assert long.status_code == 200 and len(long.json()["choices"]) == 2, long.text
 
 
 def test_a_batch_with_a_prompt_the_engine_refuses_is_a_400_and_runs_nothing(fake):
