@@ -66,6 +66,15 @@ class _Request:
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+def _prompt_scores(ids: list[int], params: SamplingParams) -> dict:
+    """What the engine reports for SamplingParams.prompt_logprobs: each prompt token after the
+    first the likeliest (logprob -0.5, rank 1), its next id the runner-up."""
+    if params.prompt_logprobs is None:
+        return {}
+    entries = [{t: -0.5, (t + 1) % FakeTokenizer.vocab_size: -1.5} for t in ids[1:]]
+    return {"prompt_logprobs": [None, *entries], "prompt_token_ranks": [None] + [1] * (len(ids) - 1)}
+
+
 class FakeEngine:
     def __init__(
         self,
@@ -228,7 +237,16 @@ class FakeEngine:
                 if finished:
                     metrics.finished_time = now
                 whole = outputs if finished or params.output_kind == "cumulative" else []
-                yield RequestOutput(request_id, None, ids, whole, finished, metrics, delta=deltas)
+                yield RequestOutput(
+                    request_id,
+                    None,
+                    ids,
+                    whole,
+                    finished,
+                    metrics,
+                    delta=deltas,
+                    **_prompt_scores(ids, params),
+                )
                 if finished:
                     return
                 step += 1
