@@ -154,6 +154,15 @@ UNIMPLEMENTED_VLLM_FIELDS: dict[str, Any] = {
 }
 
 
+def refuse_unless_default(data: Any, fields: dict[str, Any], message: str) -> None:
+    """Raises a 400 naming the first of `fields` (a known field this server does not serve) that a
+    raw body sets to anything but null or the value that asks nothing; `message` holds {param}."""
+    if isinstance(data, dict):
+        for name, default in fields.items():
+            if data.get(name) not in (None, default):
+                raise PydanticCustomError("unserved", message, {"param": name})
+
+
 class SamplingFields(ValidText):
     """The sampling knobs both endpoints share."""
 
@@ -219,14 +228,7 @@ class SamplingFields(ValidText):
     @model_validator(mode="before")
     @classmethod
     def _unimplemented_left_alone(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            for name, default in cls.unimplemented.items():
-                if data.get(name) not in (None, default):
-                    raise PydanticCustomError(
-                        "unimplemented",
-                        "{param} is not supported by this server; remove it",
-                        {"param": name},
-                    )
+        refuse_unless_default(data, cls.unimplemented, "{param} is not supported by this server; remove it")
         return data
 
     @field_validator("truncate_prompt_tokens")

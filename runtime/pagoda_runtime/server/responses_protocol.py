@@ -21,6 +21,7 @@ from pagoda_runtime.server.protocol import (
     ChatCompletionRequest,
     JSONSchema,
     ValidText,
+    refuse_unless_default,
 )
 from pagoda_runtime.server.tools import FunctionDefinition
 
@@ -175,15 +176,13 @@ class ResponsesRequest(ValidText):
     @model_validator(mode="before")
     @classmethod
     def _unserved_left_alone(cls, data: Any) -> Any:
+        refuse_unless_default(
+            data,
+            UNSERVED_FIELDS,
+            "{param} is not served by this server (it keeps no responses and runs no built-in tools); "
+            "send the whole conversation in input",
+        )
         if isinstance(data, dict):
-            for name, default in UNSERVED_FIELDS.items():
-                if data.get(name) not in (None, default):
-                    raise PydanticCustomError(
-                        "unserved",
-                        "{param} is not served by this server (it keeps no responses and runs no "
-                        "built-in tools); send the whole conversation in input",
-                        {"param": name},
-                    )
             if isinstance(data.get("input"), list):
                 data = {**data, "input": [_input_item(item, i) for i, item in enumerate(data["input"])]}
             if isinstance(data.get("tools"), list):
