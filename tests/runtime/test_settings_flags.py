@@ -26,6 +26,7 @@ SERVE_OPTIONS = {
     "--served-model-name", "--host", "--port", "--api-key", "--max-queue", "--drain-timeout",
     "--canary-interval", "--tool-call-parser", "--chat-template", "--allowed-origins",
     "--allowed-methods", "--allowed-headers", "--allow-credentials", "--metrics-compat",
+    "--return-tokens-as-token-ids",
     "--termination-log", "--log-format", "--log-level", "--pipeline-parallel-size", "-pp",
     "--distributed-port", "--distributed-timeout", "--enable-lora", "--lora-modules", "--max-loras",
     "--max-lora-rank", "--max-cpu-loras", "--download-dir",

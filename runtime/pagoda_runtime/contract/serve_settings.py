@@ -114,6 +114,11 @@ class ServerSettings:
         ("*",), "CORS headers allowed (default: all)", parse=parse_names
     )
     allow_credentials: bool = setting(False, "CORS: allow credentials")
+    return_tokens_as_token_ids: bool = setting(
+        False,
+        "show each token in logprobs as token_id:<id> (what a request's return_tokens_as_token_ids "
+        "asks), so that a token that is not text alone (part of a UTF-8 character) can be told apart",
+    )
     metrics_compat: str | None = setting(
         None,
         "also export the metrics under vLLM's names (vllm:num_requests_waiting, ...) for existing "

@@ -21,15 +21,22 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from functools import partial
 
 from pagoda_runtime.contract.config import EngineConfig
+from pagoda_runtime.engine.bad_words import BadWords
 from pagoda_runtime.engine.build import build_engine
 from pagoda_runtime.engine.grammar_mask import GrammarCompiler
 from pagoda_runtime.engine.lora_manager import LoraManager
 from pagoda_runtime.engine.outputs import CompletionOutput, RequestOutput
 from pagoda_runtime.engine.protocol import LoraAdapterError, LoraNotFound, ServedLora
 from pagoda_runtime.engine.request_state import Request, SampledToken
-from pagoda_runtime.engine.request_validation import RequestRejected, check_priority, check_request
+from pagoda_runtime.engine.request_validation import (
+    RequestRejected,
+    check_priority,
+    check_request,
+    first_out_of_vocabulary,
+)
 from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.engine.scheduler import ScheduledBatch
 from pagoda_runtime.engine.sequence import LoraRequest, Sequence
@@ -116,6 +123,7 @@ class LLMEngine:
             except StructuredOutputError as exc:
                 message = f"Invalid structured output: {exc}."
                 raise RequestRejected(message, param="structured_outputs") from exc
+        bad_words = self._bad_words(params)
         arrival = time.monotonic() if arrival_time is None else arrival_time
         request = Request(
             request_id,
@@ -129,9 +137,27 @@ class LLMEngine:
             grammars,
             priority,
         )
+        request.group.bad_words = bad_words
         if lora_name is not None:
             request.group.lora = self._acquire_lora(lora_name)
         return request
+
+    def _bad_words(self, params: SamplingParams) -> BadWords | None:
+        if not params.bad_words:
+            return None
+        try:
+            encode = partial(self.tokenizer.encode, add_special_tokens=False)
+            bad_words = BadWords.of(params.bad_words, encode)
+        except ValueError as exc:
+            raise RequestRejected(f"{exc}.", param="bad_words") from exc
+        vocab_size = self.model_config.architecture.vocab_size
+        if (bad := first_out_of_vocabulary(bad_words.token_ids(), vocab_size)) is not None:
+            raise RequestRejected(
+                f"bad_words spell token id {bad}, outside the model's vocabulary of {vocab_size} tokens; "
+                "the tokenizer does not match the model.",
+                param="bad_words",
+            )
+        return bad_words
 
     def _acquire_lora(self, name: str) -> LoraRequest:
         loras = self.loras

@@ -39,6 +39,8 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     # vLLM's: only these tokens may be sampled (every other logit masked).
     allowed_token_ids: list[int] | None = None
+    # vLLM's: words never generated (engine/bad_words.py says how they are matched).
+    bad_words: list[str] | None = None
     # False: token ids only, no text (benchmarks of random-weight models have no real vocabulary).
     detokenize: bool = True
     structured_outputs: StructuredOutputs | None = None

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from pagoda_runtime.engine.bad_words import BadWords
 from pagoda_runtime.engine.sampling_params import SamplingParams
 
 _next_seq_id = itertools.count()
@@ -46,6 +47,7 @@ class SequenceGroup:
     seqs: list[Sequence] = field(default_factory=list)
     priority: int = 0  # lower is served first under the priority policy (engine/priority.py)
     lora: LoraRequest | None = None  # None: the base model
+    bad_words: BadWords | None = None  # the tokens of params.bad_words
 
 
 class Sequence:

@@ -432,7 +432,7 @@ class ModelRunner:
             launched.rows, launched.output_index = [], []
             return launched
         launched.logits, launched.greedy = logits, greedy
-        if in_flight is None or not any(uses_history(batch.seqs[i].params) for i in launched.rows):
+        if in_flight is None or not any(uses_history(batch.seqs[i]) for i in launched.rows):
             self.sample(launched)
         return launched
 

@@ -1,23 +1,23 @@
 """Logits -> next tokens, one row per sequence that samples this step.
 
-Penalties, logit_bias, allowed_token_ids, the min_tokens mask and grammar masks change the logits
-for greedy and random rows alike; temperature, top-k, top-p and min-p shape the distribution of
-random rows, which then draw with the exponential race (argmax of p / E, E ~ Exp(1) noise). On CUDA
-one Triton kernel does the random rows (kernels/triton_sampling.py); elsewhere `truncated_race`,
-its reference, does. A seeded sample's noise comes from a seed derived from its seed, its index
-among the request's samples and its position, so its tokens depend on nothing else in the batch and
-are the same whenever it is sampled. Logprobs come from the raw model distribution, before any of
-this, as in vLLM. A verify step (speculative decoding) has a row per drafted position and per
-sequence's bonus position; its processed logits become the distributions rejection_sampler.py
-accepts drafts against, each row's penalties counting the draft tokens before it and each row's
-grammar mask following them (grammar_mask.py).
+Penalties, logit_bias, allowed_token_ids, bad_words, the min_tokens mask and grammar masks change
+the logits for greedy and random rows alike; temperature, top-k, top-p and min-p shape the
+distribution of random rows, which then draw with the exponential race (argmax of p / E, E ~ Exp(1)
+noise). On CUDA one Triton kernel does the random rows (kernels/triton_sampling.py); elsewhere
+`truncated_race`, its reference, does. A seeded sample's noise comes from a seed derived from its
+seed, its index among the request's samples and its position, so its tokens depend on nothing else
+in the batch and are the same whenever it is sampled. Logprobs come from the raw model distribution,
+before any of this, as in vLLM. A verify step (speculative decoding) has a row per drafted position
+and per sequence's bonus position; its processed logits become the distributions
+rejection_sampler.py accepts drafts against, each row's penalties and bad words counting the draft
+tokens before it and each row's grammar mask following them (grammar_mask.py).
 
-What the host knows when a step is launched (which rows draw, their parameters, the min_tokens
-mask) goes over with the step's inputs in one copy (`host_arrays`, staging.py); penalties and
+What the host knows when a step is launched (which rows draw, their parameters, the min_tokens mask)
+goes over with the step's inputs in one copy (`host_arrays`, staging.py); penalties, bad words and
 grammar masks need the sequence's previous tokens, so with async scheduling the engine samples a
-batch holding them only once it has read the step before (llm_engine.py). Nothing here waits for
-the device: the tokens and logprobs go back in non-blocking copies that `DeviceSamples.to_host`
-waits for.
+batch holding them only once it has read the step before (llm_engine.py). Nothing here waits for the
+device: the tokens and logprobs go back in non-blocking copies that `DeviceSamples.to_host` waits
+for.
 """
 
 from __future__ import annotations
@@ -50,11 +50,14 @@ def row_seed(seed: int, index: int, position: int) -> int:
     return (z ^ (z >> 31)) >> 1
 
 
-def uses_history(params: SamplingParams) -> bool:
-    """Whether sampling this request reads its previous tokens: penalties count them, a grammar
-    follows them."""
+def uses_history(seq: Sequence) -> bool:
+    """Whether sampling this sequence reads its previous tokens: penalties count them, a grammar
+    follows them, a bad word of several tokens is banned after the rest of it."""
+    params = seq.params
+    bad_words = seq.group.bad_words
     return (
         params.structured_outputs is not None
+        or (bad_words is not None and bad_words.needs_history)
         or params.repetition_penalty != 1.0
         or params.presence_penalty != 0.0
         or params.frequency_penalty != 0.0
@@ -197,6 +200,11 @@ class Sampler:
             processed.view(-1).index_add_(0, biased, staged["logit_bias"].to(processed.dtype))
         if restricted.shape[0]:
             self._allow_only(processed, restricted, staged["allowed_index"])
+        banned = self._bad_words(seqs, output_index, prefixes)
+        if banned is not None:
+            if processed is logits:
+                processed = logits.clone()
+            processed.view(-1).index_fill_(0, banned, float("-inf"))
         if masked.shape[0]:
             # index_fill_ takes -inf as a kernel argument; assigning it through an index copies
             # it from the host first, which waits for the device.
@@ -302,6 +310,21 @@ class Sampler:
         draft_probs = drafts.row_probs(vocab, logits.device)
         return rejection_sample(target, draft_tokens, drafts.widths, uniform, noise, draft_probs)
 
+    def _bad_words(
+        self, seqs: list[Sequence], output_index: list[int], prefixes: list[list[int]]
+    ) -> torch.Tensor | None:
+        """The flat indices of the tokens each row's bad words ban after the output before it, or
+        None when they ban none."""
+        rows = [i for i, seq in enumerate(seqs) if seq.group.bad_words is not None]
+        if not rows:
+            return None
+        flat = []
+        for i in rows:
+            bad_words = seqs[i].group.bad_words
+            output = outputs_before(seqs[i], output_index[i], prefixes[i]) if bad_words.needs_history else ()
+            flat.extend(i * self.vocab_size + t for t in bad_words.banned(output))
+        return host_list_on(self.device, flat, torch.int64) if flat else None
+
     def _penalize(
         self, logits: torch.Tensor, seqs: list[Sequence], output_index: list[int], prefixes: list[list[int]]
     ) -> torch.Tensor:
@@ -323,10 +346,7 @@ class Sampler:
             counted.scatter_add_(0, rows * vocab + ids, torch.ones(len(ids), device=device))
             return counted.view(batch, vocab)
 
-        outputs = [
-            seq.token_ids[seq.num_prompt_tokens : seq.num_prompt_tokens + n - len(prefix)] + prefix
-            for seq, n, prefix in zip(seqs, output_index, prefixes, strict=True)
-        ]
+        outputs = [outputs_before(*row) for row in zip(seqs, output_index, prefixes, strict=True)]
         output_counts = counts(outputs)
         prompt_seen = counts([list(seq.group.prompt_token_ids) for seq in seqs]) > 0
         repetition = host_list_on(device, [p.repetition_penalty for p in params], torch.float32)[:, None]
@@ -337,6 +357,13 @@ class Sampler:
         frequency = host_list_on(device, [p.frequency_penalty for p in params], torch.float32)[:, None]
         presence = host_list_on(device, [p.presence_penalty for p in params], torch.float32)[:, None]
         return logits - frequency * output_counts - presence * (output_counts > 0).float()
+
+
+def outputs_before(seq: Sequence, output_index: int, prefix: list[int]) -> list[int]:
+    """The output tokens before a row: the sequence's first output_index, of which the last
+    len(prefix) are a verify step's draft tokens (the host has not got them as the sequence's)."""
+    start = seq.num_prompt_tokens
+    return seq.token_ids[start : start + output_index - len(prefix)] + prefix
 
 
 def truncated_race(

@@ -33,13 +33,16 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     replying_as = "assistant" if body.add_generation_prompt else last.role
     echoed = last.text() if body.echo and last.role == replying_as else ""
     top_n = body.top_logprobs or 0
+    as_ids = body.tokens_as_ids(turn.state.settings)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     model = body.model or turn.state.settings.served_model_name
     include_usage = body.stream_options is not None and body.stream_options.include_usage
 
     def logprobs(token_ids, token_logprobs):
-        return chat_logprobs(tokenizer, token_ids, token_logprobs, top_n) if body.logprobs else None
+        if not body.logprobs:
+            return None
+        return chat_logprobs(tokenizer, token_ids, token_logprobs, top_n, as_ids)
 
     def whole(final: RequestOutput) -> ChatCompletionResponse:
         choices = []

@@ -7,6 +7,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from functools import partial
 
 from fastapi import Request
 
@@ -63,16 +64,18 @@ async def create_completion(body: CompletionRequest, request: Request):
     created = int(time.time())
     model = body.model or state.settings.served_model_name
     include_usage = body.stream_options is not None and body.stream_options.include_usage
+    as_ids = body.tokens_as_ids(state.settings)
     n = body.n  # a prompt's samples are choices p * n .. p * n + n - 1, as vLLM numbers them
 
     def logprobs(prompt: _Prompt, token_ids, token_logprobs, offset, out: RequestOutput | None = None):
         """Of the tokens; with `out`, after those of its echoed prompt."""
         if body.logprobs is None:
             return None
+        listed = partial(completion_logprobs, tokenizer, top_n=body.logprobs, as_ids=as_ids)
         before = None
         if out is not None and out.prompt_logprobs is not None:
-            before = completion_logprobs(tokenizer, prompt.ids, out.prompt_logprobs, body.logprobs, 0)
-        return completion_logprobs(tokenizer, token_ids, token_logprobs, body.logprobs, offset, before)
+            before = listed(prompt.ids, out.prompt_logprobs, text_offset=0)
+        return listed(token_ids, token_logprobs, text_offset=offset, before=before)
 
     def shown(sample: CompletionOutput) -> tuple[str, list[int], list | None]:
         """The sample's text, tokens and logprobs the response shows."""

@@ -80,6 +80,7 @@ def sampling_params(
             skip_special_tokens=body.skip_special_tokens,
             logit_bias=body.logit_bias_by_id(),
             allowed_token_ids=body.allowed_token_ids,
+            bad_words=body.bad_words,
             ignore_eos=body.ignore_eos,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,

@@ -22,6 +22,12 @@ def _text(tokenizer, token_id: int) -> str:
     return tokenizer.decode([token_id], skip_special_tokens=False)
 
 
+def _name(tokenizer, token_id: int, as_ids: bool) -> str:
+    """How logprobs show a token: its text, or with return_tokens_as_token_ids vLLM's token_id:<id>
+    (a token that is part of a UTF-8 character has no text of its own)."""
+    return f"token_id:{token_id}" if as_ids else _text(tokenizer, token_id)
+
+
 def _top(alternatives: TokenLogprobs, n: int) -> list[tuple[int, float]]:
     ranked = sorted(alternatives.items(), key=lambda item: item[1], reverse=True)[:n]
     return [(token_id, max(lp, _FLOOR)) for token_id, lp in ranked]
@@ -34,38 +40,41 @@ def completion_logprobs(
     top_n: int,
     text_offset: int,
     before: CompletionLogprobs | None = None,
+    as_ids: bool = False,
 ) -> CompletionLogprobs:
     """The legacy completions format, appended to `before` (an echoed prompt's) where given;
-    text_offset is where these tokens start in the choice's text. A token without logprobs (a
-    prompt's first, which nothing predicts) has nulls, as OpenAI's echo gives."""
+    text_offset is where these tokens start in the choice's text (shown as ids or not). A token
+    without logprobs (a prompt's first, which nothing predicts) has nulls, as OpenAI's echo gives."""
     result = before or CompletionLogprobs()
     for token_id, alternatives in zip(token_ids, logprobs, strict=True):
-        token = _text(tokenizer, token_id)
-        result.tokens.append(token)
+        result.tokens.append(_name(tokenizer, token_id, as_ids))
         if alternatives is None:
             result.token_logprobs.append(None)
             result.top_logprobs.append(None)
         else:
             result.token_logprobs.append(max(alternatives[token_id], _FLOOR))
-            result.top_logprobs.append({_text(tokenizer, t): lp for t, lp in _top(alternatives, top_n)})
+            top = _top(alternatives, top_n)
+            result.top_logprobs.append({_name(tokenizer, t, as_ids): lp for t, lp in top})
         result.text_offset.append(text_offset)
-        text_offset += len(token)
+        text_offset += len(_text(tokenizer, token_id))
     return result
 
 
-def chat_logprobs(tokenizer, token_ids: list[int], logprobs: list[TokenLogprobs], top_n: int) -> ChatLogprobs:
+def chat_logprobs(
+    tokenizer, token_ids: list[int], logprobs: list[TokenLogprobs], top_n: int, as_ids: bool = False
+) -> ChatLogprobs:
+    """OpenAI's chat format; `bytes` are always the token's text's, shown as an id or not."""
     content = []
     for token_id, alternatives in zip(token_ids, logprobs, strict=True):
-        token = _text(tokenizer, token_id)
         top = []
         for alt_id, alt_lp in _top(alternatives, top_n):
-            alt = _text(tokenizer, alt_id)
-            top.append(TopLogprob(token=alt, logprob=alt_lp, bytes=list(alt.encode())))
+            alt = _name(tokenizer, alt_id, as_ids)
+            top.append(TopLogprob(token=alt, logprob=alt_lp, bytes=list(_text(tokenizer, alt_id).encode())))
         content.append(
             TokenLogprob(
-                token=token,
+                token=_name(tokenizer, token_id, as_ids),
                 logprob=max(alternatives[token_id], _FLOOR),
-                bytes=list(token.encode()),
+                bytes=list(_text(tokenizer, token_id).encode()),
                 top_logprobs=top,
             )
         )

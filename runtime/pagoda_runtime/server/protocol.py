@@ -19,6 +19,8 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from pagoda_runtime.contract.serve_settings import ServerSettings
+from pagoda_runtime.engine.bad_words import MAX_BAD_WORDS
 from pagoda_runtime.server.tools import DeltaToolCall, ToolCall, ToolChoice, ToolDefinition
 
 # The widest integer a token count, a token id or top_k may be: they end up in int32 tensors.
@@ -33,6 +35,8 @@ LogitBias = Annotated[float, Field(ge=-100.0, le=100.0)]
 MAX_LOGIT_BIAS = 300
 # How many tokens allowed_token_ids may name (host work in every step, as logit_bias).
 MAX_ALLOWED_TOKENS = 4096
+# A bad word longer than this spells more tokens than bad_words may hold in all.
+MAX_BAD_WORD_CHARS = 4096
 StopStrings = str | list[Annotated[str, Field(min_length=1)]] | None
 # OpenAI's documented limit; a longer list is refused by name instead of by a union's type error.
 MAX_STOP_STRINGS = 4
@@ -135,10 +139,8 @@ class ValidText(BaseModel):
 # any other value is a 400 naming the field (unknown fields are ignored, so these must be named).
 UNIMPLEMENTED_VLLM_FIELDS: dict[str, Any] = {
     "use_beam_search": False,
-    "bad_words": [],
     "spaces_between_special_tokens": True,
     "logprob_token_ids": None,
-    "return_tokens_as_token_ids": False,
     "prompt_embeds": None,
     "thinking_token_budget": None,
     "repetition_detection": None,
@@ -200,10 +202,16 @@ class SamplingFields(ValidText):
     stop_token_ids: list[TokenId] | None = None
     # vLLM's: only these tokens may be sampled (each inside the vocabulary: the engine's check).
     allowed_token_ids: list[TokenId] | None = Field(default=None, min_length=1, max_length=MAX_ALLOWED_TOKENS)
+    # vLLM's: words never generated (engine/bad_words.py), at most its 128.
+    bad_words: list[Annotated[str, Field(min_length=1, max_length=MAX_BAD_WORD_CHARS)]] | None = Field(
+        default=None, max_length=MAX_BAD_WORDS
+    )
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     # vLLM's: the prompt's and each choice's token ids beside the text (what RL trainers read).
     return_token_ids: bool = False
+    # vLLM's: logprobs name each token token_id:<id>; unset, --return-tokens-as-token-ids decides.
+    return_tokens_as_token_ids: bool | None = None
     # vLLM's: only the prompt's last N tokens are kept (-1: as many as the context holds), or with
     # truncation_side "right" its first N.
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1, le=INT32_MAX)
@@ -257,6 +265,12 @@ class SamplingFields(ValidText):
         if not all(key.isascii() and key.isdigit() for key in bias):
             raise ValueError('keys must be token ids written as strings, e.g. {"1234": -100}')
         return bias
+
+    def tokens_as_ids(self, settings: ServerSettings) -> bool:
+        """Whether logprobs show tokens as token_id:<id>: the request's choice, else the server's."""
+        if self.return_tokens_as_token_ids is None:
+            return settings.return_tokens_as_token_ids
+        return self.return_tokens_as_token_ids
 
     def logit_bias_by_id(self) -> dict[int, float] | None:
         return None if self.logit_bias is None else {int(k): v for k, v in self.logit_bias.items()}

@@ -138,6 +138,7 @@ _sampling = {
     "skip_special_tokens": st.booleans(),
     "allowed_token_ids": st.one_of(st.lists(st.one_of(st.integers(0, 60), boundary_ints), max_size=3), wrong),
     "return_token_ids": st.booleans(),
+    "return_tokens_as_token_ids": st.one_of(st.none(), st.booleans()),
     "truncate_prompt_tokens": st.one_of(st.integers(-1, 8), boundary_ints),
     "truncation_side": st.sampled_from(["left", "right", "middle"]),
     "use_beam_search": st.booleans(),

@@ -47,6 +47,8 @@ VLLM_EXTENSIONS = {
     "allowed_token_ids",
     "skip_special_tokens",
     "return_token_ids",
+    "return_tokens_as_token_ids",
+    "bad_words",
     "truncate_prompt_tokens",
     "add_special_tokens",
     "top_k",

@@ -286,6 +286,30 @@ def test_logit_bias_and_allowed_token_ids_choose_the_tokens(server):
         assert words in refused.json()["error"]["message"]
 
 
+def test_bad_words_are_never_generated(server):
+    """vLLM's bad_words: the greedy completion's second and third words, banned, do not come back
+    as the tokens that spelled them; a word that spells nothing or too many words is a 400."""
+    url = server.url + "/v1/completions"
+    ask = {"model": MODEL, "prompt": PROMPT, "max_tokens": 12, "temperature": 0, "return_token_ids": True}
+    greedy = httpx.post(url, json=ask, timeout=120).json()["choices"][0]
+    words = greedy["text"].split()[1:3]
+    assert len(words) == 2, greedy
+    again = httpx.post(url, json=ask | {"bad_words": words}, timeout=120).json()["choices"][0]
+    assert again["token_ids"] != greedy["token_ids"]
+
+    def tokens(text):
+        body = {"model": MODEL, "prompt": text, "add_special_tokens": False}
+        return httpx.post(server.url + "/tokenize", json=body, timeout=30).json()["tokens"]
+
+    spelled = [tokens(w) for w in words] + [tokens(" " + w) for w in words]
+    out = again["token_ids"]
+    assert any(s == greedy["token_ids"][i : i + len(s)] for s in spelled for i in range(12)), spelled
+    assert not any(s == out[i : i + len(s)] for s in spelled for i in range(12)), (spelled, out)
+    for bad_words in (["   "], ["w"] * 129):
+        refused = httpx.post(url, json=ask | {"bad_words": bad_words}, timeout=30)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "bad_words", refused.text
+
+
 def test_only_requests_with_the_same_cache_salt_share_the_prefix_cache(server):
     """vLLM's cache_salt: a prompt another tenant sent is found in the prefix cache only under the
     same salt, so its cached prefix cannot be probed by timing from outside; an empty salt is a 400."""

@@ -6,8 +6,9 @@ being ignored."""
 from __future__ import annotations
 
 import pytest
+from fastapi.testclient import TestClient
 
-from .conftest import MODEL
+from .conftest import MODEL, fake_app, wait_ready
 from .fake_engine import SCRIPT, FakeTokenizer
 from .test_api_fake_engine import sse_payloads
 
@@ -116,7 +117,7 @@ def test_special_token_choices_reach_the_tokenizer_and_the_detokenizer(fake):
     [
         ("/v1/completions", "use_beam_search", True),
         ("/v1/completions", "allowed_token_ids", []),
-        ("/v1/chat/completions", "bad_words", ["x"]),
+        ("/v1/chat/completions", "bad_words", ["x"] * 129),
         ("/v1/chat/completions", "spaces_between_special_tokens", False),
         ("/v1/completions", "prompt_embeds", "AAAA"),
         ("/v1/chat/completions", "add_special_tokens", True),
@@ -139,3 +140,33 @@ def test_vllm_fields_not_implemented_are_400s_naming_them(fake, path, field, val
 def test_the_same_fields_at_their_defaults_are_accepted(fake, field, value):
     client, _ = fake
     assert client.post("/v1/chat/completions", json=CHAT | {field: value}).status_code == 200
+
+
+def test_logprobs_name_tokens_by_id_when_asked_and_by_default_with_the_server_flag(fake):
+    """vLLM's return_tokens_as_token_ids: each token in logprobs is token_id:<id> (a byte of a
+    UTF-8 character has no text of its own); offsets and bytes stay those of the text; the server's
+    --return-tokens-as-token-ids makes it the default, which a request may turn off."""
+    client, _ = fake
+    ask = {"model": MODEL, "prompt": "hi", "max_tokens": 4, "logprobs": 2, "return_token_ids": True}
+    plain = client.post("/v1/completions", json=ask).json()["choices"][0]
+    named = client.post("/v1/completions", json=ask | {"return_tokens_as_token_ids": True}).json()
+    choice = named["choices"][0]
+    assert choice["logprobs"]["tokens"] == [f"token_id:{t}" for t in choice["token_ids"]]
+    assert all(k.startswith("token_id:") for top in choice["logprobs"]["top_logprobs"] for k in top)
+    assert [int(k[9:]) for k in choice["logprobs"]["top_logprobs"][0]] == [
+        ord(k) for k in plain["logprobs"]["top_logprobs"][0]
+    ]
+    assert choice["logprobs"]["text_offset"] == plain["logprobs"]["text_offset"]
+    chat = CHAT | {"logprobs": True, "top_logprobs": 2}
+    by_text = client.post("/v1/chat/completions", json=chat).json()["choices"][0]["logprobs"]["content"]
+    chat_named = chat | {"return_tokens_as_token_ids": True}
+    by_id = client.post("/v1/chat/completions", json=chat_named).json()["choices"][0]["logprobs"]["content"]
+    assert [e["token"] for e in by_id] == [f"token_id:{ord(e['token'])}" for e in by_text]
+    assert [e["bytes"] for e in by_id] == [e["bytes"] for e in by_text]
+    app, _ = fake_app(return_tokens_as_token_ids=True)
+    with TestClient(app) as flagged:
+        wait_ready(flagged)
+        default = flagged.post("/v1/completions", json=ask).json()["choices"][0]["logprobs"]["tokens"]
+        assert all(t.startswith("token_id:") for t in default)
+        off = ask | {"return_tokens_as_token_ids": False}
+        assert flagged.post("/v1/completions", json=off).json()["choices"][0]["logprobs"] == plain["logprobs"]
