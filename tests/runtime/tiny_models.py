@@ -44,6 +44,7 @@ from transformers import (
     AutoModelForCausalLM,
     Gemma2Config,
     Gemma3TextConfig,
+    GraniteConfig,
     LlamaConfig,
     MistralConfig,
     MixtralConfig,
@@ -52,6 +53,7 @@ from transformers import (
     Qwen2Config,
     Qwen3Config,
     Qwen3MoeConfig,
+    SmolLM3Config,
 )
 
 from tests.runtime.k_quants import K_QUANTIZERS
@@ -177,6 +179,24 @@ FAMILY_VARIANTS: dict[str, tuple[type, str, dict]] = {
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
             },
         },
+    ),
+    # Every scalar away from 1, so that a model ignoring one of them fails.
+    "granite": (
+        GraniteConfig,
+        "chatml",
+        {
+            "embedding_multiplier": 3.0,
+            "attention_multiplier": 0.3,
+            "residual_multiplier": 0.4,
+            "logits_scaling": 2.5,
+            "tie_word_embeddings": True,
+        },
+    ),
+    # The second of the two layers attends without rotary embeddings (SmolLM3's every fourth).
+    "smollm3": (
+        SmolLM3Config,
+        "chatml",
+        {"no_rope_layers": [1, 0], "rope_theta": 2000000.0, "pad_token_id": None},
     ),
     "phi3": (
         Phi3Config,

@@ -64,7 +64,7 @@ class ModelConfig:
     what only the computation needs, under config.json's names."""
 
     # The family's model type (executor/models/registry.py maps it to the model class): llama,
-    # mistral, qwen2, qwen3, qwen3_moe, mixtral, gemma2, gemma3_text, phi3.
+    # mistral, qwen2, qwen3, qwen3_moe, mixtral, gemma2, gemma3_text, phi3, granite, smollm3.
     model_type: str
     architecture: ModelArchitecture
     rms_norm_eps: float
@@ -83,9 +83,20 @@ class ModelConfig:
     final_logit_softcapping: float | None = None
     # Mixture of experts: the chosen experts' router weights rescaled to sum to one.
     norm_topk_prob: bool = False
+    # Layers that attend without rotary embeddings (SmolLM3's NoPE layers, every fourth).
+    no_rope_layers: tuple[int, ...] = ()
+    # Granite's scalars: attention scores scaled by attention_multiplier (instead of head_dim ** -0.5),
+    # embeddings times embedding_multiplier, each attention and MLP output times residual_multiplier
+    # before it joins the residual stream, logits divided by logits_scaling.
+    attention_multiplier: float | None = None
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0
 
     @property
     def attention_scale(self) -> float:
+        if self.attention_multiplier is not None:
+            return self.attention_multiplier
         return (self.query_pre_attn_scalar or self.architecture.head_dim) ** -0.5
 
     @property

@@ -35,7 +35,8 @@ def _engine_kwargs(**extra):
     return dict(dtype="float32", device="cpu", block_size=4, kv_cache_memory=2**22, **extra)
 
 
-@pytest.fixture(scope="module", params=["llama3", "qwen3"])
+# granite: its residual multiplier scales o_proj and down_proj outputs, adapters included.
+@pytest.fixture(scope="module", params=["llama3", "qwen3", "granite"])
 def family(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
     base = build_tiny_model(root / "base", request.param)

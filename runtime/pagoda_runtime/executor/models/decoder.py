@@ -4,8 +4,9 @@
 A family subclasses CausalLM and builds its layers (`make_layer`); where it differs from the Llama
 layout elsewhere (an embedding scale, fused checkpoint tensors, a second rotary table) it overrides
 the one method that says so. What the config alone decides is done here for every family: final
-logits soft-capped where final_logit_softcapping is set, and each head's q and k rows reordered
-for a partial rotary embedding (kernels/rope_cache.rotary_row_order). The embedding and the LM head
+logits soft-capped where final_logit_softcapping is set, each head's q and k rows reordered for a
+partial rotary embedding (kernels/rope_cache.rotary_row_order), and layers listed in
+no_rope_layers given a table that rotates nothing. The embedding and the LM head
 are vocabulary-parallel (vocab_parallel.py); the rotary table is whole on every rank.
 """
 
@@ -59,6 +60,13 @@ class CausalLM(nn.Module):
         self.register_buffer(
             "cos_sin_cache", build_cos_sin_cache(config, max_position, device, dtype), persistent=False
         )
+        # The table of a layer without rotary embeddings: cos 1 and sin 0 rotate nothing, so such a
+        # layer runs the same kernels as the others.
+        unrotated = None
+        if config.no_rope_layers:
+            unrotated = torch.zeros_like(self.cos_sin_cache)
+            unrotated[:, : unrotated.shape[1] // 2] = 1.0
+        self.register_buffer("unrotated_table", unrotated, persistent=False)
         self._rotary_rows = rotary_row_order(config)
 
     # ---- what a family builds ------------------------------------------------------------------
@@ -75,6 +83,8 @@ class CausalLM(nn.Module):
 
     def rotary_table(self, layer: int) -> torch.Tensor:
         """The cos/sin table layer `layer` rotates with."""
+        if layer in self.config.no_rope_layers:
+            return self.unrotated_table
         return self.cos_sin_cache
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,6 @@
-"""The Llama family (Llama 1/2/3, Mistral, Qwen2, SmolLM): pre-norm layers, grouped-query attention
-with rotary embeddings, the SwiGLU MLP; Qwen2 adds a bias to q, k and v."""
+"""The Llama family (Llama 1/2/3, Mistral, Qwen2, SmolLM, SmolLM3): pre-norm layers, grouped-query
+attention with rotary embeddings, the SwiGLU MLP; Qwen2 adds a bias to q, k and v; SmolLM3 leaves
+the rotary embedding out of every fourth layer (its config's no_rope_layers)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,14 @@ from pagoda_runtime.executor.models.hf_config import (
 )
 from pagoda_runtime.executor.models.layers import Attention, DecoderLayer, GatedMLP
 
-MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
+MODEL_TYPES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "SmolLM3ForCausalLM": "smollm3",
+}
+# The model types that take Qwen2's sliding-window rule (use_sliding_window, max_window_layers).
+_PER_LAYER_WINDOWS = ("qwen2", "smollm3")
 
 
 class LlamaForCausalLM(CausalLM):
@@ -52,7 +60,8 @@ def config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
     # max_window_layers name. Llama has none.
     windows = {}
     if model_type != "llama":
-        windows = layer_types(raw, fields["num_hidden_layers"], "Llama", per_layer=model_type == "qwen2")
+        per_layer = model_type in _PER_LAYER_WINDOWS
+        windows = layer_types(raw, fields["num_hidden_layers"], "Llama", per_layer=per_layer)
     rope = rope_parameters(raw)
     return ModelConfig(
         model_type=model_type,
@@ -63,7 +72,21 @@ def config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
         rope_theta=rope.get("rope_theta", 10000.0),
         rope_scaling=rope_scaling(rope, "Llama"),
         bos_token_id=raw.get("bos_token_id"),
+        no_rope_layers=no_rope_layers(raw, fields["num_hidden_layers"]),
     )
+
+
+def no_rope_layers(raw: dict[str, Any], num_layers: int) -> tuple[int, ...]:
+    """The layers SmolLM3's no_rope_layers (1: rotate, 0: not, per layer) leave unrotated."""
+    flags = raw.get("no_rope_layers")
+    if flags is None:
+        return ()
+    if len(flags) != num_layers or any(f not in (0, 1) for f in flags):
+        raise ConfigError(
+            f"has no_rope_layers {flags!r}; it needs a 1 (rotate) or 0 (do not) for each of its "
+            f"{num_layers} layers"
+        )
+    return tuple(i for i, rotate in enumerate(flags) if not rotate)
 
 
 def config_from_gguf(arch: str, meta: dict[str, Any], tensors: set[str], read: Any) -> ModelConfig:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagoda_runtime.contract.config import ModelConfig
-from pagoda_runtime.executor.models import gemma, llama, moe, phi3, qwen3
+from pagoda_runtime.executor.models import gemma, granite, llama, moe, phi3, qwen3
 from pagoda_runtime.executor.models.decoder import CausalLM, Weight
 
 Shapes = dict[str, tuple[int, ...]]
@@ -59,6 +59,15 @@ FAMILIES: tuple[Family, ...] = (
         config_from_hf=llama.config_from_hf,
         weight_shapes=llama.weight_shapes,
         gguf=GGUFLayout(("llama", "qwen2"), llama.config_from_gguf, permuted_qk=("llama",)),
+    ),
+    Family(
+        name="Granite 3",
+        architectures=("GraniteForCausalLM",),
+        model_types=("granite",),
+        model=granite.GraniteForCausalLM,
+        config_from_hf=granite.config_from_hf,
+        weight_shapes=llama.weight_shapes,
+        quantizations=("none", "int8", "int4", "fp8", "awq", "gptq"),
     ),
     Family(
         name="Qwen3",

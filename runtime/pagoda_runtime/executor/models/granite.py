@@ -1,0 +1,62 @@
+"""IBM's Granite 3 (GraniteForCausalLM): the Llama layout with four scalars from its config.json.
+
+Embeddings are multiplied by embedding_multiplier, attention scores scaled by attention_multiplier
+(ModelConfig.attention_scale), each attention and MLP output multiplied by residual_multiplier before
+it joins the residual stream, and the logits divided by logits_scaling. The multipliers act on the
+outputs rather than being folded into o_proj and down_proj at load, so that checkpoints quantized
+ahead (AWQ, GPTQ, GGUF) and LoRA adapters on those projections come out right unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from pagoda_runtime.contract.config import ModelConfig
+from pagoda_runtime.executor.kernels import AttentionOps
+from pagoda_runtime.executor.models.layers import Attention, DecoderLayer, GatedMLP
+from pagoda_runtime.executor.models.llama import LlamaForCausalLM
+from pagoda_runtime.executor.models.llama import config_from_hf as llama_config_from_hf
+
+
+class GraniteDecoderLayer(DecoderLayer):
+    def forward(self, positions, x, residual, kv_cache, meta, cos_sin_cache):
+        scale = self.residual_multiplier
+        x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x, kv_cache, meta, cos_sin_cache) * scale
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x) * scale, residual
+
+
+class GraniteForCausalLM(LlamaForCausalLM):
+    def make_layer(
+        self, layer: int, ops: AttentionOps, quantization: str, device: torch.device, dtype: torch.dtype
+    ) -> nn.Module:
+        config, tp = self.config, self.tp
+        attention = Attention(config, layer, ops, quantization, device, dtype, tp)
+        decoder = GraniteDecoderLayer(
+            config, attention, GatedMLP(config, quantization, device, dtype, tp), device, dtype
+        )
+        decoder.residual_multiplier = config.residual_multiplier
+        return decoder
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids) * self.config.embedding_multiplier
+
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        return super().compute_logits(hidden, out).div_(self.config.logits_scaling)
+
+
+def config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
+    llama = llama_config_from_hf(raw, "LlamaForCausalLM")
+    return replace(
+        llama,
+        model_type="granite",
+        attention_multiplier=float(raw.get("attention_multiplier", llama.attention_scale)),
+        embedding_multiplier=float(raw.get("embedding_multiplier", 1.0)),
+        residual_multiplier=float(raw.get("residual_multiplier", 1.0)),
+        logits_scaling=float(raw.get("logits_scaling", 1.0)),
+    )
