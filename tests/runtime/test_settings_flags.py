@@ -22,6 +22,7 @@ SERVE_OPTIONS = {
     "--kv-cache-memory", "--gpu-memory-utilization", "--enable-prefix-caching",
     "--no-enable-prefix-caching", "--enforce-eager", "--async-scheduling", "--no-async-scheduling",
     "--disable-async-output-proc", "--speculative-config", "--scheduling-policy", "--seed",
+    "--hf-overrides",
     "--tensor-parallel-size", "-tp",
     "--served-model-name", "--host", "--port", "--api-key", "--max-queue", "--drain-timeout",
     "--canary-interval", "--tool-call-parser", "--chat-template", "--allowed-origins",
@@ -101,6 +102,7 @@ def test_settings_written_as_arguments_read_back_the_same():
         max_loras=4,
         max_lora_rank=64,
         max_cpu_loras=8,
+        hf_overrides={"rope_scaling": {"rope_type": "yarn", "factor": 4.0}, "max_position_embeddings": 65536},
     )
     server = ServerSettings(
         served_model_names=("main", "alias"),
@@ -112,6 +114,7 @@ def test_settings_written_as_arguments_read_back_the_same():
         allowed_origins=("https://a.example", "https://b.example"),
         allow_credentials=True,
         metrics_compat="vllm",
+        return_tokens_as_token_ids=True,
         log_format="json",
     )
     distributed = DistributedSettings(distributed_port=29600, distributed_timeout=40.0)

@@ -6,7 +6,10 @@ everywhere else; nothing inside the engine parses strings.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from pagoda_runtime.contract.bundled import BUNDLED_MODEL_NAME
 from pagoda_runtime.contract.flags import setting
@@ -32,13 +35,15 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 # Hugging Face rope_scaling types the rotary table (kernels/rope_cache.py) implements.
-ROPE_TYPES = ("default", "linear", "llama3", "longrope")
+ROPE_TYPES = ("default", "linear", "llama3", "longrope", "yarn")
 
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """Llama-3.1 style frequency scaling ("rope_type": "llama3"), linear scaling, or LongRoPE
-    (Phi-3: short_factor up to original_max_position_embeddings, long_factor past it)."""
+    """Llama-3.1 style frequency scaling ("rope_type": "llama3"), linear scaling, LongRoPE (Phi-3:
+    short_factor up to original_max_position_embeddings, long_factor past it), or YaRN (Qwen 2.5
+    and 3 past 32K, DeepSeek: frequencies blended between interpolated and kept by a ramp from
+    beta_fast to beta_slow rotations, cos and sin scaled by attention_factor)."""
 
     rope_type: str
     factor: float = 1.0
@@ -47,7 +52,13 @@ class RopeScaling:
     original_max_position_embeddings: int = 8192
     short_factor: tuple[float, ...] = ()
     long_factor: tuple[float, ...] = ()
-    attention_factor: float | None = None  # LongRoPE's cos/sin scale; None: from factor
+    attention_factor: float | None = None  # LongRoPE's and YaRN's cos/sin scale; None: from factor
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    # YaRN's default attention_factor is mscale's over mscale_all_dim's where both are set (DeepSeek).
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True  # YaRN: the ramp's ends rounded to whole dimensions
 
 
 # The norm weights of families whose decoder layers hold more than Llama's two: (norms of
@@ -94,6 +105,15 @@ class ModelConfig:
     logits_scaling: float = 1.0
 
     @property
+    def context_length(self) -> int:
+        """The longest sequence the model serves without --max-model-len: its trained context, or
+        with YaRN that context stretched by the factor (vLLM's rule)."""
+        scaling = self.rope_scaling
+        if scaling is not None and scaling.rope_type == "yarn":
+            return int(scaling.original_max_position_embeddings * scaling.factor)
+        return self.architecture.max_position_embeddings
+
+    @property
     def attention_scale(self) -> float:
         if self.attention_multiplier is not None:
             return self.attention_multiplier
@@ -112,6 +132,20 @@ class ModelConfig:
             object.__setattr__(self, "architecture", architecture)
         if self.model_type in _FUSED_QKV:
             object.__setattr__(self, "architecture", replace(self.architecture, fused_qkv=True))
+
+
+def parse_hf_overrides(value: str | Mapping[str, Any]) -> dict[str, Any]:
+    """--hf-overrides as a JSON string, or LLM(hf_overrides=...) as a mapping: a JSON object."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--hf-overrides is not valid JSON ({exc}); give a JSON object") from exc
+    if not isinstance(value, Mapping) or not value:
+        raise ValueError(
+            '--hf-overrides must be a non-empty JSON object such as {"max_position_embeddings": 65536}'
+        )
+    return dict(value)
 
 
 @dataclass(frozen=True)
@@ -186,6 +220,13 @@ class EngineConfig:
         "prompt lookup or a draft model of the target's tokenizer drafts tokens that one step verifies, "
         "the output distribution unchanged (docs/architecture.md#speculative-decoding); default: off",
         parse=parse_speculative_config,
+    )
+    hf_overrides: dict[str, Any] | None = setting(
+        None,
+        "JSON object whose keys replace the model's config.json ones, as vLLM's flag: e.g. "
+        '\'{"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": '
+        "32768}}' serves Qwen 3 at four times its context; Hugging Face folders only",
+        parse=parse_hf_overrides,
     )
     seed: int = setting(
         0, "seed of the sampler (for requests without a seed of their own) and of random weights"

@@ -126,6 +126,8 @@ def _words(cls: type, name: str, value: Any) -> list[str]:
         return [spelled if value else "--no-" + spelled.removeprefix("--")]
     if isinstance(value, tuple):
         return [spelled, *value] if flag.many else [spelled, json.dumps(list(value))]
+    if isinstance(value, dict):
+        return [spelled, json.dumps(value)]
     return [spelled, str(value)]
 
 

@@ -49,7 +49,7 @@ from pagoda_runtime.executor.models import weight_shapes
 from pagoda_runtime.executor.models.eagle_head import EagleHead, HeadCheckpoint, read_head
 from pagoda_runtime.loading.load_progress import LOAD_PROGRESS
 from pagoda_runtime.loading.lora_source import adapter_folder
-from pagoda_runtime.loading.model_source import LoadedModel, load_model_source
+from pagoda_runtime.loading.model_source import LoadedModel, ModelLoadError, load_model_source
 from pagoda_runtime.loading.random_model import random_model
 from pagoda_runtime.parallel.tensor_parallel import SINGLE_PROCESS, TensorParallel
 
@@ -91,12 +91,17 @@ def build_engine(
         )
     placement = resolve_placement(engine_config.device, engine_config.dtype)
     loaded, quantization = _load(
-        engine_config.model, engine_config.quantization, engine_config, placement, loaded
+        engine_config.model,
+        engine_config.quantization,
+        engine_config,
+        placement,
+        loaded,
+        engine_config.hf_overrides,
     )
     # Before any weight is read: a model that does not split over the ranks fails in one sentence.
     arch = loaded.config.architecture
     sliced = check_tensor_parallel(arch, tp.size, quantization, loaded.group_size)
-    limit = engine_config.max_model_len or arch.max_position_embeddings
+    limit = engine_config.max_model_len or loaded.config.context_length
     draft = _load_draft(engine_config, placement, loaded, tp)
     head = _read_eagle_head(engine_config, loaded)
     # A draft model's (or EAGLE head's) cache holds as many tokens as the target's: the KV budget
@@ -223,15 +228,22 @@ def _load(
     engine_config: EngineConfig,
     placement: Placement,
     loaded: LoadedModel | None = None,
+    hf_overrides: dict | None = None,
 ) -> tuple[LoadedModel, str]:
     """The model's weights (or random ones of its shape, with load_format dummy) and the method
-    its projections are held in (quantization_selection.py)."""
+    its projections are held in (quantization_selection.py); `hf_overrides` replace keys of its
+    config.json."""
+    if hf_overrides and (loaded is not None or engine_config.load_format == "dummy"):
+        raise ModelLoadError(
+            "--hf-overrides changes a checkpoint's config.json, and random weights have none; drop it "
+            "or load a Hugging Face folder"
+        )
     if loaded is None and engine_config.load_format == "dummy":
         LOAD_PROGRESS.phase(f"drawing random weights of the {model} shape")
         loaded = random_model(model, placement.device, placement.dtype, engine_config.seed)
     elif loaded is None:
         LOAD_PROGRESS.phase(f"reading the checkpoint {model}")
-        loaded = load_model_source(model, placement.dtype, keep_quantized=True)
+        loaded = load_model_source(model, placement.dtype, keep_quantized=True, hf_overrides=hf_overrides)
     quantization = select_quantization(
         quantization_flag,
         loaded.quantization,

@@ -107,15 +107,24 @@ class LoadedModel:
 
 
 def load_model_source(
-    path: str | Path, dtype: torch.dtype = torch.float32, keep_quantized: bool = False
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    keep_quantized: bool = False,
+    hf_overrides: dict[str, Any] | None = None,
 ) -> LoadedModel:
     """`path`: a Hugging Face model folder, a .gguf file, or the bundled model's name.
 
     keep_quantized: projections stored quantized arrive as PackedWeights instead of float tensors.
+    hf_overrides: keys that replace config.json's (vLLM's --hf-overrides), for a folder only.
     """
     path = resolve_model(str(path))
+    if hf_overrides and not path.is_dir():
+        raise ModelLoadError(
+            f"--hf-overrides changes a Hugging Face folder's config.json, and {path} is not one; drop the "
+            "flag or serve the model's folder"
+        )
     if path.is_dir():
-        loaded = _load_hf_folder(path, dtype)
+        loaded = _load_hf_folder(path, dtype, hf_overrides or {})
     elif path.suffix == ".gguf":
         loaded = _load_gguf(path, dtype)
     else:
@@ -247,13 +256,17 @@ def _stored_projections(
     return stored
 
 
-def _load_hf_folder(folder: Path, dtype: torch.dtype) -> LoadedModel:
+def _load_hf_folder(folder: Path, dtype: torch.dtype, overrides: dict[str, Any]) -> LoadedModel:
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise ModelLoadError(f"{folder} has no config.json; expected a Hugging Face model folder")
     generation_file = folder / "generation_config.json"
     generation = _read_json(generation_file) if generation_file.is_file() else None
-    raw = _read_json(config_file)
+    raw = {**_read_json(config_file), **overrides}
+    if "rope_scaling" in overrides and "rope_parameters" not in overrides:
+        # transformers 5 folders keep their scaling in rope_parameters too: the override's replaces it.
+        kept = ("rope_theta", "partial_rotary_factor")
+        raw["rope_parameters"] = {k: v for k, v in (raw.get("rope_parameters") or {}).items() if k in kept}
     config = config_from_hf(raw, config_file, generation)
     spec = _checkpoint_quantization(raw, config_file)
     tokenizer = Tokenizer.from_folder(folder, config.eos_token_ids)

@@ -29,6 +29,16 @@ ROPE_VARIANTS = {
     "llama3": RopeScaling(
         "llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64
     ),
+    # Qwen 3's recommendation for 4x its context, and DeepSeek's attention factor from mscales.
+    "yarn": RopeScaling("yarn", factor=4.0, original_max_position_embeddings=128),
+    "yarn_mscale": RopeScaling(
+        "yarn",
+        factor=40.0,
+        original_max_position_embeddings=64,
+        mscale=1.0,
+        mscale_all_dim=0.8,
+        beta_fast=16.0,
+    ),
 }
 
 
@@ -82,8 +92,16 @@ def test_llama3_scaling_changes_only_the_long_wavelengths() -> None:
 
 
 def test_unknown_rope_type_is_refused() -> None:
-    with pytest.raises(ValueError, match="'yarn' is not supported"):
-        build_cos_sin_cache(_configs(RopeScaling("yarn", factor=2.0))[0], 8, "cpu", torch.float32)
+    with pytest.raises(ValueError, match="'dynamic' is not supported"):
+        build_cos_sin_cache(_configs(RopeScaling("dynamic", factor=2.0))[0], 8, "cpu", torch.float32)
+
+
+def test_yarn_keeps_fast_frequencies_slows_slow_ones_and_scales_the_table() -> None:
+    plain = build_cos_sin_cache(_configs(None)[0], 300, "cpu", torch.float32)
+    yarn = build_cos_sin_cache(_configs(ROPE_VARIANTS["yarn"])[0], 300, "cpu", torch.float32)
+    scale = 0.1 * torch.log(torch.tensor(4.0)) + 1.0
+    torch.testing.assert_close(yarn[:, 0], plain[:, 0] * scale)  # cos of the fastest, kept
+    torch.testing.assert_close(yarn[:, 63], plain[:, 63] / 4 * scale, rtol=1e-3, atol=1e-6)  # slowed 4x
 
 
 def test_rotary_equals_transformers() -> None:

@@ -1,15 +1,17 @@
 """The rotary tables of the new families equal transformers' cos and sin: Phi-3's LongRoPE (short
 factors before the original context, long ones from it on, both scaled by the attention factor;
-half of each head rotated) and Gemma 3's two tables (the global layers' scaled one, the local
-layers' own base)."""
+half of each head rotated), Gemma 3's two tables (the global layers' scaled one, the local
+layers' own base) and a Qwen 3 config asking for YaRN."""
 
 from pathlib import Path
 
+import pytest
 import torch
 from pagoda_runtime.executor.kernels.rope_cache import build_cos_sin_cache, rotary_row_order
 from pagoda_runtime.loading.model_source import config_from_hf
 from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
 from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
 from tests.runtime.tiny_models import _SIZES, FAMILY_VARIANTS
 
@@ -52,3 +54,24 @@ def test_gemma3_local_layers_rotate_with_their_own_base_and_global_ones_with_the
     for local, layer_type in ((False, "full_attention"), (True, "sliding_attention")):
         table = build_cos_sin_cache(ours, CONTEXT, "cpu", torch.float32, local=local)
         torch.testing.assert_close(table, _hf_table(rotary, positions, layer_type=layer_type), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "rope_scaling",
+    [
+        # Qwen's own advice for four times Qwen 3's context, as config.json or --hf-overrides gives it.
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+        # The older spelling, and original_max_position_embeddings left to the config's.
+        {"type": "yarn", "factor": 2.0},
+    ],
+)
+def test_a_yarn_config_rotates_as_transformers_does(rope_scaling):
+    config_class, _, extra = FAMILY_VARIANTS["qwen3"]
+    hf = config_class(**{**_SIZES, **extra, "rope_scaling": rope_scaling}, vocab_size=64)
+    raw = {**hf.to_dict(), "architectures": ["Qwen3ForCausalLM"]}
+    raw.pop("rope_parameters")
+    ours = config_from_hf({**raw, "rope_theta": 1000000.0, "rope_scaling": rope_scaling}, Path("config.json"))
+    assert ours.rope_scaling.rope_type == "yarn"
+    table = build_cos_sin_cache(ours, CONTEXT, "cpu", torch.float32)
+    expected = _hf_table(Qwen3RotaryEmbedding(hf), list(range(CONTEXT)))
+    torch.testing.assert_close(table, expected, rtol=0, atol=0)

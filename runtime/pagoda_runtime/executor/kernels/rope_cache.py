@@ -1,7 +1,7 @@
 """The rotary-embedding table: cos and sin of every (position, frequency) pair, computed once.
 
 The inverse frequencies follow Hugging Face transformers' rope types ("default", "linear",
-"llama3", "longrope") operation for operation, and the table is computed on the CPU in float32 the
+"llama3", "longrope", "yarn") operation for operation, and the table is computed on the CPU in float32 the
 way the models' rotary embeddings do, so a float32 model reproduces transformers' values exactly.
 
 LongRoPE (Phi-3) rotates with its short factors up to original_max_position_embeddings and with its
@@ -34,6 +34,8 @@ def _inverse_frequencies(theta: float, dim: int, scaling: RopeScaling | None, fa
         return inv_freq / scaling.factor
     if scaling.rope_type == "llama3":
         return _llama3_frequencies(inv_freq, scaling)
+    if scaling.rope_type == "yarn":
+        return _yarn_frequencies(theta, exponents, scaling)
     raise ValueError(
         f"rope scaling type {scaling.rope_type!r} is not supported; use a model whose rope_scaling "
         f"is one of {', '.join(ROPE_TYPES)}."
@@ -53,6 +55,39 @@ def _llama3_frequencies(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.T
     smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
     is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
     return torch.where(is_medium, smoothed, scaled)
+
+
+def _yarn_frequencies(theta: float, exponents: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
+    """YaRN: frequencies that turn fewer than beta_slow times over the original context are
+    interpolated (divided by factor), those that turn more than beta_fast times kept, a linear ramp
+    over the dimensions between. exponents: 2i / dim for each pair i."""
+    dim = 2 * exponents.shape[0]
+
+    def dimension(rotations: float) -> float:
+        context = scaling.original_max_position_embeddings
+        return dim * math.log(context / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dimension(scaling.beta_fast), dimension(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # no zero-width ramp
+    kept = 1 - ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    wavelengths = theta**exponents
+    return 1.0 / (scaling.factor * wavelengths) * (1 - kept) + 1.0 / wavelengths * kept
+
+
+def _yarn_attention_factor(scaling: RopeScaling) -> float:
+    if scaling.attention_factor is not None:
+        return scaling.attention_factor
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if scaling.mscale and scaling.mscale_all_dim:
+        return mscale(scaling.factor, scaling.mscale) / mscale(scaling.factor, scaling.mscale_all_dim)
+    return mscale(scaling.factor)
 
 
 def _longrope_attention_factor(scaling: RopeScaling) -> float:
@@ -94,7 +129,9 @@ def build_cos_sin_cache(
         is_long = (positions >= scaling.original_max_position_embeddings)[:, None]
         cos, sin = (torch.where(is_long, lo, sh) for sh, lo in zip(short, long, strict=True))
     else:
-        cos, sin = _table(_inverse_frequencies(theta, dim, scaling), positions)
+        yarn = scaling is not None and scaling.rope_type == "yarn"
+        scale = _yarn_attention_factor(scaling) if yarn else 1.0
+        cos, sin = _table(_inverse_frequencies(theta, dim, scaling), positions, scale)
     unrotated = config.architecture.head_dim // 2 - dim // 2
     if unrotated:
         cos = torch.cat((cos, torch.ones(max_position, unrotated)), dim=-1)

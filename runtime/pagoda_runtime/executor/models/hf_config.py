@@ -39,11 +39,14 @@ def architecture_fields(raw: dict[str, Any], family: str) -> dict[str, Any]:
 
 
 def rope_parameters(raw: dict[str, Any]) -> dict[str, Any]:
-    """transformers 5 writes rope_parameters; older configs have rope_theta and rope_scaling."""
+    """transformers 5 writes rope_parameters; older configs have rope_theta and rope_scaling. A
+    scaled type without original_max_position_embeddings takes the config's, as transformers does."""
     params = dict(raw.get("rope_parameters") or {})
     params.update(raw.get("rope_scaling") or {})
     if "rope_theta" in raw:
         params.setdefault("rope_theta", raw["rope_theta"])
+    if params.get("rope_type", params.get("type")) in ("llama3", "yarn") and "max_position_embeddings" in raw:
+        params.setdefault("original_max_position_embeddings", raw["max_position_embeddings"])
     return params
 
 
@@ -57,8 +60,21 @@ def rope_scaling(params: dict[str, Any], family: str) -> RopeScaling | None:
         )
     if rope_type == "default":
         return None
-    fields = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-    return RopeScaling(rope_type, **{k: params[k] for k in fields if k in params})
+    fields = (
+        "factor",
+        "low_freq_factor",
+        "high_freq_factor",
+        "original_max_position_embeddings",
+        "attention_factor",
+        "beta_fast",
+        "beta_slow",
+        "mscale",
+        "mscale_all_dim",
+        "truncate",
+    )
+    if rope_type == "yarn" and params.get("factor") is None:
+        raise ConfigError(f"asks for yarn rope scaling without its factor, which {family} models need")
+    return RopeScaling(rope_type, **{k: params[k] for k in fields if params.get(k) is not None})
 
 
 def check_activation(raw: dict[str, Any], key: str, expected: str, family: str) -> None:
