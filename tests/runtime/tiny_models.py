@@ -48,6 +48,8 @@ from transformers import (
     LlamaConfig,
     MistralConfig,
     MixtralConfig,
+    Olmo2Config,
+    Olmo3Config,
     Phi3Config,
     PreTrainedTokenizerFast,
     Qwen2Config,
@@ -197,6 +199,25 @@ FAMILY_VARIANTS: dict[str, tuple[type, str, dict]] = {
         SmolLM3Config,
         "chatml",
         {"no_rope_layers": [1, 0], "rope_theta": 2000000.0, "pad_token_id": None},
+    ),
+    "olmo2": (Olmo2Config, "chatml", {}),
+    "olmo3": (
+        Olmo3Config,
+        "chatml",
+        {
+            "sliding_window": _WINDOW,
+            "layer_types": ["sliding_attention", "full_attention"],
+            # As OLMo 3's long-context checkpoints: YaRN on the full layers, plain RoPE on the others.
+            "rope_parameters": {
+                "full_attention": {
+                    "rope_type": "yarn",
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 16,
+                    "rope_theta": 500000.0,
+                },
+                "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0},
+            },
+        },
     ),
     "phi3": (
         Phi3Config,

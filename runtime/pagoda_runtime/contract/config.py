@@ -67,6 +67,8 @@ class RopeScaling:
 _FAMILY_NORMS = {"gemma2": (4, False), "gemma3_text": (4, True), "qwen3": (2, True), "qwen3_moe": (2, True)}
 # Families whose checkpoints store q, k and v as one tensor (a GGUF mix quantizes it as one).
 _FUSED_QKV = {"phi3"}
+# Families whose q and k norms span all heads (their weights as wide as q and k).
+_WIDE_QK_NORM = {"olmo2", "olmo3"}
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,8 @@ class ModelConfig:
     rope_scaling: RopeScaling | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
-    # The sliding-window layers' own unscaled RoPE base where it differs (Gemma 3: 10000).
+    # The sliding-window layers' own unscaled RoPE base where their RoPE differs (Gemma 3: 10000;
+    # OLMo 3: rope_theta, unscaled, while its full layers take YaRN).
     local_rope_theta: float | None = None
     # The share of each head's dimensions that is rotated (Phi-4-mini: 0.75).
     partial_rotary_factor: float = 1.0
@@ -132,6 +135,8 @@ class ModelConfig:
             object.__setattr__(self, "architecture", architecture)
         if self.model_type in _FUSED_QKV:
             object.__setattr__(self, "architecture", replace(self.architecture, fused_qkv=True))
+        if self.model_type in _WIDE_QK_NORM:
+            object.__setattr__(self, "architecture", replace(self.architecture, wide_qk_norm=True))
 
 
 def parse_hf_overrides(value: str | Mapping[str, Any]) -> dict[str, Any]:

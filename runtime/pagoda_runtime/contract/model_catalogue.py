@@ -360,6 +360,22 @@ MODELS: dict[str, ModelConfig] = {
         residual_multiplier=0.22,
         logits_scaling=16.0,
     ),
+    "olmo-2-7b": ModelConfig(
+        model_type="olmo2",
+        architecture=ModelArchitecture(
+            num_hidden_layers=32,
+            hidden_size=4096,
+            intermediate_size=11008,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+            head_dim=128,
+            vocab_size=100352,
+            max_position_embeddings=4096,
+            tie_word_embeddings=False,
+        ),
+        rms_norm_eps=1e-6,
+        rope_theta=500000.0,
+    ),
     "smollm3-3b": ModelConfig(
         model_type="smollm3",
         architecture=ModelArchitecture(

@@ -126,6 +126,11 @@ class ModelArchitecture:
     qk_norm: bool = _shape_field(
         "Whether each layer normalizes its queries and keys per head (Qwen3, Gemma 3).", default=False
     )
+    wide_qk_norm: bool = _shape_field(
+        "Whether each layer normalizes its queries and keys over all heads at once (OLMo 2 and 3), "
+        "with weights as wide as q and k.",
+        default=False,
+    )
     fused_qkv: bool = _shape_field(
         "Whether the checkpoint stores q, k and v as one projection (Phi-3's qkv_proj), which a GGUF "
         "file quantizes as one tensor.",
@@ -231,6 +236,8 @@ class ModelArchitecture:
         norms = (self.norms_per_layer * self.num_hidden_layers + 1) * self.hidden_size
         if self.qk_norm:
             norms += 2 * self.head_dim * self.num_hidden_layers
+        if self.wide_qk_norm:
+            norms += (self.q_size + self.kv_size) * self.num_hidden_layers
         biases = self.q_size + 2 * self.kv_size if self.attention_bias else 0
         routers = self.num_sparse_layers * self.num_experts * self.hidden_size
         return embeddings + norms + biases * self.num_hidden_layers + routers

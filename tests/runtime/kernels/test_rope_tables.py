@@ -1,7 +1,7 @@
 """The rotary tables of the new families equal transformers' cos and sin: Phi-3's LongRoPE (short
 factors before the original context, long ones from it on, both scaled by the attention factor;
-half of each head rotated), Gemma 3's two tables (the global layers' scaled one, the local
-layers' own base) and a Qwen 3 config asking for YaRN."""
+half of each head rotated), Gemma 3's and OLMo 3's two tables (the global layers' scaled one, the
+local layers' own) and a Qwen 3 config asking for YaRN."""
 
 from pathlib import Path
 
@@ -9,7 +9,9 @@ import pytest
 import torch
 from pagoda_runtime.executor.kernels.rope_cache import build_cos_sin_cache, rotary_row_order
 from pagoda_runtime.loading.model_source import config_from_hf
+from transformers import Olmo3Config
 from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
+from transformers.models.olmo3.modeling_olmo3 import Olmo3RotaryEmbedding
 from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
@@ -75,3 +77,26 @@ def test_a_yarn_config_rotates_as_transformers_does(rope_scaling):
     table = build_cos_sin_cache(ours, CONTEXT, "cpu", torch.float32)
     expected = _hf_table(Qwen3RotaryEmbedding(hf), list(range(CONTEXT)))
     torch.testing.assert_close(table, expected, rtol=0, atol=0)
+
+
+def test_olmo3_released_configs_scale_the_full_layers_rope_only():
+    """OLMo 3's config.json: rope_theta and a YaRN rope_scaling, which transformers (and vLLM) apply
+    to the full-attention layers alone; the sliding-window layers rotate with plain RoPE."""
+    yarn = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32}
+    types = ["sliding_attention", "full_attention"]
+    raw = {
+        **_SIZES,
+        "architectures": ["Olmo3ForCausalLM"],
+        "vocab_size": 64,
+        "sliding_window": 8,
+        "layer_types": types,
+        "rope_theta": 500000.0,
+        "rope_scaling": yarn,
+    }
+    ours = config_from_hf(raw, Path("config.json"))
+    hf = Olmo3Config(**{k: v for k, v in raw.items() if k != "architectures"})
+    rotary = Olmo3RotaryEmbedding(hf)
+    positions = list(range(CONTEXT))
+    for local, layer_type in ((False, "full_attention"), (True, "sliding_attention")):
+        table = build_cos_sin_cache(ours, CONTEXT, "cpu", torch.float32, local=local)
+        torch.testing.assert_close(table, _hf_table(rotary, positions, layer_type=layer_type), rtol=0, atol=0)

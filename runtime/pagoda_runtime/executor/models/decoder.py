@@ -5,8 +5,9 @@ A family subclasses CausalLM and builds its layers (`make_layer`); where it diff
 layout elsewhere (an embedding scale, fused checkpoint tensors, a second rotary table) it overrides
 the one method that says so. What the config alone decides is done here for every family: final
 logits soft-capped where final_logit_softcapping is set, each head's q and k rows reordered for a
-partial rotary embedding (kernels/rope_cache.rotary_row_order), and layers listed in
-no_rope_layers given a table that rotates nothing. The embedding and the LM head
+partial rotary embedding (kernels/rope_cache.rotary_row_order), layers listed in no_rope_layers
+given a table that rotates nothing, and sliding-window layers their own table where
+local_rope_theta sets one. The embedding and the LM head
 are vocabulary-parallel (vocab_parallel.py); the rotary table is whole on every rank.
 """
 
@@ -67,6 +68,11 @@ class CausalLM(nn.Module):
             unrotated = torch.zeros_like(self.cos_sin_cache)
             unrotated[:, : unrotated.shape[1] // 2] = 1.0
         self.register_buffer("unrotated_table", unrotated, persistent=False)
+        # The sliding-window layers' own table where their RoPE differs (Gemma 3, OLMo 3).
+        local = None
+        if config.local_rope_theta is not None:
+            local = build_cos_sin_cache(config, max_position, device, dtype, local=True)
+        self.register_buffer("local_cos_sin_cache", local, persistent=False)
         self._rotary_rows = rotary_row_order(config)
 
     # ---- what a family builds ------------------------------------------------------------------
@@ -85,6 +91,8 @@ class CausalLM(nn.Module):
         """The cos/sin table layer `layer` rotates with."""
         if layer in self.config.no_rope_layers:
             return self.unrotated_table
+        if self.local_cos_sin_cache is not None and self.config.architecture.layer_window(layer):
+            return self.local_cos_sin_cache
         return self.cos_sin_cache
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ from torch import nn
 from pagoda_runtime.contract.config import ModelConfig, RopeScaling
 from pagoda_runtime.contract.sizing import ModelArchitecture
 from pagoda_runtime.contract.weight_layout import decoder_shapes, layer_prefix, norm_shapes
-from pagoda_runtime.executor.kernels import AttentionOps, build_cos_sin_cache, gelu_tanh_and_mul
+from pagoda_runtime.executor.kernels import AttentionOps, gelu_tanh_and_mul
 from pagoda_runtime.executor.models.decoder import CausalLM, Weight
 from pagoda_runtime.executor.models.hf_config import (
     ConfigError,
@@ -86,11 +86,6 @@ class Gemma2ForCausalLM(CausalLM):
         self.embed_scale = float(
             torch.tensor(config.architecture.hidden_size**0.5, dtype=self.embed_tokens.dtype)
         )
-        local = None
-        if config.local_rope_theta is not None:
-            table = self.cos_sin_cache
-            local = build_cos_sin_cache(config, max_position, table.device, table.dtype, local=True)
-        self.register_buffer("local_cos_sin_cache", local, persistent=False)
 
     def make_layer(
         self, layer: int, ops: AttentionOps, quantization: str, device: torch.device, dtype: torch.dtype
@@ -102,11 +97,6 @@ class Gemma2ForCausalLM(CausalLM):
 
     def make_norm(self, size: int, device: torch.device, dtype: torch.dtype) -> nn.Module:
         return GemmaRMSNorm(size, self.config.rms_norm_eps, device, dtype)
-
-    def rotary_table(self, layer: int) -> torch.Tensor:
-        if self.local_cos_sin_cache is not None and self.config.architecture.layer_window(layer):
-            return self.local_cos_sin_cache
-        return self.cos_sin_cache
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids) * self.embed_scale

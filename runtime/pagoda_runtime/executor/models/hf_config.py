@@ -39,14 +39,17 @@ def architecture_fields(raw: dict[str, Any], family: str) -> dict[str, Any]:
 
 
 def rope_parameters(raw: dict[str, Any]) -> dict[str, Any]:
-    """transformers 5 writes rope_parameters; older configs have rope_theta and rope_scaling. A
-    scaled type without original_max_position_embeddings takes the config's, as transformers does."""
-    params = dict(raw.get("rope_parameters") or {})
+    """transformers 5 writes rope_parameters (per layer type for some families); older configs have
+    rope_theta and rope_scaling. A scaled type without original_max_position_embeddings takes the
+    config's, as transformers does."""
+    params = {k: dict(v) if isinstance(v, dict) else v for k, v in (raw.get("rope_parameters") or {}).items()}
     params.update(raw.get("rope_scaling") or {})
     if "rope_theta" in raw:
         params.setdefault("rope_theta", raw["rope_theta"])
-    if params.get("rope_type", params.get("type")) in ("llama3", "yarn") and "max_position_embeddings" in raw:
-        params.setdefault("original_max_position_embeddings", raw["max_position_embeddings"])
+    context = raw.get("max_position_embeddings")
+    for scaled in (params, *(params[t] for t in LAYER_TYPES if isinstance(params.get(t), dict))):
+        if scaled.get("rope_type", scaled.get("type")) in ("llama3", "yarn") and context is not None:
+            scaled.setdefault("original_max_position_embeddings", context)
     return params
 
 

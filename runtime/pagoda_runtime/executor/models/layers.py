@@ -114,9 +114,7 @@ class Attention(nn.Module):
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            # Over each head's dimensions, heads as rows.
-            q = self.q_norm(q.reshape(-1, self.head_dim))[0].view(-1, self.num_heads, self.head_dim)
-            k = self.k_norm(k.reshape(-1, self.head_dim))[0].view(-1, self.num_kv_heads, self.head_dim)
+            q, k = self.norm_qk(q, k)
         meta = meta.for_window(self.window)
         q = self.ops.rotary_write_kv(
             positions, q, k, v, cos_sin_cache, kv_cache, meta.slot_mapping, meta.derived, self.kv_scales
@@ -130,6 +128,13 @@ class Attention(nn.Module):
             # A row-parallel rank adds its partial delta to its partial sum, before the all-reduce.
             projected = self.o_lora(projected, out)
         return self.tp.all_reduce(projected)
+
+    def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [T, heads, head_dim] and k normed before rotation: over each head's dimensions, heads
+        as rows."""
+        q = self.q_norm(q.reshape(-1, self.head_dim))[0].view(-1, self.num_heads, self.head_dim)
+        k = self.k_norm(k.reshape(-1, self.head_dim))[0].view(-1, self.num_kv_heads, self.head_dim)
+        return q, k
 
 
 class GatedMLP(nn.Module):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagoda_runtime.contract.config import ModelConfig
-from pagoda_runtime.executor.models import gemma, granite, llama, moe, phi3, qwen3
+from pagoda_runtime.executor.models import gemma, granite, llama, moe, olmo2, phi3, qwen3
 from pagoda_runtime.executor.models.decoder import CausalLM, Weight
 
 Shapes = dict[str, tuple[int, ...]]
@@ -114,6 +114,15 @@ FAMILIES: tuple[Family, ...] = (
         config_from_hf=gemma.config_from_hf,
         weight_shapes=gemma.weight_shapes,
         gguf=GGUFLayout(("gemma3",), gemma.config_from_gguf, gemma.GGUF_NAMES, tensor=gemma.gguf_tensor),
+    ),
+    Family(
+        name="OLMo 2 / OLMo 3",
+        architectures=tuple(olmo2.MODEL_TYPES),
+        model_types=tuple(olmo2.MODEL_TYPES.values()),
+        model=olmo2.Olmo2ForCausalLM,
+        config_from_hf=olmo2.config_from_hf,
+        weight_shapes=olmo2.weight_shapes,
+        quantizations=("none", "int8", "int4", "fp8", "awq", "gptq"),
     ),
     Family(
         name="Phi-3 / Phi-4-mini",
