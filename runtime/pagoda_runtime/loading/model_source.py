@@ -48,6 +48,7 @@ from pagoda_runtime.executor.quantization.hf_checkpoints import (
 )
 from pagoda_runtime.executor.quantization.packed import PackedWeight, dequantize
 from pagoda_runtime.loading.gguf_reader import GGUFFile
+from pagoda_runtime.loading.text_of_multimodal import text_config, text_tensor_name, wrapped_text_architecture
 
 # Per-layer GGUF tensor names every family shares; a family adds its own (registry.GGUFLayout).
 _GGUF_LAYER_NAMES = {
@@ -267,6 +268,9 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype, overrides: dict[str, Any])
         # transformers 5 folders keep their scaling in rope_parameters too: the override's replaces it.
         kept = ("rope_theta", "partial_rotary_factor")
         raw["rope_parameters"] = {k: v for k, v in (raw.get("rope_parameters") or {}).items() if k in kept}
+    wrapped = wrapped_text_architecture(raw)
+    if wrapped is not None:
+        raw = text_config(raw)
     config = config_from_hf(raw, config_file, generation)
     spec = _checkpoint_quantization(raw, config_file)
     tokenizer = Tokenizer.from_folder(folder, config.eos_token_ids)
@@ -276,6 +280,11 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype, overrides: dict[str, Any])
     found: dict[str, tuple[int, ...]] = {}
     for file in dict.fromkeys(file_of.values()):
         found.update(_safetensors_shapes(file))
+    stored_as = {name: name for name in file_of}  # the name the model reads -> the name in the file
+    if wrapped is not None:
+        stored_as = {text_tensor_name(n): n for n in file_of if text_tensor_name(n) is not None}
+        file_of = {name: file_of[original] for name, original in stored_as.items()}
+        found = {name: found[original] for name, original in stored_as.items()}
     expected = weight_shapes(config)
     stored = _stored_projections(expected, found, spec, file_of)
     required = {name: shape for name, shape in expected.items() if name not in stored}
@@ -291,7 +300,7 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype, overrides: dict[str, Any])
                 file = file_of[name]
                 if file not in opened:
                     opened[file] = files.enter_context(safe_open(file, framework="pt"))
-                return opened[file].get_tensor(name)
+                return opened[file].get_tensor(stored_as[name])
 
             for name in expected:
                 if name in stored:

@@ -353,6 +353,19 @@ class ChatMessage(BaseModel):
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # which call a tool message answers
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, content: Any) -> Any:
+        # Images and audio are not served (a multimodal checkpoint is served for its text): say so
+        # rather than that the part is not a string.
+        for part in content if isinstance(content, list) else ():
+            if isinstance(part, dict) and part.get("type") not in (None, "text"):
+                raise ValueError(
+                    f"content parts of type {part['type']!r} are not served, only text; send the message "
+                    "as text parts"
+                )
+        return content
+
     @model_validator(mode="after")
     def _tool_fields_on_their_roles(self) -> ChatMessage:
         if self.role == "tool" and not self.tool_call_id:

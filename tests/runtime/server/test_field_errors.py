@@ -41,6 +41,19 @@ def test_chat_context_overflow_names_messages(fake):
     assert error["param"] == "messages" and "512" in error["message"]
 
 
+def test_an_image_part_is_a_400_saying_only_text_is_served(fake):
+    client, _ = fake
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    content = [{"type": "text", "text": "What is in it?"}, image]
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": content}]})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "messages.0.content"
+    assert "'image_url' are not served, only text" in error["message"]
+    text_only = {"messages": [{"role": "user", "content": content[:1]}]}
+    assert client.post("/v1/chat/completions", json=text_only).is_success
+
+
 def test_five_stop_strings_say_the_limit(fake):
     client, _ = fake
     r = client.post("/v1/completions", json={"prompt": "x", "stop": ["a", "b", "c", "d", "e"]})
