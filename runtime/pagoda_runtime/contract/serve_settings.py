@@ -25,6 +25,8 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_QUEUE_BATCHES = 2
 # How tool_choice "auto" finds calls in the generated text (server/tool_parsers.py).
 TOOL_CALL_PARSERS = ("hermes", "llama3_json")
+# vLLM's --reasoning-parser names; both read <think>...</think> (server/reasoning.py).
+REASONING_PARSERS = ("deepseek_r1", "qwen3")
 # --metrics-compat: whose metric names are exported a second time (server/metrics_compat.py).
 METRICS_COMPAT_CHOICES = ("vllm",)
 LOG_FORMATS = ("text", "json")
@@ -96,6 +98,12 @@ class ServerSettings:
         "how tool calls are found in the text for tool_choice auto: hermes (<tool_call> JSON, "
         "Qwen2.5/SmolLM/Hermes) or llama3_json (Llama 3.x)",
         choices=TOOL_CALL_PARSERS,
+    )
+    reasoning_parser: str | None = setting(
+        None,
+        "tell a reasoning model's thinking (<think>...</think>) from its answer: chat replies carry it "
+        "as reasoning_content (and reasoning), the Responses API as a reasoning item; default: off",
+        choices=REASONING_PARSERS,
     )
     chat_template: str | None = setting(
         None,

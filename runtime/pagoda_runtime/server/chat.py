@@ -84,22 +84,37 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
         if echoed:
             yield chunk([ChatChunkChoice(index=i, delta=DeltaMessage(content=echoed)) for i in range(body.n)])
         texts = [""] * body.n
+        sent = [0] * body.n  # of each choice's content, where no tool-call parser reads it
         tool_streams = [turn.tool_stream() for _ in range(body.n)]
+        reasoning_streams = [turn.reasoning_stream() for _ in range(body.n)]
         out = None
         async for out in outputs:
             choices = []
             for delta in out.delta or ():
-                texts[delta.index] += delta.text
-                content, calls = delta.text, None
-                tools = tool_streams[delta.index]
+                i, final = delta.index, delta.finish_reason is not None
+                texts[i] += delta.text
+                visible, thought = texts[i], None
+                if (reasoning := reasoning_streams[i]) is not None:
+                    thought = reasoning.feed(texts[i], final)
+                    thought = thought if body.include_reasoning else None
+                    visible = reasoning.content
+                content, calls = visible[sent[i] :], None
+                sent[i] = max(sent[i], len(visible))
+                tools = tool_streams[i]
                 if tools is not None:
-                    content, calls = tools.feed(texts[delta.index], delta.finish_reason is not None)
-                if content or calls or delta.token_ids or delta.finish_reason:
+                    content, calls = tools.feed(visible, final)
+                if content or calls or thought or delta.token_ids or delta.finish_reason:
                     called = tools is not None and tools.called
+                    message = DeltaMessage(
+                        content=content or None,
+                        tool_calls=calls or None,
+                        reasoning_content=thought or None,
+                        reasoning=thought or None,
+                    )
                     choices.append(
                         ChatChunkChoice(
                             index=delta.index,
-                            delta=DeltaMessage(content=content or None, tool_calls=calls or None),
+                            delta=message,
                             logprobs=logprobs(delta.token_ids, delta.logprobs) if delta.token_ids else None,
                             finish_reason=turn.finish_reason(delta.finish_reason, called),
                             token_ids=delta.token_ids if returned_ids else None,

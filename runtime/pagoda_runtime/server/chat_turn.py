@@ -25,6 +25,7 @@ from pagoda_runtime.server.protocol import (
     ChatMessage,
     ChatTemplateOptions,
 )
+from pagoda_runtime.server.reasoning import ReasoningStream, split_reasoning, starts_in_reasoning
 from pagoda_runtime.server.state import ServerState
 from pagoda_runtime.server.tool_parsers import (
     NamedCallStream,
@@ -41,6 +42,9 @@ from pagoda_runtime.server.tools import (
     template_tools,
     tool_choice_constraint,
 )
+
+# Enough of the prompt's end to find a think block the chat template opened for the reply.
+_PROMPT_TAIL_TOKENS = 16
 
 
 def chat_prompt_ids(
@@ -76,17 +80,33 @@ class ChatTurn:
     named: str | None  # the function a named tool_choice forces the reply to call
     parser: object | None  # finds the tool calls in a reply the model wrote (tool_parsers.py)
     fields: dict[str, str]  # the engine's field names -> this request's, for its errors
+    # With --reasoning-parser and a reply no grammar fixes: whether it starts inside a think block
+    # (reasoning.py); None: the reply has no reasoning to tell apart.
+    thinking: bool | None = None
 
     def message(self, text: str) -> AssistantMessage:
-        """The whole reply: its text, or the tool calls in it."""
+        """The whole reply: its reasoning apart, then its text or the tool calls in it."""
+        reasoning = None
+        if self.thinking is not None:
+            reasoning, text = split_reasoning(text, self.thinking, final=True)
+            reasoning = (reasoning or None) if self.body.include_reasoning else None
         if self.named is not None:
             return AssistantMessage(
                 content=None, tool_calls=[ToolCall(function=FunctionCall(name=self.named, arguments=text))]
             )
-        if self.parser is None:
-            return AssistantMessage(content=text)
-        content, calls = parse_whole(self.parser, text)
-        return AssistantMessage(content=content, tool_calls=[ToolCall(function=c) for c in calls] or None)
+        content, calls = (text, []) if self.parser is None else parse_whole(self.parser, text)
+        if self.thinking is not None and not content:
+            content = None  # a reply cut off while thinking has no answer
+        return AssistantMessage(
+            content=content,
+            tool_calls=[ToolCall(function=c) for c in calls] or None,
+            reasoning_content=reasoning,
+            reasoning=reasoning,
+        )
+
+    def reasoning_stream(self) -> ReasoningStream | None:
+        """A reader of the reply as it streams that tells its reasoning from its content."""
+        return None if self.thinking is None else ReasoningStream(self.thinking)
 
     def tool_stream(self) -> ToolCallStream | NamedCallStream | None:
         """A reader of the reply as it streams that tells its text from its tool calls."""
@@ -143,6 +163,10 @@ async def prepare_chat(body: ChatCompletionRequest, request: Request) -> ChatTur
     elif body.tools and choice in (None, "auto"):
         parser = parser_named(state.settings.tool_call_parser)
     limit_field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    thinking = None
+    if state.settings.reasoning_parser is not None and params.structured_outputs is None:
+        tail = engine.tokenizer.decode(ids[-_PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
+        thinking = starts_in_reasoning(tail)
     return ChatTurn(
         state=state,
         body=body,
@@ -153,4 +177,5 @@ async def prepare_chat(body: ChatCompletionRequest, request: Request) -> ChatTur
         named=choice.function.name if isinstance(choice, NamedToolChoice) else None,
         parser=parser,
         fields={"prompt": "messages", "max_tokens": limit_field},
+        thinking=thinking,
     )

@@ -443,6 +443,8 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateOptions):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
     functions: list[Any] | None = None
+    # vLLM's: false leaves the reasoning a --reasoning-parser finds out of the reply.
+    include_reasoning: bool = True
 
     @field_validator("functions")
     @classmethod
@@ -525,6 +527,9 @@ class AssistantMessage(BaseModel):
     content: str | None
     refusal: str | None = None
     tool_calls: list[ToolCall] | None = Field(default=None, exclude_if=lambda v: v is None)
+    # With --reasoning-parser: the model's thinking, under vLLM's older name and its newer one.
+    reasoning_content: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    reasoning: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class ChatChoice(BaseModel):
@@ -552,6 +557,8 @@ class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = Field(default=None, exclude_if=lambda v: v is None)
     content: str | None = Field(default=None, exclude_if=lambda v: v is None)
     tool_calls: list[DeltaToolCall] | None = Field(default=None, exclude_if=lambda v: v is None)
+    reasoning_content: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    reasoning: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class ChatChunkChoice(BaseModel):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 
 from fastapi import Request
@@ -25,7 +25,9 @@ from pagoda_runtime.server.responses_protocol import (
     InputTokensDetails,
     OutputFunctionCall,
     OutputMessage,
+    OutputReasoning,
     OutputText,
+    ReasoningText,
     ResponseError,
     ResponseObject,
     ResponsesRequest,
@@ -54,6 +56,7 @@ async def create_response(body: ResponsesRequest, request: Request):
     )
     response_id = f"resp_{uuid.uuid4().hex}"
     message_id = f"msg_{uuid.uuid4().hex}"
+    reasoning_id = f"rs_{uuid.uuid4().hex}"
     model = body.model or turn.state.settings.served_model_name
     created = time.time()
 
@@ -110,10 +113,17 @@ async def create_response(body: ResponsesRequest, request: Request):
     def item_status(final: RequestOutput) -> str:
         return "incomplete" if final.outputs[0].finish_reason in _UNFINISHED else "completed"
 
+    def thought(text: str, status: str) -> OutputReasoning:
+        return OutputReasoning(id=reasoning_id, content=[ReasoningText(text=text)], status=status)
+
     def whole(final: RequestOutput) -> ResponseObject:
         text = final.outputs[0].text
-        content = turn.message(text).content
-        return finished(final, ([message(content, item_status(final))] if content else []) + calls(text))
+        reply = turn.message(text)
+        status = item_status(final)
+        output: list = [thought(reply.reasoning_content, status)] if reply.reasoning_content else []
+        if reply.content:
+            output.append(message(reply.content, status))
+        return finished(final, output + calls(text))
 
     async def stream(outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[bytes]:
         numbers = itertools.count()
@@ -123,28 +133,58 @@ async def create_response(body: ResponsesRequest, request: Request):
 
         yield event("response.created", response=response("in_progress"))
         yield event("response.in_progress", response=response("in_progress"))
-        reader = turn.tool_stream()
-        text, shown, final = "", "", None
-        where = {"item_id": message_id, "output_index": 0, "content_index": 0}
+        reader, thinker = turn.tool_stream(), turn.reasoning_stream()
+        text, shown, thought_so_far, final = "", "", "", None
+        output: list = []
+        where = {"item_id": message_id, "content_index": 0}
+        thinking = {"item_id": reasoning_id, "output_index": 0, "content_index": 0}
+
+        def end_thought(status: str) -> Iterator[bytes]:
+            done = thought(thought_so_far, status)
+            yield event("response.reasoning_text.done", text=thought_so_far, **thinking)
+            yield event("response.content_part.done", part=done.content[0], **thinking)
+            yield event("response.output_item.done", output_index=0, item=done)
+            output.append(done)
+
         async for final in outputs:
             for delta in final.delta or ():
                 text += delta.text
-                content = delta.text
+                ended = delta.finish_reason is not None
+                visible, piece = text, ""
+                if thinker is not None:
+                    piece, visible = thinker.feed(text, ended), thinker.content
+                    piece = piece if turn.body.include_reasoning else ""
+                if piece:
+                    if not thought_so_far:
+                        started = thought("", "in_progress")
+                        yield event("response.output_item.added", output_index=0, item=started)
+                        yield event("response.content_part.added", part=ReasoningText(text=""), **thinking)
+                    thought_so_far += piece
+                    yield event("response.reasoning_text.delta", delta=piece, **thinking)
+                content = visible[len(shown) :]
                 if reader is not None:
-                    content, _ = reader.feed(text, delta.finish_reason is not None)
+                    content, _ = reader.feed(visible, ended)
                 if not content:
                     continue
+                if thought_so_far and not output:
+                    for chunk in end_thought("completed"):  # the answer began: the thinking is done
+                        yield chunk
+                at = {**where, "output_index": len(output)}
                 if not shown:
-                    yield event("response.output_item.added", output_index=0, item=message("", "in_progress"))
-                    yield event("response.content_part.added", part=OutputText(text=""), **where)
+                    added = message("", "in_progress")
+                    yield event("response.output_item.added", output_index=len(output), item=added)
+                    yield event("response.content_part.added", part=OutputText(text=""), **at)
                 shown += content
-                yield event("response.output_text.delta", delta=content, logprobs=[], **where)
-        output: list = []
+                yield event("response.output_text.delta", delta=content, logprobs=[], **at)
+        if thought_so_far and not output:
+            for chunk in end_thought(item_status(final)):
+                yield chunk
         if shown:
             done = message(shown, item_status(final))
-            yield event("response.output_text.done", text=shown, logprobs=[], **where)
-            yield event("response.content_part.done", part=done.content[0], **where)
-            yield event("response.output_item.done", output_index=0, item=done)
+            index = len(output)
+            yield event("response.output_text.done", text=shown, logprobs=[], output_index=index, **where)
+            yield event("response.content_part.done", part=done.content[0], output_index=index, **where)
+            yield event("response.output_item.done", output_index=index, item=done)
             output.append(done)
         for call in calls(text):
             index, started = len(output), call.model_copy(update={"status": "in_progress", "arguments": ""})

@@ -261,6 +261,21 @@ class OutputMessage(BaseModel):
     content: list[OutputText]
 
 
+class ReasoningText(BaseModel):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class OutputReasoning(BaseModel):
+    """A reasoning model's thinking (with --reasoning-parser), before the message it led to."""
+
+    type: Literal["reasoning"] = "reasoning"
+    id: str
+    summary: list = Field(default_factory=list)
+    content: list[ReasoningText]
+    status: Literal["in_progress", "completed", "incomplete"]
+
+
 class OutputFunctionCall(BaseModel):
     type: Literal["function_call"] = "function_call"
     id: str
@@ -306,7 +321,7 @@ class ResponseObject(BaseModel):
     incomplete_details: IncompleteDetails | None = None
     error: ResponseError | None = None
     model: str
-    output: list[OutputMessage | OutputFunctionCall] = Field(default_factory=list)
+    output: list[OutputReasoning | OutputMessage | OutputFunctionCall] = Field(default_factory=list)
     usage: ResponseUsage | None = None
     instructions: str | None = None
     max_output_tokens: int | None = None

@@ -228,6 +228,7 @@ CHAT_FIELDS = {
     "max_tokens": st.integers(1, 3),
     "max_completion_tokens": st.integers(1, 3),
     "logprobs": st.booleans(),
+    "include_reasoning": st.booleans(),
     "top_logprobs": st.one_of(st.integers(0, 20), boundary_ints),
     "tools": st.lists(_tool, max_size=2),
     "tool_choice": _tool_choice,

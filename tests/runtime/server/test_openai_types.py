@@ -48,6 +48,7 @@ VLLM_EXTENSIONS = {
     "skip_special_tokens",
     "return_token_ids",
     "return_tokens_as_token_ids",
+    "include_reasoning",
     "bad_words",
     "truncate_prompt_tokens",
     "add_special_tokens",
