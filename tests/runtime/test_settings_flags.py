@@ -27,7 +27,7 @@ SERVE_OPTIONS = {
     "--served-model-name", "--host", "--port", "--api-key", "--max-queue", "--drain-timeout",
     "--canary-interval", "--tool-call-parser", "--chat-template", "--allowed-origins",
     "--allowed-methods", "--allowed-headers", "--allow-credentials", "--metrics-compat",
-    "--return-tokens-as-token-ids", "--reasoning-parser",
+    "--return-tokens-as-token-ids", "--reasoning-parser", "--generation-config",
     "--termination-log", "--log-format", "--log-level", "--pipeline-parallel-size", "-pp",
     "--distributed-port", "--distributed-timeout", "--enable-lora", "--lora-modules", "--max-loras",
     "--max-lora-rank", "--max-cpu-loras", "--download-dir",
@@ -116,6 +116,7 @@ def test_settings_written_as_arguments_read_back_the_same():
         metrics_compat="vllm",
         return_tokens_as_token_ids=True,
         reasoning_parser="deepseek_r1",
+        generation_config="vllm",
         log_format="json",
     )
     distributed = DistributedSettings(distributed_port=29600, distributed_timeout=40.0)

@@ -25,6 +25,9 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_QUEUE_BATCHES = 2
 # How tool_choice "auto" finds calls in the generated text (server/tool_parsers.py).
 TOOL_CALL_PARSERS = ("hermes", "llama3_json")
+# vLLM's --generation-config: auto takes the model's generation_config.json sampling as the defaults
+# of what a request leaves out; vllm keeps the API's own defaults.
+GENERATION_CONFIGS = ("auto", "vllm")
 # vLLM's --reasoning-parser names; both read <think>...</think> (server/reasoning.py).
 REASONING_PARSERS = ("deepseek_r1", "qwen3")
 # --metrics-compat: whose metric names are exported a second time (server/metrics_compat.py).
@@ -98,6 +101,12 @@ class ServerSettings:
         "how tool calls are found in the text for tool_choice auto: hermes (<tool_call> JSON, "
         "Qwen2.5/SmolLM/Hermes) or llama3_json (Llama 3.x)",
         choices=TOOL_CALL_PARSERS,
+    )
+    generation_config: str = setting(
+        "auto",
+        "auto: a request's temperature, top_p, top_k, min_p and repetition_penalty default to the "
+        "model's generation_config.json (as vLLM); vllm: to the API's defaults (temperature 1, ...)",
+        choices=GENERATION_CONFIGS,
     )
     reasoning_parser: str | None = setting(
         None,

@@ -65,6 +65,10 @@ class AsyncLLMEngine:
         return self.engine.max_model_len
 
     @property
+    def sampling_defaults(self) -> dict[str, float]:
+        return self.engine.sampling_defaults
+
+    @property
     def vocab_size(self) -> int:
         return self.engine.model_config.architecture.vocab_size
 

@@ -70,6 +70,7 @@ class EngineParts:
     memory: MemoryReport
     loras: LoraManager | None  # with --enable-lora
     draft_runner: ModelRunner | None  # a draft model's (speculative decoding), on this rank's slice
+    sampling_defaults: dict[str, float]  # the model's recommended sampling (LoadedModel's)
 
 
 def build_engine(
@@ -193,6 +194,7 @@ def build_engine(
         memory=memory,
         loras=loras,
         draft_runner=draft_runner,
+        sampling_defaults=loaded.sampling_defaults,
     )
     if not tp.is_driver:
         return parts

@@ -93,6 +93,11 @@ class LLM:
     def get_tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's: SamplingParams with the model's recommended sampling (its generation_config.json:
+        temperature, top_p, top_k, min_p, repetition_penalty), what generate uses when given none."""
+        return SamplingParams(**self.engine.sampling_defaults)
+
     def chat(
         self,
         messages: Conversation | Sequence[Conversation],
@@ -134,7 +139,7 @@ class LLM:
             prompts = [prompts]
         prompts = list(prompts)
         if params is None or isinstance(params, SamplingParams):
-            params = [params or SamplingParams()] * len(prompts)
+            params = [params or self.get_default_sampling_params()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(
                 f"got {len(params)} sampling params for {len(prompts)} prompts; pass one or one each"

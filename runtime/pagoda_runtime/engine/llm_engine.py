@@ -71,6 +71,7 @@ class LLMEngine:
         self.max_model_len = parts.max_model_len
         self.memory = parts.memory
         self.loras = parts.loras
+        self.sampling_defaults = parts.sampling_defaults
         self.requests: dict[str, Request] = {}
         self.grammars = GrammarCompiler(
             self.tokenizer, self.model_config.architecture.vocab_size, self.model_config.eos_token_ids

@@ -79,6 +79,11 @@ class ServingEngine(Protocol):
     def max_model_len(self) -> int: ...
 
     @property
+    def sampling_defaults(self) -> dict[str, float]:
+        """The model's recommended sampling (its generation_config.json), for what a request leaves out."""
+        ...
+
+    @property
     def vocab_size(self) -> int:
         """Token ids the model accepts: [0, vocab_size)."""
         ...

@@ -11,6 +11,9 @@ from pagoda_runtime.engine.structured_outputs import StructuredOutputs
 # each sample. Copying every sample's whole output at every step costs host time that grows with
 # the output's length, so callers that read deltas (the server) or only the final output ask for delta.
 OUTPUT_KINDS = ("cumulative", "delta")
+# The knobs a model's generation_config.json recommends values for, under the same names there,
+# which the server takes for what a request leaves out (vLLM's --generation-config auto).
+MODEL_DEFAULTED_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
 @dataclass

@@ -19,7 +19,7 @@ import json
 import math
 import struct
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from pagoda_runtime.contract.bundled import resolve_model
 from pagoda_runtime.contract.config import ModelConfig
 from pagoda_runtime.contract.sizing import gguf_file_type
 from pagoda_runtime.contract.weight_layout import is_projection
+from pagoda_runtime.engine.sampling_params import MODEL_DEFAULTED_FIELDS
 from pagoda_runtime.engine.tokenizer import Tokenizer
 from pagoda_runtime.executor.models.hf_config import ConfigError
 from pagoda_runtime.executor.models.registry import (
@@ -95,16 +96,20 @@ class LoadedModel:
     # Every weight read as floats from the stored blocks, where that is exact and dequantizing the
     # PackedWeights is not (GGUF K-quants, whose packed scales are rounded to fp16).
     float_weights: Callable[[torch.dtype], Iterator[tuple[str, torch.Tensor]]] | None = None
+    # The sampling its makers recommend (generation_config.json: temperature, top_p, ...), which
+    # the server uses for what a request leaves out, as vLLM's --generation-config auto does.
+    sampling_defaults: dict[str, float] = field(default_factory=dict)
 
     def dequantized(self, dtype: torch.dtype) -> LoadedModel:
         """The same model with each PackedWeight turned into a float tensor as it streams past."""
         if self.float_weights is not None:
-            return LoadedModel(self.config, self.float_weights(dtype), self.tokenizer)
+            weights = self.float_weights(dtype)
+            return LoadedModel(self.config, weights, self.tokenizer, sampling_defaults=self.sampling_defaults)
         weights = (
             (name, dequantize(weight, dtype) if isinstance(weight, PackedWeight) else weight)
             for name, weight in self.weights
         )
-        return LoadedModel(self.config, weights, self.tokenizer)
+        return LoadedModel(self.config, weights, self.tokenizer, sampling_defaults=self.sampling_defaults)
 
 
 def load_model_source(
@@ -309,9 +314,23 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype, overrides: dict[str, Any])
                 else:
                     yield name, read(name).to(dtype)
 
+    defaults = sampling_defaults(generation or {})
     if not stored:
-        return LoadedModel(config, weights(), tokenizer)
-    return LoadedModel(config, weights(), tokenizer, spec.method, group_size=spec.group_size)
+        return LoadedModel(config, weights(), tokenizer, sampling_defaults=defaults)
+    return LoadedModel(
+        config, weights(), tokenizer, spec.method, group_size=spec.group_size, sampling_defaults=defaults
+    )
+
+
+def sampling_defaults(generation: dict[str, Any]) -> dict[str, float]:
+    """The request defaults a generation_config.json recommends: its numbers for
+    MODEL_DEFAULTED_FIELDS (do_sample is not read, as vLLM does not read it)."""
+    defaults = {}
+    for name in MODEL_DEFAULTED_FIELDS:
+        value = generation.get(name)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            defaults[name] = value
+    return defaults
 
 
 # ---- GGUF files -----------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.server.admission import admit, check_model
 from pagoda_runtime.server.constraints import structured_outputs
 from pagoda_runtime.server.errors import APIError
-from pagoda_runtime.server.generation import generate, sampling_params, truncated
+from pagoda_runtime.server.generation import generate, request_defaults, sampling_params, truncated
 from pagoda_runtime.server.protocol import (
     AssistantMessage,
     ChatCompletionRequest,
@@ -156,6 +156,7 @@ async def prepare_chat(body: ChatCompletionRequest, request: Request) -> ChatTur
         top_n if body.logprobs else None,
         forced or constraint,
         body.prompt_logprobs,
+        request_defaults(state, engine),
     )
     parser = None
     if choice == "required":

@@ -16,7 +16,14 @@ from pagoda_runtime.engine.protocol import ChatTokenizer
 from pagoda_runtime.server import sse
 from pagoda_runtime.server.admission import admit, check_model
 from pagoda_runtime.server.constraints import structured_outputs
-from pagoda_runtime.server.generation import generate, respond, sampling_params, truncated, usage
+from pagoda_runtime.server.generation import (
+    generate,
+    request_defaults,
+    respond,
+    sampling_params,
+    truncated,
+    usage,
+)
 from pagoda_runtime.server.logprobs import completion_logprobs, prompt_logprobs
 from pagoda_runtime.server.merged_outputs import finals, merged
 from pagoda_runtime.server.protocol import CompletionChoice, CompletionRequest, CompletionResponse, UsageInfo
@@ -59,7 +66,8 @@ async def create_completion(body: CompletionRequest, request: Request):
     prompt_only = body.scores_prompt_only()
     max_tokens = 1 if prompt_only else body.max_tokens
     constraint = structured_outputs(body)
-    params = sampling_params(body, max_tokens, body.logprobs, constraint, max(asked, default=None))
+    defaults = request_defaults(state, engine)
+    params = sampling_params(body, max_tokens, body.logprobs, constraint, max(asked, default=None), defaults)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     model = body.model or state.settings.served_model_name

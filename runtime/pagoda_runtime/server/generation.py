@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from pagoda_runtime.engine.outputs import RequestOutput
 from pagoda_runtime.engine.protocol import RequestFailed, RequestRejected, ServingEngine
-from pagoda_runtime.engine.sampling_params import SamplingParams
+from pagoda_runtime.engine.sampling_params import MODEL_DEFAULTED_FIELDS, SamplingParams
 from pagoda_runtime.engine.structured_outputs import StructuredOutputs
 from pagoda_runtime.server import sse
 from pagoda_runtime.server.admission import QUEUE_FULL_RETRY_AFTER_S
@@ -52,28 +52,32 @@ def truncated(ids: list[int], body: SamplingFields, max_model_len: int) -> list[
     return ids[:keep] if body.truncation_side == "right" else ids[-keep:]
 
 
+def request_defaults(state: ServerState, engine: ServingEngine) -> Mapping[str, float]:
+    """The sampling a request leaves out takes: the model's recommended (--generation-config auto)."""
+    return engine.sampling_defaults if state.settings.generation_config == "auto" else {}
+
+
 def sampling_params(
     body: SamplingFields,
     max_tokens: int | None,
     logprobs: int | None,
     constraint: StructuredOutputs | None,
     prompt_logprobs: int | None = None,
+    defaults: Mapping[str, float] | None = None,
 ) -> SamplingParams:
     """max_tokens None: up to the context length. `constraint`: the body's own (server.constraints)
-    or one the endpoint derived (tool_choice)."""
+    or one the endpoint derived (tool_choice). `defaults`: request_defaults, for the knobs the body
+    does not set."""
+    knobs = {name: getattr(body, name) for name in MODEL_DEFAULTED_FIELDS}
+    knobs |= {k: v for k, v in (defaults or {}).items() if k in knobs and k not in body.model_fields_set}
     try:
         return SamplingParams(
             n=body.n,
             max_tokens=max_tokens,
             min_tokens=body.min_tokens,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            top_k=body.top_k,
-            min_p=body.min_p,
             seed=body.seed,
             presence_penalty=body.presence_penalty,
             frequency_penalty=body.frequency_penalty,
-            repetition_penalty=body.repetition_penalty,
             stop=body.stop_list(),
             stop_token_ids=body.stop_token_ids or [],
             include_stop_str_in_output=body.include_stop_str_in_output,
@@ -87,6 +91,7 @@ def sampling_params(
             structured_outputs=constraint,
             cache_salt=body.cache_salt,
             output_kind="delta",  # the endpoints read deltas, and the whole text from the final output
+            **knobs,
         )
     except ValueError as exc:
         raise APIError(400, f"{exc}.") from exc

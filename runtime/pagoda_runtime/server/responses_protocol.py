@@ -219,8 +219,8 @@ class ResponsesRequest(ValidText):
             "model": self.model,
             "messages": messages,
             "max_completion_tokens": self.max_output_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
+            # Only what the request set: the model's recommended sampling fills in the rest.
+            **{k: getattr(self, k) for k in ("temperature", "top_p") if k in self.model_fields_set},
             "parallel_tool_calls": self.parallel_tool_calls,
             "priority": self.priority,
             "user": self.user,

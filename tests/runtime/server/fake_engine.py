@@ -99,6 +99,8 @@ class FakeEngine:
             num_kv_blocks=10,
         )
         self.max_model_len = max_model_len
+        # The model's recommended sampling, as a generation_config.json gives it (none by default).
+        self.sampling_defaults: dict[str, float] = {}
         self.step_s = step_s
         self.max_running = max_running
         self.last_heartbeat = time.monotonic()
