@@ -28,6 +28,8 @@ SERVE_OPTIONS = {
     "--canary-interval", "--tool-call-parser", "--chat-template", "--allowed-origins",
     "--allowed-methods", "--allowed-headers", "--allow-credentials", "--metrics-compat",
     "--return-tokens-as-token-ids", "--reasoning-parser", "--generation-config",
+    "--enable-auto-tool-choice", "--no-enable-auto-tool-choice", "--enable-chunked-prefill",
+    "--no-enable-chunked-prefill", "--trust-remote-code",
     "--termination-log", "--log-format", "--log-level", "--pipeline-parallel-size", "-pp",
     "--distributed-port", "--distributed-timeout", "--enable-lora", "--lora-modules", "--max-loras",
     "--max-lora-rank", "--max-cpu-loras", "--download-dir",
@@ -102,6 +104,7 @@ def test_settings_written_as_arguments_read_back_the_same():
         max_loras=4,
         max_lora_rank=64,
         max_cpu_loras=8,
+        trust_remote_code=True,
         hf_overrides={"rope_scaling": {"rope_type": "yarn", "factor": 4.0}, "max_position_embeddings": 65536},
     )
     server = ServerSettings(
@@ -117,6 +120,7 @@ def test_settings_written_as_arguments_read_back_the_same():
         return_tokens_as_token_ids=True,
         reasoning_parser="deepseek_r1",
         generation_config="vllm",
+        enable_auto_tool_choice=False,
         log_format="json",
     )
     distributed = DistributedSettings(distributed_port=29600, distributed_timeout=40.0)
@@ -164,3 +168,14 @@ def test_lora_modules_take_vllm_forms():
     assert parse_lora_module("a=/adapters/a") == LoraModule("a", "/adapters/a")
     word = '{"name": "b", "path": "/adapters/b", "base_model_name": "llama"}'
     assert parse_lora_module(word) == LoraModule("b", "/adapters/b", "llama")
+
+
+def test_a_vllm_command_line_starts_as_it_is():
+    """What vLLM users pass out of habit: auto tool choice (always served here), chunked prefill
+    (always on), trust-remote-code (no remote code runs here); a chunking switch turned off is
+    refused in one sentence rather than ignored."""
+    vllm_line = ["serve", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    args = parser().parse_args([*vllm_line, "--enable-chunked-prefill", "--trust-remote-code"])
+    assert server_settings(args).enable_auto_tool_choice and engine_config(args).enable_chunked_prefill
+    with pytest.raises(ValueError, match="--no-enable-chunked-prefill is not supported"):
+        engine_config(parser().parse_args(["serve", "--no-enable-chunked-prefill"]))

@@ -210,6 +210,16 @@ class EngineConfig:
         "for this process; the KV cache gets what the weights leave of it",
     )
     enable_prefix_caching: bool = setting(True, "reuse KV blocks of shared prompt prefixes")
+    enable_chunked_prefill: bool = setting(
+        True,
+        "split long prompts into steps of --max-num-batched-tokens beside running decodes (vLLM's flag; "
+        "always on here, so --no-enable-chunked-prefill is refused)",
+    )
+    trust_remote_code: bool = setting(
+        False,
+        "accepted for vLLM command lines: Pagoda serves the architectures it implements itself and runs "
+        "no code from a model's repository, so there is nothing to trust",
+    )
     enforce_eager: bool = setting(False, "do not capture CUDA graphs")
     async_scheduling: bool | None = setting(
         None,
@@ -264,3 +274,10 @@ class EngineConfig:
         "once per source and revision (default: ~/.cache/pagoda; hub ids of --model go to the Hugging "
         "Face cache)",
     )
+
+    def __post_init__(self) -> None:
+        if not self.enable_chunked_prefill:
+            raise ValueError(
+                "--no-enable-chunked-prefill is not supported: Pagoda always splits long prompts into steps "
+                "of --max-num-batched-tokens; drop the flag"
+            )

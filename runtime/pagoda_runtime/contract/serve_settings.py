@@ -96,6 +96,12 @@ class ServerSettings:
     )
     canary_timeout: float = 60.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    enable_auto_tool_choice: bool = setting(
+        True,
+        "answer tool_choice auto (or tools without a tool_choice) by reading the model's own calls with "
+        "--tool-call-parser; vLLM's flag, on by default here: --no-enable-auto-tool-choice makes such a "
+        "request a 400",
+    )
     tool_call_parser: str = setting(
         "hermes",
         "how tool calls are found in the text for tool_choice auto: hermes (<tool_call> JSON, "

@@ -146,6 +146,14 @@ async def prepare_chat(body: ChatCompletionRequest, request: Request) -> ChatTur
             "tool_choice required or a named function already fixes the output; drop the other constraint.",
             param="tool_choice",
         )
+    auto = bool(body.tools) and choice in (None, "auto")
+    if auto and not state.settings.enable_auto_tool_choice:
+        raise APIError(
+            400,
+            'tool_choice "auto" needs a server started without --no-enable-auto-tool-choice; send '
+            'tool_choice "none", "required" or a named function',
+            param="tool_choice",
+        )
     engine = await admit(state, body.priority)
     ids = chat_prompt_ids(body.messages, body.tools, body, engine.tokenizer)
     ids = truncated(ids, body, engine.max_model_len)
@@ -161,7 +169,7 @@ async def prepare_chat(body: ChatCompletionRequest, request: Request) -> ChatTur
     parser = None
     if choice == "required":
         parser = RequiredArrayParser()
-    elif body.tools and choice in (None, "auto"):
+    elif auto:
         parser = parser_named(state.settings.tool_call_parser)
     limit_field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     thinking = None

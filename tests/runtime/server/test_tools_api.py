@@ -7,7 +7,10 @@ import json
 
 import openai
 import pytest
+from fastapi.testclient import TestClient
 from pagoda_runtime.server.tool_parsers import HermesParser, Llama3JsonParser, ToolCallStream, parse_whole
+
+from .conftest import MODEL, fake_app, wait_ready
 
 WEATHER = {
     "type": "function",
@@ -220,3 +223,16 @@ def test_required_calls_stream_one_delta_each(client):
     deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or ()]
     assert [(d.index, d.function.name) for d in deltas] == [(0, "get_time"), (1, "get_weather")]
     assert json.loads(deltas[1].function.arguments) == {"city": "Rome"}
+
+
+def test_auto_tool_choice_turned_off_is_a_400_naming_tool_choice():
+    app, _ = fake_app(enable_auto_tool_choice=False)
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": tools, "max_tokens": 2}
+    with TestClient(app) as client:
+        wait_ready(client)
+        for choice in ({}, {"tool_choice": "auto"}):
+            refused = client.post("/v1/chat/completions", json=body | choice)
+            assert refused.status_code == 400, refused.text
+            assert refused.json()["error"]["param"] == "tool_choice"
+        assert client.post("/v1/chat/completions", json=body | {"tool_choice": "none"}).status_code == 200
