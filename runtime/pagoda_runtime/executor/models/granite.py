@@ -13,16 +13,18 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from torch import nn
 
 from pagoda_runtime.contract.config import ModelConfig
-from pagoda_runtime.executor.kernels import AttentionOps
-from pagoda_runtime.executor.models.layers import Attention, DecoderLayer, GatedMLP
+from pagoda_runtime.executor.models.layers import DecoderLayer
 from pagoda_runtime.executor.models.llama import LlamaForCausalLM
 from pagoda_runtime.executor.models.llama import config_from_hf as llama_config_from_hf
 
 
 class GraniteDecoderLayer(DecoderLayer):
+    def __init__(self, config: ModelConfig, attention, mlp, device, dtype) -> None:
+        super().__init__(config, attention, mlp, device, dtype)
+        self.residual_multiplier = config.residual_multiplier
+
     def forward(self, positions, x, residual, kv_cache, meta, cos_sin_cache):
         scale = self.residual_multiplier
         x, residual = self.input_layernorm(x, residual)
@@ -32,16 +34,7 @@ class GraniteDecoderLayer(DecoderLayer):
 
 
 class GraniteForCausalLM(LlamaForCausalLM):
-    def make_layer(
-        self, layer: int, ops: AttentionOps, quantization: str, device: torch.device, dtype: torch.dtype
-    ) -> nn.Module:
-        config, tp = self.config, self.tp
-        attention = Attention(config, layer, ops, quantization, device, dtype, tp)
-        decoder = GraniteDecoderLayer(
-            config, attention, GatedMLP(config, quantization, device, dtype, tp), device, dtype
-        )
-        decoder.residual_multiplier = config.residual_multiplier
-        return decoder
+    layer_class = GraniteDecoderLayer
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids) * self.config.embedding_multiplier

@@ -35,12 +35,14 @@ _PER_LAYER_WINDOWS = ("qwen2", "smollm3")
 
 
 class LlamaForCausalLM(CausalLM):
+    layer_class: type[DecoderLayer] = DecoderLayer  # a family with the Llama layout's own (Granite)
+
     def make_layer(
         self, layer: int, ops: AttentionOps, quantization: str, device: torch.device, dtype: torch.dtype
     ) -> nn.Module:
         config, tp = self.config, self.tp
         attention = Attention(config, layer, ops, quantization, device, dtype, tp)
-        return DecoderLayer(
+        return self.layer_class(
             config, attention, GatedMLP(config, quantization, device, dtype, tp), device, dtype
         )
 
