@@ -42,6 +42,8 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (
     AutoModelForCausalLM,
+    Cohere2Config,
+    CohereConfig,
     Gemma2Config,
     Gemma3TextConfig,
     GraniteConfig,
@@ -217,6 +219,16 @@ FAMILY_VARIANTS: dict[str, tuple[type, str, dict]] = {
                 },
                 "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0},
             },
+        },
+    ),
+    "cohere": (CohereConfig, "chatml", {"logit_scale": 0.25}),
+    "cohere2": (
+        Cohere2Config,
+        "chatml",
+        {
+            "logit_scale": 0.25,
+            "sliding_window": _WINDOW,
+            "layer_types": ["sliding_attention", "full_attention"],
         },
     ),
     "phi3": (

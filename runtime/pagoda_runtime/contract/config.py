@@ -64,7 +64,14 @@ class RopeScaling:
 # The norm weights of families whose decoder layers hold more than Llama's two: (norms of
 # hidden_size per layer, per-head query and key norms). Set on the architecture here, the one place
 # every family's config (config.json, GGUF, the catalogue) passes, so that sizing counts them.
-_FAMILY_NORMS = {"gemma2": (4, False), "gemma3_text": (4, True), "qwen3": (2, True), "qwen3_moe": (2, True)}
+_FAMILY_NORMS = {
+    "gemma2": (4, False),
+    "gemma3_text": (4, True),
+    "qwen3": (2, True),
+    "qwen3_moe": (2, True),
+    "cohere": (1, False),
+    "cohere2": (1, False),
+}
 # Families whose checkpoints store q, k and v as one tensor (a GGUF mix quantizes it as one).
 _FUSED_QKV = {"phi3"}
 # Families whose q and k norms span all heads (their weights as wide as q and k).
@@ -77,7 +84,8 @@ class ModelConfig:
     what only the computation needs, under config.json's names."""
 
     # The family's model type (executor/models/registry.py maps it to the model class): llama,
-    # mistral, qwen2, qwen3, qwen3_moe, mixtral, gemma2, gemma3_text, phi3, granite, smollm3.
+    # mistral, qwen2, qwen3, qwen3_moe, mixtral, gemma2, gemma3_text, phi3, granite, smollm3, olmo2,
+    # olmo3, cohere, cohere2.
     model_type: str
     architecture: ModelArchitecture
     rms_norm_eps: float
@@ -99,9 +107,12 @@ class ModelConfig:
     norm_topk_prob: bool = False
     # Layers that attend without rotary embeddings (SmolLM3's NoPE layers, every fourth).
     no_rope_layers: tuple[int, ...] = ()
+    # Rotary pairs are neighbouring dimensions (2i, 2i + 1) rather than the two halves (Cohere).
+    rope_interleaved: bool = False
     # Granite's scalars: attention scores scaled by attention_multiplier (instead of head_dim ** -0.5),
     # embeddings times embedding_multiplier, each attention and MLP output times residual_multiplier
-    # before it joins the residual stream, logits divided by logits_scaling.
+    # before it joins the residual stream, logits divided by logits_scaling (also Cohere's, as
+    # 1 / logit_scale).
     attention_multiplier: float | None = None
     embedding_multiplier: float = 1.0
     residual_multiplier: float = 1.0

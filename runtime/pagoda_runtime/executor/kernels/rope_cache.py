@@ -142,8 +142,12 @@ def build_cos_sin_cache(
 def rotary_row_order(config: ModelConfig) -> torch.Tensor | None:
     """The order a head's q and k rows are held in so that the full-width table rotates only the
     first rotary_dim dimensions: rotated pairs (i, i + rotary_dim / 2) at (i, i + head_dim / 2), the
-    rest after them in each half. None when the whole head is rotated."""
+    rest after them in each half; with interleaved pairs (Cohere), each pair's two rows split into
+    the two halves. None when the whole head is rotated as halves."""
     head_dim, rotary = config.architecture.head_dim, config.rotary_dim
+    if config.rope_interleaved:
+        # Pairs (2i, 2i + 1) moved to (i, i + head_dim / 2), where the table rotates them.
+        return torch.cat((torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)))
     if rotary == head_dim:
         return None
     half, rotary_half, rest = head_dim // 2, rotary // 2, head_dim - rotary

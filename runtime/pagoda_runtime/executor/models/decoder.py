@@ -4,11 +4,12 @@
 A family subclasses CausalLM and builds its layers (`make_layer`); where it differs from the Llama
 layout elsewhere (an embedding scale, fused checkpoint tensors, a second rotary table) it overrides
 the one method that says so. What the config alone decides is done here for every family: final
-logits soft-capped where final_logit_softcapping is set, each head's q and k rows reordered for a
-partial rotary embedding (kernels/rope_cache.rotary_row_order), layers listed in no_rope_layers
-given a table that rotates nothing, and sliding-window layers their own table where
-local_rope_theta sets one. The embedding and the LM head
-are vocabulary-parallel (vocab_parallel.py); the rotary table is whole on every rank.
+logits divided by logits_scaling and soft-capped where final_logit_softcapping is set, each head's q
+and k rows reordered for a partial or interleaved rotary embedding
+(kernels/rope_cache.rotary_row_order), layers listed in no_rope_layers given a table that rotates
+nothing, and sliding-window layers their own table where local_rope_theta sets one. The embedding
+and the LM head are vocabulary-parallel (vocab_parallel.py); the rotary table is whole on every
+rank.
 """
 
 from __future__ import annotations
@@ -127,6 +128,8 @@ class CausalLM(nn.Module):
         """Float32 logits [tokens, vocab] on every rank (a collective under tensor parallelism),
         written into `out` when given (a CUDA graph's output buffer)."""
         logits = (self.embed_tokens if self.lm_head is None else self.lm_head).logits(hidden, out)
+        if self.config.logits_scaling != 1.0:
+            logits.div_(self.config.logits_scaling)
         cap = self.config.final_logit_softcapping
         return logits if cap is None else logits.div_(cap).tanh_().mul_(cap)
 

@@ -39,9 +39,6 @@ class GraniteForCausalLM(LlamaForCausalLM):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids) * self.config.embedding_multiplier
 
-    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        return super().compute_logits(hidden, out).div_(self.config.logits_scaling)
-
 
 def config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
     llama = llama_config_from_hf(raw, "LlamaForCausalLM")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagoda_runtime.contract.config import ModelConfig
-from pagoda_runtime.executor.models import gemma, granite, llama, moe, olmo2, phi3, qwen3
+from pagoda_runtime.executor.models import cohere, gemma, granite, llama, moe, olmo2, phi3, qwen3
 from pagoda_runtime.executor.models.decoder import CausalLM, Weight
 
 Shapes = dict[str, tuple[int, ...]]
@@ -122,6 +122,15 @@ FAMILIES: tuple[Family, ...] = (
         model=olmo2.Olmo2ForCausalLM,
         config_from_hf=olmo2.config_from_hf,
         weight_shapes=olmo2.weight_shapes,
+        quantizations=("none", "int8", "int4", "fp8", "awq", "gptq"),
+    ),
+    Family(
+        name="Command R / R7B / A",
+        architectures=tuple(cohere.MODEL_TYPES),
+        model_types=tuple(cohere.MODEL_TYPES.values()),
+        model=cohere.CohereForCausalLM,
+        config_from_hf=cohere.config_from_hf,
+        weight_shapes=cohere.weight_shapes,
         quantizations=("none", "int8", "int4", "fp8", "awq", "gptq"),
     ),
     Family(
