@@ -282,7 +282,7 @@ class SamplingFields(ValidText):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
     add_special_tokens: bool = True  # vLLM's: False leaves out the BOS the tokenizer would add
     # 0 only with echo: the prompt and its logprobs alone, as OpenAI's legacy API and vLLM give.
     max_tokens: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = 16
@@ -306,6 +306,19 @@ class CompletionRequest(SamplingFields):
         if suffix:
             raise ValueError("suffix (insertion) is not supported by this server; remove it")
         return suffix
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _token_ids_in_range(cls, prompt: Any) -> Any:
+        # Said here, where the union's own error would only say the ids are not a string.
+        batch = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], list) else [prompt]
+        for ids in batch:
+            if not isinstance(ids, list):
+                continue
+            bad = next((t for t in ids if isinstance(t, int) and not 0 <= t <= INT32_MAX), None)
+            if bad is not None:
+                raise ValueError(f"token id {bad} is outside 0 to {INT32_MAX}; check the tokenizer")
+        return prompt
 
     def prompts(self) -> list[str | list[int]]:
         """The request's prompts: one text or token-id list, or a list of either (a batch)."""

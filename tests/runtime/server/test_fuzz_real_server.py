@@ -102,8 +102,18 @@ def test_the_fuzzer_covers_every_request_field():
         {"model": MODEL, "prompt": "Hello", "max_tokens": 4, "stop_token_ids": [VOCAB], "min_tokens": 1},
         {"model": MODEL, "prompt": "Hello", "max_tokens": 4, "top_k": 2**31, "temperature": 1.0},
         {"model": MODEL, "prompt": [VOCAB], "max_tokens": 1},
+        # Found by the fuzzer: echo decoded the ids before anything checked them (an OverflowError).
+        {"model": MODEL, "prompt": [-1, 5], "max_tokens": 1, "echo": True},
+        {"model": MODEL, "prompt": [VOCAB, 5], "max_tokens": 1, "echo": True},
     ],
-    ids=["top_k-2^63", "stop-id-past-vocabulary-with-min_tokens", "top_k-2^31", "prompt-id-past-vocabulary"],
+    ids=[
+        "top_k-2^63",
+        "stop-id-past-vocabulary-with-min_tokens",
+        "top_k-2^31",
+        "prompt-id-past-vocabulary",
+        "negative-prompt-id-echoed",
+        "prompt-id-past-vocabulary-echoed",
+    ],
 )
 def test_requests_that_killed_the_engine_are_400s(http, body):
     r = http.post("/v1/completions", json=body)
