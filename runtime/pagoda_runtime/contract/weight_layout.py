@@ -63,12 +63,16 @@ def layer_prefix(layer: int) -> str:
     return f"model.layers.{layer}."
 
 
-def decoder_shapes(arch: ModelArchitecture) -> Shapes:
-    """The Llama layout: every tensor of a Llama, Mistral or Qwen2 checkpoint."""
+def decoder_shapes(
+    arch: ModelArchitecture, norms: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")
+) -> Shapes:
+    """The Llama layout: every tensor of a Llama, Mistral or Qwen2 checkpoint; `norms`: each layer's
+    norms of hidden_size where a family holds others (OLMo's after attention and the MLP, Cohere's
+    one)."""
     shapes = vocabulary_shapes(arch)
     for i in range(arch.num_hidden_layers):
         layer = layer_prefix(i)
-        shapes |= norm_shapes(layer, ("input_layernorm", "post_attention_layernorm"), arch.hidden_size)
+        shapes |= norm_shapes(layer, norms, arch.hidden_size)
         shapes |= attention_shapes(arch, layer)
         shapes |= mlp_shapes(layer + "mlp.", arch.hidden_size, arch.intermediate_size)
     return shapes

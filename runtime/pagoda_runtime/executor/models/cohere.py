@@ -19,14 +19,7 @@ from torch import nn
 
 from pagoda_runtime.contract.config import ModelConfig
 from pagoda_runtime.contract.sizing import ModelArchitecture
-from pagoda_runtime.contract.weight_layout import (
-    Shapes,
-    attention_shapes,
-    layer_prefix,
-    mlp_shapes,
-    norm_shapes,
-    vocabulary_shapes,
-)
+from pagoda_runtime.contract.weight_layout import Shapes, decoder_shapes
 from pagoda_runtime.executor.kernels import AttentionOps
 from pagoda_runtime.executor.models.decoder import CausalLM
 from pagoda_runtime.executor.models.hf_config import (
@@ -94,14 +87,7 @@ class CohereForCausalLM(CausalLM):
 
 
 def weight_shapes(config: ModelConfig) -> Shapes:
-    arch = config.architecture
-    shapes = vocabulary_shapes(arch)
-    for i in range(arch.num_hidden_layers):
-        layer = layer_prefix(i)
-        shapes |= norm_shapes(layer, ("input_layernorm",), arch.hidden_size)
-        shapes |= attention_shapes(arch, layer)
-        shapes |= mlp_shapes(layer + "mlp.", arch.hidden_size, arch.intermediate_size)
-    return shapes
+    return decoder_shapes(config.architecture, ("input_layernorm",))
 
 
 def config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:

@@ -19,14 +19,7 @@ from torch import nn
 
 from pagoda_runtime.contract.config import ModelConfig
 from pagoda_runtime.contract.sizing import ModelArchitecture
-from pagoda_runtime.contract.weight_layout import (
-    Shapes,
-    attention_shapes,
-    layer_prefix,
-    mlp_shapes,
-    norm_shapes,
-    vocabulary_shapes,
-)
+from pagoda_runtime.contract.weight_layout import Shapes, decoder_shapes, layer_prefix
 from pagoda_runtime.executor.kernels import AttentionOps
 from pagoda_runtime.executor.models.decoder import CausalLM, Weight
 from pagoda_runtime.executor.models.hf_config import (
@@ -124,14 +117,10 @@ class Olmo2ForCausalLM(CausalLM):
 
 def weight_shapes(config: ModelConfig) -> Shapes:
     arch = config.architecture
-    shapes = vocabulary_shapes(arch)
+    shapes = decoder_shapes(arch, _NORMS)
     for i in range(arch.num_hidden_layers):
-        layer = layer_prefix(i)
-        shapes |= norm_shapes(layer, _NORMS, arch.hidden_size)
-        shapes |= attention_shapes(arch, layer)
-        shapes[layer + "self_attn.q_norm.weight"] = (arch.q_size,)
-        shapes[layer + "self_attn.k_norm.weight"] = (arch.kv_size,)
-        shapes |= mlp_shapes(layer + "mlp.", arch.hidden_size, arch.intermediate_size)
+        shapes[layer_prefix(i) + "self_attn.q_norm.weight"] = (arch.q_size,)
+        shapes[layer_prefix(i) + "self_attn.k_norm.weight"] = (arch.kv_size,)
     return shapes
 
 
