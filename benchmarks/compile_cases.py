@@ -18,6 +18,7 @@ from pagoda_runtime.executor.kernels import (
     triton_silu_mul,
 )
 from pagoda_runtime.executor.kernels.lora_slots import lora_batch
+from pagoda_runtime.executor.kernels.moe_activation import ClampedSwiGLU
 from pagoda_runtime.executor.kernels.moe_weights import PackedExperts
 from pagoda_runtime.executor.quantization import dispatch, triton_mma
 from pagoda_runtime.executor.quantization.online import quantize_fp8, quantize_int4, quantize_int8
@@ -140,6 +141,47 @@ def _moe_cases() -> list:
     return found
 
 
+def _gpt_oss_moe_cases() -> list:
+    # GPT-OSS-20B's experts, which add both biases and use the clamped SwiGLU: bf16 as its MXFP4
+    # checkpoint loads, int4 as --quantization int4 serves it (groups of 64 divide its 2880 inputs).
+    # int4 stops at 100 tokens: at this width 300 tokens' 128-row int4 tile spills registers in the
+    # gate_up launch, SiLU without biases too (default_moe_config's tile, not the GPT-OSS epilogue).
+    hidden = inter = 2880
+    experts = top_k = 4
+    dtype = torch.bfloat16
+    extras = dict(
+        gate_up_bias=torch.empty(experts, 2 * inter, dtype=dtype),
+        down_bias=torch.empty(experts, hidden, dtype=dtype),
+        activation=ClampedSwiGLU(),
+    )
+    weights = {
+        "float": (
+            torch.empty(experts, 2 * inter, hidden, dtype=dtype),
+            torch.empty(experts, hidden, inter, dtype=dtype),
+            (1, 300),
+        ),
+        "int4": (
+            _packed_experts("int4", experts, 2 * inter, hidden, 64),
+            _packed_experts("int4", experts, hidden, inter, 64),
+            (1, 100),
+        ),
+    }
+    found = []
+    for kind, (w_gate_up, w_down, batches) in weights.items():
+        for tokens in batches:
+            x = torch.randn(tokens, hidden, dtype=dtype)
+            logits = torch.randn(tokens, experts)
+            found.append(
+                (
+                    f"moe gpt-oss-20b {kind} {dtype} tokens {tokens}",
+                    lambda x=x, lg=logits, g=w_gate_up, d=w_down: triton_moe.fused_moe(
+                        x, lg, g, d, top_k, True, **extras
+                    ),
+                )
+            )
+    return found
+
+
 def _lora_cases() -> list:
     # Four adapter slots: a decode batch of rank 16 and a prefill chunk of rank 64.
     found = []
@@ -228,6 +270,19 @@ def _small_cases() -> list:
                     ),
                 )
             )
+    # GPT-OSS's layers: sinks folded into one split's softmax and into the merge of several, a
+    # window of 128 keys at head_dim 64.
+    for query_len, splits in ((1, 4), (30, None)):
+        q, cache, meta = decode_batch(2, 300, torch.bfloat16, None, query_len, 64)
+        sinks = torch.zeros(q.shape[1])
+        found.append(
+            (
+                f"sinks window 128 head_dim 64 query {query_len}",
+                lambda q=q, c=cache, m=meta, s=splits, k=sinks: triton_paged_attention.paged_attention(
+                    q, c, m, 0.125, window=128, sinks=k, num_splits=s
+                ),
+            )
+        )
     x = torch.randn(5, 576, dtype=torch.bfloat16)
     found.append(("rms_norm", lambda: triton_rmsnorm.rms_norm(x, x[0], 1e-5, x)))
     found.append(("silu_and_mul", lambda: triton_silu_mul.silu_and_mul(x)))
@@ -243,7 +298,7 @@ def _small_cases() -> list:
         )
     found += _matmul_cases([("small", 96, 256)], (1, 3, 17, 40, 100), (torch.bfloat16, torch.float16))
     found += _matmul_cases([("small", 40, 64)], (3,), (torch.float32,))
-    return found + _moe_cases() + _lora_cases()
+    return found + _moe_cases() + _gpt_oss_moe_cases() + _lora_cases()
 
 
 def _llama_cases() -> list:

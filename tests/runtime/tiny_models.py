@@ -16,8 +16,9 @@ layer a sliding window of 8), "qwen3_moe" (8 experts, 2 per token, renormalized,
 "mixtral" (4 experts, 2 per token, tied embeddings), "mistral_window" (every layer a window of 8),
 "gemma2" (window 8 on every other layer, attention and final soft-caps, query_pre_attn_scalar
 24, tied), "gemma3" (q/k norm, window 8 then global, local RoPE base, linear scaling on the global
-layers, untied) and "phi3" (fused qkv and gate_up, LongRoPE past 64 positions, half the head
-rotated). The weights use a wide init and random norm weights
+layers, untied), "phi3" (fused qkv and gate_up, LongRoPE past 64 positions, half the head
+rotated), "gpt_oss" (attention sinks, biased experts whose clamp bites, window then full, YaRN),
+and the others each with its quirk noted beside it. The weights use a wide init and random norm weights
 and biases, so greedy decoding is far from ties and a mis-loaded norm or bias changes the output.
 Use the folder with `pagoda_runtime.loading.model_source.load_model_source(folder)` and, as the
 reference, `transformers.AutoModelForCausalLM.from_pretrained(folder)`.
@@ -46,6 +47,7 @@ from transformers import (
     CohereConfig,
     Gemma2Config,
     Gemma3TextConfig,
+    GptOssConfig,
     GraniteConfig,
     LlamaConfig,
     MistralConfig,
@@ -231,6 +233,29 @@ FAMILY_VARIANTS: dict[str, tuple[type, str, dict]] = {
             "layer_types": ["sliding_attention", "full_attention"],
         },
     ),
+    # Experts' gate_up drawn wide (build_tiny_model) so that their clamp at 7 bites, sinks around 1 so
+    # that they take a real share of the softmax, windows on the first layer, YaRN on both.
+    "gpt_oss": (
+        GptOssConfig,
+        "chatml",
+        {
+            "intermediate_size": 32,
+            "head_dim": 16,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "sliding_window": _WINDOW,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 128,
+                "rope_theta": 150000.0,
+            },
+        },
+    ),
     "phi3": (
         Phi3Config,
         "chatml",
@@ -359,8 +384,12 @@ def build_tiny_model(
                 parameter.normal_(1.0, 0.2)
             elif name.endswith("bias"):
                 parameter.normal_(0.0, 0.2)
-            elif name.endswith("gate.weight"):
+            elif name.endswith(("gate.weight", "router.weight")):
                 parameter.normal_(0.0, 1.0)  # routers far from ties between experts
+            elif name.endswith("experts.gate_up_proj"):
+                parameter.normal_(0.0, 0.5)
+            elif name.endswith("sinks"):
+                parameter.normal_(1.0, 1.0)
     model.save_pretrained(folder, max_shard_size=150_000 if sharded else "10GB")
     return folder
 

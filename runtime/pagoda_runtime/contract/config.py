@@ -76,6 +76,8 @@ _FAMILY_NORMS = {
 _FUSED_QKV = {"phi3"}
 # Families whose q and k norms span all heads (their weights as wide as q and k).
 _WIDE_QK_NORM = {"olmo2", "olmo3"}
+# Families with attention sinks, an attention output bias, and biased routers and experts.
+_SINKS_AND_BIASES = {"gpt_oss"}
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ class ModelConfig:
 
     # The family's model type (executor/models/registry.py maps it to the model class): llama,
     # mistral, qwen2, qwen3, qwen3_moe, mixtral, gemma2, gemma3_text, phi3, granite, smollm3, olmo2,
-    # olmo3, cohere, cohere2.
+    # olmo3, cohere, cohere2, gpt_oss.
     model_type: str
     architecture: ModelArchitecture
     rms_norm_eps: float
@@ -105,6 +107,9 @@ class ModelConfig:
     final_logit_softcapping: float | None = None
     # Mixture of experts: the chosen experts' router weights rescaled to sum to one.
     norm_topk_prob: bool = False
+    # GPT-OSS's experts: gate clamped above and up on both sides at this value before their clamped
+    # SwiGLU (kernels/moe_activation.py); None: the plain SiLU-gated experts.
+    swiglu_limit: float | None = None
     # Layers that attend without rotary embeddings (SmolLM3's NoPE layers, every fourth).
     no_rope_layers: tuple[int, ...] = ()
     # Rotary pairs are neighbouring dimensions (2i, 2i + 1) rather than the two halves (Cohere).
@@ -148,6 +153,11 @@ class ModelConfig:
             object.__setattr__(self, "architecture", replace(self.architecture, fused_qkv=True))
         if self.model_type in _WIDE_QK_NORM:
             object.__setattr__(self, "architecture", replace(self.architecture, wide_qk_norm=True))
+        if self.model_type in _SINKS_AND_BIASES:
+            architecture = replace(
+                self.architecture, attention_sinks=True, attention_output_bias=True, expert_bias=True
+            )
+            object.__setattr__(self, "architecture", architecture)
 
 
 def parse_hf_overrides(value: str | Mapping[str, Any]) -> dict[str, Any]:

@@ -35,6 +35,42 @@ def _pattern(layers: int, period: int) -> tuple[str, ...]:
     return tuple("sliding_attention" if (i + 1) % period else "full_attention" for i in range(layers))
 
 
+def _gpt_oss(layers: int, experts: int) -> ModelConfig:
+    """OpenAI's gpt-oss-20b and -120b differ in depth and experts alone."""
+    return ModelConfig(
+        model_type="gpt_oss",
+        architecture=ModelArchitecture(
+            num_hidden_layers=layers,
+            hidden_size=2880,
+            intermediate_size=2880,
+            num_attention_heads=64,
+            num_key_value_heads=8,
+            head_dim=64,
+            vocab_size=201088,
+            max_position_embeddings=131072,
+            tie_word_embeddings=False,
+            attention_bias=True,
+            sliding_window=128,
+            layer_types=_pattern(layers, 2),
+            num_experts=experts,
+            num_experts_per_tok=4,
+            moe_intermediate_size=2880,
+        ),
+        rms_norm_eps=1e-5,
+        rope_theta=150000.0,
+        rope_scaling=RopeScaling(
+            rope_type="yarn",
+            factor=32.0,
+            beta_fast=32.0,
+            beta_slow=1.0,
+            original_max_position_embeddings=4096,
+            truncate=False,
+        ),
+        norm_topk_prob=True,
+        swiglu_limit=7.0,
+    )
+
+
 MODELS: dict[str, ModelConfig] = {
     "llama-3-8b": ModelConfig(
         model_type="llama",
@@ -238,6 +274,8 @@ MODELS: dict[str, ModelConfig] = {
         rope_theta=1000000.0,
         norm_topk_prob=True,
     ),
+    "gpt-oss-20b": _gpt_oss(layers=24, experts=32),
+    "gpt-oss-120b": _gpt_oss(layers=36, experts=128),
     "mixtral-8x7b": ModelConfig(
         model_type="mixtral",
         architecture=ModelArchitecture(

@@ -131,6 +131,15 @@ class ModelArchitecture:
         "with weights as wide as q and k.",
         default=False,
     )
+    attention_sinks: bool = _shape_field(
+        "Whether each query head has a learned sink logit that joins its softmax (GPT-OSS).", default=False
+    )
+    attention_output_bias: bool = _shape_field(
+        "Whether the attention output projection has a bias (GPT-OSS).", default=False
+    )
+    expert_bias: bool = _shape_field(
+        "Whether the routers and every expert's projections have biases (GPT-OSS).", default=False
+    )
     fused_qkv: bool = _shape_field(
         "Whether the checkpoint stores q, k and v as one projection (Phi-3's qkv_proj), which a GGUF "
         "file quantizes as one tensor.",
@@ -230,8 +239,8 @@ class ModelArchitecture:
         return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
 
     def unquantized_parameters(self) -> int:
-        """Embeddings, LM head, norms, attention biases and expert routers: kept in 16 bits by every
-        variant."""
+        """Embeddings, LM head, norms, attention biases and sinks, expert routers and expert biases:
+        kept in 16 bits by every variant."""
         embeddings = self.vocab_parameters()
         norms = (self.norms_per_layer * self.num_hidden_layers + 1) * self.hidden_size
         if self.qk_norm:
@@ -239,7 +248,12 @@ class ModelArchitecture:
         if self.wide_qk_norm:
             norms += (self.q_size + self.kv_size) * self.num_hidden_layers
         biases = self.q_size + 2 * self.kv_size if self.attention_bias else 0
-        routers = self.num_sparse_layers * self.num_experts * self.hidden_size
+        biases += self.hidden_size if self.attention_output_bias else 0
+        biases += self.num_attention_heads if self.attention_sinks else 0
+        router = self.hidden_size
+        if self.expert_bias:
+            router += 1 + 2 * self.moe_intermediate_size + self.hidden_size
+        routers = self.num_sparse_layers * self.num_experts * router
         return embeddings + norms + biases * self.num_hidden_layers + routers
 
     def num_parameters(self) -> int:

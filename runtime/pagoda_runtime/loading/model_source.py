@@ -48,6 +48,7 @@ from pagoda_runtime.executor.quantization.hf_checkpoints import (
     to_packed,
 )
 from pagoda_runtime.executor.quantization.packed import PackedWeight, dequantize
+from pagoda_runtime.loading import mxfp4
 from pagoda_runtime.loading.gguf_reader import GGUFFile
 from pagoda_runtime.loading.text_of_multimodal import text_config, text_tensor_name, wrapped_text_architecture
 
@@ -277,7 +278,8 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype, overrides: dict[str, Any])
     if wrapped is not None:
         raw = text_config(raw)
     config = config_from_hf(raw, config_file, generation)
-    spec = _checkpoint_quantization(raw, config_file)
+    mxfp4_experts = mxfp4.is_mxfp4(raw)
+    spec = None if mxfp4_experts else _checkpoint_quantization(raw, config_file)
     tokenizer = Tokenizer.from_folder(folder, config.eos_token_ids)
     config = replace(config, eos_token_ids=tokenizer.eos_token_ids)
 
@@ -292,8 +294,16 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype, overrides: dict[str, Any])
         found = {name: found[original] for name, original in stored_as.items()}
     expected = weight_shapes(config)
     stored = _stored_projections(expected, found, spec, file_of)
-    required = {name: shape for name, shape in expected.items() if name not in stored}
-    for shapes in stored.values():
+    # MXFP4 tensors: those of the float layout the file holds as blocks and scales instead.
+    mx = {}
+    if mxfp4_experts:
+        mx = {
+            name: mxfp4.stored_parts(name, shape)
+            for name, shape in expected.items()
+            if name not in found and f"{name}_blocks" in found
+        }
+    required = {name: shape for name, shape in expected.items() if name not in stored and name not in mx}
+    for shapes in (*stored.values(), *mx.values()):
         required.update(shapes)
     _check_shapes(found, required, lambda name: file_of.get(name, folder), f"{config_file}")
 
@@ -311,6 +321,8 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype, overrides: dict[str, Any])
                 if name in stored:
                     # A projection's parts may sit in different shards.
                     yield name, to_packed(spec, {part.rsplit(".", 1)[1]: read(part) for part in stored[name]})
+                elif name in mx:
+                    yield name, mxfp4.dequantize(read(f"{name}_blocks"), read(f"{name}_scales"), dtype)
                 else:
                     yield name, read(name).to(dtype)
 

@@ -23,10 +23,13 @@ from pagoda_runtime.executor.kernels.rope_cache import build_cos_sin_cache
 class AttentionOps:
     """rotary_write_kv(positions, q, k, v, cos_sin_cache, kv_cache, slot_mapping, derived, kv_scales)
     -> q: q rotated in place, the rotated k and v stored at their slots (negative slots skipped);
-    attention(q, kv_cache, meta, scale, kv_scales=None, window=None, softcap=None) -> out [T, H, D],
-    reading keys and values from the cache only. kv_scales: the layer's fp8 cache scales [2, Hkv]
-    (kv_scales.py), or None; window: a sliding-window layer's window (blocks wholly before it are
-    never read); softcap: scores soft-capped by tanh before the mask.
+    attention(q, kv_cache, meta, scale, kv_scales=None, window=None, softcap=None, sinks=None)
+    -> out [T, H, D], reading keys and values from the cache only. kv_scales: the layer's fp8 cache
+    scales [2, Hkv] (kv_scales.py), or None; window: a sliding-window layer's window (blocks wholly
+    before it are never read); softcap: scores soft-capped by tanh before the mask; sinks: [H]
+    in any float dtype, this rank's query heads in q's order, a logit per head (natural log, unscaled, neither
+    capped nor masked) that joins every row's softmax as a key whose value is zero (GPT-OSS's
+    attention sinks), or None.
     derived is the step's memo (AttentionMetadata.derived), for an implementation that builds
     tensors from the step once for all layers (the reference path; the Triton kernels need none).
     """

@@ -1,8 +1,10 @@
-"""The mixture-of-experts layer the model calls (Qwen3-MoE, Mixtral): route each token to its top_k
-experts and sum their SwiGLU outputs weighted by the router, on the best path for the device:
-the grouped Triton kernels on CUDA (triton_moe.py), the PyTorch reference elsewhere
+"""The mixture-of-experts layer the model calls (Qwen3-MoE, Mixtral, GPT-OSS): route each token to
+its top_k experts and sum their SwiGLU outputs weighted by the router, on the best path for the
+device: the grouped Triton kernels on CUDA (triton_moe.py), the PyTorch reference elsewhere
 (moe_reference.py). Expert weights are stored as moe_weights.py describes; a tensor-parallel rank
-passes its shard_experts part and all-reduces the partial output, as after a row-parallel layer.
+passes its shard_experts part and all-reduces the partial output, as after a row-parallel layer, so
+it passes the same channels of gate_up_bias, and only one rank passes down_bias, which the
+all-reduce would otherwise add once per rank.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import torch
 
 # First, so that the Triton kernel module is decorated compiled or interpreted as it decides.
 from pagoda_runtime.executor import triton_mode  # noqa: F401
+from pagoda_runtime.executor.kernels.moe_activation import ClampedSwiGLU
 from pagoda_runtime.executor.kernels.moe_reference import reference_fused_moe
 from pagoda_runtime.executor.kernels.moe_weights import ExpertWeights
 
@@ -22,10 +25,15 @@ def fused_moe(
     w_down: ExpertWeights,
     top_k: int,
     renormalize: bool,
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+    activation: ClampedSwiGLU | None = None,
 ) -> torch.Tensor:
     """hidden [T, H], router_logits [T, E], w_gate_up [E, 2 * I, H], w_down [E, H, I] -> [T, H].
 
     renormalize: the top_k weights rescaled to sum to one (Mixtral; Qwen3-MoE's norm_topk_prob).
+    gate_up_bias [E, 2 * I] (gate half, then up half) and down_bias [E, H] in the model dtype, each
+    optional; activation None is SiLU(gate) * up.
     """
     num_experts = router_logits.shape[-1]
     if w_gate_up.shape[0] != num_experts or w_down.shape[0] != num_experts:
@@ -36,5 +44,17 @@ def fused_moe(
     if hidden.is_cuda:
         from pagoda_runtime.executor.kernels.triton_moe import fused_moe as triton_fused_moe
 
-        return triton_fused_moe(hidden, router_logits, w_gate_up, w_down, top_k, renormalize)
-    return reference_fused_moe(hidden, router_logits, w_gate_up, w_down, top_k, renormalize)
+        return triton_fused_moe(
+            hidden,
+            router_logits,
+            w_gate_up,
+            w_down,
+            top_k,
+            renormalize,
+            gate_up_bias=gate_up_bias,
+            down_bias=down_bias,
+            activation=activation,
+        )
+    return reference_fused_moe(
+        hidden, router_logits, w_gate_up, w_down, top_k, renormalize, gate_up_bias, down_bias, activation
+    )

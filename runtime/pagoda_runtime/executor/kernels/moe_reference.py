@@ -1,7 +1,9 @@
 """The PyTorch reference of the mixture-of-experts layer: what runs on the CPU, and what the Triton
 kernel is tested against. It is transformers' expert loop (Qwen3MoeExperts, MixtralExperts): for
 each expert some token chose, its gate_up matmul, SiLU(gate) * up, its down matmul, times the
-router's weight, added into the tokens' rows; quantized experts are dequantized first.
+router's weight, added into the tokens' rows; quantized experts are dequantized first. GPT-OSS's
+experts (GptOssExperts) add biases to both matmuls and use ClampedSwiGLU; its down bias comes
+before the router's weight, as transformers adds it.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from pagoda_runtime.executor.kernels.moe_activation import ClampedSwiGLU, clamped_swiglu
 from pagoda_runtime.executor.kernels.moe_routing import route
 from pagoda_runtime.executor.kernels.moe_weights import ExpertWeights, PackedExperts
 from pagoda_runtime.executor.quantization.packed import dequantize
@@ -20,19 +23,34 @@ def _expert(weights: ExpertWeights, index: int, dtype: torch.dtype) -> torch.Ten
     return weights[index].to(dtype)
 
 
+def _bias(bias: torch.Tensor | None, index: int, dtype: torch.dtype) -> torch.Tensor | None:
+    return None if bias is None else bias[index].to(dtype)
+
+
 def reference_experts(
     hidden: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     w_gate_up: ExpertWeights,
     w_down: ExpertWeights,
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+    activation: ClampedSwiGLU | None = None,
 ) -> torch.Tensor:
-    """hidden [T, H] through the experts topk_ids [T, k], weighted by topk_weights [T, k] -> [T, H]."""
+    """hidden [T, H] through the experts topk_ids [T, k], weighted by topk_weights [T, k] -> [T, H].
+
+    gate_up_bias [E, 2 * I] (gate half, then up half), down_bias [E, H]; activation None is
+    SiLU(gate) * up."""
     out = torch.zeros_like(hidden)
+    dtype = hidden.dtype
     for expert in torch.unique(topk_ids).tolist():
         token_idx, choice = torch.where(topk_ids == expert)
-        gate, up = F.linear(hidden[token_idx], _expert(w_gate_up, expert, hidden.dtype)).chunk(2, dim=-1)
-        y = F.linear(F.silu(gate) * up, _expert(w_down, expert, hidden.dtype))
+        gate_up = F.linear(
+            hidden[token_idx], _expert(w_gate_up, expert, dtype), _bias(gate_up_bias, expert, dtype)
+        )
+        gate, up = gate_up.chunk(2, dim=-1)
+        act = F.silu(gate) * up if activation is None else clamped_swiglu(gate, up, activation)
+        y = F.linear(act, _expert(w_down, expert, dtype), _bias(down_bias, expert, dtype))
         out.index_add_(0, token_idx, (y * topk_weights[token_idx, choice, None]).to(out.dtype))
     return out
 
@@ -44,6 +62,9 @@ def reference_fused_moe(
     w_down: ExpertWeights,
     top_k: int,
     renormalize: bool,
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+    activation: ClampedSwiGLU | None = None,
 ) -> torch.Tensor:
     weights, ids = route(router_logits, top_k, renormalize)
-    return reference_experts(hidden, weights, ids, w_gate_up, w_down)
+    return reference_experts(hidden, weights, ids, w_gate_up, w_down, gate_up_bias, down_bias, activation)

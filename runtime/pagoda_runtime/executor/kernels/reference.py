@@ -7,6 +7,9 @@ The KV cache holds k and v in its own dtype: the model's dtype, or fp8 e4m3 (flo
 values beyond +-448 saturate instead of becoming NaN. An fp8 cache may have scales, float32
 [2, Hkv] per layer (keys, values; one per kv head, see executor/kv_scales.py): stored values are
 k * (1 / scale), read back as stored * scale. Without them the scale is 1.0.
+
+Attention sinks (GPT-OSS) are one more softmax column per query head, concatenated and dropped as
+transformers' eager GPT-OSS attention does it, for the same reason.
 """
 
 from __future__ import annotations
@@ -132,15 +135,21 @@ def _attend(
     mask: torch.Tensor,
     scale: float,
     softcap: float | None = None,
+    sink: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [.., Hkv, G*M, D], k/v [.., Hkv, L, D], mask broadcastable to the scores (True = attend),
-    or None where every key is attended; softcap: scores = softcap * tanh(scores / softcap)."""
+    or None where every key is attended; softcap: scores = softcap * tanh(scores / softcap);
+    sink: each score row's sink logit, broadcastable to [.., Hkv, G*M, 1], or None."""
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32), v)
+    if sink is None:
+        return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32), v)
+    # The sink is a key without a value: it takes its share of the softmax and adds nothing.
+    scores = torch.cat((scores, sink.expand(*scores.shape[:-1], 1)), dim=-1)
+    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32)[..., :-1], v)
 
 
 def _gathered(cache: torch.Tensor, slots: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
@@ -207,12 +216,15 @@ def attention(
     kv_scales: torch.Tensor | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of q [T, H, D] over the paged cache; returns [T, H, D] in q's dtype.
     kv_scales [2, Hkv]: what the stored keys and values were divided by, or None.
 
     window: each query sees only the `window` keys up to its own position (a sliding-window layer);
-    softcap: the scores are soft-capped by tanh before the mask (Gemma 2).
+    softcap: the scores are soft-capped by tanh before the mask (Gemma 2); sinks: [H] (float), a
+    logit per query head (natural log, unscaled, neither capped nor masked) that joins every row's
+    softmax as a key whose value is zero (GPT-OSS), or None.
 
     Decode rows of the batch are done together (one gather, one padded batch); each prefill chunk
     is done alone, since padding chunks of different lengths to one shape wastes more than it saves.
@@ -224,6 +236,7 @@ def attention(
     value_cache = kv_cache[1].flatten(0, 1)
     decode, prefills = _plan(meta, block_size, window)
     k_scale, v_scale = (None, None) if kv_scales is None else kv_scales
+    sink = None if sinks is None else sinks.float().view(num_kv_heads, group, 1)
     out = torch.empty_like(q)
 
     if decode is not None:
@@ -231,7 +244,7 @@ def attention(
         k = _gathered(key_cache, slots, k_scale).permute(0, 2, 1, 3)  # [S, Hkv, L, D]
         v = _gathered(value_cache, slots, v_scale).permute(0, 2, 1, 3)
         qd = (q if rows is None else q[rows]).float().view(-1, num_kv_heads, group, head_dim)
-        o = _attend(qd, k, v, mask, scale, softcap).reshape(-1, num_heads, head_dim).to(q.dtype)
+        o = _attend(qd, k, v, mask, scale, softcap, sink).reshape(-1, num_heads, head_dim).to(q.dtype)
         if rows is None:
             return o
         out[rows] = o
@@ -243,7 +256,8 @@ def attention(
         # [M, H, D] -> [Hkv, G*M, D], rows ordered (head in group, token).
         qp = q[start:end].float().view(query_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
         qp = qp.reshape(num_kv_heads, group * query_len, head_dim)
-        o = _attend(qp, k, v, causal.repeat(group, 1), scale, softcap)
+        row_sink = None if sink is None else sink.repeat_interleave(query_len, dim=1)
+        o = _attend(qp, k, v, causal.repeat(group, 1), scale, softcap, row_sink)
         o = o.view(num_kv_heads, group, query_len, head_dim)
         out[start:end] = o.permute(2, 0, 1, 3).reshape(query_len, num_heads, head_dim).to(q.dtype)
     return out

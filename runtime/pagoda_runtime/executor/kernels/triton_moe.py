@@ -13,6 +13,10 @@ the tensor cores. One launch covers every expert:
    the top_k rows of a token are then summed (a [T, k, H] sum, in the activations' dtype as
    transformers adds them).
 
+GPT-OSS's expert biases are added to the float32 accumulator after the dot products, so every
+weight kind takes them alike, and its ClampedSwiGLU replaces SiLU(gate) * up in the epilogue of
+launch 1; both are constexpr switches, so the SiLU layers' kernels are what they were.
+
 Quantized experts (PackedExperts) are widened in registers: int8 and fp8 to the activation dtype
 with the row scale applied to the float32 product (per tile for groups); int4 split into its even
 and odd inputs with the affine form
@@ -30,11 +34,13 @@ import torch
 import triton
 import triton.language as tl
 
+from pagoda_runtime.executor.kernels.moe_activation import ClampedSwiGLU
 from pagoda_runtime.executor.kernels.moe_weights import ExpertWeights, PackedExperts
 from pagoda_runtime.executor.kernels.triton_moe_routing import ExpertBlocks, route_and_align
 from pagoda_runtime.executor.triton_mode import dot_precision
 
 FLOAT, W8, INT4 = 0, 1, 2
+SILU, CLAMPED_SWIGLU = 0, 1
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,7 @@ def _moe_gemm_kernel(
     w_ptr,
     s_ptr,
     o_ptr,
+    b_ptr,
     c_ptr,
     routed_ptr,
     sorted_ids_ptr,
@@ -95,11 +102,15 @@ def _moe_gemm_kernel(
     num_blocks_m,
     stride_am,
     stride_cm,
+    alpha,
+    limit,
     N: tl.constexpr,
     K: tl.constexpr,
     PAIRS_PER_A_ROW: tl.constexpr,
     GATED: tl.constexpr,
     MUL_ROUTED: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr,
     KIND: tl.constexpr,
     GROUP: tl.constexpr,
     PER_CHANNEL: tl.constexpr,
@@ -109,8 +120,9 @@ def _moe_gemm_kernel(
     GROUP_M: tl.constexpr,
     DOT: tl.constexpr,
 ):
-    """C[pair, n] = A[pair // PAIRS_PER_A_ROW] @ W[expert(pair)][n]^T for the pairs of each block;
-    GATED: W holds 2 * N rows and C = SiLU(gate) * up; MUL_ROUTED: C times the pair's weight."""
+    """C[pair, n] = A[pair // PAIRS_PER_A_ROW] @ W[expert(pair)][n]^T (+ B[expert(pair)][n] where
+    HAS_BIAS) for the pairs of each block; GATED: W and B hold 2 * N rows and C = SiLU(gate) * up,
+    or ACTIVATION 1's ClampedSwiGLU(alpha, limit); MUL_ROUTED: C times the pair's weight."""
     pid = tl.program_id(0)
     # Consecutive programs take GROUP_M blocks for one column block, so an expert's weight tile
     # is read from L2 by the other blocks of that expert.
@@ -159,16 +171,33 @@ def _moe_gemm_kernel(
     if KIND == 1 and PER_CHANNEL:
         acc = acc * tl.load(s_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)[None, :]
     out_dtype = c_ptr.dtype.element_ty
+    # The bias is added to the halves after the split: added to the [BLOCK_M, 2 * BLOCK_N] tile
+    # before it, the int4 prefill tile spills registers on sm_90.
+    b_ptr += expert * W_ROWS + rn
     if GATED:
         gate, up = tl.split(tl.permute(tl.reshape(acc, [BLOCK_M, 2, BLOCK_N]), [0, 2, 1]))
-        # gate and up rounded to the model dtype, then SiLU(gate) rounded before the product, as
-        # transformers (and kernels/triton_silu_mul.py) compute it. The float32 product of two
-        # 16-bit values is exact, so its rounding at the store is the 16-bit product's.
+        if HAS_BIAS:
+            gate += tl.load(b_ptr, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+            up += tl.load(b_ptr + N, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        # gate and up rounded to the model dtype, as transformers rounds its projections.
         gate = gate.to(out_dtype).to(tl.float32)
-        silu = (gate / (1.0 + tl.exp(-gate))).to(out_dtype).to(tl.float32)
-        out = silu * up.to(out_dtype).to(tl.float32)
+        up = up.to(out_dtype).to(tl.float32)
+        if ACTIVATION == 1:
+            # The rest in float32 and rounded once at the store: transformers rounds each of its
+            # five operations, which no ordering here would reproduce bit for bit.
+            gate = tl.minimum(gate, limit)
+            up = tl.minimum(tl.maximum(up, -limit), limit)
+            out = (up + 1.0) * (gate / (1.0 + tl.exp(-alpha * gate)))
+        else:
+            # SiLU(gate) rounded before the product, as transformers (and
+            # kernels/triton_silu_mul.py) compute it. The float32 product of two 16-bit values is
+            # exact, so its rounding at the store is the 16-bit product's.
+            silu = (gate / (1.0 + tl.exp(-gate))).to(out_dtype).to(tl.float32)
+            out = silu * up
     else:
         out = acc
+        if HAS_BIAS:
+            out += tl.load(b_ptr, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     if MUL_ROUTED:
         out = out * tl.load(routed_ptr + pairs, mask=pair_mask, other=0.0)[:, None]
     c = c_ptr + pairs.to(tl.int64)[:, None] * stride_cm + rn[None, :]
@@ -233,15 +262,24 @@ def _expert_gemm(
     gated: bool,
     mul_routed: bool,
     config: MoeConfig,
+    bias: torch.Tensor | None = None,
+    activation: ClampedSwiGLU | None = None,
 ) -> None:
     n = out.shape[1]
     k = a.shape[1]
+    w_rows = 2 * n if gated else n
+    if bias is not None and tuple(bias.shape) != (weights.shape[0], w_rows):
+        experts = weights.shape[0]
+        raise ValueError(
+            f"an expert bias {tuple(bias.shape)} does not fit {experts} experts of {w_rows} rows"
+        )
     weight_ptrs, weight_constexprs, block_k = _weight_args(weights, k, config.block_k)
     num_blocks_m = blocks.max_blocks
     grid = (num_blocks_m * triton.cdiv(n, config.block_n),)
     _moe_gemm_kernel[grid](
         a,
         *weight_ptrs,
+        out if bias is None else bias.contiguous(),
         out,
         routed,
         blocks.sorted_ids,
@@ -251,11 +289,15 @@ def _expert_gemm(
         num_blocks_m,
         a.stride(0),
         out.stride(0),
+        0.0 if activation is None else activation.alpha,
+        0.0 if activation is None else activation.limit,
         N=n,
         K=k,
         PAIRS_PER_A_ROW=pairs_per_a_row,
         GATED=gated,
         MUL_ROUTED=mul_routed,
+        HAS_BIAS=bias is not None,
+        ACTIVATION=SILU if activation is None else CLAMPED_SWIGLU,
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
         BLOCK_K=block_k,
@@ -275,8 +317,14 @@ def fused_moe(
     top_k: int,
     renormalize: bool,
     config: MoeConfig | None = None,
+    *,
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+    activation: ClampedSwiGLU | None = None,
 ) -> torch.Tensor:
-    """hidden [T, H], router_logits [T, E], w_gate_up [E, 2 * I, H], w_down [E, H, I] -> [T, H]."""
+    """hidden [T, H], router_logits [T, E], w_gate_up [E, 2 * I, H], w_down [E, H, I] -> [T, H];
+    the biases and activation as kernels/moe.py's fused_moe takes them. config stays the seventh
+    argument, where the benchmarks and tests pass it by position."""
     num_tokens, hidden_size = hidden.shape
     num_experts, two_i, _ = w_gate_up.shape
     num_pairs = num_tokens * top_k
@@ -286,7 +334,21 @@ def fused_moe(
     hidden = hidden.contiguous()
     routed, blocks = route_and_align(router_logits, top_k, renormalize, config.block_m)
     act = torch.empty(num_pairs, two_i // 2, dtype=hidden.dtype, device=hidden.device)
-    _expert_gemm(hidden, w_gate_up, act, blocks, routed, top_k, gated=True, mul_routed=False, config=config)
+    _expert_gemm(
+        hidden,
+        w_gate_up,
+        act,
+        blocks,
+        routed,
+        top_k,
+        gated=True,
+        mul_routed=False,
+        config=config,
+        bias=gate_up_bias,
+        activation=activation,
+    )
     down = torch.empty(num_pairs, hidden_size, dtype=hidden.dtype, device=hidden.device)
-    _expert_gemm(act, w_down, down, blocks, routed, 1, gated=False, mul_routed=True, config=config)
+    _expert_gemm(
+        act, w_down, down, blocks, routed, 1, gated=False, mul_routed=True, config=config, bias=down_bias
+    )
     return down.view(num_tokens, top_k, hidden_size).sum(dim=1)

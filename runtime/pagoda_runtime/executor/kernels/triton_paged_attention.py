@@ -27,6 +27,11 @@ key walk (and so its splits) starts at its first query's window, so the blocks w
 are never read (their table entries may name no block: the block manager released them), and keys
 before a query's own window are masked. Soft-cap (HAS_SOFTCAP): scores become
 softcap * tanh(scores / softcap) before the mask (Gemma 2).
+
+Attention sinks (HAS_SINKS, GPT-OSS): a logit per query head joins each row's softmax as a key
+whose value is zero. It is folded in once per row, after the key walk or in the merge of the
+splits, so that each split's partial stays a plain softmax over its own keys and the key loop is
+the same with sinks as without.
 """
 
 from __future__ import annotations
@@ -59,6 +64,12 @@ def _widened(x, DTYPE: tl.constexpr, FP8_ASM: tl.constexpr, INTERPRETED: tl.cons
     if x.dtype == tl.float8e4nv and tl.float32 != DTYPE:
         return fp8_widened(x, DTYPE, FP8_ASM, INTERPRETED)
     return x.to(DTYPE)
+
+
+@triton.jit
+def _sink_log2(sinks_ptr, head, row_valid):
+    """The rows' sink logits in the scores' base-2 units: not scaled, not capped, not masked."""
+    return tl.load(sinks_ptr + head, mask=row_valid, other=0.0).to(tl.float32) * 1.4426950408889634
 
 
 @triton.jit
@@ -128,6 +139,7 @@ def _paged_attention_kernel(
     k_cache_ptr,
     v_cache_ptr,
     kv_scales_ptr,
+    sinks_ptr,
     block_tables_ptr,
     seq_lens_ptr,
     query_start_ptr,
@@ -160,6 +172,7 @@ def _paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q // GROUP_PAD  # query tokens per tile
     seq = tl.program_id(0)
@@ -223,6 +236,13 @@ def _paged_attention_kernel(
             )  # fmt: skip
     if KV_SCALED:
         acc = acc * tl.load(kv_scales_ptr + NUM_KV_HEADS + kv_head)
+    # Only where this program's output is the row's: a split's partial leaves the sink to the merge.
+    if HAS_SINKS and (NUM_SPLITS == 1 or num_splits == 1):
+        sink = _sink_log2(sinks_ptr, head, row_valid)
+        m_sink = tl.maximum(m_i, sink)
+        alpha = tl.exp2(m_i - m_sink)
+        acc = acc * alpha[:, None]
+        l_i = l_i * alpha + tl.exp2(sink - m_sink)
 
     has_keys = l_i > 0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
@@ -247,8 +267,8 @@ def _paged_attention_kernel(
         if tl.atomic_add(arrival, 1, sem="acq_rel") == num_splits - 1:
             tl.atomic_xchg(arrival, 0)  # ready for the next launch
             _merge_splits(
-                partial_out_ptr, partial_lse_ptr, out_ptr, out_rows, row_valid, dims, dim_valid,
-                num_splits, HEAD_DIM, NUM_SPLITS, SPLITS_PAD,
+                partial_out_ptr, partial_lse_ptr, out_ptr, sinks_ptr, out_rows, head, row_valid, dims,
+                dim_valid, num_splits, HEAD_DIM, NUM_SPLITS, SPLITS_PAD, HAS_SINKS,
             )  # fmt: skip
 
 
@@ -257,7 +277,9 @@ def _merge_splits(
     partial_out_ptr,
     partial_lse_ptr,
     out_ptr,
+    sinks_ptr,
     out_rows,
+    head,
     row_valid,
     dims,
     dim_valid,
@@ -265,8 +287,10 @@ def _merge_splits(
     HEAD_DIM: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
-    """The splits' partial outputs weighted by their share of the softmax: exp2(lse_s - max lse)."""
+    """The splits' partial outputs weighted by their share of the softmax: exp2(lse_s - max lse).
+    A sink is one more term of the log-sum-exp, with a zero output."""
     splits = tl.arange(0, SPLITS_PAD)
     lse_mask = row_valid[:, None] & (splits[None, :] < num_splits)
     lse = tl.load(
@@ -276,8 +300,13 @@ def _merge_splits(
         cache_modifier=".cg",
     )
     m = tl.max(lse, axis=1)
+    if HAS_SINKS:
+        sink = _sink_log2(sinks_ptr, head, row_valid)
+        m = tl.maximum(m, sink)
     m = tl.where(m == float("-inf"), 0.0, m)
     total = tl.sum(tl.exp2(lse - m[:, None]), axis=1)
+    if HAS_SINKS:
+        total += tl.exp2(sink - m)
     out = tl.zeros([out_rows.shape[0], dims.shape[0]], dtype=tl.float32)
     for s in range(0, NUM_SPLITS):
         if s < num_splits:
@@ -333,6 +362,7 @@ def paged_attention(
     kv_scales: torch.Tensor | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
     num_splits: int | None = None,
     min_split_tokens: int = MIN_SPLIT_TOKENS,
 ) -> torch.Tensor:
@@ -343,11 +373,13 @@ def paged_attention(
     tile); by default enough for a decode-only batch to fill the GPU, one otherwise. Each sequence
     uses one split per min_split_tokens keys of its context, up to that.
     window: each query sees only the `window` keys up to its own (a sliding-window layer);
-    softcap: scores soft-capped by tanh (Gemma 2).
+    softcap: scores soft-capped by tanh (Gemma 2); sinks: [H] in any float dtype, a logit per query head
+    (natural log, unscaled) that joins every row's softmax as a key whose value is zero (GPT-OSS).
     """
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     assert q.stride(-1) == 1 and kv_cache.is_contiguous() and meta.block_tables.stride(-1) == 1
+    assert sinks is None or (sinks.shape == (num_heads,) and sinks.stride(0) == 1)
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
     num_seqs = meta.num_seqs
@@ -378,6 +410,7 @@ def paged_attention(
         kv_cache[0],
         kv_cache[1],
         kv_scales if kv_scales is not None else out,
+        sinks if sinks is not None else out,
         meta.block_tables,
         meta.seq_lens,
         meta.query_start_loc,
@@ -410,6 +443,7 @@ def paged_attention(
         DOT_PRECISION=dot_precision(q.dtype),
         HAS_WINDOW=window is not None,
         HAS_SOFTCAP=softcap is not None,
+        HAS_SINKS=sinks is not None,
         num_warps=4,
     )
     return out

@@ -45,8 +45,9 @@ class Attention(nn.Module):
     """Self-attention of one layer over its paged KV cache.
 
     qk_norm: the per-head norm q and k go through before rotation (Qwen3, Gemma 3), or None. The
-    layer's sliding window (passed per layer: Gemma's layers alternate), its softmax scale and its
-    logit soft-cap come from the config.
+    layer's sliding window (passed per layer: Gemma's layers alternate), its softmax scale, its
+    logit soft-cap, and GPT-OSS's sinks and output bias come from the config. The output bias is
+    added after the sum over the ranks, so once.
     """
 
     def __init__(
@@ -93,6 +94,17 @@ class Attention(nn.Module):
         )
         # The adapters' slots of qkv_proj and o_proj (models/lora_layers.py), with --enable-lora.
         self.qkv_lora = self.o_lora = None
+        # One logit per query head of this rank, in the softmax of each of its rows (GPT-OSS).
+        self.sinks = None
+        if arch.attention_sinks:
+            self.sinks = nn.Parameter(
+                torch.zeros(self.num_heads, device=device, dtype=dtype), requires_grad=False
+            )
+        self.o_bias = None
+        if arch.attention_output_bias:
+            self.o_bias = nn.Parameter(
+                torch.zeros(arch.hidden_size, device=device, dtype=dtype), requires_grad=False
+            )
         self.q_norm = self.k_norm = None
         if qk_norm is not None:
             self.q_norm = qk_norm(self.head_dim, config.rms_norm_eps, device, dtype)
@@ -120,14 +132,22 @@ class Attention(nn.Module):
             positions, q, k, v, cos_sin_cache, kv_cache, meta.slot_mapping, meta.derived, self.kv_scales
         )
         out = self.ops.attention(
-            q, kv_cache, meta, self.scale, self.kv_scales, window=self.window, softcap=self.softcap
+            q,
+            kv_cache,
+            meta,
+            self.scale,
+            self.kv_scales,
+            window=self.window,
+            softcap=self.softcap,
+            sinks=self.sinks,
         )
         out = out.reshape(-1, self.q_size)
         projected = self.o_proj(out)
         if self.o_lora is not None:
             # A row-parallel rank adds its partial delta to its partial sum, before the all-reduce.
             projected = self.o_lora(projected, out)
-        return self.tp.all_reduce(projected)
+        projected = self.tp.all_reduce(projected)
+        return projected if self.o_bias is None else projected + self.o_bias
 
     def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q [T, heads, head_dim] and k normed before rotation: over each head's dimensions, heads

@@ -31,6 +31,7 @@ from pagoda_runtime.contract.weight_layout import (
 )
 from pagoda_runtime.executor.kernels import AttentionOps
 from pagoda_runtime.executor.kernels.moe import fused_moe
+from pagoda_runtime.executor.kernels.moe_activation import ClampedSwiGLU
 from pagoda_runtime.executor.kernels.moe_weights import ExpertWeights, PackedExperts
 from pagoda_runtime.executor.models.decoder import CausalLM, Weight
 from pagoda_runtime.executor.models.hf_config import (
@@ -53,14 +54,17 @@ from pagoda_runtime.parallel.tensor_parallel import TensorParallel
 
 
 class Router(nn.Module):
-    """The gate: one logit per expert, never quantized (as in vLLM)."""
+    """The gate: one logit per expert (plus a bias for GPT-OSS), never quantized (as in vLLM)."""
 
-    def __init__(self, num_experts: int, hidden: int, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self, num_experts: int, hidden: int, bias: bool, device: torch.device, dtype: torch.dtype
+    ) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, hidden, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(num_experts, device=device, dtype=dtype)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(x, self.weight)
+        return nn.functional.linear(x, self.weight, self.bias)
 
 
 class SparseMoE(nn.Module):
@@ -86,7 +90,19 @@ class SparseMoE(nn.Module):
         self.channels = tp.shard(width, "expert MLP channels")
         self.rows = tp.part(width, "expert MLP channels")
         self.device, self.dtype = device, dtype
-        self.gate = Router(self.num_experts, self.hidden, device, dtype)
+        self.gate = Router(self.num_experts, self.hidden, arch.expert_bias, device, dtype)
+        self.activation = None if config.swiglu_limit is None else ClampedSwiGLU(limit=config.swiglu_limit)
+        # GPT-OSS's expert biases: gate_up's as its fused rows (this rank's channels), down's whole on
+        # every rank and added by rank 0 alone, since the ranks' partial outputs are summed.
+        self.gate_up_bias = self.down_bias = None
+        if arch.expert_bias:
+            self.gate_up_bias = nn.Parameter(
+                torch.empty(self.num_experts, 2 * self.channels, device=device, dtype=dtype),
+                requires_grad=False,
+            )
+            self.down_bias = nn.Parameter(
+                torch.empty(self.num_experts, self.hidden, device=device, dtype=dtype), requires_grad=False
+            )
         self.experts_gate_up = make_linear(
             self.hidden, self.num_experts * 2 * self.channels, False, quantization, device, dtype
         )
@@ -101,19 +117,30 @@ class SparseMoE(nn.Module):
         )
 
     def load_expert(self, expert: int, name: str, tensor: Weight) -> None:
-        """Place checkpoint tensor `name` (gate_proj.weight, up_proj.weight or down_proj.weight) of
-        expert `expert`; this rank keeps its channels."""
+        """Place checkpoint tensor `name` (gate_proj, up_proj or down_proj's weight, or with biased
+        experts its bias) of expert `expert`; this rank keeps its channels."""
         if not 0 <= expert < self.num_experts:
             raise ValueError(f"the checkpoint holds expert {expert}, but the config has {self.num_experts}")
         width = 2 * self.channels
-        if name == "down_proj.weight":
-            self._place("experts_down", tensor, expert * self.hidden)
-            return
-        offsets = {"gate_proj.weight": 0, "up_proj.weight": self.channels}
-        if name not in offsets:
+        projection, _, leaf = name.partition(".")
+        offsets = {"gate_proj": 0, "up_proj": self.channels}
+        if (
+            projection not in (*offsets, "down_proj")
+            or leaf not in ("weight", "bias")
+            or (leaf == "bias" and self.gate_up_bias is None)
+        ):
             raise ValueError(f"an expert has no tensor {name!r}; it has gate_proj, up_proj and down_proj")
+        if projection == "down_proj":
+            if leaf == "bias":
+                self.down_bias[expert].copy_(tensor)
+            else:
+                self._place("experts_down", tensor, expert * self.hidden)
+            return
         part = tensor.rows(self.rows) if isinstance(tensor, PackedWeight) else tensor[self.rows]
-        self._place("experts_gate_up", part, expert * width + offsets[name])
+        if leaf == "bias":
+            self.gate_up_bias[expert, offsets[projection] : offsets[projection] + self.channels].copy_(part)
+        else:
+            self._place("experts_gate_up", part, expert * width + offsets[projection])
 
     def _place(self, name: str, weight: Weight, row_offset: int) -> None:
         """Load rows of the experts' projection `name`. The grouped kernel reads one layout per
@@ -167,6 +194,9 @@ class SparseMoE(nn.Module):
             self._experts(self.experts_down, self.hidden),
             self.top_k,
             self.renormalize,
+            gate_up_bias=self.gate_up_bias,
+            down_bias=self.down_bias if self.tp.rank == 0 else None,
+            activation=self.activation,
         )
         return self.tp.all_reduce(out)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagoda_runtime.contract.config import ModelConfig
-from pagoda_runtime.executor.models import cohere, gemma, granite, llama, moe, olmo2, phi3, qwen3
+from pagoda_runtime.executor.models import cohere, gemma, gpt_oss, granite, llama, moe, olmo2, phi3, qwen3
 from pagoda_runtime.executor.models.decoder import CausalLM, Weight
 
 Shapes = dict[str, tuple[int, ...]]
@@ -95,6 +95,15 @@ FAMILIES: tuple[Family, ...] = (
         model=moe.MixtralForCausalLM,
         config_from_hf=moe.mixtral_config_from_hf,
         weight_shapes=moe.weight_shapes,
+        quantizations=("none", "int8", "int4", "fp8"),
+    ),
+    Family(
+        name="GPT-OSS",
+        architectures=("GptOssForCausalLM",),
+        model_types=("gpt_oss",),
+        model=gpt_oss.GptOssForCausalLM,
+        config_from_hf=gpt_oss.config_from_hf,
+        weight_shapes=gpt_oss.weight_shapes,
         quantizations=("none", "int8", "int4", "fp8"),
     ),
     Family(
