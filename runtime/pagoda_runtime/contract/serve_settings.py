@@ -29,7 +29,7 @@ TOOL_CALL_PARSERS = ("hermes", "llama3_json")
 # of what a request leaves out; vllm keeps the API's own defaults.
 GENERATION_CONFIGS = ("auto", "vllm")
 # vLLM's --reasoning-parser names; both read <think>...</think> (server/reasoning.py).
-REASONING_PARSERS = ("deepseek_r1", "qwen3")
+REASONING_PARSERS = ("deepseek_r1", "qwen3", "openai_gptoss")
 # --metrics-compat: whose metric names are exported a second time (server/metrics_compat.py).
 METRICS_COMPAT_CHOICES = ("vllm",)
 LOG_FORMATS = ("text", "json")
@@ -116,8 +116,9 @@ class ServerSettings:
     )
     reasoning_parser: str | None = setting(
         None,
-        "tell a reasoning model's thinking (<think>...</think>) from its answer: chat replies carry it "
-        "as reasoning_content (and reasoning), the Responses API as a reasoning item; default: off",
+        "tell a reasoning model's thinking (<think>...</think>; openai_gptoss: GPT-OSS's harmony analysis "
+        "channel) from its answer: chat replies carry it as reasoning_content (and reasoning), the "
+        "Responses API as a reasoning item; default: off",
         choices=REASONING_PARSERS,
     )
     chat_template: str | None = setting(

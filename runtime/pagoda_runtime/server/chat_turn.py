@@ -6,7 +6,7 @@ answer it in their own shapes."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastapi import Request
 
@@ -25,7 +25,7 @@ from pagoda_runtime.server.protocol import (
     ChatMessage,
     ChatTemplateOptions,
 )
-from pagoda_runtime.server.reasoning import ReasoningStream, split_reasoning, starts_in_reasoning
+from pagoda_runtime.server.reasoning import HARMONY_PARSER, ReasoningStream, Split, reply_split
 from pagoda_runtime.server.state import ServerState
 from pagoda_runtime.server.tool_parsers import (
     NamedCallStream,
@@ -80,22 +80,22 @@ class ChatTurn:
     named: str | None  # the function a named tool_choice forces the reply to call
     parser: object | None  # finds the tool calls in a reply the model wrote (tool_parsers.py)
     fields: dict[str, str]  # the engine's field names -> this request's, for its errors
-    # With --reasoning-parser and a reply no grammar fixes: whether it starts inside a think block
-    # (reasoning.py); None: the reply has no reasoning to tell apart.
-    thinking: bool | None = None
+    # With --reasoning-parser and a reply no grammar fixes: how its reasoning is told from its
+    # content (reasoning.py); None: the reply has no reasoning to tell apart.
+    split: Split | None = None
 
     def message(self, text: str) -> AssistantMessage:
         """The whole reply: its reasoning apart, then its text or the tool calls in it."""
         reasoning = None
-        if self.thinking is not None:
-            reasoning, text = split_reasoning(text, self.thinking, final=True)
+        if self.split is not None:
+            reasoning, text = self.split(text, True)
             reasoning = (reasoning or None) if self.body.include_reasoning else None
         if self.named is not None:
             return AssistantMessage(
                 content=None, tool_calls=[ToolCall(function=FunctionCall(name=self.named, arguments=text))]
             )
         content, calls = (text, []) if self.parser is None else parse_whole(self.parser, text)
-        if self.thinking is not None and not content:
+        if self.split is not None and not content:
             content = None  # a reply cut off while thinking has no answer
         return AssistantMessage(
             content=content,
@@ -106,7 +106,7 @@ class ChatTurn:
 
     def reasoning_stream(self) -> ReasoningStream | None:
         """A reader of the reply as it streams that tells its reasoning from its content."""
-        return None if self.thinking is None else ReasoningStream(self.thinking)
+        return None if self.split is None else ReasoningStream(self.split)
 
     def tool_stream(self) -> ToolCallStream | NamedCallStream | None:
         """A reader of the reply as it streams that tells its text from its tool calls."""
@@ -154,6 +154,13 @@ async def prepare_chat(body: ChatCompletionRequest, request: Request) -> ChatTur
             'tool_choice "none", "required" or a named function',
             param="tool_choice",
         )
+    if auto and state.settings.reasoning_parser == HARMONY_PARSER:
+        raise APIError(
+            400,
+            'tool calls in GPT-OSS\'s harmony format are not read yet; send tool_choice "none", "required" '
+            "or a named function",
+            param="tool_choice",
+        )
     engine = await admit(state, body.priority)
     ids = chat_prompt_ids(body.messages, body.tools, body, engine.tokenizer)
     ids = truncated(ids, body, engine.max_model_len)
@@ -172,10 +179,14 @@ async def prepare_chat(body: ChatCompletionRequest, request: Request) -> ChatTur
     elif auto:
         parser = parser_named(state.settings.tool_call_parser)
     limit_field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-    thinking = None
-    if state.settings.reasoning_parser is not None and params.structured_outputs is None:
+    split = None
+    reasoning_parser = state.settings.reasoning_parser
+    if reasoning_parser is not None and params.structured_outputs is None:
         tail = engine.tokenizer.decode(ids[-_PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
-        thinking = starts_in_reasoning(tail)
+        split = reply_split(reasoning_parser, tail)
+        if reasoning_parser == HARMONY_PARSER:
+            # Harmony's channels are told apart by its special tokens, so they stay in the text.
+            params = replace(params, skip_special_tokens=False)
     return ChatTurn(
         state=state,
         body=body,
@@ -186,5 +197,5 @@ async def prepare_chat(body: ChatCompletionRequest, request: Request) -> ChatTur
         named=choice.function.name if isinstance(choice, NamedToolChoice) else None,
         parser=parser,
         fields={"prompt": "messages", "max_tokens": limit_field},
-        thinking=thinking,
+        split=split,
     )

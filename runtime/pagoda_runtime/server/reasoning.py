@@ -1,6 +1,7 @@
 """A reasoning model's thinking told from its answer, as vLLM's --reasoning-parser does: the text
 between <think> and </think> is the reply's reasoning (reasoning_content, and reasoning as newer
-clients read it), the rest its content, which the tool-call parser then reads.
+clients read it), the rest its content, which the tool-call parser then reads. GPT-OSS speaks
+OpenAI's harmony format instead (`openai_gptoss`, split_harmony below).
 
 Where the reply starts is read from the prompt rather than guessed per model: a chat template that
 opens a think block for the model (DeepSeek-R1, QwQ, Qwen3's thinking-only models) leaves the
@@ -14,13 +15,79 @@ up to the whole reply's split.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 START, END = "<think>", "</think>"
+HARMONY_PARSER = "openai_gptoss"
+# Harmony's markers: each is one special token of GPT-OSS's vocabulary.
+_H_START, _H_CHANNEL, _H_MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
+_H_ENDS = ("<|end|>", "<|call|>", "<|return|>")
+_H_MARKERS = (_H_START, _H_CHANNEL, _H_MESSAGE, "<|constrain|>", *_H_ENDS)
+_REASONING_CHANNEL = "analysis"
+
+# (reply text so far, whether it is whole) -> (reasoning, content) as far as decided.
+Split = Callable[[str, bool], tuple[str, str]]
+
+
+def reply_split(parser: str, prompt_tail: str) -> Split:
+    """How --reasoning-parser `parser` splits a reply to a prompt ending in `prompt_tail`."""
+    if parser == HARMONY_PARSER:
+        return split_harmony
+    thinking = starts_in_reasoning(prompt_tail)
+    return lambda text, final: split_reasoning(text, thinking, final)
 
 
 def starts_in_reasoning(prompt_tail: str) -> bool:
     """Whether the prompt (its last tokens, as text) leaves the reply inside an open think block."""
     opened = prompt_tail.rfind(START)
     return opened >= 0 and END not in prompt_tail[opened:]
+
+
+def _held_back(text: str, markers: tuple[str, ...]) -> int:
+    """How many characters at the end of `text` may be the start of one of `markers`."""
+    for n in range(min(max(map(len, markers)) - 1, len(text)), 0, -1):
+        if any(m.startswith(text[-n:]) for m in markers):
+            return n
+    return 0
+
+
+def split_harmony(text: str, final: bool) -> tuple[str, str]:
+    """(reasoning, content) of a GPT-OSS reply in harmony, its special tokens kept in the text: a run
+    of messages, each <|channel|>NAME[ to=...][<|constrain|>...]<|message|>BODY ended by <|end|>,
+    <|call|> or <|return|>, the next opened by <|start|>assistant. The analysis channel's bodies are
+    the reasoning, every other channel's (final, commentary preambles) the content; text outside any
+    message (a reply that does not speak harmony) is content. Unless `final`, a tail that may be the
+    start of a marker, and a header not yet ended by <|message|>, are held back."""
+    if not final:
+        text = text[: len(text) - _held_back(text, _H_MARKERS)]
+    reasoning, content = [], []
+    pos = 0
+    while pos < len(text):
+        if text.startswith(_H_START, pos):  # <|start|>ROLE, the role up to the channel or message
+            heads = [i for i in (text.find(_H_CHANNEL, pos), text.find(_H_MESSAGE, pos)) if i >= 0]
+            if not heads:
+                break
+            pos = min(heads)
+            continue
+        channel = "final"
+        if text.startswith(_H_CHANNEL, pos):
+            body_at = text.find(_H_MESSAGE, pos)
+            if body_at < 0:
+                break
+            header = text[pos + len(_H_CHANNEL) : body_at].split("<|constrain|>")[0].split()
+            channel = header[0] if header else "final"
+            pos = body_at + len(_H_MESSAGE)
+        elif text.startswith(_H_MESSAGE, pos):
+            pos += len(_H_MESSAGE)
+        ends = [i for i in (text.find(m, pos) for m in (*_H_ENDS, _H_START, _H_CHANNEL)) if i >= 0]
+        end = min(ends, default=len(text))
+        (reasoning if channel == _REASONING_CHANNEL else content).append(text[pos:end])
+        pos = end
+        for marker in _H_ENDS:
+            if text.startswith(marker, pos):
+                pos += len(marker)
+                break
+    return "".join(reasoning), "".join(content)
 
 
 def split_reasoning(text: str, thinking: bool, final: bool) -> tuple[str, str]:
@@ -38,20 +105,19 @@ def split_reasoning(text: str, thinking: bool, final: bool) -> tuple[str, str]:
         return text[:end], text[end + len(END) :]
     if final:
         return text, ""
-    held = next((n for n in range(min(len(END) - 1, len(text)), 0, -1) if END.startswith(text[-n:])), 0)
-    return text[: len(text) - held], ""
+    return text[: len(text) - _held_back(text, (END,))], ""
 
 
 class ReasoningStream:
     """One streamed reply's reasoning and content, each as the pieces not yet sent."""
 
-    def __init__(self, thinking: bool) -> None:
-        self.thinking = thinking
+    def __init__(self, split: Split) -> None:
+        self.split = split
         self.sent_reasoning = 0
         self.content = ""  # the content decided so far, whole (the tool-call parser reads it whole)
 
     def feed(self, text: str, final: bool) -> str:
         """The reasoning not yet sent, given the reply's whole text so far; updates `content`."""
-        reasoning, self.content = split_reasoning(text, self.thinking, final)
+        reasoning, self.content = self.split(text, final)
         new, self.sent_reasoning = reasoning[self.sent_reasoning :], max(self.sent_reasoning, len(reasoning))
         return new

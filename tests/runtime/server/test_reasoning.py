@@ -10,7 +10,13 @@ from fastapi.testclient import TestClient
 from hypothesis import given
 from hypothesis import strategies as st
 from openai.types.responses import Response
-from pagoda_runtime.server.reasoning import ReasoningStream, split_reasoning, starts_in_reasoning
+from pagoda_runtime.server.reasoning import (
+    ReasoningStream,
+    reply_split,
+    split_harmony,
+    split_reasoning,
+    starts_in_reasoning,
+)
 
 from .conftest import MODEL, fake_app, wait_ready
 from .test_api_fake_engine import sse_payloads
@@ -122,7 +128,7 @@ def test_streamed_pieces_add_up_to_the_whole_split(pieces, thinking, cuts):
     body = text if thinking else text.lstrip().removeprefix("<think>")
     assert reasoning + content == (body.replace("</think>", "", 1) if opens else text)
     assert not reasoning or opens
-    stream, sent = ReasoningStream(thinking), ""
+    stream, sent = ReasoningStream(reply_split("qwen3", "<think>" if thinking else "")), ""
     bounds = sorted({min(c, len(text)) for c in cuts} | {len(text)})
     for end in bounds:
         sent += stream.feed(text[:end], final=end == len(text))
@@ -147,3 +153,79 @@ def test_the_responses_api_gives_the_reasoning_as_its_own_item_whole_and_streame
     added = [(e.output_index, e.item.type) for e in events if e.type == "response.output_item.added"]
     assert added == [(0, "reasoning"), (1, "message")]
     assert [item.type for item in events[-1].response.output] == ["reasoning", "message"]
+
+
+# GPT-OSS's reply in harmony, as its special tokens read when kept in the text.
+HARMONY_REPLY = (
+    "<|channel|>analysis<|message|>The user greets me.<|end|>"
+    "<|start|>assistant<|channel|>final<|message|>Hello there!"
+)
+
+
+@pytest.fixture
+def harmony():
+    app, engine = fake_app(reasoning_parser="openai_gptoss")
+    with TestClient(app) as client:
+        wait_ready(client)
+        yield client, engine
+
+
+def test_a_gpt_oss_reply_comes_back_as_its_analysis_and_its_final_answer(harmony):
+    client, engine = harmony
+    engine.script = HARMONY_REPLY
+    ask = {"max_tokens": len(HARMONY_REPLY)}
+    message = chat(client, **ask)["message"]
+    assert message["reasoning_content"] == message["reasoning"] == "The user greets me."
+    assert message["content"] == "Hello there!"
+    # The channels are told apart by special tokens, so the request keeps them in its text.
+    assert all(not r.params.skip_special_tokens for r in engine.requests.values())
+    assert streamed(client, **ask)[:2] == ("The user greets me.", "Hello there!")
+
+
+def test_harmony_tool_calls_are_refused_until_they_are_read(harmony):
+    client, _ = harmony
+    tool = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": [tool]}
+    response = client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "tool_choice"
+
+
+def test_harmony_channels_and_a_reply_outside_them():
+    reply = (
+        "<|channel|>analysis<|message|>think<|end|><|start|>assistant<|channel|>commentary<|message|>"
+        "Let me check. <|end|><|start|>assistant<|channel|>final <|constrain|>json<|message|>{}<|return|>"
+    )
+    assert split_harmony(reply, final=True) == ("think", "Let me check. {}")
+    assert split_harmony("plain text", final=True) == ("", "plain text")
+    # An unfinished header or marker decides nothing yet.
+    assert split_harmony("<|channel|>analysis<|message|>ab<|chan", final=False) == ("ab", "")
+    assert split_harmony("<|channel|>analy", final=False) == ("", "")
+
+
+_HARMONY_PIECES = st.sampled_from(
+    [
+        "<|channel|>",
+        "analysis",
+        "final",
+        "<|message|>",
+        "<|end|>",
+        "<|start|>",
+        "assistant",
+        "<|",
+        "a b",
+        "\n",
+    ]
+)
+
+
+@given(st.lists(_HARMONY_PIECES, max_size=14), st.lists(st.integers(0, 200), max_size=6))
+def test_streamed_harmony_pieces_add_up_to_the_whole_split(pieces, cuts):
+    text = "".join(pieces)
+    reasoning, content = split_harmony(text, final=True)
+    stream, sent = ReasoningStream(reply_split("openai_gptoss", "")), ""
+    bounds = sorted({min(c, len(text)) for c in cuts} | {len(text)})
+    for end in bounds:
+        sent += stream.feed(text[:end], final=end == len(text))
+        assert content.startswith(stream.content)
+    assert (sent, stream.content) == (reasoning, content)
