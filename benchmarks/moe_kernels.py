@@ -1,5 +1,6 @@
-"""The fused mixture-of-experts layer (kernels/triton_moe.py) on the Qwen3-30B-A3B and Mixtral-8x7B
-layer shapes, batch 1, 16 and 256, bf16 experts and (--kinds) int8, fp8 and int4 ones.
+"""The fused mixture-of-experts layer (kernels/triton_moe.py) on the Qwen3-30B-A3B, Mixtral-8x7B and
+GPT-OSS-20B layer shapes (the last with its expert biases and clamped SwiGLU), batch 1, 16 and 256,
+bf16 experts and (--kinds) int8, fp8 and int4 ones.
 
 Each time is the median of a CUDA graph that runs the layer (routing included) on several random
 router logits, so every call routes to other experts and the 50 MB L2 cannot hold them. Each row
@@ -34,6 +35,7 @@ from benchmarks.kernel_timing import (
 )
 from pagoda_runtime.bench.results import emit
 from pagoda_runtime.bench.roofline import copy_bandwidth, matmul_peak
+from pagoda_runtime.executor.kernels.moe_activation import ClampedSwiGLU
 from pagoda_runtime.executor.kernels.moe_reference import reference_fused_moe
 from pagoda_runtime.executor.kernels.moe_routing import route
 from pagoda_runtime.executor.kernels.moe_weights import ExpertWeights, PackedExperts, quantize_experts
@@ -48,13 +50,19 @@ class MoeShape:
     experts: int
     top_k: int
     renormalize: bool
+    # GPT-OSS's experts: biases on gate_up and down, and the clamped SwiGLU.
+    gpt_oss: bool = False
 
 
 SHAPES = [
     MoeShape("qwen3-30b-a3b", 2048, 768, 128, 8, True),
     MoeShape("mixtral-8x7b", 4096, 14336, 8, 2, True),
+    MoeShape("gpt-oss-20b", 2880, 2880, 32, 4, True, gpt_oss=True),
 ]
-SMOKE_SHAPES = [MoeShape("tiny", 64, 32, 8, 2, True)]
+SMOKE_SHAPES = [
+    MoeShape("tiny", 64, 32, 8, 2, True),
+    MoeShape("tiny-gpt-oss", 64, 32, 8, 2, True, gpt_oss=True),
+]
 ROUTINGS = 8  # router logits per graph: each call touches other experts
 
 
@@ -95,12 +103,22 @@ def sweep_configs() -> list[MoeConfig]:
 def bench_batch(shape: MoeShape, kind: str, gate_up, down, batch: int, setup: Setup) -> dict:
     hidden = torch.randn(batch, shape.hidden, device=setup.device, dtype=setup.dtype)
     logits = [torch.randn(batch, shape.experts, device=setup.device) for _ in range(setup.routings)]
+    extras = {}
+    if shape.gpt_oss:
+        biases = [(shape.experts, 2 * shape.intermediate), (shape.experts, shape.hidden)]
+        gate_up_bias, down_bias = (torch.randn(b, device=setup.device, dtype=setup.dtype) for b in biases)
+        extras = dict(gate_up_bias=gate_up_bias, down_bias=down_bias, activation=ClampedSwiGLU())
 
     def layer(router_logits, config=None):
-        return fused_moe(hidden, router_logits, gate_up, down, shape.top_k, shape.renormalize, config)
+        return fused_moe(
+            hidden, router_logits, gate_up, down, shape.top_k, shape.renormalize, config, **extras
+        )
 
     def reference():
-        return reference_fused_moe(hidden.float(), logits[0], gate_up, down, shape.top_k, shape.renormalize)
+        floats = {k: v.float() if isinstance(v, torch.Tensor) else v for k, v in extras.items()}
+        return reference_fused_moe(
+            hidden.float(), logits[0], gate_up, down, shape.top_k, shape.renormalize, **floats
+        )
 
     if setup.check:
         err = relative_error(layer(logits[0]), reference())

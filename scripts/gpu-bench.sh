@@ -32,7 +32,7 @@
 #               base model alone
 #   priority    interactive TTFT under a saturating batch load against `serve --load-format dummy`,
 #               idle and loaded, with --scheduling-policy priority and then fcfs
-#   moe-lora    the fused MoE layer (Qwen3-30B-A3B, Mixtral-8x7B; bf16, int8, fp8, int4 experts) and
+#   moe-lora    the fused MoE layer (Qwen3-30B-A3B, Mixtral-8x7B, GPT-OSS-20B; bf16, int8, fp8, int4 experts) and
 #               batched LoRA on Llama-3-8B's projections (decode and prefill), each checked first
 #   offline     nano-vllm's workload (256 requests, 100-1024 in and out); transformers on its first
 #               64 requests in one static batch (about 1,000 steps), the ratio per output token

@@ -17,7 +17,10 @@ def test_moe_benchmark_checks_and_times_every_kind(tmp_path):
     args = ["--smoke", "--check", "--kinds", "bf16,int8", "--batches", "1,5", "--result-json", str(out)]
     assert moe_kernels.main(args) == 0
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["experts"], r["batch"]) for r in rows] == [("bf16", 1), ("bf16", 5), ("int8", 1), ("int8", 5)]
+    cases = [(kind, batch) for kind in ("bf16", "int8") for batch in (1, 5)]
+    # The plain experts, then GPT-OSS's with their biases and clamped SwiGLU.
+    expected = [(model, *case) for model in ("tiny", "tiny-gpt-oss") for case in cases]
+    assert [(r["model"], r["experts"], r["batch"]) for r in rows] == expected
     for row in rows:
         assert row["us"] > 0 and row["roofline_us"] > 0
         assert 1 <= row["distinct_experts"] <= min(8, 2 * row["batch"])
