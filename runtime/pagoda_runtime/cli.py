@@ -176,8 +176,11 @@ def _serve(args: argparse.Namespace) -> int:
         # Served under the hub id, as vLLM does, from the snapshot in the cache.
         args.served_model_names = args.served_model_names or [args.model.split("@", 1)[0]]
         args.model = str(local)
-    config = engine_config(args)
-    settings = server_settings(args)
+    try:
+        config = engine_config(args)
+        settings = server_settings(args)
+    except ValueError as exc:  # flags that do not go together; the message says which
+        return refuse(str(exc))
     if not world.is_group:
         return serve(engine_loader(config), settings, settings.host, settings.port, termination_log)
     from pagoda_runtime.parallel.rank_group import LogSettings, RankGroup

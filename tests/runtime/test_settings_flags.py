@@ -7,7 +7,7 @@ import argparse
 import dataclasses
 
 import pytest
-from pagoda_runtime.cli import engine_config, parser, server_settings
+from pagoda_runtime.cli import engine_config, main, parser, server_settings
 from pagoda_runtime.contract.config import EngineConfig
 from pagoda_runtime.contract.flags import add_flags, from_args, to_args
 from pagoda_runtime.contract.lora_modules import LoraModule, parse_lora_module
@@ -179,3 +179,10 @@ def test_a_vllm_command_line_starts_as_it_is():
     assert server_settings(args).enable_auto_tool_choice and engine_config(args).enable_chunked_prefill
     with pytest.raises(ValueError, match="--no-enable-chunked-prefill is not supported"):
         engine_config(parser().parse_args(["serve", "--no-enable-chunked-prefill"]))
+
+
+def test_serve_refuses_flags_that_do_not_go_together_in_one_sentence(capsys):
+    assert main(["serve", "--tool-call-parser", "openai"]) == 1
+    assert "--reasoning-parser openai_gptoss" in capsys.readouterr().err
+    assert main(["serve", "--no-enable-chunked-prefill"]) == 1
+    assert "--no-enable-chunked-prefill is not supported" in capsys.readouterr().err

@@ -24,7 +24,7 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 # Without --max-queue, a burst may wait behind this many full batches before new requests get 429.
 DEFAULT_QUEUE_BATCHES = 2
 # How tool_choice "auto" finds calls in the generated text (server/tool_parsers.py).
-TOOL_CALL_PARSERS = ("hermes", "llama3_json")
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "openai")
 # vLLM's --generation-config: auto takes the model's generation_config.json sampling as the defaults
 # of what a request leaves out; vllm keeps the API's own defaults.
 GENERATION_CONFIGS = ("auto", "vllm")
@@ -102,10 +102,11 @@ class ServerSettings:
         "--tool-call-parser; vLLM's flag, on by default here: --no-enable-auto-tool-choice makes such a "
         "request a 400",
     )
-    tool_call_parser: str = setting(
-        "hermes",
+    tool_call_parser: str | None = setting(
+        None,
         "how tool calls are found in the text for tool_choice auto: hermes (<tool_call> JSON, "
-        "Qwen2.5/SmolLM/Hermes) or llama3_json (Llama 3.x)",
+        "Qwen2.5/SmolLM/Hermes), llama3_json (Llama 3.x) or openai (GPT-OSS's harmony messages to "
+        "functions.NAME); default: openai under --reasoning-parser openai_gptoss, hermes otherwise",
         choices=TOOL_CALL_PARSERS,
     )
     generation_config: str = setting(
@@ -161,6 +162,25 @@ class ServerSettings:
     @property
     def served_model_name(self) -> str:
         return self.served_model_names[0]
+
+    def __post_init__(self) -> None:
+        # Harmony's tool calls are read from the channels its special tokens mark, which only the
+        # harmony reasoning parser keeps in the text; and under it, no other format is written.
+        chosen = self.tool_call_parser
+        if chosen is not None and (chosen == "openai") != (self.reasoning_parser == "openai_gptoss"):
+            reasoning = self.reasoning_parser
+            given = f"--reasoning-parser {reasoning}" if reasoning else "no --reasoning-parser"
+            raise ValueError(
+                f"--tool-call-parser {chosen} does not go with {given}: GPT-OSS's harmony format takes "
+                "--tool-call-parser openai with --reasoning-parser openai_gptoss, other models neither"
+            )
+
+    @property
+    def tool_parser(self) -> str:
+        """The tool-call parser in effect (tool_call_parser's default resolved)."""
+        if self.tool_call_parser is not None:
+            return self.tool_call_parser
+        return "openai" if self.reasoning_parser == "openai_gptoss" else "hermes"
 
     @property
     def model_names(self) -> tuple[str, ...]:

@@ -154,13 +154,6 @@ async def prepare_chat(body: ChatCompletionRequest, request: Request) -> ChatTur
             'tool_choice "none", "required" or a named function',
             param="tool_choice",
         )
-    if auto and state.settings.reasoning_parser == HARMONY_PARSER:
-        raise APIError(
-            400,
-            'tool calls in GPT-OSS\'s harmony format are not read yet; send tool_choice "none", "required" '
-            "or a named function",
-            param="tool_choice",
-        )
     engine = await admit(state, body.priority)
     ids = chat_prompt_ids(body.messages, body.tools, body, engine.tokenizer)
     ids = truncated(ids, body, engine.max_model_len)
@@ -177,7 +170,7 @@ async def prepare_chat(body: ChatCompletionRequest, request: Request) -> ChatTur
     if choice == "required":
         parser = RequiredArrayParser()
     elif auto:
-        parser = parser_named(state.settings.tool_call_parser)
+        parser = parser_named(state.settings.tool_parser)
     limit_field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     split = None
     reasoning_parser = state.settings.reasoning_parser

@@ -22,6 +22,10 @@ HARMONY_PARSER = "openai_gptoss"
 # Harmony's markers: each is one special token of GPT-OSS's vocabulary.
 _H_START, _H_CHANNEL, _H_MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
 _H_ENDS = ("<|end|>", "<|call|>", "<|return|>")
+# A message to a tool stays in the content as HARMONY_CALL + recipient + <|message|> + arguments,
+# for the openai tool-call parser (tool_parsers.HarmonyParser) to read.
+HARMONY_CALL, HARMONY_ARGUMENTS = "<|call|>", "<|message|>"
+_TOOL_PREFIX = "functions."
 _H_MARKERS = (_H_START, _H_CHANNEL, _H_MESSAGE, "<|constrain|>", *_H_ENDS)
 _REASONING_CHANNEL = "analysis"
 
@@ -55,18 +59,21 @@ def split_harmony(text: str, final: bool) -> tuple[str, str]:
     """(reasoning, content) of a GPT-OSS reply in harmony, its special tokens kept in the text: a run
     of messages, each <|channel|>NAME[ to=...][<|constrain|>...]<|message|>BODY ended by <|end|>,
     <|call|> or <|return|>, the next opened by <|start|>assistant. The analysis channel's bodies are
-    the reasoning, every other channel's (final, commentary preambles) the content; text outside any
-    message (a reply that does not speak harmony) is content. Unless `final`, a tail that may be the
-    start of a marker, and a header not yet ended by <|message|>, are held back."""
+    the reasoning, every other channel's (final, commentary preambles) the content, and a message to
+    a function (to=functions.NAME, in its role or its channel header) a HARMONY_CALL segment of the
+    content; text outside any message (a reply that does not speak harmony) is content. Unless
+    `final`, a tail that may be the start of a marker, and a header not yet ended by <|message|>,
+    are held back."""
     if not final:
         text = text[: len(text) - _held_back(text, _H_MARKERS)]
     reasoning, content = [], []
-    pos = 0
+    pos, recipient = 0, None
     while pos < len(text):
         if text.startswith(_H_START, pos):  # <|start|>ROLE, the role up to the channel or message
             heads = [i for i in (text.find(_H_CHANNEL, pos), text.find(_H_MESSAGE, pos)) if i >= 0]
             if not heads:
                 break
+            recipient = _recipient(text[pos + len(_H_START) : min(heads)])
             pos = min(heads)
             continue
         channel = "final"
@@ -74,20 +81,34 @@ def split_harmony(text: str, final: bool) -> tuple[str, str]:
             body_at = text.find(_H_MESSAGE, pos)
             if body_at < 0:
                 break
-            header = text[pos + len(_H_CHANNEL) : body_at].split("<|constrain|>")[0].split()
-            channel = header[0] if header else "final"
+            header = text[pos + len(_H_CHANNEL) : body_at]
+            recipient = recipient or _recipient(header)
+            words = header.split("<|constrain|>")[0].split()
+            channel = words[0] if words else "final"
             pos = body_at + len(_H_MESSAGE)
         elif text.startswith(_H_MESSAGE, pos):
             pos += len(_H_MESSAGE)
         ends = [i for i in (text.find(m, pos) for m in (*_H_ENDS, _H_START, _H_CHANNEL)) if i >= 0]
         end = min(ends, default=len(text))
-        (reasoning if channel == _REASONING_CHANNEL else content).append(text[pos:end])
+        if recipient is not None:
+            content.append(f"{HARMONY_CALL}{recipient}{HARMONY_ARGUMENTS}{text[pos:end]}")
+        else:
+            (reasoning if channel == _REASONING_CHANNEL else content).append(text[pos:end])
+        recipient = None
         pos = end
         for marker in _H_ENDS:
             if text.startswith(marker, pos):
                 pos += len(marker)
                 break
     return "".join(reasoning), "".join(content)
+
+
+def _recipient(header: str) -> str | None:
+    """The function a harmony message header addresses (to=functions.NAME), or None."""
+    for word in header.replace("<|constrain|>", " ").split():
+        if word.startswith("to=" + _TOOL_PREFIX):
+            return word.removeprefix("to=" + _TOOL_PREFIX)
+    return None
 
 
 def split_reasoning(text: str, thinking: bool, final: bool) -> tuple[str, str]:

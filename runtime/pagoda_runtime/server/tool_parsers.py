@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 
+from pagoda_runtime.server.reasoning import HARMONY_ARGUMENTS, HARMONY_CALL
 from pagoda_runtime.server.tools import DeltaFunctionCall, DeltaToolCall, FunctionCall, new_call_id
 
 
@@ -94,6 +95,27 @@ class Llama3JsonParser:
         return found
 
 
+class HarmonyParser:
+    """GPT-OSS's tool calls: harmony messages to functions.NAME, which the openai_gptoss reasoning
+    split leaves in the content as HARMONY_CALL segments (reasoning.split_harmony). A call ends the
+    model's turn (<|call|> is one of its stop tokens), so the calls are read from the finished text."""
+
+    def content_end(self, text: str, final: bool) -> int:
+        start = text.find(HARMONY_CALL)
+        if start >= 0:
+            return start
+        return len(text) if final else len(text) - _partial_suffix(text, HARMONY_CALL)
+
+    def calls(self, text: str, final: bool) -> list[FunctionCall]:
+        if not final:
+            return []
+        found = []
+        for segment in text.split(HARMONY_CALL)[1:]:
+            name, _, arguments = segment.partition(HARMONY_ARGUMENTS)
+            found.append(FunctionCall(name=name, arguments=arguments.strip()))
+        return found
+
+
 class RequiredArrayParser:
     """tool_choice "required": the grammar makes the whole text a JSON array of {name, parameters}."""
 
@@ -116,7 +138,7 @@ class RequiredArrayParser:
 
 
 def parser_named(name: str):
-    return {"hermes": HermesParser, "llama3_json": Llama3JsonParser}[name]()
+    return {"hermes": HermesParser, "llama3_json": Llama3JsonParser, "openai": HarmonyParser}[name]()
 
 
 def parse_whole(parser, text: str) -> tuple[str | None, list[FunctionCall]]:

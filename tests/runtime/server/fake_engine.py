@@ -114,6 +114,7 @@ class FakeEngine:
         self.seen_params: list[SamplingParams] = []
         self.seen_priorities: list[int] = []
         self.script = SCRIPT  # what every sample "generates", from its index on
+        self.params_seen: list[SamplingParams] = []  # every request's, in arrival order
         self.adapters: dict[str, ServedLora] = {}  # served LoRA adapters; add_lora checks nothing
         self.seen_lora_names: list[str | None] = []
         self._ticker: asyncio.Task | None = None
@@ -189,6 +190,7 @@ class FakeEngine:
             self.seen_priorities.append(priority)
         request = _Request(params, ids, priority)
         self.requests[request_id] = request
+        self.params_seen.append(params)
         metrics = RequestMetrics(arrival_time=time.monotonic())
         outputs = [
             CompletionOutput(index=i, logprobs=[] if params.logprobs is not None else None)

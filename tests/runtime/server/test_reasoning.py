@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 from hypothesis import given
 from hypothesis import strategies as st
 from openai.types.responses import Response
+from pagoda_runtime.contract.serve_settings import ServerSettings
 from pagoda_runtime.server.reasoning import (
     ReasoningStream,
     reply_split,
@@ -178,17 +179,47 @@ def test_a_gpt_oss_reply_comes_back_as_its_analysis_and_its_final_answer(harmony
     assert message["reasoning_content"] == message["reasoning"] == "The user greets me."
     assert message["content"] == "Hello there!"
     # The channels are told apart by special tokens, so the request keeps them in its text.
-    assert all(not r.params.skip_special_tokens for r in engine.requests.values())
+    asked = [p for p in engine.params_seen if p.max_tokens == len(HARMONY_REPLY)]
+    assert asked and not any(p.skip_special_tokens for p in asked)
     assert streamed(client, **ask)[:2] == ("The user greets me.", "Hello there!")
 
 
-def test_harmony_tool_calls_are_refused_until_they_are_read(harmony):
-    client, _ = harmony
-    tool = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": [tool]}
-    response = client.post("/v1/chat/completions", json=body)
-    assert response.status_code == 400
-    assert response.json()["error"]["param"] == "tool_choice"
+TOOLS = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        # The recipient in the channel header, and in the role (both are harmony).
+        "<|start|>assistant<|channel|>commentary to=functions.get_time <|constrain|>json"
+        '<|message|>{"zone": "UTC"}',
+        '<|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{"zone": "UTC"}',
+    ],
+)
+def test_a_gpt_oss_tool_call_comes_back_as_a_tool_call_whole_and_streamed(harmony, call):
+    client, engine = harmony
+    engine.script = "<|channel|>analysis<|message|>Look the time up.<|end|>" + call
+    ask = {"max_tokens": len(engine.script), "tools": TOOLS}
+    message = chat(client, **ask)["message"]
+    assert message["reasoning_content"] == "Look the time up."
+    assert message["content"] is None
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == [
+        ("get_time", '{"zone": "UTC"}')
+    ]
+    reasoning, content, calls = streamed(client, **ask)
+    assert (reasoning, content) == ("Look the time up.", "")
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
+        ("get_time", '{"zone": "UTC"}')
+    ]
+
+
+def test_the_harmony_parsers_go_together():
+    assert ServerSettings(reasoning_parser="openai_gptoss").tool_parser == "openai"
+    assert ServerSettings().tool_parser == "hermes"
+    with pytest.raises(ValueError, match="openai_gptoss"):
+        ServerSettings(tool_call_parser="openai")
+    with pytest.raises(ValueError, match="hermes"):
+        ServerSettings(reasoning_parser="openai_gptoss", tool_call_parser="hermes")
 
 
 def test_harmony_channels_and_a_reply_outside_them():
@@ -197,6 +228,8 @@ def test_harmony_channels_and_a_reply_outside_them():
         "Let me check. <|end|><|start|>assistant<|channel|>final <|constrain|>json<|message|>{}<|return|>"
     )
     assert split_harmony(reply, final=True) == ("think", "Let me check. {}")
+    called = "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}"
+    assert split_harmony(called, final=True) == ("", "<|call|>f<|message|>{}")
     assert split_harmony("plain text", final=True) == ("", "plain text")
     # An unfinished header or marker decides nothing yet.
     assert split_harmony("<|channel|>analysis<|message|>ab<|chan", final=False) == ("ab", "")
