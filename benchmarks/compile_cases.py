@@ -19,6 +19,7 @@ from pagoda_runtime.executor.kernels import (
 )
 from pagoda_runtime.executor.kernels.lora_slots import lora_batch
 from pagoda_runtime.executor.kernels.moe_activation import ClampedSwiGLU
+from pagoda_runtime.executor.kernels.moe_routing import SigmoidRouting
 from pagoda_runtime.executor.kernels.moe_weights import PackedExperts
 from pagoda_runtime.executor.quantization import dispatch, triton_mma
 from pagoda_runtime.executor.quantization.online import quantize_fp8, quantize_int4, quantize_int8
@@ -182,6 +183,32 @@ def _gpt_oss_moe_cases() -> list:
     return found
 
 
+def _sigmoid_routing_moe_cases() -> list:
+    # DeepSeek V3's layer, which routes by sigmoid scores in groups: the routing kernel's [tokens,
+    # 256 experts] tile with its group vote. The weights hold top_k experts, but the tiles are the
+    # ones 256 experts' pairs per expert pick.
+    hidden, inter, experts, top_k = 7168, 2048, 256, 8
+    dtype = torch.bfloat16
+    routing = SigmoidRouting(num_groups=8, topk_groups=4, routed_scaling_factor=2.5)
+    bias = torch.empty(experts)
+    w_gate_up = torch.empty(top_k, 2 * inter, hidden, dtype=dtype)
+    w_down = torch.empty(top_k, hidden, inter, dtype=dtype)
+    found = []
+    for tokens in (1, 300):
+        x = torch.randn(tokens, hidden, dtype=dtype)
+        logits = torch.randn(tokens, experts)
+        config = triton_moe.default_moe_config(tokens * top_k, experts, dtype)
+        found.append(
+            (
+                f"moe deepseek-v3 sigmoid routing {dtype} tokens {tokens}",
+                lambda x=x, lg=logits, c=config: triton_moe.fused_moe(
+                    x, lg, w_gate_up, w_down, top_k, True, c, sigmoid_routing=routing, correction_bias=bias
+                ),
+            )
+        )
+    return found
+
+
 def _lora_cases() -> list:
     # Four adapter slots: a decode batch of rank 16 and a prefill chunk of rank 64.
     found = []
@@ -298,7 +325,7 @@ def _small_cases() -> list:
         )
     found += _matmul_cases([("small", 96, 256)], (1, 3, 17, 40, 100), (torch.bfloat16, torch.float16))
     found += _matmul_cases([("small", 40, 64)], (3,), (torch.float32,))
-    return found + _moe_cases() + _gpt_oss_moe_cases() + _lora_cases()
+    return found + _moe_cases() + _gpt_oss_moe_cases() + _sigmoid_routing_moe_cases() + _lora_cases()
 
 
 def _llama_cases() -> list:

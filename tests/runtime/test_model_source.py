@@ -250,3 +250,11 @@ def test_path_that_is_no_model_is_refused(tmp_path):
         load_model_source(stray)
     with pytest.raises(ModelLoadError, match="has no config.json"):
         load_model_source(tmp_path)
+
+
+def test_a_glm45_config_whose_experts_do_not_split_into_its_groups_is_refused(tmp_path):
+    folder = build_tiny_model(tmp_path / "glm", "glm4_moe")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "n_group": 3}))
+    with pytest.raises(ModelLoadError, match="8 experts do not split into 3 equal groups"):
+        load_model_source(folder)

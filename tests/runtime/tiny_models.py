@@ -17,9 +17,11 @@ layer a sliding window of 8), "qwen3_moe" (8 experts, 2 per token, renormalized,
 "gemma2" (window 8 on every other layer, attention and final soft-caps, query_pre_attn_scalar
 24, tied), "gemma3" (q/k norm, window 8 then global, local RoPE base, linear scaling on the global
 layers, untied), "phi3" (fused qkv and gate_up, LongRoPE past 64 positions, half the head
-rotated), "gpt_oss" (attention sinks, biased experts whose clamp bites, window then full, YaRN),
-and the others each with its quirk noted beside it. The weights use a wide init and random norm weights
-and biases, so greedy decoding is far from ties and a mis-loaded norm or bias changes the output.
+rotated), "glm4" (half of each head rotated in interleaved pairs, sandwich norms), "glm4_moe"
+(grouped sigmoid routing with correction biases, a shared expert, q/k norms), "gpt_oss"
+(attention sinks, biased experts whose clamp bites, window then full, YaRN), and the others each
+with its quirk noted beside it. The weights use a wide init and random norm weights and biases, so
+greedy decoding is far from ties and a mis-loaded norm or bias changes the output.
 Use the folder with `pagoda_runtime.loading.model_source.load_model_source(folder)` and, as the
 reference, `transformers.AutoModelForCausalLM.from_pretrained(folder)`.
 
@@ -47,6 +49,8 @@ from transformers import (
     CohereConfig,
     Gemma2Config,
     Gemma3TextConfig,
+    Glm4Config,
+    Glm4MoeConfig,
     GptOssConfig,
     GraniteConfig,
     LlamaConfig,
@@ -233,6 +237,27 @@ FAMILY_VARIANTS: dict[str, tuple[type, str, dict]] = {
             "layer_types": ["sliding_attention", "full_attention"],
         },
     ),
+    # Half of each head rotated, in interleaved pairs; norms before and after attention and the MLP.
+    "glm4": (Glm4Config, "chatml", {"head_dim": 16, "partial_rotary_factor": 0.5, "pad_token_id": None}),
+    # Sigmoid routing over 2 groups of 4 experts with random correction biases (build_tiny_model),
+    # a shared expert, the first layer dense, per-head q/k norms (GLM-4.6), half of each head rotated.
+    "glm4_moe": (
+        Glm4MoeConfig,
+        "chatml",
+        {
+            "head_dim": 16,
+            "moe_intermediate_size": 32,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "n_shared_experts": 1,
+            "first_k_dense_replace": 1,
+            "n_group": 2,
+            "topk_group": 1,
+            "routed_scaling_factor": 2.5,
+            "use_qk_norm": True,
+            "pad_token_id": None,
+        },
+    ),
     # Experts' gate_up drawn wide (build_tiny_model) so that their clamp at 7 bites, sinks around 1 so
     # that they take a real share of the softmax, windows on the first layer, YaRN on both.
     "gpt_oss": (
@@ -386,10 +411,13 @@ def build_tiny_model(
                 parameter.normal_(0.0, 0.2)
             elif name.endswith(("gate.weight", "router.weight")):
                 parameter.normal_(0.0, 1.0)  # routers far from ties between experts
-            elif name.endswith("experts.gate_up_proj"):
+            elif variant == "gpt_oss" and name.endswith("experts.gate_up_proj"):
                 parameter.normal_(0.0, 0.5)
             elif name.endswith("sinks"):
                 parameter.normal_(1.0, 1.0)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.normal_(0.0, 0.5)  # biases that change which experts are chosen
     model.save_pretrained(folder, max_shard_size=150_000 if sharded else "10GB")
     return folder
 

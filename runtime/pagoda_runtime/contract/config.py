@@ -71,6 +71,7 @@ _FAMILY_NORMS = {
     "qwen3_moe": (2, True),
     "cohere": (1, False),
     "cohere2": (1, False),
+    "glm4": (4, False),
 }
 # Families whose checkpoints store q, k and v as one tensor (a GGUF mix quantizes it as one).
 _FUSED_QKV = {"phi3"}
@@ -87,7 +88,7 @@ class ModelConfig:
 
     # The family's model type (executor/models/registry.py maps it to the model class): llama,
     # mistral, qwen2, qwen3, qwen3_moe, mixtral, gemma2, gemma3_text, phi3, granite, smollm3, olmo2,
-    # olmo3, cohere, cohere2, gpt_oss.
+    # olmo3, cohere, cohere2, gpt_oss, glm4, glm4_moe.
     model_type: str
     architecture: ModelArchitecture
     rms_norm_eps: float
@@ -107,12 +108,20 @@ class ModelConfig:
     final_logit_softcapping: float | None = None
     # Mixture of experts: the chosen experts' router weights rescaled to sum to one.
     norm_topk_prob: bool = False
+    # Mixture-of-experts routing by sigmoid scores (GLM-4.5, DeepSeek V3): each expert's score plus its
+    # correction bias chooses, within the topk_group of n_group groups whose two best scores sum
+    # highest; the chosen experts' plain scores, renormalized where norm_topk_prob says, times
+    # routed_scaling_factor, weigh them. softmax: the top-k of the softmax (Qwen3-MoE, Mixtral).
+    scoring_func: str = "softmax"
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
     # GPT-OSS's experts: gate clamped above and up on both sides at this value before their clamped
     # SwiGLU (kernels/moe_activation.py); None: the plain SiLU-gated experts.
     swiglu_limit: float | None = None
     # Layers that attend without rotary embeddings (SmolLM3's NoPE layers, every fourth).
     no_rope_layers: tuple[int, ...] = ()
-    # Rotary pairs are neighbouring dimensions (2i, 2i + 1) rather than the two halves (Cohere).
+    # Rotary pairs are neighbouring dimensions (2i, 2i + 1) rather than the two halves (Cohere, GLM-4).
     rope_interleaved: bool = False
     # Granite's scalars: attention scores scaled by attention_multiplier (instead of head_dim ** -0.5),
     # embeddings times embedding_multiplier, each attention and MLP output times residual_multiplier

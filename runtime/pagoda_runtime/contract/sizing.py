@@ -114,6 +114,12 @@ class ModelArchitecture:
         minimum=0,
         default=0,
     )
+    shared_expert_intermediate_size: int = _shape_field(
+        "Width of the MLP every token of a mixture-of-experts layer also goes through, beside its routed "
+        "experts (n_shared_experts times moe_intermediate_size); 0: none.",
+        minimum=0,
+        default=0,
+    )
     mlp_only_layers: tuple[int, ...] = _shape_field(
         "Layers of a mixture-of-experts model whose MLP is dense, intermediate_size wide.", default=()
     )
@@ -139,6 +145,11 @@ class ModelArchitecture:
     )
     expert_bias: bool = _shape_field(
         "Whether the routers and every expert's projections have biases (GPT-OSS).", default=False
+    )
+    router_score_bias: bool = _shape_field(
+        "Whether each router holds a correction bias per expert, added to the scores that choose the "
+        "experts (GLM-4.5, DeepSeek V3).",
+        default=False,
     )
     fused_qkv: bool = _shape_field(
         "Whether the checkpoint stores q, k and v as one projection (Phi-3's qkv_proj), which a GGUF "
@@ -206,6 +217,9 @@ class ModelArchitecture:
         if self.num_sparse_layers:
             m, experts = self.moe_intermediate_size, self.num_sparse_layers * self.num_experts
             shapes += [(m, h, experts), (m, h, experts), (h, m, experts)]
+        if self.num_sparse_layers and self.shared_expert_intermediate_size:
+            s, layers = self.shared_expert_intermediate_size, self.num_sparse_layers
+            shapes += [(s, h, layers), (s, h, layers), (h, s, layers)]
         return shapes
 
     def layer_linear_shapes(self, layer: int) -> dict[str, tuple[int, int, int]]:
@@ -250,7 +264,9 @@ class ModelArchitecture:
         biases = self.q_size + 2 * self.kv_size if self.attention_bias else 0
         biases += self.hidden_size if self.attention_output_bias else 0
         biases += self.num_attention_heads if self.attention_sinks else 0
-        router = self.hidden_size
+        # A correction bias is held in float32 (as transformers holds it) and counted here as one
+        # 16-bit parameter: 2 bytes per expert and layer short under bf16.
+        router = self.hidden_size + (1 if self.router_score_bias else 0)
         if self.expert_bias:
             router += 1 + 2 * self.moe_intermediate_size + self.hidden_size
         routers = self.num_sparse_layers * self.num_experts * router
@@ -280,6 +296,9 @@ class ModelArchitecture:
                 split_evenly(self.moe_intermediate_size, size, "expert MLP channels")
                 if self.num_sparse_layers
                 else self.moe_intermediate_size
+            ),
+            shared_expert_intermediate_size=split_evenly(
+                self.shared_expert_intermediate_size, size, "shared expert MLP channels"
             ),
             vocab_size=padded_vocab_size(self.vocab_size, size) // size,
         )

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from pagoda_runtime.executor.kernels.moe_activation import ClampedSwiGLU, clamped_swiglu
-from pagoda_runtime.executor.kernels.moe_routing import route
+from pagoda_runtime.executor.kernels.moe_routing import SigmoidRouting, route
 from pagoda_runtime.executor.kernels.moe_weights import ExpertWeights, PackedExperts
 from pagoda_runtime.executor.quantization.packed import dequantize
 
@@ -65,6 +65,8 @@ def reference_fused_moe(
     gate_up_bias: torch.Tensor | None = None,
     down_bias: torch.Tensor | None = None,
     activation: ClampedSwiGLU | None = None,
+    sigmoid_routing: SigmoidRouting | None = None,
+    correction_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    weights, ids = route(router_logits, top_k, renormalize)
+    weights, ids = route(router_logits, top_k, renormalize, sigmoid_routing, correction_bias)
     return reference_experts(hidden, weights, ids, w_gate_up, w_down, gate_up_bias, down_bias, activation)

@@ -1,21 +1,86 @@
-"""Which experts each token goes to: softmax over the router logits in float32, the top-k experts,
-and (Mixtral always, Qwen3-MoE when config.norm_topk_prob) the chosen weights renormalized to sum to
-one, as transformers' MixtralTopKRouter and Qwen3MoeTopKRouter compute them. The CPU reference
-routes through this; the Triton path computes the same in triton_moe_routing.py.
+"""Which experts each token goes to, and with what weight, by the rule of the model's own router in
+transformers, so that a checkpoint routes here as it was trained: softmax top-k (MixtralTopKRouter,
+Qwen3MoeTopKRouter) or sigmoid scores with grouped, bias-corrected choice (DeepseekV3TopkRouter,
+Glm4MoeTopkRouter). The CPU reference routes through this; triton_moe_routing.py computes the same
+on the GPU.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
-def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """router_logits [T, E] -> (weights float32 [T, top_k], expert ids int64 [T, top_k])."""
-    num_experts = router_logits.shape[-1]
+@dataclass(frozen=True)
+class SigmoidRouting:
+    """DeepSeek V3's and GLM-4.5's rule: experts ranked by sigmoid(logit) + correction bias among the
+    topk_groups of num_groups groups whose two best experts score highest, weighted by the plain
+    sigmoid scores (renormalized where asked) times routed_scaling_factor."""
+
+    num_groups: int = 1
+    topk_groups: int = 1
+    routed_scaling_factor: float = 1.0
+
+
+def check_routing(
+    num_experts: int, top_k: int, sigmoid: SigmoidRouting | None, correction_bias: torch.Tensor | None
+) -> None:
+    """Raises ValueError where the rule cannot pick top_k experts of num_experts."""
     if not 0 < top_k <= num_experts:
         raise ValueError(f"top_k {top_k} must be between 1 and the number of experts ({num_experts})")
-    probs = torch.softmax(router_logits.float(), dim=-1)
-    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if sigmoid is None:
+        if correction_bias is not None:
+            raise ValueError("a correction bias applies only to sigmoid routing")
+        return
+    if correction_bias is not None and tuple(correction_bias.shape) != (num_experts,):
+        raise ValueError(
+            f"the correction bias {tuple(correction_bias.shape)} does not fit {num_experts} experts"
+        )
+    if sigmoid.num_groups < 1 or num_experts % sigmoid.num_groups:
+        raise ValueError(f"{num_experts} experts do not split into {sigmoid.num_groups} equal groups")
+    if not 1 <= sigmoid.topk_groups <= sigmoid.num_groups:
+        raise ValueError(
+            f"topk_groups {sigmoid.topk_groups} must be between 1 and num_groups {sigmoid.num_groups}"
+        )
+    eligible = sigmoid.topk_groups * (num_experts // sigmoid.num_groups)
+    if top_k > eligible:
+        raise ValueError(
+            f"top_k {top_k} exceeds the {eligible} experts of the {sigmoid.topk_groups} chosen groups"
+        )
+
+
+def route(
+    router_logits: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    sigmoid: SigmoidRouting | None = None,
+    correction_bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """router_logits [T, E] -> (weights float32 [T, top_k], expert ids int64 [T, top_k]).
+
+    sigmoid None: softmax, top_k, renormalized to sum to one where asked (Mixtral always, Qwen3-MoE
+    when config.norm_topk_prob). sigmoid: its rule, correction_bias float32 [E] (None: zeros)."""
+    num_experts = router_logits.shape[-1]
+    check_routing(num_experts, top_k, sigmoid, correction_bias)
+    if sigmoid is None:
+        probs = torch.softmax(router_logits.float(), dim=-1)
+        weights, ids = torch.topk(probs, top_k, dim=-1)
+        if renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights, ids
+    scores = torch.sigmoid(router_logits.float())
+    choice = scores if correction_bias is None else scores + correction_bias.float()
+    if sigmoid.topk_groups < sigmoid.num_groups:
+        group_size = num_experts // sigmoid.num_groups
+        groups = choice.view(choice.shape[0], sigmoid.num_groups, group_size)
+        # A group of one expert (which transformers' topk(2) would reject) scores by that one.
+        group_scores = groups.topk(min(2, group_size), dim=-1)[0].sum(dim=-1)
+        best_groups = group_scores.topk(sigmoid.topk_groups, dim=-1)[1]
+        keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best_groups, True)
+        choice = choice.masked_fill(~keep.repeat_interleave(group_size, dim=1), float("-inf"))
+    ids = torch.topk(choice, top_k, dim=-1)[1]
+    weights = scores.gather(1, ids)
     if renormalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights, ids
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * sigmoid.routed_scaling_factor, ids

@@ -142,18 +142,19 @@ def build_cos_sin_cache(
 def rotary_row_order(config: ModelConfig) -> torch.Tensor | None:
     """The order a head's q and k rows are held in so that the full-width table rotates only the
     first rotary_dim dimensions: rotated pairs (i, i + rotary_dim / 2) at (i, i + head_dim / 2), the
-    rest after them in each half; with interleaved pairs (Cohere), each pair's two rows split into
-    the two halves. None when the whole head is rotated as halves."""
+    rest after them in each half; with interleaved pairs (Cohere, GLM-4), each pair's two rows split
+    into the two halves. None when the whole head is rotated as halves."""
     head_dim, rotary = config.architecture.head_dim, config.rotary_dim
-    if config.rope_interleaved:
-        # Pairs (2i, 2i + 1) moved to (i, i + head_dim / 2), where the table rotates them.
-        return torch.cat((torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)))
-    if rotary == head_dim:
+    if rotary == head_dim and not config.rope_interleaved:
         return None
     half, rotary_half, rest = head_dim // 2, rotary // 2, head_dim - rotary
-    first = list(range(rotary_half)) + [rotary + j for j in range(rest // 2)]
-    second = [rotary_half + i for i in range(rotary_half)] + [
-        rotary + rest // 2 + j for j in range(rest // 2)
-    ]
+    # A rotated pair's two rows: (i, i + rotary_dim / 2), or interleaved (2i, 2i + 1) (Cohere,
+    # GLM-4), moved to (i, i + head_dim / 2), where the table rotates them.
+    if config.rope_interleaved:
+        pairs = list(range(0, rotary, 2)), list(range(1, rotary, 2))
+    else:
+        pairs = list(range(rotary_half)), list(range(rotary_half, rotary))
+    first = pairs[0] + [rotary + j for j in range(rest // 2)]
+    second = pairs[1] + [rotary + rest // 2 + j for j in range(rest // 2)]
     assert len(first) == len(second) == half
     return torch.tensor(first + second)

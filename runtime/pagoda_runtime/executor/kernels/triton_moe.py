@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from pagoda_runtime.executor.kernels.moe_activation import ClampedSwiGLU
+from pagoda_runtime.executor.kernels.moe_routing import SigmoidRouting
 from pagoda_runtime.executor.kernels.moe_weights import ExpertWeights, PackedExperts
 from pagoda_runtime.executor.kernels.triton_moe_routing import ExpertBlocks, route_and_align
 from pagoda_runtime.executor.triton_mode import dot_precision
@@ -321,10 +322,12 @@ def fused_moe(
     gate_up_bias: torch.Tensor | None = None,
     down_bias: torch.Tensor | None = None,
     activation: ClampedSwiGLU | None = None,
+    sigmoid_routing: SigmoidRouting | None = None,
+    correction_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """hidden [T, H], router_logits [T, E], w_gate_up [E, 2 * I, H], w_down [E, H, I] -> [T, H];
-    the biases and activation as kernels/moe.py's fused_moe takes them. config stays the seventh
-    argument, where the benchmarks and tests pass it by position."""
+    the biases, activation and routing rule as kernels/moe.py's fused_moe takes them. config stays
+    the seventh argument, where the benchmarks and tests pass it by position."""
     num_tokens, hidden_size = hidden.shape
     num_experts, two_i, _ = w_gate_up.shape
     num_pairs = num_tokens * top_k
@@ -332,7 +335,9 @@ def fused_moe(
         return torch.empty_like(hidden)
     config = config or default_moe_config(num_pairs, num_experts, hidden.dtype)
     hidden = hidden.contiguous()
-    routed, blocks = route_and_align(router_logits, top_k, renormalize, config.block_m)
+    routed, blocks = route_and_align(
+        router_logits, top_k, renormalize, config.block_m, sigmoid_routing, correction_bias
+    )
     act = torch.empty(num_pairs, two_i // 2, dtype=hidden.dtype, device=hidden.device)
     _expert_gemm(
         hidden,

@@ -1,9 +1,12 @@
 """Routing on the GPU for the grouped MoE kernel, in two Triton launches (and a zeroed counter):
 what moe_routing.route computes, plus vLLM's moe_align_block_size.
 
-1. route: per token, softmax over the router logits in float32, the top_k experts by repeated
-   argmax, optionally renormalized (Mixtral; Qwen3-MoE's norm_topk_prob); each chosen (token,
-   choice) pair takes its rank among its expert's pairs from an atomic counter per expert.
+1. route: per token, in float32, the top_k experts by repeated argmax, by either rule of
+   moe_routing.route: of the softmax, optionally renormalized (Mixtral; Qwen3-MoE's
+   norm_topk_prob), or of the bias-corrected sigmoid scores among the best groups, weighted by the
+   plain scores (DeepSeek V3, GLM-4.5), the group vote in registers too, so that it adds no launch;
+   each chosen (token, choice) pair takes its rank among its expert's pairs from an atomic counter
+   per expert.
 2. align: the pairs sorted by expert, each expert's run padded to a multiple of the GEMM's
    BLOCK_M, so every block of BLOCK_M rows belongs to one expert: a pair's row is its expert's
    padded start (a cumulative sum of the padded counts, which every program recomputes from the
@@ -23,6 +26,8 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+
+from pagoda_runtime.executor.kernels.moe_routing import SigmoidRouting, check_routing
 
 
 @dataclass(frozen=True)
@@ -51,44 +56,96 @@ def max_padded_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
     return min(num_pairs + num_experts * (block_m - 1), num_pairs * block_m) // block_m * block_m
 
 
+@triton.jit
+def _best_groups_only(choice, GROUP_SIZE: tl.constexpr, GROUP_BLOCK: tl.constexpr, TOPK_GROUPS: tl.constexpr):
+    """choice [BLOCK_T, BLOCK_E], its lanes in groups of GROUP_BLOCK, with -inf outside each row's
+    TOPK_GROUPS groups whose two best choices sum highest. Padding lanes and groups hold -inf, so
+    they never count among a group's best two and never win."""
+    BLOCK_T: tl.constexpr = choice.shape[0]
+    BLOCK_E: tl.constexpr = choice.shape[1]
+    BLOCK_G: tl.constexpr = BLOCK_E // GROUP_BLOCK
+    grouped = tl.reshape(choice, [BLOCK_T, BLOCK_G, GROUP_BLOCK])
+    group_scores, first = tl.max(grouped, axis=2, return_indices=True)
+    if GROUP_SIZE > 1:
+        lanes = tl.arange(0, GROUP_BLOCK)
+        group_scores += tl.max(
+            tl.where(lanes[None, None, :] == first[:, :, None], -float("inf"), grouped), axis=2
+        )
+    groups = tl.arange(0, BLOCK_G)
+    keep = tl.zeros([BLOCK_T, BLOCK_G], dtype=tl.int1)
+    for _ in tl.static_range(TOPK_GROUPS):
+        best = tl.argmax(group_scores, axis=1)
+        picked = groups[None, :] == best[:, None]
+        keep = keep | picked
+        group_scores = tl.where(picked, -float("inf"), group_scores)
+    keep = tl.reshape(tl.broadcast_to(keep[:, :, None], [BLOCK_T, BLOCK_G, GROUP_BLOCK]), [BLOCK_T, BLOCK_E])
+    return tl.where(keep, choice, -float("inf"))
+
+
 @triton.jit(do_not_specialize=["num_tokens"])
 def _route_kernel(
     logits_ptr,
+    bias_ptr,
     weights_ptr,
     ids_ptr,
     ranks_ptr,
     counts_ptr,
     num_tokens,
     stride_lm,
+    scale,
     E: tl.constexpr,
     BLOCK_E: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+    GROUP_BLOCK: tl.constexpr,
     TOP_K: tl.constexpr,
     BLOCK_K: tl.constexpr,
     RENORMALIZE: tl.constexpr,
+    SIGMOID: tl.constexpr,
+    NUM_GROUPS: tl.constexpr,
+    TOPK_GROUPS: tl.constexpr,
     BLOCK_T: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     row_mask = rows < num_tokens
-    experts = tl.arange(0, BLOCK_E)
-    mask = row_mask[:, None] & (experts < E)[None, :]
+    # Each group of GROUP_SIZE experts padded to GROUP_BLOCK lanes, a power of two, so that a
+    # group's best two are a reduction along one axis of a reshape (softmax: one group of all E).
+    lanes = tl.arange(0, BLOCK_E)
+    experts = lanes // GROUP_BLOCK * GROUP_SIZE + lanes % GROUP_BLOCK
+    real = (lanes % GROUP_BLOCK < GROUP_SIZE) & (experts < E)
+    mask = row_mask[:, None] & real[None, :]
     logits = tl.load(
         logits_ptr + rows[:, None] * stride_lm + experts[None, :], mask=mask, other=-float("inf")
     )
-    # Rows past the batch hold only -inf: shifting by a 0 max keeps them free of NaN.
     logits = logits.to(tl.float32)
-    shift = tl.where(row_mask, tl.max(logits, axis=1), 0.0)
-    probs = tl.exp(logits - shift[:, None])
-    probs = probs / tl.maximum(tl.sum(probs, axis=1), 1e-30)[:, None]
+    if SIGMOID:
+        scores = tl.sigmoid(logits)
+        bias = tl.load(bias_ptr + experts, mask=real, other=0.0)
+        choice = tl.where(real[None, :], scores + bias[None, :], -float("inf"))
+        if TOPK_GROUPS < NUM_GROUPS:
+            choice = _best_groups_only(choice, GROUP_SIZE, GROUP_BLOCK, TOPK_GROUPS)
+    else:
+        # Rows past the batch hold only -inf: shifting by a 0 max keeps them free of NaN.
+        shift = tl.where(row_mask, tl.max(logits, axis=1), 0.0)
+        probs = tl.exp(logits - shift[:, None])
+        choice = probs / tl.maximum(tl.sum(probs, axis=1), 1e-30)[:, None]
     choices = tl.arange(0, BLOCK_K)
     chosen = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int32)
     chosen_weights = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
     for j in tl.static_range(TOP_K):
-        best = tl.argmax(probs, axis=1)
-        chosen = tl.where(choices[None, :] == j, best[:, None], chosen)
-        chosen_weights = tl.where(choices[None, :] == j, tl.max(probs, axis=1)[:, None], chosen_weights)
-        # A probability is never negative, so a taken expert is never the maximum again.
-        probs = tl.where(experts[None, :] == best[:, None], -1.0, probs)
-    if RENORMALIZE:
+        weight, best = tl.max(choice, axis=1, return_indices=True)
+        taken = lanes[None, :] == best[:, None]
+        if SIGMOID:
+            # The expert is ranked by its biased score but weighted by its plain one.
+            weight = tl.sum(tl.where(taken, scores, 0.0), axis=1)
+        expert = best // GROUP_BLOCK * GROUP_SIZE + best % GROUP_BLOCK
+        chosen = tl.where(choices[None, :] == j, expert[:, None], chosen)
+        chosen_weights = tl.where(choices[None, :] == j, weight[:, None], chosen_weights)
+        choice = tl.where(taken, -float("inf"), choice)
+    if SIGMOID:
+        if RENORMALIZE:
+            chosen_weights = chosen_weights / (tl.sum(chosen_weights, axis=1) + 1e-20)[:, None]
+        chosen_weights = chosen_weights * scale
+    elif RENORMALIZE:
         chosen_weights = chosen_weights / tl.maximum(tl.sum(chosen_weights, axis=1), 1e-30)[:, None]
     pairs = rows[:, None] * TOP_K + choices[None, :]
     pair_mask = row_mask[:, None] & (choices < TOP_K)[None, :]
@@ -142,12 +199,17 @@ def _align_kernel(
 
 
 def route_and_align(
-    router_logits: torch.Tensor, top_k: int, renormalize: bool, block_m: int
+    router_logits: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    block_m: int,
+    sigmoid: SigmoidRouting | None = None,
+    correction_bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ExpertBlocks]:
-    """router_logits [T, E] -> (the pairs' router weights, float32 [T * top_k]; ExpertBlocks)."""
+    """router_logits [T, E] -> (the pairs' router weights, float32 [T * top_k]; ExpertBlocks);
+    sigmoid and correction_bias as moe_routing.route takes them."""
     num_tokens, num_experts = router_logits.shape
-    if not 0 < top_k <= num_experts:
-        raise ValueError(f"top_k {top_k} must be between 1 and the number of experts ({num_experts})")
+    check_routing(num_experts, top_k, sigmoid, correction_bias)
     device = router_logits.device
     router_logits = router_logits.contiguous()
     num_pairs = num_tokens * top_k
@@ -155,28 +217,46 @@ def route_and_align(
     ids = torch.empty(num_pairs, dtype=torch.int32, device=device)
     ranks = torch.empty(num_pairs, dtype=torch.int32, device=device)
     counts = torch.zeros(num_experts, dtype=torch.int32, device=device)
-    block_e = triton.next_power_of_2(num_experts)
+    if sigmoid is None:
+        bias = router_logits  # never read: the softmax rule has no bias
+    elif correction_bias is None:
+        bias = torch.zeros(num_experts, dtype=torch.float32, device=device)
+    else:
+        bias = correction_bias.to(torch.float32).contiguous()
+    # The softmax rule is one group, unscaled: SigmoidRouting's defaults.
+    rule = sigmoid or SigmoidRouting()
+    group_size = num_experts // rule.num_groups
+    group_block = triton.next_power_of_2(group_size)
+    lanes = triton.next_power_of_2(rule.num_groups) * group_block
     # Enough tokens per program to fill its threads, few enough that [BLOCK_T, E] stays in registers.
-    block_t = max(1, min(64, 4096 // block_e, triton.next_power_of_2(num_tokens)))
+    block_t = max(1, min(64, 4096 // lanes, triton.next_power_of_2(num_tokens)))
     _route_kernel[(triton.cdiv(num_tokens, block_t),)](
         router_logits,
+        bias,
         weights,
         ids,
         ranks,
         counts,
         num_tokens,
         router_logits.stride(0),
+        float(rule.routed_scaling_factor),
         E=num_experts,
-        BLOCK_E=block_e,
+        BLOCK_E=lanes,
+        GROUP_SIZE=group_size,
+        GROUP_BLOCK=group_block,
         TOP_K=top_k,
         BLOCK_K=triton.next_power_of_2(top_k),
         RENORMALIZE=renormalize,
+        SIGMOID=sigmoid is not None,
+        NUM_GROUPS=rule.num_groups,
+        TOPK_GROUPS=rule.topk_groups,
         BLOCK_T=block_t,
     )
     max_padded = max_padded_rows(num_pairs, num_experts, block_m)
     sorted_ids = torch.empty(max_padded, dtype=torch.int32, device=device)
     block_experts = torch.empty(max_padded // block_m, dtype=torch.int32, device=device)
     num_padded = torch.empty(1, dtype=torch.int32, device=device)
+    block_e = triton.next_power_of_2(num_experts)
     # Rows per program: a whole number of blocks, and [BLOCK, E] comparisons that fit the registers.
     block = max(block_m, min(8192 // block_e, 128) // block_m * block_m)
     _align_kernel[(triton.cdiv(max_padded, block),)](

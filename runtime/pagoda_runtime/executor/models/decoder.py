@@ -205,9 +205,16 @@ class CausalLM(nn.Module):
             return
         module_path, _, leaf = name.rpartition(".")
         owner, _, proj = module_path.rpartition(".")
-        if self._rotary_rows is not None and proj in ("q_proj", "k_proj"):
+        # q and k norms weigh each dimension of a head, so their weights follow its rows' order.
+        if self._rotary_rows is not None and proj in ("q_proj", "k_proj", "q_norm", "k_norm"):
             tensor = self._rotary_order(tensor)
         target, offset, rows = fused.get(proj, (proj, 0, slice(None)))
+        if proj in ("gate_proj", "up_proj") and owner.startswith("layers."):
+            # An MLP as wide as its own channels say (a shared expert is narrower than the dense MLP).
+            channels = getattr(self.get_submodule(owner), "channels", None)
+            if channels is not None:
+                rows = slice(self.tp.rank * channels, (self.tp.rank + 1) * channels)
+                offset = 0 if proj == "gate_proj" else channels
         projection = self._projection(f"{owner}.{target}") if owner.startswith("layers.") else None
         if projection is not None:
             part = tensor.rows(rows) if isinstance(tensor, PackedWeight) else tensor[rows]

@@ -33,7 +33,7 @@ from pagoda_runtime.executor.models.hf_config import (
     rope_parameters,
     rope_scaling,
 )
-from pagoda_runtime.executor.models.layers import Attention, GatedMLP
+from pagoda_runtime.executor.models.layers import Attention, GatedMLP, SandwichDecoderLayer
 
 
 class GemmaRMSNorm(nn.Module):
@@ -54,26 +54,13 @@ class GemmaRMSNorm(nn.Module):
         return (hidden * (1.0 + self.weight.float())).to(x.dtype), x
 
 
-class GemmaDecoderLayer(nn.Module):
-    """x + post_norm(attn(pre_norm(x))), then x + post_ffw_norm(mlp(pre_ffw_norm(x))); the residual
-    sums are fused into the pre-norms as in the Llama layer."""
-
-    def __init__(self, config: ModelConfig, attention: Attention, mlp: nn.Module, device, dtype) -> None:
-        super().__init__()
-        hidden, eps = config.architecture.hidden_size, config.rms_norm_eps
-        self.input_layernorm = GemmaRMSNorm(hidden, eps, device, dtype)
-        self.self_attn = attention
-        self.post_attention_layernorm = GemmaRMSNorm(hidden, eps, device, dtype)
-        self.pre_feedforward_layernorm = GemmaRMSNorm(hidden, eps, device, dtype)
-        self.mlp = mlp
-        self.post_feedforward_layernorm = GemmaRMSNorm(hidden, eps, device, dtype)
-
-    def forward(self, positions, x, residual, kv_cache, meta, cos_sin_cache):
-        x, residual = self.input_layernorm(x, residual)
-        x, _ = self.post_attention_layernorm(self.self_attn(positions, x, kv_cache, meta, cos_sin_cache))
-        x, residual = self.pre_feedforward_layernorm(x, residual)
-        x, _ = self.post_feedforward_layernorm(self.mlp(x))
-        return x, residual
+# Gemma's norms around attention and the MLP, by their checkpoint names.
+_LAYER_NORMS = (
+    "input_layernorm",
+    "post_attention_layernorm",
+    "pre_feedforward_layernorm",
+    "post_feedforward_layernorm",
+)
 
 
 class Gemma2ForCausalLM(CausalLM):
@@ -93,7 +80,7 @@ class Gemma2ForCausalLM(CausalLM):
         config, tp = self.config, self.tp
         attention = Attention(config, layer, ops, quantization, device, dtype, tp, self.qk_norm)
         mlp = GatedMLP(config, quantization, device, dtype, tp, act_and_mul=gelu_tanh_and_mul)
-        return GemmaDecoderLayer(config, attention, mlp, device, dtype)
+        return SandwichDecoderLayer(config, attention, mlp, GemmaRMSNorm, _LAYER_NORMS, device, dtype)
 
     def make_norm(self, size: int, device: torch.device, dtype: torch.dtype) -> nn.Module:
         return GemmaRMSNorm(size, self.config.rms_norm_eps, device, dtype)

@@ -158,7 +158,8 @@ class Attention(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    """down(act(gate(x)) * up(x)); act_and_mul takes [T, 2 * I] with gate in the first half."""
+    """down(act(gate(x)) * up(x)); act_and_mul takes [T, 2 * I] with gate in the first half. `width`:
+    its channels where they are not intermediate_size (a mixture-of-experts layer's shared experts)."""
 
     def __init__(
         self,
@@ -168,12 +169,14 @@ class GatedMLP(nn.Module):
         dtype: torch.dtype,
         tp: TensorParallel,
         act_and_mul: Callable[[torch.Tensor], torch.Tensor] = silu_and_mul,
+        width: int | None = None,
     ) -> None:
         super().__init__()
         arch = config.architecture
+        width = width or arch.intermediate_size
         self.tp = tp
         self.act_and_mul = act_and_mul
-        channels = self.channels = tp.shard(arch.intermediate_size, "MLP channels")
+        channels = self.channels = tp.shard(width, "MLP channels")
         self.gate_up_proj = make_linear(arch.hidden_size, 2 * channels, False, quantization, device, dtype)
         self.down_proj = make_linear(
             channels,
@@ -182,7 +185,7 @@ class GatedMLP(nn.Module):
             quantization,
             device,
             dtype,
-            input_part=tp.part(arch.intermediate_size, "MLP channels") if tp.size > 1 else None,
+            input_part=tp.part(width, "MLP channels") if tp.size > 1 else None,
         )
 
         self.gate_up_lora = self.down_lora = None  # the adapters' slots, with --enable-lora
@@ -215,3 +218,36 @@ class DecoderLayer(nn.Module):
         x = self.self_attn(positions, x, kv_cache, meta, cos_sin_cache)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
+
+
+class SandwichDecoderLayer(nn.Module):
+    """Norms before and after attention and before and after the MLP (Gemma 2 and 3, GLM-4):
+    x + post_attn(attn(pre_attn(x))), then x + post_mlp(mlp(pre_mlp(x))), the residual sums fused
+    into the pre-norms as in the Llama layer. `names`: the checkpoint's names of those four norms, in
+    that order; `norm`: their class."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        attention: Attention,
+        mlp: nn.Module,
+        norm: Callable[..., nn.Module],
+        names: tuple[str, str, str, str],
+        device,
+        dtype,
+    ) -> None:
+        super().__init__()
+        hidden, eps = config.architecture.hidden_size, config.rms_norm_eps
+        self.norm_names = names
+        for name in names:
+            setattr(self, name, norm(hidden, eps, device, dtype))
+        self.self_attn = attention
+        self.mlp = mlp
+
+    def forward(self, positions, x, residual, kv_cache, meta, cos_sin_cache):
+        pre_attn, post_attn, pre_mlp, post_mlp = (getattr(self, name) for name in self.norm_names)
+        x, residual = pre_attn(x, residual)
+        x, _ = post_attn(self.self_attn(positions, x, kv_cache, meta, cos_sin_cache))
+        x, residual = pre_mlp(x, residual)
+        x, _ = post_mlp(self.mlp(x))
+        return x, residual

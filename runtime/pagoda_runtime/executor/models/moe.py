@@ -2,9 +2,11 @@
 8 per token, each 768 channels wide) and Mixtral (Mixtral-8x7B: Mistral's attention, 8 experts of
 which 2 per token).
 
-A sparse layer routes each token to its top-k experts (softmax over the router's logits, the
-chosen weights renormalized where the config says so) and sums their SwiGLU outputs weighted by
-the router (kernels/moe.py: the grouped Triton kernel on CUDA, the reference on the CPU). Each
+The layer (SparseMoE) also serves GLM-4.5 (glm4_moe.py) and GPT-OSS (gpt_oss.py). It routes each
+token to its top-k experts (softmax over the router's logits, the chosen weights renormalized where
+the config says so; or GLM-4.5's grouped sigmoid scores with a correction bias) and sums their
+SwiGLU outputs weighted by the router (kernels/moe.py: the grouped Triton kernel on CUDA, the
+reference on the CPU), plus the shared experts' MLP where the model has one. Each
 projection's experts are one fused weight of the layer, [E * 2I, H] for gate and up and [E * H, I]
 for down, built by make_linear like any projection, so int8, fp8 and int4 experts are quantized
 as they load; the router stays in the model's float dtype. Tensor parallelism shards every
@@ -32,6 +34,7 @@ from pagoda_runtime.contract.weight_layout import (
 from pagoda_runtime.executor.kernels import AttentionOps
 from pagoda_runtime.executor.kernels.moe import fused_moe
 from pagoda_runtime.executor.kernels.moe_activation import ClampedSwiGLU
+from pagoda_runtime.executor.kernels.moe_routing import SigmoidRouting
 from pagoda_runtime.executor.kernels.moe_weights import ExpertWeights, PackedExperts
 from pagoda_runtime.executor.models.decoder import CausalLM, Weight
 from pagoda_runtime.executor.models.hf_config import (
@@ -54,16 +57,33 @@ from pagoda_runtime.parallel.tensor_parallel import TensorParallel
 
 
 class Router(nn.Module):
-    """The gate: one logit per expert (plus a bias for GPT-OSS), never quantized (as in vLLM)."""
+    """The gate: one logit per expert (plus a bias for GPT-OSS), never quantized (as in vLLM).
+
+    score_bias: the sigmoid routers' correction bias per expert (GLM-4.5, DeepSeek V3), held in
+    float32 as transformers holds it; those routers' logits are computed in float32 too, as there,
+    since their choice hangs on small differences of sigmoid scores."""
 
     def __init__(
-        self, num_experts: int, hidden: int, bias: bool, device: torch.device, dtype: torch.dtype
+        self,
+        num_experts: int,
+        hidden: int,
+        bias: bool,
+        device: torch.device,
+        dtype: torch.dtype,
+        score_bias: bool = False,
     ) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, hidden, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.empty(num_experts, device=device, dtype=dtype)) if bias else None
+        self.e_score_correction_bias = None
+        if score_bias:
+            self.e_score_correction_bias = nn.Parameter(
+                torch.zeros(num_experts, device=device, dtype=torch.float32), requires_grad=False
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.e_score_correction_bias is not None:
+            return nn.functional.linear(x.float(), self.weight.float())
         return nn.functional.linear(x, self.weight, self.bias)
 
 
@@ -90,7 +110,20 @@ class SparseMoE(nn.Module):
         self.channels = tp.shard(width, "expert MLP channels")
         self.rows = tp.part(width, "expert MLP channels")
         self.device, self.dtype = device, dtype
-        self.gate = Router(self.num_experts, self.hidden, arch.expert_bias, device, dtype)
+        self.gate = Router(
+            self.num_experts, self.hidden, arch.expert_bias, device, dtype, arch.router_score_bias
+        )
+        self.sigmoid_routing = None
+        if config.scoring_func == "sigmoid":
+            self.sigmoid_routing = SigmoidRouting(
+                config.n_group, config.topk_group, config.routed_scaling_factor
+            )
+        # Experts every token goes through besides its routed ones (GLM-4.5, DeepSeek), a plain MLP.
+        self.shared_experts = None
+        if arch.shared_expert_intermediate_size:
+            self.shared_experts = GatedMLP(
+                config, quantization, device, dtype, tp, width=arch.shared_expert_intermediate_size
+            )
         self.activation = None if config.swiglu_limit is None else ClampedSwiGLU(limit=config.swiglu_limit)
         # GPT-OSS's expert biases: gate_up's as its fused rows (this rank's channels), down's whole on
         # every rank and added by rank 0 alone, since the ranks' partial outputs are summed.
@@ -197,8 +230,11 @@ class SparseMoE(nn.Module):
             gate_up_bias=self.gate_up_bias,
             down_bias=self.down_bias if self.tp.rank == 0 else None,
             activation=self.activation,
+            sigmoid_routing=self.sigmoid_routing,
+            correction_bias=self.gate.e_score_correction_bias,
         )
-        return self.tp.all_reduce(out)
+        out = self.tp.all_reduce(out)
+        return out if self.shared_experts is None else out + self.shared_experts(x)
 
 
 class _MoEModel(CausalLM):

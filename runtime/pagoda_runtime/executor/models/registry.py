@@ -13,7 +13,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagoda_runtime.contract.config import ModelConfig
-from pagoda_runtime.executor.models import cohere, gemma, gpt_oss, granite, llama, moe, olmo2, phi3, qwen3
+from pagoda_runtime.executor.models import (
+    cohere,
+    gemma,
+    glm4,
+    glm4_moe,
+    gpt_oss,
+    granite,
+    llama,
+    moe,
+    olmo2,
+    phi3,
+    qwen3,
+)
 from pagoda_runtime.executor.models.decoder import CausalLM, Weight
 
 Shapes = dict[str, tuple[int, ...]]
@@ -141,6 +153,24 @@ FAMILIES: tuple[Family, ...] = (
         config_from_hf=cohere.config_from_hf,
         weight_shapes=cohere.weight_shapes,
         quantizations=("none", "int8", "int4", "fp8", "awq", "gptq"),
+    ),
+    Family(
+        name="GLM-4",
+        architectures=("Glm4ForCausalLM",),
+        model_types=("glm4",),
+        model=glm4.Glm4ForCausalLM,
+        config_from_hf=glm4.config_from_hf,
+        weight_shapes=glm4.weight_shapes,
+        quantizations=("none", "int8", "int4", "fp8", "awq", "gptq"),
+    ),
+    Family(
+        name="GLM-4.5 / GLM-4.6",
+        architectures=("Glm4MoeForCausalLM",),
+        model_types=("glm4_moe",),
+        model=glm4_moe.Glm4MoeForCausalLM,
+        config_from_hf=glm4_moe.config_from_hf,
+        weight_shapes=glm4_moe.weight_shapes,
+        quantizations=("none", "int8", "int4", "fp8"),
     ),
     Family(
         name="Phi-3 / Phi-4-mini",
