@@ -48,7 +48,7 @@ from pagoda_runtime.executor.quantization.hf_checkpoints import (
     to_packed,
 )
 from pagoda_runtime.executor.quantization.packed import PackedWeight, dequantize
-from pagoda_runtime.loading import mxfp4
+from pagoda_runtime.loading import fp8_blocks, mxfp4
 from pagoda_runtime.loading.gguf_reader import GGUFFile
 from pagoda_runtime.loading.text_of_multimodal import text_config, text_tensor_name, wrapped_text_architecture
 
@@ -86,8 +86,9 @@ class LoadedModel:
     config: ModelConfig
     weights: Iterator[tuple[str, Weight]]  # Hugging Face names, each tensor read on demand
     tokenizer: Tokenizer
-    # How the projections that arrive as PackedWeights were stored: "awq", "gptq" or "gguf";
-    # None when every weight arrives as a float tensor.
+    # How the projections that arrive as PackedWeights were stored: "awq", "gptq" or "gguf"; "fp8"
+    # for a block-FP8 checkpoint, whose projections arrive dequantized (fp8_blocks.py); None when
+    # every weight arrives as a float tensor.
     quantization: str | None = None
     # For "gguf": the file's sizing.GGUF_FILE_TYPES name (Q4_0, Q4_K_M, ...) read from its tensors.
     gguf_block: str | None = None
@@ -279,7 +280,11 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype, overrides: dict[str, Any])
         raw = text_config(raw)
     config = config_from_hf(raw, config_file, generation)
     mxfp4_experts = mxfp4.is_mxfp4(raw)
-    spec = None if mxfp4_experts else _checkpoint_quantization(raw, config_file)
+    try:
+        fp8_block = fp8_blocks.block_size(raw)
+    except fp8_blocks.Fp8CheckpointError as e:
+        raise ModelLoadError(f"{config_file}: {e}") from e
+    spec = None if mxfp4_experts or fp8_block else _checkpoint_quantization(raw, config_file)
     tokenizer = Tokenizer.from_folder(folder, config.eos_token_ids)
     config = replace(config, eos_token_ids=tokenizer.eos_token_ids)
 
@@ -305,6 +310,12 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype, overrides: dict[str, Any])
     required = {name: shape for name, shape in expected.items() if name not in stored and name not in mx}
     for shapes in (*stored.values(), *mx.values()):
         required.update(shapes)
+    # Block-FP8 projections: those whose weight has its block scales beside it (the router, the
+    # embedding and the LM head stay float).
+    fp8 = {}
+    if fp8_block:
+        fp8 = {name: fp8_blocks.scale_name(name) for name in expected if fp8_blocks.scale_name(name) in found}
+        required.update({fp8[name]: fp8_blocks.scale_shape(expected[name], fp8_block) for name in fp8})
     _check_shapes(found, required, lambda name: file_of.get(name, folder), f"{config_file}")
 
     def weights() -> Iterator[tuple[str, Weight]]:
@@ -323,12 +334,16 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype, overrides: dict[str, Any])
                     yield name, to_packed(spec, {part.rsplit(".", 1)[1]: read(part) for part in stored[name]})
                 elif name in mx:
                     yield name, mxfp4.dequantize(read(f"{name}_blocks"), read(f"{name}_scales"), dtype)
+                elif name in fp8:
+                    yield name, fp8_blocks.dequantize(read(name), read(fp8[name]), fp8_block, dtype)
                 else:
                     yield name, read(name).to(dtype)
 
     defaults = sampling_defaults(generation or {})
     if not stored:
-        return LoadedModel(config, weights(), tokenizer, sampling_defaults=defaults)
+        # A block-FP8 checkpoint's floats are reported as stored fp8, which auto holds as fp8 again.
+        held = "fp8" if fp8 else None
+        return LoadedModel(config, weights(), tokenizer, held, sampling_defaults=defaults)
     return LoadedModel(
         config, weights(), tokenizer, spec.method, group_size=spec.group_size, sampling_defaults=defaults
     )

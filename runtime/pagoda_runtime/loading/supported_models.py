@@ -50,7 +50,8 @@ def table() -> str:
     dequantized = [t.name for t in BLOCK_LAYOUT if t.name not in packed and t not in FLOAT_TYPES]
     note = (
         f"GGUF blocks {', '.join(packed)} are served packed (the int4 and int8 kernels); "
-        f"{', '.join(dequantized)} tensors are dequantized at load, as are GPT-OSS's MXFP4 experts."
+        f"{', '.join(dequantized)} tensors are dequantized at load, as are GPT-OSS's MXFP4 experts and "
+        "block-quantized FP8 checkpoints (Qwen3's -FP8 releases, DeepSeek V3), which auto then holds as fp8."
     )
     wrapped = "; ".join(f"{outer} as {inner}" for outer, inner in TEXT_ARCHITECTURES.items())
     text_only = f"Multimodal checkpoints served for their text (the vision tower left unread): {wrapped}."
