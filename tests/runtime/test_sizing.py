@@ -9,6 +9,7 @@ from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES
 from pagoda_runtime.contract.sizing import (
     GGUF_BLOCK_FORMATS,
     GIB,
+    ModelArchitecture,
     WeightFormat,
     check_tensor_parallel,
     decode_weight_bytes,
@@ -374,3 +375,36 @@ def test_the_kv_budget_gives_window_layers_what_their_sequences_can_hold_and_ful
     mistral = replace(KNOWN_ARCHITECTURES["mistral-7b"], sliding_window=4096)
     assert kv_pools(mistral, budget, 16, 32768, 8, 8192).full_blocks == 0
     assert kv_pools(mistral, budget, 16, 4096, 8, 8192).window_blocks == 0
+
+
+def test_latent_attention_counts_its_low_rank_projections_and_caches_keys_and_values_per_head():
+    # DeepSeek-V2-Lite's config.json: 15.7B parameters, 2.4B of them a token's.
+    lite = ModelArchitecture(
+        num_hidden_layers=27,
+        hidden_size=2048,
+        intermediate_size=10944,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        head_dim=128 + 64,
+        vocab_size=102400,
+        max_position_embeddings=163840,
+        num_experts=64,
+        num_experts_per_tok=6,
+        moe_intermediate_size=1408,
+        shared_expert_intermediate_size=2 * 1408,
+        mlp_only_layers=(0,),
+        kv_lora_rank=512,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+    )
+    assert round(lite.num_parameters() / 1e9, 1) == 15.7
+    assert round((lite.active_linear_parameters() + lite.vocab_parameters() // 2) / 1e9, 1) == 2.4
+    # The naive form caches every head's key and padded value: 16 heads of 192, twice, in bf16.
+    assert kv_bytes_per_token(lite) == 27 * 2 * 16 * 192 * 2
+    # Two ranks split the heads of q, kv_b and o; kv_a and its norm stay whole on each.
+    half = lite.per_rank(2)
+    attention = lite.attention_linear_shapes()
+    assert half.attention_linear_shapes()[1] == attention[1] == (512 + 64, 2048, 27)
+    assert half.attention_linear_shapes()[2] == (8 * (128 + 128), 512, 27)
+    assert half.attention_output_size == 8 * 128

@@ -18,8 +18,11 @@ layer a sliding window of 8), "qwen3_moe" (8 experts, 2 per token, renormalized,
 24, tied), "gemma3" (q/k norm, window 8 then global, local RoPE base, linear scaling on the global
 layers, untied), "phi3" (fused qkv and gate_up, LongRoPE past 64 positions, half the head
 rotated), "glm4" (half of each head rotated in interleaved pairs, sandwich norms), "glm4_moe"
-(grouped sigmoid routing with correction biases, a shared expert, q/k norms), "gpt_oss"
-(attention sinks, biased experts whose clamp bites, window then full, YaRN), and the others each
+(grouped sigmoid routing with correction biases, a shared expert, q/k norms), "minimax_m2" (q/k
+normed over all heads, half-rotated heads, sigmoid routing), "gpt_oss"
+(attention sinks, biased experts whose clamp bites, window then full, YaRN), "deepseek_v3" (latent
+attention with a low-rank query, interleaved rotary pairs, YaRN's mscale on the softmax, grouped
+sigmoid routing), "deepseek_v2" (latent attention, scaled softmax routing), and the others each
 with its quirk noted beside it. The weights use a wide init and random norm weights and biases, so
 greedy decoding is far from ties and a mis-loaded norm or bias changes the output.
 Use the folder with `pagoda_runtime.loading.model_source.load_model_source(folder)` and, as the
@@ -47,6 +50,8 @@ from transformers import (
     AutoModelForCausalLM,
     Cohere2Config,
     CohereConfig,
+    DeepseekV2Config,
+    DeepseekV3Config,
     Gemma2Config,
     Gemma3TextConfig,
     Glm4Config,
@@ -54,6 +59,7 @@ from transformers import (
     GptOssConfig,
     GraniteConfig,
     LlamaConfig,
+    MiniMaxM2Config,
     MistralConfig,
     MixtralConfig,
     Olmo2Config,
@@ -139,6 +145,9 @@ VARIANTS: dict[str, tuple[type, str, dict]] = {
 # Windows of 8 tokens are shorter than most prompts, so blocks fall behind them in every test.
 _WINDOW = 8
 _PHI3_HALF_ROTARY = 8  # of head_dim 16: LongRoPE's factors are per rotated frequency
+_MLA_SIZES = dict(
+    kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, moe_intermediate_size=32
+)
 FAMILY_VARIANTS: dict[str, tuple[type, str, dict]] = {
     "qwen3": (Qwen3Config, "chatml", {"head_dim": 32, "rope_theta": 1000000.0}),
     "qwen3_window": (
@@ -258,6 +267,22 @@ FAMILY_VARIANTS: dict[str, tuple[type, str, dict]] = {
             "pad_token_id": None,
         },
     ),
+    # q and k normed over all heads, half of each head rotated, sigmoid routing with correction biases.
+    "minimax_m2": (
+        MiniMaxM2Config,
+        "chatml",
+        {
+            "intermediate_size": 32,
+            "head_dim": 16,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 5000000.0,
+                "partial_rotary_factor": 0.5,
+            },
+        },
+    ),
     # Experts' gate_up drawn wide (build_tiny_model) so that their clamp at 7 bites, sinks around 1 so
     # that they take a real share of the softmax, windows on the first layer, YaRN on both.
     "gpt_oss": (
@@ -279,6 +304,56 @@ FAMILY_VARIANTS: dict[str, tuple[type, str, dict]] = {
                 "original_max_position_embeddings": 128,
                 "rope_theta": 150000.0,
             },
+        },
+    ),
+    # Multi-head latent attention with a low-rank query, interleaved rotary pairs and YaRN whose
+    # mscale_all_dim scales the softmax; sigmoid routing over 2 groups of 4 experts, a shared
+    # expert, the first layer dense.
+    "deepseek_v3": (
+        DeepseekV3Config,
+        "chatml",
+        {
+            "num_key_value_heads": 4,
+            "q_lora_rank": 32,
+            **_MLA_SIZES,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "n_shared_experts": 1,
+            "first_k_dense_replace": 1,
+            "n_group": 2,
+            "topk_group": 1,
+            "routed_scaling_factor": 2.5,
+            "rope_interleave": True,
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 128,
+                "mscale": 0.707,
+                "mscale_all_dim": 1.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "rope_theta": 10000.0,
+            },
+            "pad_token_id": None,
+        },
+    ),
+    # Latent attention without the low-rank query; softmax routing whose sum routed_scaling_factor
+    # scales, 2 shared experts; a norm epsilon far from the low-rank norms' fixed 1e-6.
+    "deepseek_v2": (
+        DeepseekV2Config,
+        "chatml",
+        {
+            "num_key_value_heads": 4,
+            "q_lora_rank": None,
+            **_MLA_SIZES,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "n_shared_experts": 2,
+            "first_k_dense_replace": 1,
+            "topk_method": "greedy",
+            "routed_scaling_factor": 1.5,
+            "rms_norm_eps": 1e-2,
+            "pad_token_id": None,
         },
     ),
     "phi3": (

@@ -76,7 +76,7 @@ _FAMILY_NORMS = {
 # Families whose checkpoints store q, k and v as one tensor (a GGUF mix quantizes it as one).
 _FUSED_QKV = {"phi3"}
 # Families whose q and k norms span all heads (their weights as wide as q and k).
-_WIDE_QK_NORM = {"olmo2", "olmo3"}
+_WIDE_QK_NORM = {"olmo2", "olmo3", "minimax_m2"}
 # Families with attention sinks, an attention output bias, and biased routers and experts.
 _SINKS_AND_BIASES = {"gpt_oss"}
 
@@ -88,7 +88,7 @@ class ModelConfig:
 
     # The family's model type (executor/models/registry.py maps it to the model class): llama,
     # mistral, qwen2, qwen3, qwen3_moe, mixtral, gemma2, gemma3_text, phi3, granite, smollm3, olmo2,
-    # olmo3, cohere, cohere2, gpt_oss, glm4, glm4_moe.
+    # olmo3, cohere, cohere2, gpt_oss, glm4, glm4_moe, deepseek_v2, deepseek_v3.
     model_type: str
     architecture: ModelArchitecture
     rms_norm_eps: float
@@ -111,7 +111,8 @@ class ModelConfig:
     # Mixture-of-experts routing by sigmoid scores (GLM-4.5, DeepSeek V3): each expert's score plus its
     # correction bias chooses, within the topk_group of n_group groups whose two best scores sum
     # highest; the chosen experts' plain scores, renormalized where norm_topk_prob says, times
-    # routed_scaling_factor, weigh them. softmax: the top-k of the softmax (Qwen3-MoE, Mixtral).
+    # routed_scaling_factor, weigh them. softmax: the top-k of the softmax (Qwen3-MoE, Mixtral), their
+    # sum times routed_scaling_factor (DeepSeek V2).
     scoring_func: str = "softmax"
     n_group: int = 1
     topk_group: int = 1

@@ -151,6 +151,33 @@ class ModelArchitecture:
         "experts (GLM-4.5, DeepSeek V3).",
         default=False,
     )
+    q_lora_rank: int = _shape_field(
+        "Width of the low-rank query projection of multi-head latent attention (q_lora_rank, "
+        "DeepSeek V3); 0: queries projected from the hidden state directly.",
+        minimum=0,
+        default=0,
+    )
+    kv_lora_rank: int = _shape_field(
+        "Width of the compressed keys and values of multi-head latent attention (kv_lora_rank, "
+        "DeepSeek V2 and V3); 0: attention without latents, q, k and v projected per head.",
+        minimum=0,
+        default=0,
+    )
+    qk_nope_head_dim: int = _shape_field(
+        "Dimensions of each latent-attention head's query and key without rotary embeddings "
+        "(qk_nope_head_dim); head_dim is it plus qk_rope_head_dim.",
+        minimum=0,
+        default=0,
+    )
+    qk_rope_head_dim: int = _shape_field(
+        "Dimensions of each latent-attention head's query and key that are rotated, the key's shared "
+        "by all heads (qk_rope_head_dim).",
+        minimum=0,
+        default=0,
+    )
+    v_head_dim: int = _shape_field(
+        "Dimensions of each latent-attention head's value (v_head_dim).", minimum=0, default=0
+    )
     fused_qkv: bool = _shape_field(
         "Whether the checkpoint stores q, k and v as one projection (Phi-3's qkv_proj), which a GGUF "
         "file quantizes as one tensor.",
@@ -205,11 +232,36 @@ class ModelArchitecture:
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
 
+    @property
+    def attention_output_size(self) -> int:
+        """Inputs of the attention output projection: the heads' values."""
+        if self.kv_lora_rank:
+            return self.num_attention_heads * self.v_head_dim
+        return self.q_size
+
+    def attention_linear_shapes(self) -> list[tuple[int, int, int]]:
+        """(out_features, in_features, how many) of every layer's attention projections: q, k, v and
+        o; or multi-head latent attention's q (or q_a and q_b), kv_a, kv_b and o, where q_a and
+        kv_a are whole on every rank and the others split by heads."""
+        q, kv, h, n = self.q_size, self.kv_size, self.hidden_size, self.num_hidden_layers
+        if not self.kv_lora_rank:
+            return [(q, h, n), (kv, h, n), (kv, h, n), (h, q, n)]
+        per_head = self.qk_nope_head_dim + self.v_head_dim
+        shapes = [
+            (q, self.q_lora_rank or h, n),
+            (self.kv_lora_rank + self.qk_rope_head_dim, h, n),
+            (self.num_attention_heads * per_head, self.kv_lora_rank, n),
+            (h, self.attention_output_size, n),
+        ]
+        if self.q_lora_rank:
+            shapes.append((self.q_lora_rank, h, n))
+        return shapes
+
     def linear_shapes(self) -> list[tuple[int, int, int]]:
         """(out_features, in_features, how many) of the quantizable linear layers of the whole
         decoder: every layer's attention, the dense MLPs, and each expert of the sparse ones."""
-        q, kv, h, n = self.q_size, self.kv_size, self.hidden_size, self.num_hidden_layers
-        shapes = [(q, h, n), (kv, h, n), (kv, h, n), (h, q, n)]
+        h, n = self.hidden_size, self.num_hidden_layers
+        shapes = self.attention_linear_shapes()
         dense = n - self.num_sparse_layers
         if dense:
             i = self.intermediate_size
@@ -261,6 +313,8 @@ class ModelArchitecture:
             norms += 2 * self.head_dim * self.num_hidden_layers
         if self.wide_qk_norm:
             norms += (self.q_size + self.kv_size) * self.num_hidden_layers
+        # Latent attention's norms of its low-rank query and of its compressed keys and values.
+        norms += (self.q_lora_rank + self.kv_lora_rank) * self.num_hidden_layers
         biases = self.q_size + 2 * self.kv_size if self.attention_bias else 0
         biases += self.hidden_size if self.attention_output_bias else 0
         biases += self.num_attention_heads if self.attention_sinks else 0
@@ -658,7 +712,7 @@ def check_tensor_parallel(
     fmt = WEIGHT_FORMATS.get(quantization)
     if fmt is None or not fmt.group_size or size == 1:
         return sliced
-    row_parallel = {"attention output": arch.q_size}
+    row_parallel = {"attention output": arch.attention_output_size}
     if arch.num_hidden_layers > arch.num_sparse_layers:
         row_parallel["MLP down"] = arch.intermediate_size
     if arch.num_sparse_layers:

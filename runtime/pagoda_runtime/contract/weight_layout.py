@@ -18,7 +18,10 @@ def is_projection(hf_name: str) -> bool:
     (mixture-of-experts experts included; their router is not)."""
     if not hf_name.startswith("model.layers."):
         return False
-    return hf_name.endswith("_proj.weight") or (".experts." in hf_name and hf_name.endswith(".weight"))
+    # kv_a_proj_with_mqa: DeepSeek's latent key/value projection.
+    if hf_name.endswith(("_proj.weight", "_proj_with_mqa.weight")):
+        return True
+    return ".experts." in hf_name and hf_name.endswith(".weight")
 
 
 def vocabulary_shapes(arch: ModelArchitecture) -> Shapes:

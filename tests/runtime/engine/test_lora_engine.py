@@ -293,3 +293,9 @@ def test_adapters_on_the_gpu_match_merged_transformers(family):
     tokens = [o.outputs[0].token_ids for o in outputs]
     assert tokens == [_expected(expected, llm, n, p) for n in names for p in PROMPTS]
     assert llm.engine.runner.last_graph_batch == 8
+
+
+def test_a_family_whose_attention_lora_cannot_reach_refuses_enable_lora_in_one_sentence(tmp_path):
+    folder = build_tiny_model(tmp_path / "deepseek", "deepseek_v3")
+    with pytest.raises(ValueError, match="not served on deepseek_v3 models .* without --enable-lora"):
+        LLM(str(folder), dtype="float32", device="cpu", enable_lora=True)

@@ -1,7 +1,8 @@
 """The rotary tables of the new families equal transformers' cos and sin: Phi-3's LongRoPE (short
 factors before the original context, long ones from it on, both scaled by the attention factor;
 half of each head rotated), Gemma 3's and OLMo 3's two tables (the global layers' scaled one, the
-local layers' own) and a Qwen 3 config asking for YaRN."""
+local layers' own), a Qwen 3 config asking for YaRN, and DeepSeek V3's YaRN over the rotated part
+of its heads with the softmax scale its mscale_all_dim implies."""
 
 from pathlib import Path
 
@@ -10,6 +11,10 @@ import torch
 from pagoda_runtime.executor.kernels.rope_cache import build_cos_sin_cache, rotary_row_order
 from pagoda_runtime.loading.model_source import config_from_hf
 from transformers import Olmo3Config
+from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
+    DeepseekV3Attention,
+    DeepseekV3RotaryEmbedding,
+)
 from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
 from transformers.models.olmo3.modeling_olmo3 import Olmo3RotaryEmbedding
 from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
@@ -100,3 +105,16 @@ def test_olmo3_released_configs_scale_the_full_layers_rope_only():
     for local, layer_type in ((False, "full_attention"), (True, "sliding_attention")):
         table = build_cos_sin_cache(ours, CONTEXT, "cpu", torch.float32, local=local)
         torch.testing.assert_close(table, _hf_table(rotary, positions, layer_type=layer_type), rtol=0, atol=0)
+
+
+def test_deepseek_rotates_its_rope_dimensions_and_scales_the_softmax_as_transformers_does():
+    hf, ours = _configs("deepseek_v3", "DeepseekV3ForCausalLM")
+    table = build_cos_sin_cache(ours, CONTEXT, "cpu", torch.float32)
+    rotated, half = ours.rotary_dim // 2, ours.architecture.head_dim // 2
+    assert rotated == hf.qk_rope_head_dim // 2
+    expected = _hf_table(DeepseekV3RotaryEmbedding(hf), list(range(CONTEXT)))
+    torch.testing.assert_close(table[:, :rotated], expected[:, :rotated], rtol=0, atol=0)
+    torch.testing.assert_close(table[:, half : half + rotated], expected[:, rotated:], rtol=0, atol=0)
+    assert bool((table[:, rotated:half] == 1).all() and (table[:, half + rotated :] == 0).all())
+    assert ours.attention_scale == pytest.approx(DeepseekV3Attention(hf, 0).scaling, rel=1e-12)
+    assert ours.attention_scale != ours.architecture.head_dim**-0.5

@@ -156,7 +156,8 @@ def attach_lora(model: nn.Module, num_slots: int, max_rank: int, dtype: torch.dt
         attn = layer.self_attn
         if not isinstance(attn, Attention):
             raise ValueError(
-                f"layer {i} of a {model.config.model_type} model has no attention LoRA can reach"
+                f"LoRA adapters are not served on {model.config.model_type} models (layer {i}'s attention "
+                "is not one LoRA reaches); serve this model without --enable-lora"
             )
         kv = attn.kv_size
         hidden = model.config.architecture.hidden_size

@@ -2,10 +2,11 @@
 8 per token, each 768 channels wide) and Mixtral (Mixtral-8x7B: Mistral's attention, 8 experts of
 which 2 per token).
 
-The layer (SparseMoE) also serves GLM-4.5 (glm4_moe.py) and GPT-OSS (gpt_oss.py). It routes each
-token to its top-k experts (softmax over the router's logits, the chosen weights renormalized where
-the config says so; or GLM-4.5's grouped sigmoid scores with a correction bias) and sums their
-SwiGLU outputs weighted by the router (kernels/moe.py: the grouped Triton kernel on CUDA, the
+The layer (SparseMoE) also serves GLM-4.5 (glm4_moe.py), GPT-OSS (gpt_oss.py) and DeepSeek V2 / V3
+(deepseek.py). It routes each token to its top-k experts (softmax over the router's logits, the
+chosen weights renormalized where the config says so; or GLM-4.5's grouped sigmoid scores with a
+correction bias), sums their SwiGLU outputs weighted by the router and scaled by
+routed_scaling_factor (kernels/moe.py: the grouped Triton kernel on CUDA, the
 reference on the CPU), plus the shared experts' MLP where the model has one. Each
 projection's experts are one fused weight of the layer, [E * 2I, H] for gate and up and [E * H, I]
 for down, built by make_linear like any projection, so int8, fp8 and int4 experts are quantized
@@ -118,6 +119,9 @@ class SparseMoE(nn.Module):
             self.sigmoid_routing = SigmoidRouting(
                 config.n_group, config.topk_group, config.routed_scaling_factor
             )
+        # Softmax routing scales the routed experts' sum by routed_scaling_factor too (DeepSeek V2);
+        # the sigmoid rule scales its weights itself.
+        self.routed_scale = config.routed_scaling_factor if self.sigmoid_routing is None else 1.0
         # Experts every token goes through besides its routed ones (GLM-4.5, DeepSeek), a plain MLP.
         self.shared_experts = None
         if arch.shared_expert_intermediate_size:
@@ -233,6 +237,8 @@ class SparseMoE(nn.Module):
             sigmoid_routing=self.sigmoid_routing,
             correction_bias=self.gate.e_score_correction_bias,
         )
+        if self.routed_scale != 1.0:
+            out = out * self.routed_scale
         out = self.tp.all_reduce(out)
         return out if self.shared_experts is None else out + self.shared_experts(x)
 

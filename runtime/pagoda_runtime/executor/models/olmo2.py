@@ -108,11 +108,16 @@ class Olmo2ForCausalLM(CausalLM):
         return weight_shapes(self.config)
 
     def checkpoint_parts(self, name: str, tensor: Weight):
-        """A rank keeps the norm weights of its own q and k heads."""
-        if self.tp.size > 1 and name.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")):
-            proj = "q_proj" if ".q_norm." in name else "k_proj"
-            tensor = tensor[self._fused_parts()[proj][2]]
-        yield name, tensor
+        yield name, wide_norm_part(self, name, tensor)
+
+
+def wide_norm_part(model: CausalLM, name: str, tensor: Weight) -> Weight:
+    """Of a wide q or k norm's weight, the part of the rank's own q and k heads (any other tensor
+    whole)."""
+    if model.tp.size > 1 and name.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")):
+        proj = "q_proj" if ".q_norm." in name else "k_proj"
+        return tensor[model._fused_parts()[proj][2]]
+    return tensor
 
 
 def weight_shapes(config: ModelConfig) -> Shapes:
