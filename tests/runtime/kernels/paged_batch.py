@@ -85,10 +85,15 @@ def make_paged_batch(
 
 
 def dense_attention(
-    batch: PagedBatch, scale: float, window: int | None = None, softcap: float | None = None
+    batch: PagedBatch,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention computed in float64 from the dense per-sequence keys and values; window: each
-    query sees its `window` latest keys; softcap: scores soft-capped by tanh."""
+    query sees its `window` latest keys; softcap: scores soft-capped by tanh; sinks: a logit per head
+    that joins each row's softmax as one more column, dropped after it (GPT-OSS)."""
     starts = batch.meta.query_start_loc.tolist()
     outs = []
     for i, (k, v) in enumerate(zip(batch.keys, batch.values, strict=True)):
@@ -106,7 +111,11 @@ def dense_attention(
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
         scores = scores.masked_fill(~allowed, float("-inf"))
-        outs.append((torch.softmax(scores, dim=-1) @ v).transpose(0, 1))
+        if sinks is not None:
+            column = sinks.double().reshape(-1, 1, 1).expand(-1, query_len, 1)
+            scores = torch.cat([scores, column], dim=-1)
+        probs = torch.softmax(scores, dim=-1)
+        outs.append(((probs if sinks is None else probs[..., :-1]) @ v).transpose(0, 1))
     return torch.cat(outs)
 
 

@@ -34,40 +34,6 @@ def _sinks(num_heads: int, seed: int = 0) -> torch.Tensor:
     return torch.linspace(-1.0, 6.0, num_heads)[order].to(DEVICE)
 
 
-def dense_sink_attention(
-    batch: PagedBatch,
-    scale: float,
-    sinks: torch.Tensor,
-    window: int | None = None,
-    softcap: float | None = None,
-) -> torch.Tensor:
-    """In float64, per sequence, as transformers' eager GPT-OSS attention computes it: the kv heads
-    repeated, the scores plus an additive mask, the sinks concatenated as one more column, the row's
-    maximum subtracted, softmax, the sink column dropped."""
-    starts = batch.meta.query_start_loc.tolist()
-    outs = []
-    for i, (k, v) in enumerate(zip(batch.keys, batch.values, strict=True)):
-        q = batch.q[starts[i] : starts[i + 1]].double().transpose(0, 1)  # [H, M, D]
-        group = q.shape[0] // k.shape[1]
-        k = k.double().repeat_interleave(group, dim=1).transpose(0, 1)  # [H, L, D]
-        v = v.double().repeat_interleave(group, dim=1).transpose(0, 1)
-        query_len, context_len = q.shape[1], k.shape[1]
-        query_pos = torch.arange(context_len - query_len, context_len, device=q.device)
-        key_pos = torch.arange(context_len, device=q.device)[None, :]
-        allowed = key_pos <= query_pos[:, None]
-        if window is not None:
-            allowed &= key_pos > query_pos[:, None] - window
-        scores = q @ k.transpose(1, 2) * scale
-        if softcap is not None:
-            scores = torch.tanh(scores / softcap) * softcap
-        scores = scores + torch.zeros_like(scores).masked_fill(~allowed, float("-inf"))
-        logits = torch.cat([scores, sinks.double().reshape(-1, 1, 1).expand(-1, query_len, 1)], dim=-1)
-        logits = logits - logits.max(dim=-1, keepdim=True).values
-        probs = torch.softmax(logits, dim=-1)[..., :-1]
-        outs.append((probs @ v).transpose(0, 1))
-    return torch.cat(outs)
-
-
 def test_the_dense_computation_is_transformers_gpt_oss_attention() -> None:
     batch = make_paged_batch(MIXED, 8, 2, 64, 16, seed=1)
     sinks = _sinks(8).cpu()
@@ -88,7 +54,7 @@ def test_the_dense_computation_is_transformers_gpt_oss_attention() -> None:
             0.125,
         )
         expected.append(out[0])
-    assert relative_error(dense_sink_attention(batch, 0.125, sinks), torch.cat(expected)) < 1e-12
+    assert relative_error(dense_attention(batch, 0.125, sinks=sinks), torch.cat(expected)) < 1e-12
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (9, 3), (8, 2)])
@@ -101,7 +67,7 @@ def test_reference_attention_with_sinks_equals_dense(heads: int, kv_heads: int, 
     out = reference.attention(
         batch.q, batch.kv_cache, batch.meta, 0.125, window=window, softcap=softcap, sinks=sinks
     )
-    expected = dense_sink_attention(batch, 0.125, sinks, window, softcap)
+    expected = dense_attention(batch, 0.125, window, softcap, sinks=sinks)
     assert relative_error(out, expected) < 1e-6
     # The sinks take a share large enough that ignoring them would fail by far.
     assert relative_error(dense_attention(batch, 0.125, window, softcap), expected) > 0.1
@@ -134,7 +100,7 @@ def test_paged_attention_with_sinks_on_mixed_batches(heads: int, kv_heads: int) 
     out = paged_attention(batch.q, batch.kv_cache, batch.meta, 0.125, sinks=sinks)
     expected = reference.attention(batch.q, batch.kv_cache, batch.meta, 0.125, sinks=sinks)
     assert relative_error(out, expected) < 1e-5
-    assert relative_error(out, dense_sink_attention(batch, 0.125, sinks)) < 1e-5
+    assert relative_error(out, dense_attention(batch, 0.125, sinks=sinks)) < 1e-5
 
 
 @pytest.mark.parametrize(
@@ -189,7 +155,7 @@ def test_paged_attention_with_sinks_in_a_sliding_window_with_soft_capped_scores(
         batch.q, batch.kv_cache, batch.meta, 0.125, window=21, softcap=2.0, sinks=sinks
     )
     assert relative_error(out, expected) < 1e-5
-    assert relative_error(out, dense_sink_attention(batch, 0.125, sinks, window=21, softcap=2.0)) < 1e-5
+    assert relative_error(out, dense_attention(batch, 0.125, window=21, softcap=2.0, sinks=sinks)) < 1e-5
 
 
 @pytest.mark.parametrize("num_splits", [None, 3])
@@ -229,4 +195,4 @@ def test_paged_attention_with_sinks_in_bfloat16(num_splits: int, bf16_as_on_gpu)
         relative_error(out, reference.attention(batch.q, batch.kv_cache, batch.meta, 0.125, sinks=sinks))
         < 1e-2
     )
-    assert relative_error(out, dense_sink_attention(batch, 0.125, sinks)) < 1e-2
+    assert relative_error(out, dense_attention(batch, 0.125, sinks=sinks)) < 1e-2
