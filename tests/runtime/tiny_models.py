@@ -19,7 +19,7 @@ layer a sliding window of 8), "qwen3_moe" (8 experts, 2 per token, renormalized,
 layers, untied), "phi3" (fused qkv and gate_up, LongRoPE past 64 positions, half the head
 rotated), "glm4" (half of each head rotated in interleaved pairs, sandwich norms), "glm4_moe"
 (grouped sigmoid routing with correction biases, a shared expert, q/k norms), "minimax_m2" (q/k
-normed over all heads, half-rotated heads, sigmoid routing), "gpt_oss"
+normed over all heads, half-rotated heads, sigmoid routing), "seed_oss" (q, k, v and o biases), "gpt_oss"
 (attention sinks, biased experts whose clamp bites, window then full, YaRN), "deepseek_v3" (latent
 attention with a low-rank query, interleaved rotary pairs, YaRN's mscale on the softmax, grouped
 sigmoid routing), "deepseek_v2" (latent attention, scaled softmax routing), and the others each
@@ -69,6 +69,7 @@ from transformers import (
     Qwen2Config,
     Qwen3Config,
     Qwen3MoeConfig,
+    SeedOssConfig,
     SmolLM3Config,
 )
 
@@ -267,6 +268,8 @@ FAMILY_VARIANTS: dict[str, tuple[type, str, dict]] = {
             "pad_token_id": None,
         },
     ),
+    # Biases on q, k and v and, by its own flag, on o.
+    "seed_oss": (SeedOssConfig, "chatml", {"head_dim": 16, "attention_out_bias": True, "pad_token_id": None}),
     # q and k normed over all heads, half of each head rotated, sigmoid routing with correction biases.
     "minimax_m2": (
         MiniMaxM2Config,

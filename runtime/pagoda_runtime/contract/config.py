@@ -88,7 +88,7 @@ class ModelConfig:
 
     # The family's model type (executor/models/registry.py maps it to the model class): llama,
     # mistral, qwen2, qwen3, qwen3_moe, mixtral, gemma2, gemma3_text, phi3, granite, smollm3, olmo2,
-    # olmo3, cohere, cohere2, gpt_oss, glm4, glm4_moe, deepseek_v2, deepseek_v3.
+    # olmo3, cohere, cohere2, gpt_oss, glm4, glm4_moe, deepseek_v2, deepseek_v3, minimax_m2, seed_oss.
     model_type: str
     architecture: ModelArchitecture
     rms_norm_eps: float

@@ -141,7 +141,9 @@ class ModelArchitecture:
         "Whether each query head has a learned sink logit that joins its softmax (GPT-OSS).", default=False
     )
     attention_output_bias: bool = _shape_field(
-        "Whether the attention output projection has a bias (GPT-OSS).", default=False
+        "Whether the attention output projection has a bias (GPT-OSS; the Llama-layout families whose "
+        "attention_bias is set; Seed-OSS's attention_out_bias).",
+        default=False,
     )
     expert_bias: bool = _shape_field(
         "Whether the routers and every expert's projections have biases (GPT-OSS).", default=False

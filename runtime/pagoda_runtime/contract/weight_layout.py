@@ -34,7 +34,7 @@ def vocabulary_shapes(arch: ModelArchitecture) -> Shapes:
 
 
 def attention_shapes(arch: ModelArchitecture, layer: str) -> Shapes:
-    """q, k, v and o projections (and q, k, v biases) of the layer whose names start with `layer`."""
+    """q, k, v and o projections (and their biases) of the layer whose names start with `layer`."""
     hidden = arch.hidden_size
     shapes = {
         layer + "self_attn.q_proj.weight": (arch.q_size, hidden),
@@ -46,6 +46,8 @@ def attention_shapes(arch: ModelArchitecture, layer: str) -> Shapes:
         shapes[layer + "self_attn.q_proj.bias"] = (arch.q_size,)
         shapes[layer + "self_attn.k_proj.bias"] = (arch.kv_size,)
         shapes[layer + "self_attn.v_proj.bias"] = (arch.kv_size,)
+    if arch.attention_output_bias:
+        shapes[layer + "self_attn.o_proj.bias"] = (hidden,)
     return shapes
 
 

@@ -92,3 +92,17 @@ def test_quantized_weights_keep_the_llama_familys_quality(family, quantization):
     folder, tokens, reference, _ = family
     report = compare(reference, prefill_logits(folder, tokens, torch.float32, quantization), tokens)
     assert report.mean_kl <= 4 * LLAMA_FAMILY_KL[quantization], report
+
+
+@pytest.mark.parametrize("variant", ["llama3", "qwen3", "olmo2", "gemma2", "cohere"])
+def test_attention_bias_reaches_o_proj_as_in_transformers(tmp_path, variant):
+    """transformers' Llama-layout attention biases o_proj too where attention_bias is set; a model
+    that read q, k and v's biases alone would be off by o's."""
+    folder = build_tiny_model(tmp_path / variant, variant, overrides={"attention_bias": True})
+    loaded = load_model_source(folder)
+    assert loaded.config.architecture.attention_output_bias
+    tokens = torch.tensor(loaded.tokenizer.encode(TEXT))
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.inference_mode():
+        reference = hf(tokens[None]).logits[0].float()
+    torch.testing.assert_close(prefill_logits(folder, tokens, torch.float32), reference, rtol=1e-4, atol=1e-4)

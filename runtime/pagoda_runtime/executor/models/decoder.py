@@ -190,6 +190,8 @@ class CausalLM(nn.Module):
                 continue  # a tied checkpoint may still carry the copy
             loaded.add(hf_name)
             for part_name, tensor in self.checkpoint_parts(hf_name, stored):
+                # o_proj's bias is the attention's own, added once after the sum over ranks.
+                part_name = part_name.replace("self_attn.o_proj.bias", "self_attn.o_bias")
                 self._load_tensor(hf_name, part_name.removeprefix("model."), tensor, fused, params)
         missing = sorted(set(self.checkpoint_shapes()) - loaded)
         if missing:

@@ -28,6 +28,7 @@ from pagoda_runtime.executor.models.decoder import CausalLM, Weight
 from pagoda_runtime.executor.models.hf_config import (
     ConfigError,
     architecture_fields,
+    attention_biases,
     check_activation,
     layer_types,
     rope_parameters,
@@ -141,7 +142,7 @@ def config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
         rope.setdefault("rope_theta", 1_000_000.0)
     return ModelConfig(
         model_type=model_type,
-        architecture=ModelArchitecture(**fields, attention_bias=raw.get("attention_bias", False), **windows),
+        architecture=ModelArchitecture(**fields, **attention_biases(raw), **windows),
         rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
         rope_theta=rope.get("rope_theta", 10000.0),
         rope_scaling=rope_scaling(rope, family),

@@ -70,8 +70,6 @@ class GptOssForCausalLM(CausalLM):
             yield from _expert_parts(f"{layer}.mlp.experts.", rest.removeprefix("experts."), tensor)
         elif rest.startswith("router."):
             yield f"{layer}.mlp.gate.{rest.removeprefix('router.')}", tensor
-        elif name.endswith("self_attn.o_proj.bias"):
-            yield name.replace("o_proj.bias", "o_bias"), tensor
         elif name.endswith("self_attn.sinks"):
             # A rank keeps the sinks of its own query heads.
             heads = self.layers[0].self_attn.num_heads
@@ -109,7 +107,6 @@ def weight_shapes(config: ModelConfig) -> Shapes:
         layer = layer_prefix(i)
         shapes |= norm_shapes(layer, ("input_layernorm", "post_attention_layernorm"), hidden)
         shapes |= attention_shapes(arch, layer)
-        shapes[layer + "self_attn.o_proj.bias"] = (hidden,)
         shapes[layer + "self_attn.sinks"] = (arch.num_attention_heads,)
         shapes[layer + "mlp.router.weight"] = (experts, hidden)
         shapes[layer + "mlp.router.bias"] = (experts,)

@@ -80,6 +80,13 @@ def rope_scaling(params: dict[str, Any], family: str) -> RopeScaling | None:
     return RopeScaling(rope_type, **{k: params[k] for k in fields if params.get(k) is not None})
 
 
+def attention_biases(raw: dict[str, Any]) -> dict[str, bool]:
+    """The ModelArchitecture bias fields of a family whose attention_bias biases q, k, v and o alike
+    (transformers' Llama layout: Llama, Granite, Qwen3, Qwen3-MoE, OLMo, Cohere, Gemma)."""
+    bias = bool(raw.get("attention_bias", False))
+    return {"attention_bias": bias, "attention_output_bias": bias}
+
+
 def check_activation(raw: dict[str, Any], key: str, expected: str, family: str) -> None:
     if raw.get(key, expected) != expected or raw.get("mlp_bias", False):
         raise ConfigError(

@@ -1,6 +1,7 @@
-"""The Llama family (Llama 1/2/3, Mistral, Qwen2, SmolLM, SmolLM3): pre-norm layers, grouped-query
-attention with rotary embeddings, the SwiGLU MLP; Qwen2 adds a bias to q, k and v; SmolLM3 leaves
-the rotary embedding out of every fourth layer (its config's no_rope_layers)."""
+"""The Llama family (Llama 1/2/3, Mistral, Qwen2, SmolLM, SmolLM3, Seed-OSS): pre-norm layers,
+grouped-query attention with rotary embeddings, the SwiGLU MLP; Qwen2 and Seed-OSS add a bias to q,
+k and v (Seed-OSS's attention_out_bias to o too); SmolLM3 leaves the rotary embedding out of every
+fourth layer (its config's no_rope_layers)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ MODEL_TYPES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "SmolLM3ForCausalLM": "smollm3",
+    "SeedOssForCausalLM": "seed_oss",
 }
 # The model types that take Qwen2's sliding-window rule (use_sliding_window, max_window_layers).
 _PER_LAYER_WINDOWS = ("qwen2", "smollm3")
@@ -65,10 +67,14 @@ def config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
         per_layer = model_type in _PER_LAYER_WINDOWS
         windows = layer_types(raw, fields["num_hidden_layers"], "Llama", per_layer=per_layer)
     rope = rope_parameters(raw)
+    bias = model_type == "qwen2" or raw.get("attention_bias", False)
+    # transformers' Llama and SmolLM3 bias o_proj with attention_bias, Qwen2 does not, Seed-OSS by
+    # its own attention_out_bias.
+    output_bias = bias if model_type in ("llama", "smollm3") else raw.get("attention_out_bias", False)
     return ModelConfig(
         model_type=model_type,
         architecture=ModelArchitecture(
-            **fields, attention_bias=model_type == "qwen2" or raw.get("attention_bias", False), **windows
+            **fields, attention_bias=bias, attention_output_bias=output_bias, **windows
         ),
         rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
         rope_theta=rope.get("rope_theta", 10000.0),

@@ -40,6 +40,7 @@ from pagoda_runtime.executor.kernels.moe_weights import ExpertWeights, PackedExp
 from pagoda_runtime.executor.models.decoder import CausalLM, Weight
 from pagoda_runtime.executor.models.hf_config import (
     architecture_fields,
+    attention_biases,
     check_activation,
     field,
     layer_types,
@@ -324,7 +325,7 @@ def _moe_config(raw: dict[str, Any], model_type: str, family: str, **fields: Any
             **fields,
             num_experts=num_experts,
             num_experts_per_tok=field(raw, "num_experts_per_tok", family),
-            attention_bias=raw.get("attention_bias", False),
+            **attention_biases(raw),
             **layer_types(raw, arch["num_hidden_layers"], family, per_layer=model_type == "qwen3_moe"),
         ),
         rms_norm_eps=raw.get("rms_norm_eps", 1e-6),

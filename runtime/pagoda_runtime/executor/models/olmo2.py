@@ -25,6 +25,7 @@ from pagoda_runtime.executor.models.decoder import CausalLM, Weight
 from pagoda_runtime.executor.models.hf_config import (
     ConfigError,
     architecture_fields,
+    attention_biases,
     check_activation,
     layer_types,
     rope_parameters,
@@ -158,7 +159,7 @@ def config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
         local_theta = rope.get("rope_theta", default_theta)
     return ModelConfig(
         model_type=model_type,
-        architecture=ModelArchitecture(**fields, attention_bias=raw.get("attention_bias", False), **windows),
+        architecture=ModelArchitecture(**fields, **attention_biases(raw), **windows),
         rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
         rope_theta=rope.get("rope_theta", default_theta),
         rope_scaling=rope_scaling(rope, family),

@@ -16,6 +16,7 @@ from pagoda_runtime.executor.kernels import AttentionOps
 from pagoda_runtime.executor.models.decoder import CausalLM
 from pagoda_runtime.executor.models.hf_config import (
     architecture_fields,
+    attention_biases,
     check_activation,
     layer_types,
     rope_parameters,
@@ -54,7 +55,7 @@ def config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
         model_type="qwen3",
         architecture=ModelArchitecture(
             **fields,
-            attention_bias=raw.get("attention_bias", False),
+            **attention_biases(raw),
             **layer_types(raw, fields["num_hidden_layers"], family, per_layer=True),
         ),
         rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
