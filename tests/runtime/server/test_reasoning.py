@@ -44,13 +44,17 @@ def streamed(client, **extra):
     return reasoning, content, [c for d in deltas for c in d.get("tool_calls") or ()]
 
 
-@pytest.fixture
-def served():
-    """(client, engine) over the fake engine with --reasoning-parser qwen3."""
-    app, engine = fake_app(reasoning_parser="qwen3")
+def serving(reasoning_parser: str):
+    """(client, engine) over the fake engine with --reasoning-parser `reasoning_parser`."""
+    app, engine = fake_app(reasoning_parser=reasoning_parser)
     with TestClient(app) as client:
         wait_ready(client)
         yield client, engine
+
+
+@pytest.fixture
+def served():
+    yield from serving("qwen3")
 
 
 def test_a_qwen3_reply_comes_back_as_reasoning_and_content_whole_and_streamed(served):
@@ -165,10 +169,7 @@ HARMONY_REPLY = (
 
 @pytest.fixture
 def harmony():
-    app, engine = fake_app(reasoning_parser="openai_gptoss")
-    with TestClient(app) as client:
-        wait_ready(client)
-        yield client, engine
+    yield from serving("openai_gptoss")
 
 
 def test_a_gpt_oss_reply_comes_back_as_its_analysis_and_its_final_answer(harmony):
