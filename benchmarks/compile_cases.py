@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from compile_shapes import HEAD_DIM, KV_HEADS, LLAMA3_8B_LAYERS, SMS, decode_batch
+from compile_shapes import BLOCK_SIZE, HEAD_DIM, KV_HEADS, LLAMA3_8B_LAYERS, SMS, decode_batch
 from pagoda_runtime.executor.kernels import (
     reference,
     triton_lora,
@@ -310,6 +310,7 @@ def _small_cases() -> list:
                 ),
             )
         )
+    found += _latent_attention_cases()
     x = torch.randn(5, 576, dtype=torch.bfloat16)
     found.append(("rms_norm", lambda: triton_rmsnorm.rms_norm(x, x[0], 1e-5, x)))
     found.append(("silu_and_mul", lambda: triton_silu_mul.silu_and_mul(x)))
@@ -326,6 +327,34 @@ def _small_cases() -> list:
     found += _matmul_cases([("small", 96, 256)], (1, 3, 17, 40, 100), (torch.bfloat16, torch.float16))
     found += _matmul_cases([("small", 40, 64)], (3,), (torch.float32,))
     return found + _moe_cases() + _gpt_oss_moe_cases() + _sigmoid_routing_moe_cases() + _lora_cases()
+
+
+def _latent_attention_cases() -> list:
+    """DeepSeek V3's absorbed attention on one of 8 ranks: 16 query heads over one cached latent and
+    rotated key of 512 + 64, the values read from the keys' plane; split decode and a prefill chunk."""
+    width, heads, found = 512 + 64, 16, []
+    for query_len, splits in ((1, 4), (30, None)):
+        _, _, meta = decode_batch(2, 300, torch.bfloat16, None, query_len, width)
+        q = torch.randn(2 * query_len, heads, width, dtype=torch.bfloat16)
+        cache = torch.zeros(1, 4, BLOCK_SIZE, 1, width, dtype=torch.bfloat16)
+        found.append(
+            (
+                f"latent attention query {query_len}",
+                lambda q=q, c=cache, m=meta, s=splits: triton_paged_attention.paged_attention(
+                    q, c, m, 0.1, num_splits=s
+                ),
+            )
+        )
+    k, cos_sin = torch.randn(2, 1, width, dtype=torch.bfloat16), torch.randn(64, width)
+    found.append(
+        (
+            "rotary_write_kv latent",
+            lambda q=q[:2], c=cache, m=meta, k=k, cs=cos_sin: triton_rotary_kv_write.rotary_write_kv(
+                torch.arange(2), q, k, None, cs, c, m.slot_mapping[:2]
+            ),
+        )
+    )
+    return found
 
 
 def _llama_cases() -> list:

@@ -244,6 +244,7 @@ def main() -> int:
         "target": "sm_90 (Hopper), ptxas of triton " + triton.__version__,
         "cases": args.cases,
         "kernels": [name for _, name in KERNELS],
+        "shared_per_program": SHARED_PER_SM - SHARED_RESERVED_PER_BLOCK,
     } | run(record(KERNELS, cases(args.cases)), full_report=args.cases == "llama")
     text = json.dumps(result, indent=1)
     if args.result_json:

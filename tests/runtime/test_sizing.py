@@ -377,7 +377,7 @@ def test_the_kv_budget_gives_window_layers_what_their_sequences_can_hold_and_ful
     assert kv_pools(mistral, budget, 16, 4096, 8, 8192).window_blocks == 0
 
 
-def test_latent_attention_counts_its_low_rank_projections_and_caches_keys_and_values_per_head():
+def test_latent_attention_counts_its_low_rank_projections_and_caches_one_latent_a_token():
     # DeepSeek-V2-Lite's config.json: 15.7B parameters, 2.4B of them a token's.
     lite = ModelArchitecture(
         num_hidden_layers=27,
@@ -400,11 +400,17 @@ def test_latent_attention_counts_its_low_rank_projections_and_caches_keys_and_va
     )
     assert round(lite.num_parameters() / 1e9, 1) == 15.7
     assert round((lite.active_linear_parameters() + lite.vocab_parameters() // 2) / 1e9, 1) == 2.4
-    # The naive form caches every head's key and padded value: 16 heads of 192, twice, in bf16.
-    assert kv_bytes_per_token(lite) == 27 * 2 * 16 * 192 * 2
-    # Two ranks split the heads of q, kv_b and o; kv_a and its norm stay whole on each.
+    # Absorbed: one plane of the latent and the rotated key a token and layer, in bf16, where every
+    # head's key and value would take 27 x 2 x 16 x 192 x 2 bytes (12 times more).
+    assert kv_bytes_per_token(lite) == 27 * (512 + 64) * 2
+    # Two ranks split the heads of q, kv_b and o; kv_a, its norm and the cached latent stay whole.
     half = lite.per_rank(2)
     attention = lite.attention_linear_shapes()
     assert half.attention_linear_shapes()[1] == attention[1] == (512 + 64, 2048, 27)
-    assert half.attention_linear_shapes()[2] == (8 * (128 + 128), 512, 27)
     assert half.attention_output_size == 8 * 128
+    assert kv_bytes_per_token(half) == kv_bytes_per_token(lite)
+    # kv_b_proj, absorbed, is held unquantized (in 16 bits under every quantization), split by heads.
+    kv_b = 16 * (128 + 128) * 512 * 27
+    assert half.unquantized_parameters() - replace(half, kv_lora_rank=0).unquantized_parameters() == (
+        kv_b // 2 + 512 * 27
+    )

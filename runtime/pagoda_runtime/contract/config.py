@@ -7,6 +7,7 @@ everywhere else; nothing inside the engine parses strings.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -59,6 +60,19 @@ class RopeScaling:
     mscale: float | None = None
     mscale_all_dim: float | None = None
     truncate: bool = True  # YaRN: the ramp's ends rounded to whole dimensions
+
+    def yarn_mscale(self, m: float = 1.0) -> float:
+        """YaRN's magnitude correction for stretching by `factor`, 0.1 m ln(factor) + 1 (1 unstretched)."""
+        return 1.0 if self.factor <= 1 else 0.1 * m * math.log(self.factor) + 1.0
+
+
+def latent_softmax_scale(head_dim: int, scaling: RopeScaling | None) -> float:
+    """head_dim ** -0.5, times the square of YaRN's mscale over all dimensions where the scaling sets
+    mscale_all_dim (DeepSeek's latent attention; transformers' yarn_apply_mscale)."""
+    scale = head_dim**-0.5
+    if scaling is not None and scaling.mscale_all_dim:
+        scale *= scaling.yarn_mscale(scaling.mscale_all_dim) ** 2
+    return scale
 
 
 # The norm weights of families whose decoder layers hold more than Llama's two: (norms of

@@ -10,7 +10,7 @@ the same numbers.
 
 from __future__ import annotations
 
-from pagoda_runtime.contract.config import ModelConfig, RopeScaling
+from pagoda_runtime.contract.config import ModelConfig, RopeScaling, latent_softmax_scale
 from pagoda_runtime.contract.sizing import ModelArchitecture
 
 # Llama 3.1 and 3.2 stretch the 8K-trained rotary frequencies to 128K.
@@ -68,6 +68,31 @@ def _gpt_oss(layers: int, experts: int) -> ModelConfig:
         ),
         norm_topk_prob=True,
         swiglu_limit=7.0,
+    )
+
+
+def _deepseek(model_type: str, architecture: ModelArchitecture, mscale: float, **routing) -> ModelConfig:
+    """DeepSeek V2 and V3 share their 4K-trained rotary stretched 40 times by YaRN, whose mscale
+    (V2-Lite's 0.707, V3's 1.0) also scales the softmax, and interleaved rotary pairs."""
+    scaling = RopeScaling(
+        rope_type="yarn",
+        factor=40.0,
+        original_max_position_embeddings=4096,
+        beta_fast=32.0,
+        beta_slow=1.0,
+        mscale=mscale,
+        mscale_all_dim=mscale,
+    )
+    return ModelConfig(
+        model_type=model_type,
+        architecture=architecture,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        rope_scaling=scaling,
+        partial_rotary_factor=architecture.qk_rope_head_dim / architecture.head_dim,
+        rope_interleaved=True,
+        attention_multiplier=latent_softmax_scale(architecture.head_dim, scaling),
+        **routing,
     )
 
 
@@ -324,6 +349,62 @@ MODELS: dict[str, ModelConfig] = {
         partial_rotary_factor=0.5,
         norm_topk_prob=True,
         scoring_func="sigmoid",
+    ),
+    "deepseek-v3": _deepseek(
+        "deepseek_v3",
+        ModelArchitecture(
+            num_hidden_layers=61,
+            hidden_size=7168,
+            intermediate_size=18432,
+            num_attention_heads=128,
+            num_key_value_heads=128,
+            head_dim=128 + 64,
+            vocab_size=129280,
+            max_position_embeddings=163840,
+            tie_word_embeddings=False,
+            num_experts=256,
+            num_experts_per_tok=8,
+            moe_intermediate_size=2048,
+            shared_expert_intermediate_size=2048,
+            mlp_only_layers=(0, 1, 2),
+            router_score_bias=True,
+            q_lora_rank=1536,
+            kv_lora_rank=512,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+        ),
+        mscale=1.0,
+        norm_topk_prob=True,
+        scoring_func="sigmoid",
+        n_group=8,
+        topk_group=4,
+        routed_scaling_factor=2.5,
+    ),
+    "deepseek-v2-lite": _deepseek(
+        "deepseek_v2",
+        ModelArchitecture(
+            num_hidden_layers=27,
+            hidden_size=2048,
+            intermediate_size=10944,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+            head_dim=128 + 64,
+            vocab_size=102400,
+            max_position_embeddings=163840,
+            tie_word_embeddings=False,
+            num_experts=64,
+            num_experts_per_tok=6,
+            moe_intermediate_size=1408,
+            shared_expert_intermediate_size=2 * 1408,
+            mlp_only_layers=(0,),
+            kv_lora_rank=512,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+        ),
+        mscale=0.707,
+        norm_topk_prob=False,
     ),
     "mixtral-8x7b": ModelConfig(
         model_type="mixtral",

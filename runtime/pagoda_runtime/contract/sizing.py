@@ -67,6 +67,20 @@ def _shape_field(description: str, minimum: int | None = None, **kwargs: Any) ->
     return field(metadata={"description": description, **bound}, **kwargs)
 
 
+@dataclass(frozen=True)
+class KVCacheShape:
+    """One layer's cache of one token: `planes` of `heads` x `head_dim` values. Two planes hold keys
+    and values; one plane (multi-head latent attention) holds what is read as both."""
+
+    planes: int
+    heads: int
+    head_dim: int
+
+    @property
+    def numel(self) -> int:
+        return self.planes * self.heads * self.head_dim
+
+
 # The names the fields had in facts written before they took Hugging Face's.
 _EARLIER_NAMES = {"num_layers": "num_hidden_layers", "num_kv_heads": "num_key_value_heads"}
 
@@ -235,6 +249,24 @@ class ModelArchitecture:
         return self.num_key_value_heads * self.head_dim
 
     @property
+    def attention_head_dim(self) -> int:
+        """The width of every head the attention kernels take, query, key and value alike: head_dim;
+        for multi-head latent attention, served absorbed, the compressed latent and the rotated key
+        (kv_lora_rank + qk_rope_head_dim), which every query head attends to as a key and reads as
+        a value."""
+        if self.kv_lora_rank:
+            return self.kv_lora_rank + self.qk_rope_head_dim
+        return self.head_dim
+
+    @property
+    def kv_cache_shape(self) -> KVCacheShape:
+        """What one layer caches per token: keys and values of each KV head; latent attention's one
+        latent, read as both key and value, in one plane."""
+        if self.kv_lora_rank:
+            return KVCacheShape(planes=1, heads=1, head_dim=self.attention_head_dim)
+        return KVCacheShape(planes=2, heads=self.num_key_value_heads, head_dim=self.head_dim)
+
+    @property
     def attention_output_size(self) -> int:
         """Inputs of the attention output projection: the heads' values."""
         if self.kv_lora_rank:
@@ -248,11 +280,10 @@ class ModelArchitecture:
         q, kv, h, n = self.q_size, self.kv_size, self.hidden_size, self.num_hidden_layers
         if not self.kv_lora_rank:
             return [(q, h, n), (kv, h, n), (kv, h, n), (h, q, n)]
-        per_head = self.qk_nope_head_dim + self.v_head_dim
+        # kv_b_proj is absorbed into the queries and the output (latent_expansion_parameters).
         shapes = [
             (q, self.q_lora_rank or h, n),
             (self.kv_lora_rank + self.qk_rope_head_dim, h, n),
-            (self.num_attention_heads * per_head, self.kv_lora_rank, n),
             (h, self.attention_output_size, n),
         ]
         if self.q_lora_rank:
@@ -307,8 +338,8 @@ class ModelArchitecture:
         return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
 
     def unquantized_parameters(self) -> int:
-        """Embeddings, LM head, norms, attention biases and sinks, expert routers and expert biases:
-        kept in 16 bits by every variant."""
+        """Embeddings, LM head, norms, attention biases and sinks, expert routers and expert biases,
+        latent attention's absorbed kv_b_proj: kept in 16 bits by every variant."""
         embeddings = self.vocab_parameters()
         norms = (self.norms_per_layer * self.num_hidden_layers + 1) * self.hidden_size
         if self.qk_norm:
@@ -326,7 +357,10 @@ class ModelArchitecture:
         if self.expert_bias:
             router += 1 + 2 * self.moe_intermediate_size + self.hidden_size
         routers = self.num_sparse_layers * self.num_experts * router
-        return embeddings + norms + biases * self.num_hidden_layers + routers
+        # kv_b_proj expands the latent into each head's key and value; served absorbed, it is
+        # multiplied into the queries and the attention's output as a float matrix (as vLLM does).
+        expansion = self.num_attention_heads * (self.qk_nope_head_dim + self.v_head_dim) * self.kv_lora_rank
+        return embeddings + norms + (biases + expansion) * self.num_hidden_layers + routers
 
     def num_parameters(self) -> int:
         linear = sum(out * inp * count for out, inp, count in self.linear_shapes())
@@ -634,10 +668,10 @@ def kv_bytes_per_token(arch: ModelArchitecture, kv_dtype: str = "auto") -> int:
 
 
 def kv_layer_bytes_per_token(arch: ModelArchitecture, kv_dtype: str = "auto") -> int:
-    """Keys and values of one token in one layer."""
+    """Keys and values of one token in one layer (ModelArchitecture.kv_cache_shape)."""
     if kv_dtype not in KV_DTYPE_BYTES:
         raise ValueError(f"unknown KV cache dtype {kv_dtype!r}; use one of {', '.join(KV_DTYPE_BYTES)}")
-    return 2 * arch.kv_size * KV_DTYPE_BYTES[kv_dtype]
+    return arch.kv_cache_shape.numel * KV_DTYPE_BYTES[kv_dtype]
 
 
 def kv_bytes_per_block(arch: ModelArchitecture, block_size: int, kv_dtype: str = "auto") -> int:

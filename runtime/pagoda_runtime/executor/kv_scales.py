@@ -35,20 +35,22 @@ def calibrate(
     vocab_size: int,
     max_model_len: int,
     block_size: int,
+    planes: int,
     num_kv_heads: int,
     head_dim: int,
     dtype: torch.dtype,
     device: torch.device,
 ) -> list[torch.Tensor]:
     """Per decoder layer of `model` (a LlamaForCausalLM), float32 [2, Hkv] scales: what its keys
-    and values are to be divided by in an fp8 cache. The calibration prompt is CALIBRATION_TOKENS
+    and values are to be divided by in an fp8 cache of `planes` planes (one: the values are the
+    keys' plane, and both scales are its). The calibration prompt is CALIBRATION_TOKENS
     long, or the model's context if that is shorter (its rotary table ends there)."""
     tokens = min(CALIBRATION_TOKENS, max_model_len)
     generator = torch.Generator().manual_seed(SEED)
     input_ids = torch.randint(0, vocab_size, (tokens,), generator=generator).to(device)
     blocks = math.ceil(tokens / block_size)
     caches = [
-        torch.zeros(2, blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+        torch.zeros(planes, blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
         for _ in model.layers
     ]
     meta = AttentionMetadata(
@@ -62,7 +64,7 @@ def calibrate(
     model(input_ids, torch.arange(tokens, device=device), caches, meta)
     scales = []
     for cache in caches:
-        stored = cache.flatten(1, 2)[:, :tokens].float()  # [2, tokens, Hkv, D]
+        stored = cache[[0, -1]].flatten(1, 2)[:, :tokens].float()  # keys, values: [2, tokens, Hkv, D]
         amax = stored.abs().amax(dim=(1, 3)).clamp_min(_MIN_AMAX)
         scales.append(torch.where(amax > _MIN_AMAX, amax * HEADROOM / FP8_MAX, 1.0))
     return scales

@@ -177,7 +177,8 @@ class ModelRunner:
         self.config = model_config
         self.tp = tp
         # This rank's KV cache holds only the KV heads its query heads read.
-        self.num_kv_heads = kv_heads_per_rank(model_config.architecture.num_key_value_heads, tp.size)
+        self.kv_shape = model_config.architecture.kv_cache_shape
+        self.num_kv_heads = kv_heads_per_rank(self.kv_shape.heads, tp.size)
         self.device = placement.device
         self.dtype = placement.dtype
         if self.device.type == "cpu":
@@ -214,8 +215,9 @@ class ModelRunner:
                 model_config.architecture.vocab_size,
                 max_model_len,
                 self.block_size,
+                self.kv_shape.planes,
                 self.num_kv_heads,
-                model_config.architecture.head_dim,
+                self.kv_shape.head_dim,
                 self.dtype,
                 self.device,
             )
@@ -236,11 +238,11 @@ class ModelRunner:
         self.windowed = self.pools.window_blocks > 0 and self.pools.full_blocks > 0
         self.kv_caches = [
             torch.empty(
-                2,
+                self.kv_shape.planes,
                 self._layer_blocks(layer),
                 self.block_size,
                 self.num_kv_heads,
-                arch.head_dim,
+                self.kv_shape.head_dim,
                 device=self.device,
                 dtype=self.kv_cache_dtype,
             )

@@ -46,9 +46,11 @@ def sharded_logits(tp, folder: str, quantization: str) -> torch.Tensor:
     n, block_size = ids.shape[0], 4
     blocks = -(-n // block_size)
     arch = config.architecture
-    kv_heads = kv_heads_per_rank(arch.num_key_value_heads, tp.size)
+    shape = arch.kv_cache_shape
+    kv_heads = kv_heads_per_rank(shape.heads, tp.size)
     caches = [
-        torch.zeros(2, blocks, block_size, kv_heads, arch.head_dim) for _ in range(arch.num_hidden_layers)
+        torch.zeros(shape.planes, blocks, block_size, kv_heads, shape.head_dim)
+        for _ in range(arch.num_hidden_layers)
     ]
     meta = AttentionMetadata(
         slot_mapping=torch.arange(n),
@@ -100,7 +102,7 @@ def _drive(engine: LLMEngine, tp, name: str, prompts: list[str]) -> dict:
         "ids": [finished[f"{name}-{i}"].outputs[0].token_ids for i in range(len(prompts))],
         "preemptions": stats.num_preemptions,
         "prefix_hits": stats.prefix_cache_hits,
-        "kv_heads": engine.model_config.architecture.num_key_value_heads,
+        "kv_heads": engine.model_config.architecture.kv_cache_shape.heads,
         "kv_bytes_per_block": engine.memory.kv_bytes_per_block,
         "weight_bytes": engine.memory.weight_bytes,
         "predicted_weight_bytes": engine.memory.predicted_weight_bytes,

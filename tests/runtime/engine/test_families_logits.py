@@ -40,8 +40,9 @@ def prefill_logits(folder, token_ids: torch.Tensor, dtype: torch.dtype, quantiza
     n, block_size = token_ids.shape[0], 4
     blocks = -(-n // block_size)
     arch = config.architecture
+    shape = arch.kv_cache_shape
     caches = [
-        torch.zeros(2, blocks, block_size, arch.num_key_value_heads, arch.head_dim, dtype=dtype)
+        torch.zeros(shape.planes, blocks, block_size, shape.heads, shape.head_dim, dtype=dtype)
         for _ in range(arch.num_hidden_layers)
     ]
     meta = AttentionMetadata(

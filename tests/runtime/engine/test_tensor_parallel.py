@@ -115,7 +115,8 @@ def test_tiny_models_greedy_ids_do_not_depend_on_the_tensor_parallel_size(one_pr
             # behind it: the tiny cache never runs short nor keeps a prefix, so the runs are
             # required to preempt and hit the prefix cache for the other models only.
             assert run["preemptions"] > 0 and run["prefix_hits"] > 0, name
-        # Each rank caches its KV heads only (a copy of one when there are fewer heads than ranks),
+        # Each rank caches its KV heads only (a copy of one when there are fewer heads than ranks:
+        # latent attention's one latent on every rank),
         # and holds the weights sizing.py predicts for one GPU of the group.
         per_rank = kv_heads_per_rank(run["kv_heads"], size)
         assert run["kv_bytes_per_block"] == whole["kv_bytes_per_block"] * per_rank // run["kv_heads"], name

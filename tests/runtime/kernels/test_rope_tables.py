@@ -110,7 +110,7 @@ def test_olmo3_released_configs_scale_the_full_layers_rope_only():
 def test_deepseek_rotates_its_rope_dimensions_and_scales_the_softmax_as_transformers_does():
     hf, ours = _configs("deepseek_v3", "DeepseekV3ForCausalLM")
     table = build_cos_sin_cache(ours, CONTEXT, "cpu", torch.float32)
-    rotated, half = ours.rotary_dim // 2, ours.architecture.head_dim // 2
+    rotated, half = ours.rotary_dim // 2, ours.architecture.attention_head_dim // 2
     assert rotated == hf.qk_rope_head_dim // 2
     expected = _hf_table(DeepseekV3RotaryEmbedding(hf), list(range(CONTEXT)))
     torch.testing.assert_close(table[:, :rotated], expected[:, :rotated], rtol=0, atol=0)

@@ -39,3 +39,12 @@ def test_every_kernel_launch_compiles_for_sm_90() -> None:
         if name.split(" ")[0] in NO_SPILLS and (usage["stack"] or usage["local"])
     }
     assert spilled == {}
+    # Every launch's shared memory fits what one program may take on Hopper (227 KB), which the
+    # compiler does not check: a wider tile would compile and fail at launch (latent attention's
+    # 576-wide heads before their tiles were narrowed).
+    too_large = {
+        name: usage["shared"]
+        for name, usage in result["resources"].items()
+        if usage["shared"] > result["shared_per_program"]
+    }
+    assert too_large == {}

@@ -24,7 +24,9 @@ class AttentionOps:
     """rotary_write_kv(positions, q, k, v, cos_sin_cache, kv_cache, slot_mapping, derived, kv_scales)
     -> q: q rotated in place, the rotated k and v stored at their slots (negative slots skipped);
     attention(q, kv_cache, meta, scale, kv_scales=None, window=None, softcap=None, sinks=None)
-    -> out [T, H, D], reading keys and values from the cache only. kv_scales: the layer's fp8 cache
+    -> out [T, H, D], reading keys and values from the cache only. kv_cache: [2, blocks,
+    block_size, Hkv, D], keys then values; or [1, ...], whose keys are read as the values too
+    (latent attention), written with v None. kv_scales: the layer's fp8 cache
     scales [2, Hkv] (kv_scales.py), or None; window: a sliding-window layer's window (blocks wholly
     before it are never read); softcap: scores soft-capped by tanh before the mask; sinks: [H]
     in any float dtype, this rank's query heads in q's order, a logit per head (natural log, unscaled, neither

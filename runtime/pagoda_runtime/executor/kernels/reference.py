@@ -78,30 +78,33 @@ def to_cache_dtype(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | No
 
 def write_kv(
     k: torch.Tensor,
-    v: torch.Tensor,
+    v: torch.Tensor | None,
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     derived: dict | None = None,
     kv_scales: torch.Tensor | None = None,
 ) -> None:
     """Store k, v [T, Hkv, D] at their slots of kv_cache [2, blocks, block_size, Hkv, D], divided
-    by kv_scales [2, Hkv] when given.
+    by kv_scales [2, Hkv] when given; v None: a one-plane cache [1, ...] whose keys are read as
+    the values too (latent attention), k alone stored.
 
     A negative slot marks a padding token (a CUDA-graph batch padded to its bucket) and is skipped.
     """
     keep, slots = _per_step(derived, "write_kv_slots", lambda: _kept_slots(slot_mapping))
     if keep is not None:
-        k, v = k[keep], v[keep]
+        k = k[keep]
     k_scale, v_scale = (None, None) if kv_scales is None else kv_scales
     kv_cache[0].flatten(0, 1).index_put_((slots,), to_cache_dtype(k, kv_cache.dtype, k_scale))
-    kv_cache[1].flatten(0, 1).index_put_((slots,), to_cache_dtype(v, kv_cache.dtype, v_scale))
+    if v is not None:
+        v = v if keep is None else v[keep]
+        kv_cache[1].flatten(0, 1).index_put_((slots,), to_cache_dtype(v, kv_cache.dtype, v_scale))
 
 
 def rotary_write_kv(
     positions: torch.Tensor,
     q: torch.Tensor,
     k: torch.Tensor,
-    v: torch.Tensor,
+    v: torch.Tensor | None,
     cos_sin_cache: torch.Tensor,
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
@@ -218,7 +221,8 @@ def attention(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Causal attention of q [T, H, D] over the paged cache; returns [T, H, D] in q's dtype.
+    """Causal attention of q [T, H, D] over the paged cache (keys kv_cache[0], values kv_cache[-1]:
+    a one-plane cache's keys are its values too); returns [T, H, D] in q's dtype.
     kv_scales [2, Hkv]: what the stored keys and values were divided by, or None.
 
     window: each query sees only the `window` keys up to its own position (a sliding-window layer);
@@ -233,7 +237,7 @@ def attention(
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     group = num_heads // num_kv_heads
     key_cache = kv_cache[0].flatten(0, 1)
-    value_cache = kv_cache[1].flatten(0, 1)
+    value_cache = kv_cache[-1].flatten(0, 1)
     decode, prefills = _plan(meta, block_size, window)
     k_scale, v_scale = (None, None) if kv_scales is None else kv_scales
     sink = None if sinks is None else sinks.float().view(num_kv_heads, group, 1)

@@ -81,13 +81,9 @@ def _yarn_frequencies(theta: float, exponents: torch.Tensor, scaling: RopeScalin
 def _yarn_attention_factor(scaling: RopeScaling) -> float:
     if scaling.attention_factor is not None:
         return scaling.attention_factor
-
-    def mscale(scale: float, m: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
     if scaling.mscale and scaling.mscale_all_dim:
-        return mscale(scaling.factor, scaling.mscale) / mscale(scaling.factor, scaling.mscale_all_dim)
-    return mscale(scaling.factor)
+        return scaling.yarn_mscale(scaling.mscale) / scaling.yarn_mscale(scaling.mscale_all_dim)
+    return scaling.yarn_mscale()
 
 
 def _longrope_attention_factor(scaling: RopeScaling) -> float:
@@ -114,7 +110,8 @@ def build_cos_sin_cache(
     dtype: torch.dtype,
     local: bool = False,
 ) -> torch.Tensor:
-    """[max_position, head_dim]: cos(position * inv_freq) in the first half, sin in the second.
+    """[max_position, attention_head_dim]: cos(position * inv_freq) in the first half, sin in the
+    second.
 
     local: the table of the sliding-window layers (config.local_rope_theta, unscaled)."""
     theta, scaling = config.rope_theta, config.rope_scaling
@@ -132,7 +129,7 @@ def build_cos_sin_cache(
         yarn = scaling is not None and scaling.rope_type == "yarn"
         scale = _yarn_attention_factor(scaling) if yarn else 1.0
         cos, sin = _table(_inverse_frequencies(theta, dim, scaling), positions, scale)
-    unrotated = config.architecture.head_dim // 2 - dim // 2
+    unrotated = config.architecture.attention_head_dim // 2 - dim // 2
     if unrotated:
         cos = torch.cat((cos, torch.ones(max_position, unrotated)), dim=-1)
         sin = torch.cat((sin, torch.zeros(max_position, unrotated)), dim=-1)

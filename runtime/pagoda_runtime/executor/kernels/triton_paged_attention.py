@@ -56,6 +56,11 @@ DECODE_STAGES, PREFILL_STAGES = 3, 2
 # A batch whose every sequence's queries (times the query heads per kv head) fit one tile of this
 # many rows runs as decode does: small tiles, KV splits.
 SHORT_QUERY_ROWS = 64
+# Heads wider than this (absorbed latent attention: DeepSeek's 512 + 64, padded to 1024) take tiles
+# of at most WIDE_ROWS query rows and WIDE_KEYS keys, whose query, accumulator and two pipelined
+# key and value tiles fit a Hopper multiprocessor's registers and 227 KB of shared memory; more
+# query heads than WIDE_ROWS per KV head run WIDE_ROWS at a time, each launch walking the keys again.
+WIDE_HEAD_DIM, WIDE_ROWS, WIDE_KEYS = 256, 16, 16
 
 
 @triton.jit
@@ -366,7 +371,8 @@ def paged_attention(
     num_splits: int | None = None,
     min_split_tokens: int = MIN_SPLIT_TOKENS,
 ) -> torch.Tensor:
-    """Causal attention of q [T, H, D] over kv_cache [2, blocks, block_size, Hkv, D] -> [T, H, D].
+    """Causal attention of q [T, H, D] over kv_cache [2, blocks, block_size, Hkv, D] -> [T, H, D]
+    (keys kv_cache[0], values kv_cache[-1]: a one-plane cache's keys are its values too).
 
     kv_scales: float32 [2, Hkv], what the cache's keys and values were divided by when stored (an
     fp8 cache's scales), or None. num_splits: the most KV splits per (sequence, kv head, query
@@ -381,6 +387,12 @@ def paged_attention(
     assert q.stride(-1) == 1 and kv_cache.is_contiguous() and meta.block_tables.stride(-1) == 1
     assert sinks is None or (sinks.shape == (num_heads,) and sinks.stride(0) == 1)
     group = num_heads // num_kv_heads
+    wide = head_dim > WIDE_HEAD_DIM
+    if wide and group > WIDE_ROWS:
+        assert num_kv_heads == 1 and sinks is None, "wide heads run in groups over one KV head only"
+        heads = range(0, num_heads, WIDE_ROWS)
+        args = (kv_cache, meta, scale, kv_scales, window, softcap, None, num_splits, min_split_tokens)
+        return torch.cat([paged_attention(q[:, h : h + WIDE_ROWS], *args) for h in heads], dim=1)
     group_pad = triton.next_power_of_2(group)
     num_seqs = meta.num_seqs
     if meta.max_query_len * group_pad <= SHORT_QUERY_ROWS:
@@ -392,7 +404,7 @@ def paged_attention(
             num_splits = max_splits(num_seqs, num_kv_heads, q.device)
         stages = DECODE_STAGES
     else:
-        block_q = max(64, group_pad)
+        block_q = max(WIDE_ROWS if wide else 64, group_pad)
         num_splits = num_splits or 1
         stages = PREFILL_STAGES
     num_tiles = triton.cdiv(meta.max_query_len, block_q // group_pad)
@@ -408,7 +420,7 @@ def paged_attention(
     _paged_attention_kernel[(num_seqs, num_kv_heads, num_tiles * num_splits)](
         q,
         kv_cache[0],
-        kv_cache[1],
+        kv_cache[-1],
         kv_scales if kv_scales is not None else out,
         sinks if sinks is not None else out,
         meta.block_tables,
@@ -432,7 +444,7 @@ def paged_attention(
         BLOCK_D=max(MIN_DOT_K, triton.next_power_of_2(head_dim)),
         BLOCK_SIZE=block_size,
         BLOCK_Q=block_q,
-        BLOCK_N=64 if head_dim <= 128 else 32,
+        BLOCK_N=64 if head_dim <= 128 else WIDE_KEYS if wide else 32,
         NUM_SPLITS=num_splits,
         SPLITS_PAD=triton.next_power_of_2(num_splits),
         MIN_SPLIT_TOKENS=min_split_tokens,

@@ -72,6 +72,7 @@ def _rotary_kv_write_kernel(
     BLOCK_HALF: tl.constexpr,
     FP8: tl.constexpr,
     SCALED: tl.constexpr,
+    WRITE_V: tl.constexpr,
 ):
     token = tl.program_id(0)
     position = tl.load(positions_ptr + token).to(tl.int64)
@@ -98,26 +99,28 @@ def _rotary_kv_write_kernel(
     # Through the model's dtype first: the key the separate rotary kernel would have stored.
     rotated1 = (k1 * cos - k2 * sin).to(k_ptr.dtype.element_ty).to(tl.float32)
     rotated2 = (k2 * cos + k1 * sin).to(k_ptr.dtype.element_ty).to(tl.float32)
-    v_first = v_ptr + token * stride_vt + kv_heads * stride_vh + dims
-    v1 = tl.load(v_first, mask=kv_mask).to(tl.float32)
-    v2 = tl.load(v_first + HALF, mask=kv_mask).to(tl.float32)
     if SCALED:
         k_inverse = tl.load(inverse_scales_ptr + kv_heads, mask=kv_heads < NUM_KV_HEADS)
-        v_inverse = tl.load(inverse_scales_ptr + NUM_KV_HEADS + kv_heads, mask=kv_heads < NUM_KV_HEADS)
         rotated1, rotated2 = rotated1 * k_inverse, rotated2 * k_inverse
-        v1, v2 = v1 * v_inverse, v2 * v_inverse
     row = cache_ptr + slot * NUM_KV_HEADS * 2 * HALF + kv_heads * 2 * HALF + dims
     tl.store(row, _to_cache(rotated1, FP8).to(cache_ptr.dtype.element_ty), mask=kv_mask)
     tl.store(row + HALF, _to_cache(rotated2, FP8).to(cache_ptr.dtype.element_ty), mask=kv_mask)
-    tl.store(row + value_offset, _to_cache(v1, FP8).to(cache_ptr.dtype.element_ty), mask=kv_mask)
-    tl.store(row + value_offset + HALF, _to_cache(v2, FP8).to(cache_ptr.dtype.element_ty), mask=kv_mask)
+    if WRITE_V:
+        v_first = v_ptr + token * stride_vt + kv_heads * stride_vh + dims
+        v1 = tl.load(v_first, mask=kv_mask).to(tl.float32)
+        v2 = tl.load(v_first + HALF, mask=kv_mask).to(tl.float32)
+        if SCALED:
+            v_inverse = tl.load(inverse_scales_ptr + NUM_KV_HEADS + kv_heads, mask=kv_heads < NUM_KV_HEADS)
+            v1, v2 = v1 * v_inverse, v2 * v_inverse
+        tl.store(row + value_offset, _to_cache(v1, FP8).to(cache_ptr.dtype.element_ty), mask=kv_mask)
+        tl.store(row + value_offset + HALF, _to_cache(v2, FP8).to(cache_ptr.dtype.element_ty), mask=kv_mask)
 
 
 def rotary_write_kv(
     positions: torch.Tensor,
     q: torch.Tensor,
     k: torch.Tensor,
-    v: torch.Tensor,
+    v: torch.Tensor | None,
     cos_sin_cache: torch.Tensor,
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
@@ -126,9 +129,12 @@ def rotary_write_kv(
 ) -> torch.Tensor:
     """Rotate q [T, H, D] in place and store the rotated k and v [T, Hkv, D] (last dims
     contiguous) at their slots of kv_cache [2, blocks, block_size, Hkv, D], divided by kv_scales
-    [2, Hkv] when given; returns q. k itself is left as it was."""
+    [2, Hkv] when given; returns q. k itself is left as it was. v None: a one-plane cache
+    [1, ...] whose keys are read as the values too (latent attention), k alone stored."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
+    write_v = v is not None
+    v = v if write_v else k
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
     assert cos_sin_cache.is_contiguous() and kv_cache.is_contiguous()
     if num_tokens:
@@ -158,5 +164,6 @@ def rotary_write_kv(
             BLOCK_HALF=triton.next_power_of_2(head_dim // 2),
             FP8=kv_cache.dtype == FP8_KV_DTYPE,
             SCALED=kv_scales is not None,
+            WRITE_V=write_v,
         )
     return q

@@ -12,19 +12,23 @@ DeepSeek-R1, Moonlight, Kimi K2): mixtures of experts with what sets them apart 
   the softmax without renormalization; both scale the routed experts' sum by routed_scaling_factor,
   and both have shared experts and their first first_k_dense_replace layers dense.
 
-The attention here is MLA served naively, as vLLM first served it: each head's key (its
-unrotated part and the shared rotated one) and its value, zero-padded to the key's width, are
-stored per head in the paged cache and attended with the kernels every family uses, num_heads
-key/value heads of qk_nope_head_dim + qk_rope_head_dim. That costs far more cache than the absorbed
-form, which caches the latent and the rotated key alone (576 numbers a token and layer for V3
-instead of 128 heads of 2 x 192), and is the first step towards it.
+The attention is served absorbed, as DeepSeek's paper describes it and vLLM and SGLang serve it:
+the cache holds each token's normed latent and rotated key alone (kv_lora_rank + qk_rope_head_dim,
+576 numbers a token and layer for V3, where caching every head's key and value would take 128
+heads of 2 x 192: 85 times more), one plane read both as the key and as the value of a single
+key/value head that every query head attends to. kv_b_proj's key half is multiplied into each
+head's unrotated query (the query's dot product with the latent then equals its dot product with
+the expanded key), and its value half into each head's output (the softmax's weighted sum of
+latents, expanded afterwards, equals the sum of expanded values). kv_b_proj is held as the two
+float matrices it is split into, whatever the quantization (as vLLM holds it): a quantized
+checkpoint's is dequantized at load, and sizing counts it in 16 bits.
 
-Each head's query and key are laid out for the shared rotary table (kernels/rope_cache.py, whose
-first qk_rope_head_dim / 2 pairs (i, i + head_dim / 2) rotate and whose other dimensions keep
-cos 1 and sin 0): the rotated pairs' first halves, then half the unrotated dimensions, then the
-pairs' second halves and the other half. The query's rows are put in that order as they load
-(interleaved pairs taken apart) and the key is assembled in it; the order of the unrotated
-dimensions does not change the scores as long as query and key share it.
+A query and the key are laid out for the shared rotary table (kernels/rope_cache.py, whose first
+qk_rope_head_dim / 2 pairs (i, i + width / 2) rotate and whose other dimensions keep cos 1 and
+sin 0): the rotated pairs' first halves, half the latent, the pairs' second halves, the other
+half; the rotated rows of q_b_proj and kv_a_proj_with_mqa are put in that pair order as they load
+(interleaved pairs taken apart). The attention's output is in the same layout, and its latent
+halves are the weighted sum of latents.
 
 Checkpoints store experts one by one (mlp.experts.N.gate_proj, ...); the multi-token-prediction
 layer of V3 checkpoints (numbered num_hidden_layers) is not read.
@@ -32,14 +36,13 @@ layer of V3 checkpoints (numbered num_hidden_layers) is not read.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
-from pagoda_runtime.contract.config import ModelConfig
+from pagoda_runtime.contract.config import ModelConfig, latent_softmax_scale
 from pagoda_runtime.contract.sizing import ModelArchitecture
 from pagoda_runtime.contract.weight_layout import (
     Shapes,
@@ -62,7 +65,7 @@ from pagoda_runtime.executor.models.hf_config import (
 )
 from pagoda_runtime.executor.models.layers import DecoderLayer, GatedMLP, RMSNorm
 from pagoda_runtime.executor.models.moe import SparseMoE
-from pagoda_runtime.executor.quantization import PackedWeight, make_linear
+from pagoda_runtime.executor.quantization import PackedWeight, dequantize, make_linear
 from pagoda_runtime.parallel.tensor_parallel import TensorParallel
 
 FAMILY = "DeepSeek V2 / V3"
@@ -77,10 +80,10 @@ def _rows(tensor: Weight, index: torch.Tensor) -> Weight:
 
 
 class LatentAttention(nn.Module):
-    """Multi-head latent attention over a paged cache of per-head keys and values (the module
-    docstring says how). Split over tensor-parallel ranks by heads: q_b_proj (V2-Lite's q_proj,
-    held under this name) and kv_b_proj column-parallel, o_proj row-parallel; q_a_proj,
-    kv_a_proj_with_mqa and their norms whole on every rank."""
+    """Multi-head latent attention, absorbed, over a paged cache of latents (the module docstring
+    says how). Split over tensor-parallel ranks by heads: q_b_proj (V2-Lite's q_proj, held under
+    this name), the absorbed kv_b_proj and o_proj; q_a_proj, kv_a_proj_with_mqa and their norms
+    whole on every rank, where each caches the same latents."""
 
     def __init__(
         self,
@@ -102,7 +105,7 @@ class LatentAttention(nn.Module):
             arch.v_head_dim,
         )
         self.kv_lora_rank = arch.kv_lora_rank
-        # This rank's queries and its per-head keys (and values, padded) as the cache holds them.
+        # The loader's rows of q, k and v (CausalLM._fused_parts), which no checkpoint name here takes.
         self.q_size = self.kv_size = self.num_heads * self.head_dim
         self.scale = config.attention_scale
         # An fp8 KV cache's scales for this layer (executor/kv_scales.py), as layers.Attention holds them.
@@ -112,6 +115,10 @@ class LatentAttention(nn.Module):
         def linear(inputs: int, outputs: int, input_part: slice | None = None) -> nn.Module:
             return make_linear(inputs, outputs, False, quantization, device, dtype, input_part=input_part)
 
+        def absorbed(rows: int) -> nn.Parameter:
+            empty = torch.empty(self.num_heads, rows, self.kv_lora_rank, device=device, dtype=dtype)
+            return nn.Parameter(empty, requires_grad=False)
+
         self.q_a_proj = self.q_a_layernorm = None
         if arch.q_lora_rank:
             self.q_a_proj = linear(hidden, arch.q_lora_rank)
@@ -119,12 +126,20 @@ class LatentAttention(nn.Module):
         self.q_b_proj = linear(arch.q_lora_rank or hidden, self.num_heads * self.head_dim)
         self.kv_a_proj_with_mqa = linear(hidden, self.kv_lora_rank + self.rope_dim)
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, _LOW_RANK_NORM_EPS, device, dtype)
-        self.kv_b_proj = linear(self.kv_lora_rank, self.num_heads * (self.nope_dim + self.v_dim))
+        # kv_b_proj's halves per head: the unrotated keys' [H, nope, latent], the values' [H, v, latent].
+        self.key_expansion = absorbed(self.nope_dim)
+        self.value_expansion = absorbed(self.v_dim)
         self.o_proj = linear(
             self.num_heads * self.v_dim,
             hidden,
             tp.part(arch.attention_output_size, "attention heads") if tp.size > 1 else None,
         )
+
+    def _table_layout(self, rotated: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
+        """[..., rope] and [..., latent] -> [..., rope + latent] in the rotary table's layout."""
+        half_rope, half_latent = self.rope_dim // 2, self.kv_lora_rank // 2
+        first = (rotated[..., :half_rope], latent[..., :half_latent])
+        return torch.cat((*first, rotated[..., half_rope:], latent[..., half_latent:]), dim=-1)
 
     def forward(
         self,
@@ -134,33 +149,23 @@ class LatentAttention(nn.Module):
         meta: AttentionMetadata,
         cos_sin_cache: torch.Tensor,
     ) -> torch.Tensor:
-        heads, head_dim = self.num_heads, self.head_dim
         queries = x if self.q_a_proj is None else self.q_a_layernorm(self.q_a_proj(x))[0]
-        q = self.q_b_proj(queries).view(-1, heads, head_dim)
+        q = self.q_b_proj(queries).view(-1, self.num_heads, self.head_dim)
+        unrotated, q_rotated = q.split([self.nope_dim, self.rope_dim], dim=-1)
         latent, rotated = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
-        expanded = self.kv_b_proj(self.kv_a_layernorm(latent.contiguous())[0])
-        unrotated, v = expanded.view(-1, heads, self.nope_dim + self.v_dim).split(
-            [self.nope_dim, self.v_dim], dim=-1
-        )
-        # The key in the query's layout: each rotated pair's halves where the table rotates them.
-        shared = rotated[:, None, :].expand(-1, heads, -1)
-        half_rope, half_nope = self.rope_dim // 2, self.nope_dim // 2
-        k = torch.cat(
-            (
-                shared[..., :half_rope],
-                unrotated[..., :half_nope],
-                shared[..., half_rope:],
-                unrotated[..., half_nope:],
-            ),
-            dim=-1,
-        )
-        v = nn.functional.pad(v, (0, head_dim - self.v_dim))
+        latent = self.kv_a_layernorm(latent.contiguous())[0]
+        q_latent = torch.einsum("thn,hnl->thl", unrotated, self.key_expansion)
+        q = self._table_layout(q_rotated, q_latent)
+        k = self._table_layout(rotated, latent)[:, None, :]
         q = self.ops.rotary_write_kv(
-            positions, q, k, v, cos_sin_cache, kv_cache, meta.slot_mapping, meta.derived, self.kv_scales
+            positions, q, k, None, cos_sin_cache, kv_cache, meta.slot_mapping, meta.derived, self.kv_scales
         )
         out = self.ops.attention(q, kv_cache, meta, self.scale, self.kv_scales)
-        out = out.view(-1, heads, head_dim)[..., : self.v_dim].reshape(-1, heads * self.v_dim)
-        return self.tp.all_reduce(self.o_proj(out))
+        # The latent halves of the output: the softmax's sum of latents, expanded into values here.
+        half_rope, width = self.rope_dim // 2, self.rope_dim + self.kv_lora_rank
+        summed = torch.cat((out[..., half_rope : width // 2], out[..., width // 2 + half_rope :]), dim=-1)
+        values = torch.einsum("thl,hvl->thv", summed, self.value_expansion)
+        return self.tp.all_reduce(self.o_proj(values.reshape(-1, self.num_heads * self.v_dim)))
 
 
 class DeepseekForCausalLM(CausalLM):
@@ -183,8 +188,14 @@ class DeepseekForCausalLM(CausalLM):
         if projection in ("q_proj.weight", "q_b_proj.weight"):
             yield f"{layer}.self_attn.q_b_proj.weight", _rows(tensor, self._query_rows())
         elif projection == "kv_b_proj.weight":
-            per_head = self.config.architecture.qk_nope_head_dim + self.config.architecture.v_head_dim
-            yield name, _rows(tensor, self._rank_rows(per_head, torch.arange(per_head)))
+            arch = self.config.architecture
+            nope, per_head = arch.qk_nope_head_dim, arch.qk_nope_head_dim + arch.v_head_dim
+            rows = _rows(tensor, self._rank_rows(per_head, torch.arange(per_head)))
+            if isinstance(rows, PackedWeight):
+                rows = dequantize(rows)
+            keys, values = rows.view(-1, per_head, arch.kv_lora_rank).split([nope, arch.v_head_dim], dim=1)
+            yield f"{layer}.self_attn.key_expansion", keys
+            yield f"{layer}.self_attn.value_expansion", values
         elif projection == "kv_a_proj_with_mqa.weight":
             arch = self.config.architecture
             latent = torch.arange(arch.kv_lora_rank)
@@ -201,16 +212,11 @@ class DeepseekForCausalLM(CausalLM):
         return torch.arange(rope)
 
     def _query_rows(self) -> torch.Tensor:
-        """This rank's rows of q_b_proj (or q_proj), each head's unrotated then rotated rows of the
-        checkpoint laid out as the key is assembled (LatentAttention.forward)."""
-        arch = self.config.architecture
-        nope, half_rope = arch.qk_nope_head_dim, arch.qk_rope_head_dim // 2
-        rotated = nope + self._rotary_pairs()
-        unrotated = torch.arange(nope)
-        head = torch.cat(
-            (rotated[:half_rope], unrotated[: nope // 2], rotated[half_rope:], unrotated[nope // 2 :])
-        )
-        return self._rank_rows(arch.head_dim, head)
+        """This rank's rows of q_b_proj (or q_proj), each head's unrotated rows, then its rotated
+        ones in the table's pair order."""
+        nope = self.config.architecture.qk_nope_head_dim
+        head = torch.cat((torch.arange(nope), nope + self._rotary_pairs()))
+        return self._rank_rows(self.config.architecture.head_dim, head)
 
     def _rank_rows(self, per_head: int, head: torch.Tensor) -> torch.Tensor:
         """The rows of this rank's heads, each head's `head` rows of its per_head in order."""
@@ -249,20 +255,6 @@ def weight_shapes(config: ModelConfig) -> Shapes:
         if arch.shared_expert_intermediate_size:
             shapes |= mlp_shapes(layer + "mlp.shared_experts.", hidden, arch.shared_expert_intermediate_size)
     return shapes
-
-
-def _yarn_mscale(factor: float, mscale: float) -> float:
-    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
-
-
-def _softmax_scale(head_dim: int, rope: dict[str, Any]) -> float:
-    """head_dim ** -0.5, times the square of YaRN's mscale over all dimensions where the rope
-    scaling sets mscale_all_dim (transformers' yarn_apply_mscale)."""
-    scale = head_dim**-0.5
-    scaled = rope.get("rope_type", rope.get("type", "default")) != "default"
-    if scaled and rope.get("mscale_all_dim"):
-        scale *= _yarn_mscale(rope["factor"], rope["mscale_all_dim"]) ** 2
-    return scale
 
 
 def _routing(raw: dict[str, Any], v3: bool, num_experts: int, top_k: int) -> dict[str, Any]:
@@ -316,22 +308,25 @@ def config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
     rope_dim = field(raw, "qk_rope_head_dim", FAMILY)
     v_dim = field(raw, "v_head_dim", FAMILY)
     head_dim = nope + rope_dim
-    if nope % 2 or rope_dim % 2 or v_dim > head_dim:
+    kv_lora_rank = field(raw, "kv_lora_rank", FAMILY)
+    if rope_dim % 2 or kv_lora_rank % 2:
         raise ConfigError(
-            f"has qk_nope_head_dim {nope}, qk_rope_head_dim {rope_dim} and v_head_dim {v_dim}; Pagoda "
-            "serves even query/key parts and values no wider than the two together"
+            f"has qk_rope_head_dim {rope_dim} and kv_lora_rank {kv_lora_rank}; Pagoda serves latent "
+            "attention whose rotated key and latent are both of even width"
         )
     width = field(raw, "moe_intermediate_size", FAMILY)
     num_experts = field(raw, "n_routed_experts", FAMILY)
     top_k = field(raw, "num_experts_per_tok", FAMILY)
     rope = rope_parameters(raw)
+    scaling = rope_scaling(rope, FAMILY)
     return ModelConfig(
         model_type=MODEL_TYPES[architecture],
         architecture=ModelArchitecture(
-            # Keys and values are cached per head (the naive form), each qk_nope + qk_rope wide.
+            # Every head's query and key, before absorption, are qk_nope + qk_rope wide; the cache
+            # holds one latent a token (ModelArchitecture.kv_cache_shape).
             **{**fields, "num_key_value_heads": heads, "head_dim": head_dim},
             q_lora_rank=raw.get("q_lora_rank") or 0,
-            kv_lora_rank=field(raw, "kv_lora_rank", FAMILY),
+            kv_lora_rank=kv_lora_rank,
             qk_nope_head_dim=nope,
             qk_rope_head_dim=rope_dim,
             v_head_dim=v_dim,
@@ -344,11 +339,11 @@ def config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
         ),
         rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
         rope_theta=rope.get("rope_theta", 10000.0),
-        rope_scaling=rope_scaling(rope, FAMILY),
+        rope_scaling=scaling,
         bos_token_id=raw.get("bos_token_id"),
         partial_rotary_factor=rope_dim / head_dim,
         rope_interleaved=not v3 or raw.get("rope_interleave", True),
-        attention_multiplier=_softmax_scale(head_dim, rope),
+        attention_multiplier=latent_softmax_scale(head_dim, scaling),
         routed_scaling_factor=raw.get("routed_scaling_factor", 1.0),
         **_routing(raw, v3, num_experts, top_k),
     )

@@ -1,0 +1,107 @@
+"""The catalogue's DeepSeek entries read like their published config.json: the family's own parser
+gives the same configuration from it, the published parameter counts come out, and the operator
+sizes DeepSeek-V3 on 8 GPUs with the latent cache that absorbed attention holds."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES, MODELS
+from pagoda_runtime.contract.sizing import GIB, fits, kv_bytes_per_token
+from pagoda_runtime.executor.models.deepseek import config_from_hf
+
+_YARN = {
+    "type": "yarn",
+    "factor": 40,
+    "original_max_position_embeddings": 4096,
+    "beta_fast": 32,
+    "beta_slow": 1,
+}
+_SHARED = {
+    "hidden_act": "silu",
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "kv_lora_rank": 512,
+    "max_position_embeddings": 163840,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 10000,
+    "tie_word_embeddings": False,
+    "moe_layer_freq": 1,
+}
+# The fields of deepseek-ai/DeepSeek-V3's and DeepSeek-V2-Lite's config.json that the shape reads.
+PUBLISHED = {
+    "deepseek-v3": (
+        "DeepseekV3ForCausalLM",
+        {
+            **_SHARED,
+            "hidden_size": 7168,
+            "intermediate_size": 18432,
+            "moe_intermediate_size": 2048,
+            "num_hidden_layers": 61,
+            "num_attention_heads": 128,
+            "num_key_value_heads": 128,
+            "n_shared_experts": 1,
+            "n_routed_experts": 256,
+            "num_experts_per_tok": 8,
+            "routed_scaling_factor": 2.5,
+            "q_lora_rank": 1536,
+            "topk_method": "noaux_tc",
+            "n_group": 8,
+            "topk_group": 4,
+            "norm_topk_prob": True,
+            "first_k_dense_replace": 3,
+            "scoring_func": "sigmoid",
+            "vocab_size": 129280,
+            "rope_scaling": {**_YARN, "mscale": 1.0, "mscale_all_dim": 1.0},
+        },
+        671.0,
+    ),
+    "deepseek-v2-lite": (
+        "DeepseekV2ForCausalLM",
+        {
+            **_SHARED,
+            "hidden_size": 2048,
+            "intermediate_size": 10944,
+            "moe_intermediate_size": 1408,
+            "num_hidden_layers": 27,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 16,
+            "n_shared_experts": 2,
+            "n_routed_experts": 64,
+            "num_experts_per_tok": 6,
+            "routed_scaling_factor": 1.0,
+            "q_lora_rank": None,
+            "topk_method": "greedy",
+            "n_group": 1,
+            "topk_group": 1,
+            "norm_topk_prob": False,
+            "first_k_dense_replace": 1,
+            "scoring_func": "softmax",
+            "vocab_size": 102400,
+            "rope_scaling": {**_YARN, "mscale": 0.707, "mscale_all_dim": 0.707},
+        },
+        15.7,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_a_deepseek_entry_is_what_its_config_json_parses_to(name):
+    architecture, raw, billions = PUBLISHED[name]
+    parsed = config_from_hf(raw, architecture)
+    assert MODELS[name] == replace(parsed, bos_token_id=None, eos_token_ids=())
+    assert round(KNOWN_ARCHITECTURES[name].num_parameters() / 1e9, 1) == billions
+
+
+def test_deepseek_v3_on_eight_gpus_caches_its_latents_at_576_numbers_a_token_and_layer():
+    v3 = KNOWN_ARCHITECTURES["deepseek-v3"]
+    per_rank = v3.per_rank(8)
+    assert kv_bytes_per_token(per_rank) == kv_bytes_per_token(v3) == 61 * (512 + 64) * 2
+    # fp8 weights on 8 H200s leave each GPU room for a 128K context and more; every head's key and
+    # value (16 heads of 2 x 192 a GPU) would have taken 10.7 times the cache.
+    fit = fits(v3, "fp8", 131072, 141 * GIB, tensor_parallel_size=8)
+    assert fit.fits
+    naive = 61 * 2 * 16 * 192 * 2
+    assert naive / kv_bytes_per_token(per_rank) == pytest.approx(10.67, abs=0.01)
