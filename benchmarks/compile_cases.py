@@ -19,6 +19,7 @@ from pagoda_runtime.executor.kernels import (
 )
 from pagoda_runtime.executor.kernels.lora_slots import lora_batch
 from pagoda_runtime.executor.kernels.moe_activation import ClampedSwiGLU
+from pagoda_runtime.executor.kernels.moe_options import ExpertOptions
 from pagoda_runtime.executor.kernels.moe_routing import SigmoidRouting
 from pagoda_runtime.executor.kernels.moe_weights import PackedExperts
 from pagoda_runtime.executor.quantization import dispatch, triton_mma
@@ -150,7 +151,7 @@ def _gpt_oss_moe_cases() -> list:
     hidden = inter = 2880
     experts = top_k = 4
     dtype = torch.bfloat16
-    extras = dict(
+    options = ExpertOptions(
         gate_up_bias=torch.empty(experts, 2 * inter, dtype=dtype),
         down_bias=torch.empty(experts, hidden, dtype=dtype),
         activation=ClampedSwiGLU(),
@@ -176,7 +177,7 @@ def _gpt_oss_moe_cases() -> list:
                 (
                     f"moe gpt-oss-20b {kind} {dtype} tokens {tokens}",
                     lambda x=x, lg=logits, g=w_gate_up, d=w_down: triton_moe.fused_moe(
-                        x, lg, g, d, top_k, True, **extras
+                        x, lg, g, d, top_k, True, options=options
                     ),
                 )
             )
@@ -202,7 +203,14 @@ def _sigmoid_routing_moe_cases() -> list:
             (
                 f"moe deepseek-v3 sigmoid routing {dtype} tokens {tokens}",
                 lambda x=x, lg=logits, c=config: triton_moe.fused_moe(
-                    x, lg, w_gate_up, w_down, top_k, True, c, sigmoid_routing=routing, correction_bias=bias
+                    x,
+                    lg,
+                    w_gate_up,
+                    w_down,
+                    top_k,
+                    True,
+                    c,
+                    ExpertOptions(sigmoid_routing=routing, correction_bias=bias),
                 ),
             )
         )

@@ -36,6 +36,7 @@ from benchmarks.kernel_timing import (
 from pagoda_runtime.bench.results import emit
 from pagoda_runtime.bench.roofline import copy_bandwidth, matmul_peak
 from pagoda_runtime.executor.kernels.moe_activation import ClampedSwiGLU
+from pagoda_runtime.executor.kernels.moe_options import PLAIN, ExpertOptions
 from pagoda_runtime.executor.kernels.moe_reference import reference_fused_moe
 from pagoda_runtime.executor.kernels.moe_routing import route
 from pagoda_runtime.executor.kernels.moe_weights import ExpertWeights, PackedExperts, quantize_experts
@@ -103,21 +104,21 @@ def sweep_configs() -> list[MoeConfig]:
 def bench_batch(shape: MoeShape, kind: str, gate_up, down, batch: int, setup: Setup) -> dict:
     hidden = torch.randn(batch, shape.hidden, device=setup.device, dtype=setup.dtype)
     logits = [torch.randn(batch, shape.experts, device=setup.device) for _ in range(setup.routings)]
-    extras = {}
+    options = floats = PLAIN
     if shape.gpt_oss:
         biases = [(shape.experts, 2 * shape.intermediate), (shape.experts, shape.hidden)]
         gate_up_bias, down_bias = (torch.randn(b, device=setup.device, dtype=setup.dtype) for b in biases)
-        extras = dict(gate_up_bias=gate_up_bias, down_bias=down_bias, activation=ClampedSwiGLU())
+        options = ExpertOptions(gate_up_bias, down_bias, ClampedSwiGLU())
+        floats = ExpertOptions(gate_up_bias.float(), down_bias.float(), ClampedSwiGLU())
 
     def layer(router_logits, config=None):
         return fused_moe(
-            hidden, router_logits, gate_up, down, shape.top_k, shape.renormalize, config, **extras
+            hidden, router_logits, gate_up, down, shape.top_k, shape.renormalize, config, options
         )
 
     def reference():
-        floats = {k: v.float() if isinstance(v, torch.Tensor) else v for k, v in extras.items()}
         return reference_fused_moe(
-            hidden.float(), logits[0], gate_up, down, shape.top_k, shape.renormalize, **floats
+            hidden.float(), logits[0], gate_up, down, shape.top_k, shape.renormalize, floats
         )
 
     if setup.check:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from pagoda_runtime.executor.kernels import triton_moe
 from pagoda_runtime.executor.kernels.moe import fused_moe
 from pagoda_runtime.executor.kernels.moe_activation import ClampedSwiGLU
+from pagoda_runtime.executor.kernels.moe_options import ExpertOptions
 from pagoda_runtime.executor.kernels.moe_reference import reference_fused_moe
 from pagoda_runtime.executor.kernels.moe_weights import quantize_experts
 from transformers import GptOssConfig
@@ -66,7 +67,9 @@ def test_reference_is_transformers_gpt_oss_mlp() -> None:
     # transformers' router: softmax over the top_k logits, our renormalized top_k of the softmax.
     logits = F.linear(flat, mlp.router.weight, mlp.router.bias)
     activation = ClampedSwiGLU(alpha=mlp.experts.alpha, limit=mlp.experts.limit)
-    out = fused_moe(flat, logits, w_gate_up, w_down, 3, True, gate_up_bias, down_bias, activation)
+    out = fused_moe(
+        flat, logits, w_gate_up, w_down, 3, True, ExpertOptions(gate_up_bias, down_bias, activation)
+    )
     assert relative_error(out, expected) < 1e-6
 
 
@@ -104,12 +107,12 @@ def _by_hand(clamp: bool, down_bias_weighted: bool) -> float:
 def test_the_clamp_and_the_down_bias_before_the_routing_weight(path: str) -> None:
     x, logits, w_gate_up, gate_up_bias, w_down, down_bias = _two_experts_one_token()
     if path == "reference":
-        out = reference_fused_moe(x, logits, w_gate_up, w_down, 2, True, gate_up_bias, down_bias, GPT_OSS)
+        options = ExpertOptions(gate_up_bias, down_bias, GPT_OSS)
+        out = reference_fused_moe(x, logits, w_gate_up, w_down, 2, True, options)
     else:
         tensors = [t.to(DEVICE) for t in (x, logits, w_gate_up, w_down, gate_up_bias, down_bias)]
-        out = triton_moe.fused_moe(
-            *tensors[:4], 2, True, SMALL, gate_up_bias=tensors[4], down_bias=tensors[5], activation=GPT_OSS
-        ).cpu()
+        options = ExpertOptions(tensors[4], tensors[5], GPT_OSS)
+        out = triton_moe.fused_moe(*tensors[:4], 2, True, SMALL, options).cpu()
     expected = _by_hand(clamp=True, down_bias_weighted=True)
     assert torch.allclose(out, torch.full_like(out, expected), rtol=1e-5, atol=1e-6)
     # What a missing clamp, or the down bias added after the routing weight, would give instead.
@@ -149,13 +152,13 @@ EXPERT_KINDS = {
 def test_triton_matches_the_reference(kind: str, biases: bool, clamped: bool) -> None:
     x, logits, w_gate_up, w_down, gate_up_bias, down_bias = _gpt_oss_layer(7, 64, 32, 4, seed=len(kind))
     gate_up, down = EXPERT_KINDS[kind](w_gate_up), EXPERT_KINDS[kind](w_down)
-    extras = dict(
+    options = ExpertOptions(
         gate_up_bias=gate_up_bias if biases else None,
         down_bias=down_bias if biases else None,
         activation=GPT_OSS if clamped else None,
     )
-    out = triton_moe.fused_moe(x, logits, gate_up, down, 2, True, SMALL, **extras)
-    ref = reference_fused_moe(x, logits, gate_up, down, 2, True, **extras)
+    out = triton_moe.fused_moe(x, logits, gate_up, down, 2, True, SMALL, options)
+    ref = reference_fused_moe(x, logits, gate_up, down, 2, True, options)
     assert relative_error(out, ref) < 1e-5
 
 
@@ -171,9 +174,7 @@ def test_bfloat16_follows_the_float32_layer(bf16_as_on_gpu) -> None:
         2,
         True,
         SMALL,
-        gate_up_bias=gate_up_bias,
-        down_bias=down_bias,
-        activation=GPT_OSS,
+        ExpertOptions(gate_up_bias, down_bias, GPT_OSS),
     )
     assert out.dtype == torch.bfloat16
     # bf16 rounds the products, gate and up, the activation and each expert's output.
@@ -184,9 +185,7 @@ def test_bfloat16_follows_the_float32_layer(bf16_as_on_gpu) -> None:
         w_down.float(),
         2,
         True,
-        gate_up_bias.float(),
-        down_bias.float(),
-        GPT_OSS,
+        ExpertOptions(gate_up_bias.float(), down_bias.float(), GPT_OSS),
     )
     assert relative_error(out, ref) < 1e-2
 
@@ -194,4 +193,6 @@ def test_bfloat16_follows_the_float32_layer(bf16_as_on_gpu) -> None:
 def test_a_bias_must_fit_its_experts() -> None:
     x, logits, w_gate_up, w_down, gate_up_bias, _ = _gpt_oss_layer(3, 64, 32, 4, seed=0)
     with pytest.raises(ValueError, match="does not fit 4 experts of 64 rows"):
-        triton_moe.fused_moe(x, logits, w_gate_up, w_down, 2, True, SMALL, gate_up_bias=gate_up_bias[:, :32])
+        triton_moe.fused_moe(
+            x, logits, w_gate_up, w_down, 2, True, SMALL, ExpertOptions(gate_up_bias[:, :32])
+        )

@@ -11,6 +11,7 @@ import pytest
 import torch
 from pagoda_runtime.executor.kernels import triton_moe
 from pagoda_runtime.executor.kernels.moe import fused_moe
+from pagoda_runtime.executor.kernels.moe_options import ExpertOptions
 from pagoda_runtime.executor.kernels.moe_reference import reference_fused_moe
 from pagoda_runtime.executor.kernels.moe_routing import SigmoidRouting, route
 from pagoda_runtime.executor.kernels.triton_moe_routing import route_and_align
@@ -169,8 +170,7 @@ def test_reference_is_transformers_glm4_moe_router_and_experts(norm_topk_prob: b
         experts.down_proj.data,
         4,
         norm_topk_prob,
-        sigmoid_routing=_routing(config),
-        correction_bias=router.e_score_correction_bias,
+        ExpertOptions(sigmoid_routing=_routing(config), correction_bias=router.e_score_correction_bias),
     )
     assert relative_error(out, expected) < 1e-6
 
@@ -193,12 +193,9 @@ GROUPINGS = {"one group": (1, 1), "4 groups, best 2": (4, 2)}
 def test_triton_layer_matches_the_reference(grouping: str, renormalize: bool) -> None:
     rule = SigmoidRouting(*GROUPINGS[grouping], routed_scaling_factor=2.5)
     x, logits, bias, w_gate_up, w_down = _layer(11, 64, 40, 16, seed=len(grouping))
-    out = triton_moe.fused_moe(
-        x, logits, w_gate_up, w_down, 4, renormalize, SMALL, sigmoid_routing=rule, correction_bias=bias
-    )
-    ref = reference_fused_moe(
-        x, logits, w_gate_up, w_down, 4, renormalize, sigmoid_routing=rule, correction_bias=bias
-    )
+    options = ExpertOptions(sigmoid_routing=rule, correction_bias=bias)
+    out = triton_moe.fused_moe(x, logits, w_gate_up, w_down, 4, renormalize, SMALL, options)
+    ref = reference_fused_moe(x, logits, w_gate_up, w_down, 4, renormalize, options)
     assert relative_error(out, ref) < 1e-5
 
 

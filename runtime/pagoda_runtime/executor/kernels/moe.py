@@ -4,7 +4,7 @@ weighted by the router, on the best path for the device: the grouped Triton kern
 (triton_moe.py), the PyTorch reference elsewhere (moe_reference.py). Expert weights are stored as
 moe_weights.py describes; a tensor-parallel rank passes its shard_experts part and all-reduces the
 partial output, as after a row-parallel layer, so it passes the same channels of gate_up_bias, and
-only one rank passes down_bias, which the all-reduce would otherwise add once per rank.
+only one rank passes down_bias (moe_options.py).
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ import torch
 
 # First, so that the Triton kernel module is decorated compiled or interpreted as it decides.
 from pagoda_runtime.executor import triton_mode  # noqa: F401
-from pagoda_runtime.executor.kernels.moe_activation import ClampedSwiGLU
+from pagoda_runtime.executor.kernels.moe_options import PLAIN, ExpertOptions
 from pagoda_runtime.executor.kernels.moe_reference import reference_fused_moe
-from pagoda_runtime.executor.kernels.moe_routing import SigmoidRouting
 from pagoda_runtime.executor.kernels.moe_weights import ExpertWeights
 
 
@@ -26,18 +25,12 @@ def fused_moe(
     w_down: ExpertWeights,
     top_k: int,
     renormalize: bool,
-    gate_up_bias: torch.Tensor | None = None,
-    down_bias: torch.Tensor | None = None,
-    activation: ClampedSwiGLU | None = None,
-    sigmoid_routing: SigmoidRouting | None = None,
-    correction_bias: torch.Tensor | None = None,
+    options: ExpertOptions = PLAIN,
 ) -> torch.Tensor:
     """hidden [T, H], router_logits [T, E], w_gate_up [E, 2 * I, H], w_down [E, H, I] -> [T, H].
 
-    renormalize: the top_k weights rescaled to sum to one (Mixtral; Qwen3-MoE's norm_topk_prob).
-    gate_up_bias [E, 2 * I] (gate half, then up half) and down_bias [E, H] in the model dtype, each
-    optional; activation None is SiLU(gate) * up. sigmoid_routing and correction_bias [E] float32:
-    DeepSeek V3's and GLM-4.5's routing (moe_routing.route's sigmoid rule); None, softmax routing.
+    renormalize: the top_k weights rescaled to sum to one (Mixtral; Qwen3-MoE's norm_topk_prob);
+    options: the layer's biases, activation and routing rule (moe_options.py).
     """
     num_experts = router_logits.shape[-1]
     if w_gate_up.shape[0] != num_experts or w_down.shape[0] != num_experts:
@@ -48,29 +41,5 @@ def fused_moe(
     if hidden.is_cuda:
         from pagoda_runtime.executor.kernels.triton_moe import fused_moe as triton_fused_moe
 
-        return triton_fused_moe(
-            hidden,
-            router_logits,
-            w_gate_up,
-            w_down,
-            top_k,
-            renormalize,
-            gate_up_bias=gate_up_bias,
-            down_bias=down_bias,
-            activation=activation,
-            sigmoid_routing=sigmoid_routing,
-            correction_bias=correction_bias,
-        )
-    return reference_fused_moe(
-        hidden,
-        router_logits,
-        w_gate_up,
-        w_down,
-        top_k,
-        renormalize,
-        gate_up_bias,
-        down_bias,
-        activation,
-        sigmoid_routing=sigmoid_routing,
-        correction_bias=correction_bias,
-    )
+        return triton_fused_moe(hidden, router_logits, w_gate_up, w_down, top_k, renormalize, options=options)
+    return reference_fused_moe(hidden, router_logits, w_gate_up, w_down, top_k, renormalize, options)

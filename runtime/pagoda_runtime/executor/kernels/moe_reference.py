@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from pagoda_runtime.executor.kernels.moe_activation import ClampedSwiGLU, clamped_swiglu
-from pagoda_runtime.executor.kernels.moe_routing import SigmoidRouting, route
+from pagoda_runtime.executor.kernels.moe_activation import clamped_swiglu
+from pagoda_runtime.executor.kernels.moe_options import PLAIN, ExpertOptions
+from pagoda_runtime.executor.kernels.moe_routing import route
 from pagoda_runtime.executor.kernels.moe_weights import ExpertWeights, PackedExperts
 from pagoda_runtime.executor.quantization.packed import dequantize
 
@@ -33,24 +34,21 @@ def reference_experts(
     topk_ids: torch.Tensor,
     w_gate_up: ExpertWeights,
     w_down: ExpertWeights,
-    gate_up_bias: torch.Tensor | None = None,
-    down_bias: torch.Tensor | None = None,
-    activation: ClampedSwiGLU | None = None,
+    options: ExpertOptions = PLAIN,
 ) -> torch.Tensor:
-    """hidden [T, H] through the experts topk_ids [T, k], weighted by topk_weights [T, k] -> [T, H].
-
-    gate_up_bias [E, 2 * I] (gate half, then up half), down_bias [E, H]; activation None is
-    SiLU(gate) * up."""
+    """hidden [T, H] through the experts topk_ids [T, k], weighted by topk_weights [T, k] -> [T, H],
+    with the biases and activation of `options` (moe_options.py)."""
     out = torch.zeros_like(hidden)
     dtype = hidden.dtype
     for expert in torch.unique(topk_ids).tolist():
         token_idx, choice = torch.where(topk_ids == expert)
         gate_up = F.linear(
-            hidden[token_idx], _expert(w_gate_up, expert, dtype), _bias(gate_up_bias, expert, dtype)
+            hidden[token_idx], _expert(w_gate_up, expert, dtype), _bias(options.gate_up_bias, expert, dtype)
         )
         gate, up = gate_up.chunk(2, dim=-1)
+        activation = options.activation
         act = F.silu(gate) * up if activation is None else clamped_swiglu(gate, up, activation)
-        y = F.linear(act, _expert(w_down, expert, dtype), _bias(down_bias, expert, dtype))
+        y = F.linear(act, _expert(w_down, expert, dtype), _bias(options.down_bias, expert, dtype))
         out.index_add_(0, token_idx, (y * topk_weights[token_idx, choice, None]).to(out.dtype))
     return out
 
@@ -62,11 +60,7 @@ def reference_fused_moe(
     w_down: ExpertWeights,
     top_k: int,
     renormalize: bool,
-    gate_up_bias: torch.Tensor | None = None,
-    down_bias: torch.Tensor | None = None,
-    activation: ClampedSwiGLU | None = None,
-    sigmoid_routing: SigmoidRouting | None = None,
-    correction_bias: torch.Tensor | None = None,
+    options: ExpertOptions = PLAIN,
 ) -> torch.Tensor:
-    weights, ids = route(router_logits, top_k, renormalize, sigmoid_routing, correction_bias)
-    return reference_experts(hidden, weights, ids, w_gate_up, w_down, gate_up_bias, down_bias, activation)
+    weights, ids = route(router_logits, top_k, renormalize, options.sigmoid_routing, options.correction_bias)
+    return reference_experts(hidden, weights, ids, w_gate_up, w_down, options)

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from pagoda_runtime.executor.kernels.moe_activation import ClampedSwiGLU
-from pagoda_runtime.executor.kernels.moe_routing import SigmoidRouting
+from pagoda_runtime.executor.kernels.moe_options import PLAIN, ExpertOptions
 from pagoda_runtime.executor.kernels.moe_weights import ExpertWeights, PackedExperts
 from pagoda_runtime.executor.kernels.triton_moe_routing import ExpertBlocks, route_and_align
 from pagoda_runtime.executor.triton_mode import dot_precision
@@ -318,16 +318,11 @@ def fused_moe(
     top_k: int,
     renormalize: bool,
     config: MoeConfig | None = None,
-    *,
-    gate_up_bias: torch.Tensor | None = None,
-    down_bias: torch.Tensor | None = None,
-    activation: ClampedSwiGLU | None = None,
-    sigmoid_routing: SigmoidRouting | None = None,
-    correction_bias: torch.Tensor | None = None,
+    options: ExpertOptions = PLAIN,
 ) -> torch.Tensor:
     """hidden [T, H], router_logits [T, E], w_gate_up [E, 2 * I, H], w_down [E, H, I] -> [T, H];
-    the biases, activation and routing rule as kernels/moe.py's fused_moe takes them. config stays
-    the seventh argument, where the benchmarks and tests pass it by position."""
+    the biases, activation and routing rule in `options` (moe_options.py). config stays the
+    seventh argument, where the benchmarks and tests pass it by position."""
     num_tokens, hidden_size = hidden.shape
     num_experts, two_i, _ = w_gate_up.shape
     num_pairs = num_tokens * top_k
@@ -336,7 +331,7 @@ def fused_moe(
     config = config or default_moe_config(num_pairs, num_experts, hidden.dtype)
     hidden = hidden.contiguous()
     routed, blocks = route_and_align(
-        router_logits, top_k, renormalize, config.block_m, sigmoid_routing, correction_bias
+        router_logits, top_k, renormalize, config.block_m, options.sigmoid_routing, options.correction_bias
     )
     act = torch.empty(num_pairs, two_i // 2, dtype=hidden.dtype, device=hidden.device)
     _expert_gemm(
@@ -349,11 +344,20 @@ def fused_moe(
         gated=True,
         mul_routed=False,
         config=config,
-        bias=gate_up_bias,
-        activation=activation,
+        bias=options.gate_up_bias,
+        activation=options.activation,
     )
     down = torch.empty(num_pairs, hidden_size, dtype=hidden.dtype, device=hidden.device)
     _expert_gemm(
-        act, w_down, down, blocks, routed, 1, gated=False, mul_routed=True, config=config, bias=down_bias
+        act,
+        w_down,
+        down,
+        blocks,
+        routed,
+        1,
+        gated=False,
+        mul_routed=True,
+        config=config,
+        bias=options.down_bias,
     )
     return down.view(num_tokens, top_k, hidden_size).sum(dim=1)

@@ -35,6 +35,7 @@ from pagoda_runtime.contract.weight_layout import (
 from pagoda_runtime.executor.kernels import AttentionOps
 from pagoda_runtime.executor.kernels.moe import fused_moe
 from pagoda_runtime.executor.kernels.moe_activation import ClampedSwiGLU
+from pagoda_runtime.executor.kernels.moe_options import ExpertOptions
 from pagoda_runtime.executor.kernels.moe_routing import SigmoidRouting
 from pagoda_runtime.executor.kernels.moe_weights import ExpertWeights, PackedExperts
 from pagoda_runtime.executor.models.decoder import CausalLM, Weight
@@ -232,11 +233,13 @@ class SparseMoE(nn.Module):
             self._experts(self.experts_down, self.hidden),
             self.top_k,
             self.renormalize,
-            gate_up_bias=self.gate_up_bias,
-            down_bias=self.down_bias if self.tp.rank == 0 else None,
-            activation=self.activation,
-            sigmoid_routing=self.sigmoid_routing,
-            correction_bias=self.gate.e_score_correction_bias,
+            ExpertOptions(
+                self.gate_up_bias,
+                self.down_bias if self.tp.rank == 0 else None,
+                self.activation,
+                self.sigmoid_routing,
+                self.gate.e_score_correction_bias,
+            ),
         )
         if self.routed_scale != 1.0:
             out = out * self.routed_scale

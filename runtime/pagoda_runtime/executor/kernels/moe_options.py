@@ -1,0 +1,30 @@
+"""What a mixture-of-experts layer adds to softmax routing and SiLU-gated experts (Mixtral's and
+Qwen3-MoE's layer): one frozen record the model's layer builds and kernels/moe.py's fused_moe, the
+Triton kernels (triton_moe.py) and the reference (moe_reference.py) take whole."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pagoda_runtime.executor.kernels.moe_activation import ClampedSwiGLU
+from pagoda_runtime.executor.kernels.moe_routing import SigmoidRouting
+
+
+@dataclass(frozen=True)
+class ExpertOptions:
+    # [E, 2 * I] in the model dtype, the gate half then the up half (GPT-OSS).
+    gate_up_bias: torch.Tensor | None = None
+    # [E, H] in the model dtype; under tensor parallelism one rank passes it, since the all-reduce of
+    # the ranks' partial outputs would add it once per rank.
+    down_bias: torch.Tensor | None = None
+    # None: SiLU(gate) * up; GPT-OSS's clamped SwiGLU otherwise.
+    activation: ClampedSwiGLU | None = None
+    # DeepSeek V3's and GLM-4.5's grouped sigmoid scores (moe_routing.route); None: softmax.
+    sigmoid_routing: SigmoidRouting | None = None
+    # [E] float32, added to the sigmoid scores that choose the experts (not to their weights).
+    correction_bias: torch.Tensor | None = None
+
+
+PLAIN = ExpertOptions()
