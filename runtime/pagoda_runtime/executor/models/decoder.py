@@ -161,9 +161,10 @@ class CausalLM(nn.Module):
 
     # ---- loading -------------------------------------------------------------------------------
 
-    def _fused_parts(self) -> dict[str, tuple[str, int, slice]]:
+    def _fused_parts(self, mlp_channels: int | None = None) -> dict[str, tuple[str, int, slice]]:
         """Hugging Face projection -> (fused layer, its row offset there, the checkpoint rows this
-        rank takes). A rank's key/value rows are those of the KV heads its query heads read."""
+        rank takes). A rank's key/value rows are those of the KV heads its query heads read; its
+        gate/up rows those of an MLP mlp_channels wide on each rank (the dense MLP's by default)."""
         arch, tp, attn = self.config.architecture, self.tp, self.layers[0].self_attn
         q, kv, d = attn.q_size, attn.kv_size, arch.head_dim
         first_kv_head = tp.rank * arch.num_key_value_heads // tp.size
@@ -173,7 +174,7 @@ class CausalLM(nn.Module):
             "k_proj": ("qkv_proj", q, kv_rows),
             "v_proj": ("qkv_proj", q + kv, kv_rows),
         }
-        channels = arch.intermediate_size // tp.size
+        channels = mlp_channels or arch.intermediate_size // tp.size
         rows = slice(tp.rank * channels, (tp.rank + 1) * channels)
         parts["gate_proj"] = ("gate_up_proj", 0, rows)
         parts["up_proj"] = ("gate_up_proj", channels, rows)
@@ -210,13 +211,10 @@ class CausalLM(nn.Module):
         # q and k norms weigh each dimension of a head, so their weights follow its rows' order.
         if self._rotary_rows is not None and proj in ("q_proj", "k_proj", "q_norm", "k_norm"):
             tensor = self._rotary_order(tensor)
-        target, offset, rows = fused.get(proj, (proj, 0, slice(None)))
         if proj in ("gate_proj", "up_proj") and owner.startswith("layers."):
             # An MLP as wide as its own channels say (a shared expert is narrower than the dense MLP).
-            channels = getattr(self.get_submodule(owner), "channels", None)
-            if channels is not None:
-                rows = slice(self.tp.rank * channels, (self.tp.rank + 1) * channels)
-                offset = 0 if proj == "gate_proj" else channels
+            fused = self._fused_parts(getattr(self.get_submodule(owner), "channels", None))
+        target, offset, rows = fused.get(proj, (proj, 0, slice(None)))
         projection = self._projection(f"{owner}.{target}") if owner.startswith("layers.") else None
         if projection is not None:
             part = tensor.rows(rows) if isinstance(tensor, PackedWeight) else tensor[rows]
