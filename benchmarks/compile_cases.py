@@ -146,8 +146,8 @@ def _moe_cases() -> list:
 def _gpt_oss_moe_cases() -> list:
     # GPT-OSS-20B's experts, which add both biases and use the clamped SwiGLU: bf16 as its MXFP4
     # checkpoint loads, int4 as --quantization int4 serves it (groups of 64 divide its 2880 inputs).
-    # int4 stops at 100 tokens: at this width 300 tokens' 128-row int4 tile spills registers in the
-    # gate_up launch, SiLU without biases too (default_moe_config's tile, not the GPT-OSS epilogue).
+    # 300 tokens over 4 experts take the prefill tiles, which for int4 stop at 64 rows (a 128-row
+    # int4 gate_up tile spilled registers at this width).
     hidden = inter = 2880
     experts = top_k = 4
     dtype = torch.bfloat16
@@ -165,7 +165,7 @@ def _gpt_oss_moe_cases() -> list:
         "int4": (
             _packed_experts("int4", experts, 2 * inter, hidden, 64),
             _packed_experts("int4", experts, hidden, inter, 64),
-            (1, 100),
+            (1, 100, 300),
         ),
     }
     found = []

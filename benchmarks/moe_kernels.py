@@ -131,7 +131,7 @@ def bench_batch(shape: MoeShape, kind: str, gate_up, down, batch: int, setup: Se
     )
     moved = touched * (expert_bytes(gate_up) + expert_bytes(down)) + 2 * hidden.nbytes
     flops = 2 * batch * shape.top_k * 3 * shape.hidden * shape.intermediate
-    default = default_moe_config(batch * shape.top_k, shape.experts, setup.dtype)
+    default = default_moe_config(batch * shape.top_k, shape.experts, setup.dtype, gate_up)
     timed = []
     for config in sweep_configs() if setup.sweep else [default]:
         calls = [lambda lg=lg, c=config: layer(lg, c) for lg in logits]

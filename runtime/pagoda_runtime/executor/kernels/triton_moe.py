@@ -205,13 +205,19 @@ def _moe_gemm_kernel(
     tl.store(c, out.to(out_dtype), mask=pair_mask[:, None] & (rn < N)[None, :])
 
 
-def default_moe_config(num_pairs: int, num_experts: int, dtype: torch.dtype) -> MoeConfig:
+def default_moe_config(
+    num_pairs: int, num_experts: int, dtype: torch.dtype, weights: ExpertWeights | None = None
+) -> MoeConfig:
     """Starting tiles, not yet timed on a GPU (benchmarks/moe_kernels.py --sweep times them): decode
     batches give each expert a row or two, so small row blocks waste the least padding and narrow
     column blocks give the weight stream more programs; prefill batches fill tensor-core tiles.
     float32 (the tiny test models) multiplies without tensor cores, in small tiles that fit the
-    registers."""
+    registers. int4 experts stop at 64-row tiles: unpacking their nibbles takes registers that a
+    128-row gate_up tile, with its gate and up accumulators, does not have (ptxas spills it at
+    GPT-OSS's 2880 inputs)."""
     per_expert = num_pairs / num_experts
+    if isinstance(weights, PackedExperts) and weights.weight.kind == "int4":
+        per_expert = min(per_expert, 256)
     if dtype == torch.float32:
         return MoeConfig(block_m=16 if per_expert <= 16 else 32, block_n=32, block_k=32, num_stages=2)
     if per_expert <= 16:
@@ -328,7 +334,7 @@ def fused_moe(
     num_pairs = num_tokens * top_k
     if num_tokens == 0:
         return torch.empty_like(hidden)
-    config = config or default_moe_config(num_pairs, num_experts, hidden.dtype)
+    config = config or default_moe_config(num_pairs, num_experts, hidden.dtype, w_gate_up)
     hidden = hidden.contiguous()
     routed, blocks = route_and_align(
         router_logits, top_k, renormalize, config.block_m, options.sigmoid_routing, options.correction_bias
