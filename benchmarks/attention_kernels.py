@@ -10,7 +10,9 @@ once, and the fraction is of the device's measured copy bandwidth. Prefill: one 
 alone and over a 2048-token cached prefix, and eight 512-token prompts, in causal TFLOP/s; the
 prompts without a prefix also through torch's own FlashAttention (`varlen_attn` over the step's
 fresh keys and values, and `scaled_dot_product_attention` for the single chunk), the speed a
-prefill path must match.
+prefill path must match. Latent decode: DeepSeek-V3's absorbed attention on one of 8 tensor-parallel
+ranks (16 query heads over one 576-wide bf16 latent plane, its keys and its values) at batch 1 and
+64 over 1k and 4k contexts, timed as decode is, its GB/s counting the plane read once.
 
     .venv/bin/python -m benchmarks.attention_kernels [--result-json PATH] [--smoke]
 
@@ -31,6 +33,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.varlen import varlen_attn
 
 from pagoda_runtime.bench.roofline import copy_bandwidth
+from pagoda_runtime.contract.model_catalogue import MODELS
 from pagoda_runtime.executor.attention_metadata import AttentionMetadata
 from pagoda_runtime.executor.kernels.reference import FP8_KV_DTYPE
 from pagoda_runtime.executor.kernels.triton_paged_attention import max_splits, paged_attention
@@ -44,10 +47,42 @@ VERIFY = {"batches": (1, 4), "contexts": (1024, 4096, 8192), "query_len": 5}
 SMOKE_VERIFY = {"batches": (1,), "contexts": (300,), "query_len": 5}
 PREFILL = (([2048], 0), ([2048], 2048), ([512] * 8, 0))
 SMOKE_PREFILL = (([24], 0), ([16], 16))
+# DeepSeek-V3 served absorbed, on one of 8 tensor-parallel ranks: 128 / 8 query heads over one KV
+# head whose single plane holds the 512-wide latent and the 64-wide rotated key.
+_V3 = MODELS["deepseek-v3"]
+_V3_CACHE = _V3.architecture.kv_cache_shape
+LATENT_HEADS = _V3.architecture.num_attention_heads // 8
+LATENT_CACHE = {"planes": _V3_CACHE.planes, "kv_heads": _V3_CACHE.heads, "head_dim": _V3_CACHE.head_dim}
+LATENT_SCALE = _V3.attention_scale
+LATENT_DECODE = {"batches": (1, 64), "contexts": (1024, 4096)}
+SMOKE_LATENT_DECODE = {"batches": (1, 2), "contexts": (300,)}
+LATENT_WHAT = (
+    f"DeepSeek-V3 absorbed, one of 8 TP ranks: {LATENT_HEADS} query heads over one "
+    f"{LATENT_CACHE['head_dim']}-wide bf16 latent plane read as keys and as values; GB/s counts the "
+    "plane read once"
+)
 
 
-def make_batch(query_lens: list[int], context_lens: list[int], device: torch.device, kv_dtype=torch.bfloat16):
-    """A random cache whose blocks are scattered, q for the new tokens, and the metadata."""
+def kv_bytes(
+    batch: int, context: int, kv_dtype, planes: int = 2, kv_heads: int = KV_HEADS, head_dim: int = HEAD_DIM
+) -> int:
+    """The cache a step over these contexts reads at the least: each plane once."""
+    return planes * batch * context * kv_heads * head_dim * kv_dtype.itemsize
+
+
+def make_batch(
+    query_lens: list[int],
+    context_lens: list[int],
+    device: torch.device,
+    kv_dtype=torch.bfloat16,
+    *,
+    heads: int = HEADS,
+    planes: int = 2,
+    kv_heads: int = KV_HEADS,
+    head_dim: int = HEAD_DIM,
+):
+    """A random cache of `planes` planes (keys and values, or one read as both) whose blocks are
+    scattered, q for the new tokens, and the metadata."""
     blocks = [math.ceil(c / BLOCK_SIZE) for c in context_lens]
     order = torch.randperm(sum(blocks), device=device, dtype=torch.int32)
     tables = torch.zeros(len(blocks), max(blocks), dtype=torch.int32, device=device)
@@ -55,8 +90,8 @@ def make_batch(query_lens: list[int], context_lens: list[int], device: torch.dev
     for i, n in enumerate(blocks):
         tables[i, :n] = order[offset : offset + n]
         offset += n
-    cache = torch.randn(2, sum(blocks), BLOCK_SIZE, KV_HEADS, HEAD_DIM, device=device).to(kv_dtype)
-    q = torch.randn(sum(query_lens), HEADS, HEAD_DIM, dtype=torch.bfloat16, device=device)
+    cache = torch.randn(planes, sum(blocks), BLOCK_SIZE, kv_heads, head_dim, device=device).to(kv_dtype)
+    q = torch.randn(sum(query_lens), heads, head_dim, dtype=torch.bfloat16, device=device)
     starts = torch.tensor([0, *query_lens], device=device).cumsum(0).to(torch.int32)
     meta = AttentionMetadata(
         slot_mapping=torch.zeros(sum(query_lens), dtype=torch.int64, device=device),
@@ -87,20 +122,33 @@ def _seconds(fn, device: torch.device) -> float:
 
 
 def decode_seconds(
-    batch: int, context: int, num_splits: int | None, device: torch.device, kv_dtype, query_len: int = 1
+    batch: int,
+    context: int,
+    num_splits: int | None,
+    device: torch.device,
+    kv_dtype,
+    query_len: int = 1,
+    *,
+    scale: float = SCALE,
+    heads: int = HEADS,
+    **cache,
 ) -> float:
-    kv_bytes = 2 * batch * context * KV_HEADS * HEAD_DIM * kv_dtype.itemsize
-    copies = max(1, math.ceil(STREAM_BYTES / kv_bytes)) if device.type == "cuda" else 1
-    batches = [make_batch([query_len] * batch, [context] * batch, device, kv_dtype) for _ in range(copies)]
-    for q, cache, meta in batches:
-        paged_attention(q, cache, meta, SCALE, num_splits=num_splits)
+    """Median seconds of one step; `cache`: make_batch's planes, kv_heads and head_dim."""
+    read = kv_bytes(batch, context, kv_dtype, **cache)
+    copies = max(1, math.ceil(STREAM_BYTES / read)) if device.type == "cuda" else 1
+    batches = [
+        make_batch([query_len] * batch, [context] * batch, device, kv_dtype, heads=heads, **cache)
+        for _ in range(copies)
+    ]
+    for q, kv_cache, meta in batches:
+        paged_attention(q, kv_cache, meta, scale, num_splits=num_splits)
     if device.type != "cuda":
-        return _seconds(lambda: paged_attention(*batches[0], SCALE, num_splits=num_splits), device)
+        return _seconds(lambda: paged_attention(*batches[0], scale, num_splits=num_splits), device)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for q, cache, meta in batches:
-            paged_attention(q, cache, meta, SCALE, num_splits=num_splits)
+        for q, kv_cache, meta in batches:
+            paged_attention(q, kv_cache, meta, scale, num_splits=num_splits)
     ms = _bench(graph.replay, warmup=25, rep=200)
     return ms / 1e3 / copies
 
@@ -152,7 +200,7 @@ def decode_rows(device: torch.device, bandwidth: float, plan: dict) -> list[dict
     cases = [(b, c, torch.bfloat16) for b in plan["batches"] for c in plan["contexts"]]
     cases += [(plan["fp8_batch"], c, FP8_KV_DTYPE) for c in plan["contexts"]]
     for batch, context, kv_dtype in cases:
-        kv_bytes = 2 * batch * context * KV_HEADS * HEAD_DIM * kv_dtype.itemsize
+        read = kv_bytes(batch, context, kv_dtype)
         splits = max_splits(batch, KV_HEADS, device)
         t = decode_seconds(batch, context, None, device, kv_dtype)
         t1 = decode_seconds(batch, context, 1, device, kv_dtype)
@@ -163,10 +211,10 @@ def decode_rows(device: torch.device, bandwidth: float, plan: dict) -> list[dict
                 "cache": "fp8" if kv_dtype == FP8_KV_DTYPE else "bf16",
                 "max_splits": splits,
                 "seconds": t,
-                "GBps": kv_bytes / t / 1e9,
-                "fraction_of_copy": kv_bytes / t / bandwidth,
+                "GBps": read / t / 1e9,
+                "fraction_of_copy": read / t / bandwidth,
                 "one_split_seconds": t1,
-                "one_split_GBps": kv_bytes / t1 / 1e9,
+                "one_split_GBps": read / t1 / 1e9,
             }
         )
     return rows
@@ -176,7 +224,7 @@ def verify_rows(device: torch.device, bandwidth: float, plan: dict) -> list[dict
     rows = []
     for batch in plan["batches"]:
         for context in plan["contexts"]:
-            kv_bytes = 2 * batch * context * KV_HEADS * HEAD_DIM * 2
+            read = kv_bytes(batch, context, torch.bfloat16)
             t = decode_seconds(batch, context, None, device, torch.bfloat16, plan["query_len"])
             t1 = decode_seconds(batch, context, 1, device, torch.bfloat16, plan["query_len"])
             rows.append(
@@ -186,9 +234,38 @@ def verify_rows(device: torch.device, bandwidth: float, plan: dict) -> list[dict
                     "query_len": plan["query_len"],
                     "max_splits": max_splits(batch, KV_HEADS, device),
                     "seconds": t,
-                    "fraction_of_copy": kv_bytes / t / bandwidth,
+                    "fraction_of_copy": read / t / bandwidth,
                     "one_split_seconds": t1,
                     "speedup_over_one_split": t1 / t,
+                }
+            )
+    return rows
+
+
+def latent_decode_rows(device: torch.device, bandwidth: float, plan: dict) -> list[dict]:
+    rows = []
+    for batch in plan["batches"]:
+        for context in plan["contexts"]:
+            # A kernel that read the plane once as keys and again as values would show under 50%.
+            read = kv_bytes(batch, context, torch.bfloat16, **LATENT_CACHE)
+            t = decode_seconds(
+                batch,
+                context,
+                None,
+                device,
+                torch.bfloat16,
+                scale=LATENT_SCALE,
+                heads=LATENT_HEADS,
+                **LATENT_CACHE,
+            )
+            rows.append(
+                {
+                    "batch": batch,
+                    "context": context,
+                    "max_splits": max_splits(batch, LATENT_CACHE["kv_heads"], device),
+                    "seconds": t,
+                    "GBps": read / t / 1e9,
+                    "fraction_of_copy": read / t / bandwidth,
                 }
             )
     return rows
@@ -229,6 +306,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['seconds'] * 1e6:.1f} us "
             f"({r['fraction_of_copy']:.0%} of copy), one split {r['one_split_seconds'] * 1e6:.1f} us"
         )
+    latent = latent_decode_rows(device, bandwidth, SMOKE_LATENT_DECODE if args.smoke else LATENT_DECODE)
+    for r in latent:
+        print(
+            f"latent decode batch {r['batch']} context {r['context']} splits {r['max_splits']}: "
+            f"{r['seconds'] * 1e6:.1f} us, {r['GBps']:.0f} GB/s ({r['fraction_of_copy']:.0%} of copy)"
+        )
     prefill = prefill_rows(device, SMOKE_PREFILL if args.smoke else PREFILL)
     for r in prefill:
         label = f"prefill {len(r['chunks'])} x {r['chunks'][0]} over prefix {r['prefix']}"
@@ -249,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
             "decode": decode,
             "verify": verify,
             "prefill": prefill,
+            "latent_decode": {"what": LATENT_WHAT, "rows": latent},
         }
         Path(args.result_json).write_text(json.dumps(result, indent=1) + "\n")
     return 0

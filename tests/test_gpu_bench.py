@@ -99,6 +99,9 @@ def test_every_part_runs_on_tiny_shapes_and_the_targets_read_its_results(tmp_pat
     attention = json.loads((out / "attention_kernels.json").read_text())
     assert {r["cache"] for r in attention["decode"]} == {"bf16", "fp8"} and attention["prefill"]
     assert [r["query_len"] for r in attention["verify"]] == [5]
+    latent = attention["latent_decode"]
+    assert "DeepSeek-V3" in latent["what"] and [r["batch"] for r in latent["rows"]] == [1, 2]
+    assert all(r["GBps"] > 0 and r["fraction_of_copy"] > 0 for r in latent["rows"])
     # The spec-lora part: both proposers at each batch, lossless; the adapters' step beside the base's.
     spec = json.loads((out / "spec_decode_tiny-llama.json").read_text())
     assert [(r["proposer"], r["batch"]) for r in spec["rows"]] == [

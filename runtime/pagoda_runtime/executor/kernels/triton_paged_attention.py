@@ -58,8 +58,9 @@ DECODE_STAGES, PREFILL_STAGES = 3, 2
 SHORT_QUERY_ROWS = 64
 # Heads wider than this (absorbed latent attention: DeepSeek's 512 + 64, padded to 1024) take tiles
 # of at most WIDE_ROWS query rows and WIDE_KEYS keys, whose query, accumulator and two pipelined
-# key and value tiles fit a Hopper multiprocessor's registers and 227 KB of shared memory; more
-# query heads than WIDE_ROWS per KV head run WIDE_ROWS at a time, each launch walking the keys again.
+# key and value tiles fit 227 KB of shared memory and, over 8 warps, the registers without spilling;
+# more query heads than WIDE_ROWS per KV head run WIDE_ROWS at a time, each launch walking the keys
+# again.
 WIDE_HEAD_DIM, WIDE_ROWS, WIDE_KEYS = 256, 16, 16
 
 
@@ -106,8 +107,10 @@ def _attend_keys(
     FP8_ASM: tl.constexpr,
     INTERPRETED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    VALUES_ARE_KEYS: tl.constexpr,
 ):
-    """The online softmax's state after the keys [start, start + BLOCK_N) below kv_hi."""
+    """The online softmax's state after the keys [start, start + BLOCK_N) below kv_hi; with
+    VALUES_ARE_KEYS (a one-plane cache) the key tile is the value tile, read once."""
     keys = start + tl.arange(0, BLOCK_N)
     key_valid = keys < kv_hi
     page = tl.load(block_tables_ptr + seq * stride_bt + keys // BLOCK_SIZE, mask=key_valid, other=0)
@@ -131,7 +134,11 @@ def _attend_keys(
     p = tl.exp2(scores - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = _widened(tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0), q.dtype, FP8_ASM, INTERPRETED)
+    if VALUES_ARE_KEYS:
+        v = k
+    else:
+        v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+        v = _widened(v, q.dtype, FP8_ASM, INTERPRETED)
     acc = dot(p, v, acc * alpha[:, None], INTERPRETED, DOT_PRECISION)
     return m_new, l_i, acc
 
@@ -178,6 +185,7 @@ def _paged_attention_kernel(
     HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     HAS_SINKS: tl.constexpr,
+    VALUES_ARE_KEYS: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q // GROUP_PAD  # query tokens per tile
     seq = tl.program_id(0)
@@ -228,7 +236,7 @@ def _paged_attention_kernel(
                 q, m_i, l_i, acc, start, kv_hi, query_pos, seq, kv_head, dims, dim_valid,
                 block_tables_ptr, stride_bt, k_cache_ptr, v_cache_ptr, qk_scale, window, softcap,
                 NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N, HAS_WINDOW, HAS_SOFTCAP, FP8_ASM,
-                INTERPRETED, DOT_PRECISION,
+                INTERPRETED, DOT_PRECISION, VALUES_ARE_KEYS,
             )  # fmt: skip
             start += BLOCK_N
     else:
@@ -237,7 +245,7 @@ def _paged_attention_kernel(
                 q, m_i, l_i, acc, start, kv_hi, query_pos, seq, kv_head, dims, dim_valid,
                 block_tables_ptr, stride_bt, k_cache_ptr, v_cache_ptr, qk_scale, window, softcap,
                 NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N, HAS_WINDOW, HAS_SOFTCAP, FP8_ASM,
-                INTERPRETED, DOT_PRECISION,
+                INTERPRETED, DOT_PRECISION, VALUES_ARE_KEYS,
             )  # fmt: skip
     if KV_SCALED:
         acc = acc * tl.load(kv_scales_ptr + NUM_KV_HEADS + kv_head)
@@ -372,7 +380,8 @@ def paged_attention(
     min_split_tokens: int = MIN_SPLIT_TOKENS,
 ) -> torch.Tensor:
     """Causal attention of q [T, H, D] over kv_cache [2, blocks, block_size, Hkv, D] -> [T, H, D]
-    (keys kv_cache[0], values kv_cache[-1]: a one-plane cache's keys are its values too).
+    (keys kv_cache[0], values kv_cache[-1]: a one-plane cache's keys are its values too, each tile
+    read once for both).
 
     kv_scales: float32 [2, Hkv], what the cache's keys and values were divided by when stored (an
     fp8 cache's scales), or None. num_splits: the most KV splits per (sequence, kv head, query
@@ -456,6 +465,7 @@ def paged_attention(
         HAS_WINDOW=window is not None,
         HAS_SOFTCAP=softcap is not None,
         HAS_SINKS=sinks is not None,
-        num_warps=4,
+        VALUES_ARE_KEYS=kv_cache.shape[0] == 1,
+        num_warps=8 if wide else 4,
     )
     return out
