@@ -68,6 +68,12 @@ def quantization_config(method: str, group_size: int) -> dict:
     return {"quant_method": "gptq", "bits": 4, "group_size": group_size, "desc_act": False, "sym": False}
 
 
+# The projections AutoAWQ and GPTQModel pack: every *_proj and Mixtral's experts' w1, w2 and w3
+# (DeepSeek's kv_a_proj_with_mqa ends otherwise and stays in float, as a modules_to_not_convert would
+# keep it).
+QUANTIZED_SUFFIXES = ("_proj.weight", ".w1.weight", ".w2.weight", ".w3.weight")
+
+
 def build_quantized_folder(float_folder: Path, dest: Path, method: str, group_size: int = 32) -> Path:
     shutil.copytree(float_folder, dest)
     tensors: dict[str, torch.Tensor] = {}
@@ -77,7 +83,7 @@ def build_quantized_folder(float_folder: Path, dest: Path, method: str, group_si
     (dest / "model.safetensors.index.json").unlink(missing_ok=True)
     stored = {}
     for name, tensor in tensors.items():
-        if name.startswith("model.layers.") and name.endswith("_proj.weight"):
+        if name.startswith("model.layers.") and name.endswith(QUANTIZED_SUFFIXES):
             prefix = name.removesuffix("weight")
             for part, packed in _packed_tensors(tensor, method, group_size).items():
                 stored[prefix + part] = packed

@@ -92,6 +92,36 @@ def test_awq_and_gptq_folders_generate_what_their_dequantized_weights_generate(
     assert _greedy(engine) == _greedy(reference)
 
 
+@pytest.mark.parametrize(
+    "method,variant",
+    [
+        ("gptq", "qwen3_moe"),
+        ("awq", "mixtral"),  # experts named w1, w3 and w2
+        ("awq", "glm4_moe"),  # shared experts beside the routed ones
+        ("gptq", "deepseek_v3"),  # kv_a_proj_with_mqa left in float, as modules_to_not_convert keeps it
+        ("awq", "minimax_m2"),
+    ],
+)
+def test_moe_experts_of_awq_and_gptq_checkpoints_stay_packed_and_a_float_projection_stays_float(
+    tmp_path, method, variant
+):
+    folder = build_quantized_folder(build_tiny_model(tmp_path / variant, variant), tmp_path / method, method)
+    engine = _engine(folder)
+    assert engine.quantization == method
+    modules = dict(engine.runner.model.named_modules())
+    experts = [m for name, m in modules.items() if name.endswith(("experts_gate_up", "experts_down"))]
+    assert experts and all((m.kind, m.group_size) == ("int4", 32) for m in experts)
+    # A projection the checkpoint stores in float is served in float, never quantized again.
+    floats = {
+        name.split(".")[-1] for name, m in modules.items() if isinstance(m, QuantizedLinear) and m.row_blocks
+    }
+    assert floats == ({"kv_a_proj_with_mqa"} if variant == "deepseek_v3" else set())
+    reference = _engine(folder, loaded=load_model_source(folder))
+    ids = engine.tokenizer.encode(" ".join(PROMPTS))
+    assert torch.allclose(score(engine, ids), score(reference, ids), rtol=0, atol=1e-5)
+    assert _greedy(engine) == _greedy(reference)
+
+
 @pytest.mark.parametrize("ggml_type,kind", [("Q4_0", "int4"), ("Q4_1", "int4"), ("Q8_0", "int8")])
 def test_gguf_blocks_stay_packed_and_generate_what_the_dequantized_file_generates(
     float_folders, tmp_path, monkeypatch, ggml_type, kind

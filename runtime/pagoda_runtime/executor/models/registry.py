@@ -100,7 +100,7 @@ FAMILIES: tuple[Family, ...] = (
         config_from_hf=moe.qwen3_moe_config_from_hf,
         weight_shapes=moe.weight_shapes,
         gguf=GGUFLayout(("qwen3moe",), moe.qwen3_moe_config_from_gguf, moe.QWEN3_MOE_GGUF_NAMES),
-        quantizations=("none", "int8", "int4", "fp8", "gguf"),
+        quantizations=("none", "int8", "int4", "fp8", "awq", "gptq", "gguf"),
     ),
     Family(
         name="Mixtral",
@@ -109,7 +109,7 @@ FAMILIES: tuple[Family, ...] = (
         model=moe.MixtralForCausalLM,
         config_from_hf=moe.mixtral_config_from_hf,
         weight_shapes=moe.weight_shapes,
-        quantizations=("none", "int8", "int4", "fp8"),
+        quantizations=("none", "int8", "int4", "fp8", "awq", "gptq"),
     ),
     Family(
         name="GPT-OSS",
@@ -172,7 +172,7 @@ FAMILIES: tuple[Family, ...] = (
         model=glm4_moe.Glm4MoeForCausalLM,
         config_from_hf=glm4_moe.config_from_hf,
         weight_shapes=glm4_moe.weight_shapes,
-        quantizations=("none", "int8", "int4", "fp8"),
+        quantizations=("none", "int8", "int4", "fp8", "awq", "gptq"),
     ),
     Family(
         name="DeepSeek V2 / V3",
@@ -181,7 +181,7 @@ FAMILIES: tuple[Family, ...] = (
         model=deepseek.DeepseekForCausalLM,
         config_from_hf=deepseek.config_from_hf,
         weight_shapes=deepseek.weight_shapes,
-        quantizations=("none", "int8", "int4", "fp8"),
+        quantizations=("none", "int8", "int4", "fp8", "awq", "gptq"),
     ),
     Family(
         name="MiniMax-M2",
@@ -190,7 +190,7 @@ FAMILIES: tuple[Family, ...] = (
         model=minimax_m2.MiniMaxM2ForCausalLM,
         config_from_hf=minimax_m2.config_from_hf,
         weight_shapes=minimax_m2.weight_shapes,
-        quantizations=("none", "int8", "int4", "fp8"),
+        quantizations=("none", "int8", "int4", "fp8", "awq", "gptq"),
     ),
     Family(
         name="Phi-3 / Phi-4-mini",

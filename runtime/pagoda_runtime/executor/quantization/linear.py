@@ -26,10 +26,11 @@ from pagoda_runtime.executor.quantization.online import ONLINE_QUANTIZERS, int4_
 from pagoda_runtime.executor.quantization.packed import PackedWeight
 from pagoda_runtime.executor.quantization.reference import reference_matmul
 
-# Float weights that reach a layer of a pre-quantized checkpoint are quantized with this method,
-# chosen to lose as little as possible; a GGUF file's projections of block types without a packed
-# layout (and its F16 ones) arrive dequantized and stay floats, in row blocks of their own ("none").
-_FLOAT_FALLBACK = {"awq": "int4", "gptq": "int4", "gguf": "none"}
+# A pre-quantized checkpoint's layers hold what it stores: packed weights as they are, and float
+# ones as floats in row blocks of their own, never quantized again: a projection an AWQ or GPTQ
+# checkpoint left in float (its modules_to_not_convert), a GGUF block type without a packed layout,
+# a GGUF F16 tensor.
+_AS_STORED = ("awq", "gptq", "gguf")
 
 
 class QuantizedLinear(nn.Module):
@@ -266,5 +267,5 @@ def make_linear(
         layer.input_part = input_part
         return layer
     return QuantizedLinear(
-        in_features, out_features, bias, _FLOAT_FALLBACK.get(method, method), device, dtype, input_part
+        in_features, out_features, bias, "none" if method in _AS_STORED else method, device, dtype, input_part
     )
