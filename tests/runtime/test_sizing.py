@@ -9,7 +9,6 @@ from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES
 from pagoda_runtime.contract.sizing import (
     GGUF_BLOCK_FORMATS,
     GIB,
-    ModelArchitecture,
     WeightFormat,
     check_tensor_parallel,
     decode_weight_bytes,
@@ -378,26 +377,9 @@ def test_the_kv_budget_gives_window_layers_what_their_sequences_can_hold_and_ful
 
 
 def test_latent_attention_counts_its_low_rank_projections_and_caches_one_latent_a_token():
-    # DeepSeek-V2-Lite's config.json: 15.7B parameters, 2.4B of them a token's.
-    lite = ModelArchitecture(
-        num_hidden_layers=27,
-        hidden_size=2048,
-        intermediate_size=10944,
-        num_attention_heads=16,
-        num_key_value_heads=16,
-        head_dim=128 + 64,
-        vocab_size=102400,
-        max_position_embeddings=163840,
-        num_experts=64,
-        num_experts_per_tok=6,
-        moe_intermediate_size=1408,
-        shared_expert_intermediate_size=2 * 1408,
-        mlp_only_layers=(0,),
-        kv_lora_rank=512,
-        qk_nope_head_dim=128,
-        qk_rope_head_dim=64,
-        v_head_dim=128,
-    )
+    # DeepSeek-V2-Lite (its config.json: tests/runtime/test_model_catalogue.py): 15.7B parameters,
+    # 2.4B of them a token's.
+    lite = KNOWN_ARCHITECTURES["deepseek-v2-lite"]
     assert round(lite.num_parameters() / 1e9, 1) == 15.7
     assert round((lite.active_linear_parameters() + lite.vocab_parameters() // 2) / 1e9, 1) == 2.4
     # Absorbed: one plane of the latent and the rotated key a token and layer, in bf16, where every

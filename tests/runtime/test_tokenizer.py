@@ -51,6 +51,8 @@ def test_gguf_tokenizer_knows_its_special_tokens(smollm):
     assert smollm.eos_token_ids == (2,)
     assert smollm.vocab_size == 49152
     assert smollm.decode(smollm.encode("<|im_start|>user\nhi<|im_end|>")) == "user\nhi"
+    # What a decode that skips special tokens leaves out (the tool-call parsers ask it).
+    assert {"<|im_start|>", "<|im_end|>"} <= smollm.special_tokens and "hi" not in smollm.special_tokens
     # SmolLM2's GGUF says add_bos_token = false.
     assert smollm.encode("hi")[0] != smollm.bos_token_id
 

@@ -24,12 +24,22 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 # Without --max-queue, a burst may wait behind this many full batches before new requests get 429.
 DEFAULT_QUEUE_BATCHES = 2
 # How tool_choice "auto" finds calls in the generated text (server/tool_parsers.py).
-TOOL_CALL_PARSERS = ("hermes", "llama3_json", "openai")
+TOOL_CALL_PARSERS = (
+    "hermes",
+    "llama3_json",
+    "openai",
+    "deepseek_v3",
+    "deepseek_v31",
+    "glm45",
+    "qwen3_coder",
+    "minimax_m2",
+)
 # vLLM's --generation-config: auto takes the model's generation_config.json sampling as the defaults
 # of what a request leaves out; vllm keeps the API's own defaults.
 GENERATION_CONFIGS = ("auto", "vllm")
-# vLLM's --reasoning-parser names; both read <think>...</think> (server/reasoning.py).
-REASONING_PARSERS = ("deepseek_r1", "qwen3", "openai_gptoss")
+# vLLM's --reasoning-parser names; all but openai_gptoss (harmony) read <think>...</think>
+# (server/reasoning.py): DeepSeek R1 and V3.1, Qwen3, GLM-4.5, MiniMax-M2.
+REASONING_PARSERS = ("deepseek_r1", "deepseek_v3", "qwen3", "glm45", "minimax_m2", "openai_gptoss")
 # --metrics-compat: whose metric names are exported a second time (server/metrics_compat.py).
 METRICS_COMPAT_CHOICES = ("vllm",)
 LOG_FORMATS = ("text", "json")
@@ -105,8 +115,10 @@ class ServerSettings:
     tool_call_parser: str | None = setting(
         None,
         "how tool calls are found in the text for tool_choice auto: hermes (<tool_call> JSON, "
-        "Qwen2.5/SmolLM/Hermes), llama3_json (Llama 3.x) or openai (GPT-OSS's harmony messages to "
-        "functions.NAME); default: openai under --reasoning-parser openai_gptoss, hermes otherwise",
+        "Qwen2.5/Qwen3/SmolLM/Hermes), llama3_json (Llama 3.x), openai (GPT-OSS's harmony messages to "
+        "functions.NAME), deepseek_v3 (DeepSeek V3 and R1), deepseek_v31 (DeepSeek V3.1 and later), "
+        "glm45 (GLM-4.5 and 4.6), qwen3_coder (Qwen3-Coder's XML) or minimax_m2 (MiniMax-M2); default: "
+        "openai under --reasoning-parser openai_gptoss, hermes otherwise",
         choices=TOOL_CALL_PARSERS,
     )
     generation_config: str = setting(
@@ -117,9 +129,9 @@ class ServerSettings:
     )
     reasoning_parser: str | None = setting(
         None,
-        "tell a reasoning model's thinking (<think>...</think>; openai_gptoss: GPT-OSS's harmony analysis "
-        "channel) from its answer: chat replies carry it as reasoning_content (and reasoning), the "
-        "Responses API as a reasoning item; default: off",
+        "tell a reasoning model's thinking (<think>...</think>: deepseek_r1, deepseek_v3, qwen3, glm45, "
+        "minimax_m2; openai_gptoss: GPT-OSS's harmony analysis channel) from its answer: chat replies "
+        "carry it as reasoning_content (and reasoning), the Responses API as a reasoning item; default: off",
         choices=REASONING_PARSERS,
     )
     chat_template: str | None = setting(

@@ -7,6 +7,7 @@ transformers renders it.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -166,6 +167,11 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
+
+    @functools.cached_property
+    def special_tokens(self) -> frozenset[str]:
+        """The added tokens a decode with skip_special_tokens leaves out of the text."""
+        return frozenset(t.content for t in self.backend.get_added_tokens_decoder().values() if t.special)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids

@@ -170,7 +170,12 @@ async def prepare_chat(body: ChatCompletionRequest, request: Request) -> ChatTur
     if choice == "required":
         parser = RequiredArrayParser()
     elif auto:
-        parser = parser_named(state.settings.tool_parser)
+        parser = parser_named(
+            state.settings.tool_parser, {t.function.name: t.function.parameters or {} for t in body.tools}
+        )
+        if not engine.tokenizer.special_tokens.isdisjoint(parser.MARKERS):
+            # The model's tool-call markup is made of special tokens here (GLM-4.5's <tool_call>).
+            params = replace(params, skip_special_tokens=False)
     limit_field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     split = None
     reasoning_parser = state.settings.reasoning_parser

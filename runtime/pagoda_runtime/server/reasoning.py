@@ -7,10 +7,10 @@ Where the reply starts is read from the prompt rather than guessed per model: a 
 opens a think block for the model (DeepSeek-R1, QwQ, Qwen3's thinking-only models) leaves the
 reply inside it, so the reply is reasoning until </think>; otherwise (Qwen3 and SmolLM3 in their
 hybrid mode) it is content unless it opens a block itself, and a template that closed an empty
-block (Qwen3 with enable_thinking false) leaves it content. The names are vLLM's; both parsers
-read the same tags. A reply whose output a grammar fixes (structured output, a forced tool call)
-is all content. The split is a function of the text so far, which only grows: streamed pieces add
-up to the whole reply's split.
+block (Qwen3 with enable_thinking false) leaves it content. The names are vLLM's; all but
+openai_gptoss read the same tags (contract/serve_settings.REASONING_PARSERS). A reply whose output
+a grammar fixes (structured output, a forced tool call) is all content. The split is a function of
+the text so far, which only grows: streamed pieces add up to the whole reply's split.
 """
 
 from __future__ import annotations

@@ -12,6 +12,16 @@ from __future__ import annotations
 import json
 import re
 
+from pagoda_runtime.server.markup_tool_parsers import (
+    BlockParser,
+    DeepSeekV3Parser,
+    DeepSeekV31Parser,
+    Glm45Parser,
+    MiniMaxM2Parser,
+    Qwen3CoderParser,
+    Schemas,
+    partial_suffix,
+)
 from pagoda_runtime.server.reasoning import HARMONY_ARGUMENTS, HARMONY_CALL
 from pagoda_runtime.server.tools import DeltaFunctionCall, DeltaToolCall, FunctionCall, new_call_id
 
@@ -25,35 +35,19 @@ def _call(obj: object) -> FunctionCall | None:
     )
 
 
-def _partial_suffix(text: str, tag: str) -> int:
-    """Length of the longest end of text that could be the start of tag."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0
-
-
-class HermesParser:
+class HermesParser(BlockParser):
     """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, as Qwen2.5, Hermes and SmolLM write."""
 
-    OPEN = "<tool_call>"
+    START, MARKERS = "<tool_call>", ("<tool_call>", "</tool_call>")
     _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
-    def content_end(self, text: str, final: bool) -> int:
-        start = text.find(self.OPEN)
-        if start >= 0:
-            return start
-        return len(text) if final else len(text) - _partial_suffix(text, self.OPEN)
-
-    def calls(self, text: str, final: bool) -> list[FunctionCall]:
+    def block_calls(self, text: str) -> list[FunctionCall | None]:
         found = []
-        for match in self._BLOCK.finditer(text):
+        for block in self._BLOCK.findall(text):
             try:
-                call = _call(json.loads(match.group(1)))
+                found.append(_call(json.loads(block)))
             except json.JSONDecodeError:
-                call = None
-            if call is not None:
-                found.append(call)
+                found.append(None)
         return found
 
 
@@ -62,6 +56,8 @@ class Llama3JsonParser:
     optionally after `<|python_tag|>`; any other text is content."""
 
     TAG = "<|python_tag|>"
+    # The calls read alike with or without the tag, which Llama 3 holds as a special token.
+    MARKERS: tuple[str, ...] = ()
 
     def _body(self, text: str) -> str:
         return text.strip().removeprefix(self.TAG).lstrip()
@@ -100,11 +96,14 @@ class HarmonyParser:
     split leaves in the content as HARMONY_CALL segments (reasoning.split_harmony). A call ends the
     model's turn (<|call|> is one of its stop tokens), so the calls are read from the finished text."""
 
+    # The openai_gptoss reasoning parser keeps harmony's special tokens in the text already.
+    MARKERS: tuple[str, ...] = ()
+
     def content_end(self, text: str, final: bool) -> int:
         start = text.find(HARMONY_CALL)
         if start >= 0:
             return start
-        return len(text) if final else len(text) - _partial_suffix(text, HARMONY_CALL)
+        return len(text) if final else len(text) - partial_suffix(text, HARMONY_CALL)
 
     def calls(self, text: str, final: bool) -> list[FunctionCall]:
         if not final:
@@ -118,6 +117,8 @@ class HarmonyParser:
 
 class RequiredArrayParser:
     """tool_choice "required": the grammar makes the whole text a JSON array of {name, parameters}."""
+
+    MARKERS: tuple[str, ...] = ()
 
     def content_end(self, text: str, final: bool) -> int:
         return 0
@@ -137,8 +138,22 @@ class RequiredArrayParser:
         return found
 
 
-def parser_named(name: str):
-    return {"hermes": HermesParser, "llama3_json": Llama3JsonParser, "openai": HarmonyParser}[name]()
+# --tool-call-parser's choices (contract/serve_settings.TOOL_CALL_PARSERS), each built with the
+# request's tool schemas, which the formats that write arguments as bare text read their types from.
+PARSERS = {
+    "hermes": HermesParser,
+    "llama3_json": lambda schemas: Llama3JsonParser(),
+    "openai": lambda schemas: HarmonyParser(),
+    "deepseek_v3": DeepSeekV3Parser,
+    "deepseek_v31": DeepSeekV31Parser,
+    "glm45": Glm45Parser,
+    "qwen3_coder": Qwen3CoderParser,
+    "minimax_m2": MiniMaxM2Parser,
+}
+
+
+def parser_named(name: str, schemas: Schemas | None = None):
+    return PARSERS[name](schemas)
 
 
 def parse_whole(parser, text: str) -> tuple[str | None, list[FunctionCall]]:

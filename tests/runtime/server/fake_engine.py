@@ -28,6 +28,7 @@ class FakeTokenizer:
     """One token per character: id = code point (below 256)."""
 
     vocab_size = 256
+    special_tokens: frozenset[str] = frozenset()
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ord(c) % 256 for c in text]
