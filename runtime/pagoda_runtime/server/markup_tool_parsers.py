@@ -1,4 +1,4 @@
-"""The tool-call markup of the mixture-of-experts families, under vLLM's --tool-call-parser names:
+"""Tool-call markup other than hermes JSON, under vLLM's --tool-call-parser names:
 
 - `deepseek_v3` (DeepSeek V3, R1): <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
   then the arguments in a ```json fence, <｜tool▁call▁end｜>, ... <｜tool▁calls▁end｜>;
@@ -8,7 +8,11 @@
 - `qwen3_coder` (Qwen3-Coder): <tool_call> <function=NAME> <parameter=K> V </parameter> ...
   </function> </tool_call>;
 - `minimax_m2` (MiniMax-M2): <minimax:tool_call> <invoke name="NAME"> <parameter name="K">V</parameter>
-  ... </invoke> ... </minimax:tool_call>.
+  ... </invoke> ... </minimax:tool_call>;
+- `mistral` (Mistral Small, Nemo, Devstral): [TOOL_CALLS] then a JSON list of {name, arguments}, or
+  (tokenizers from v11) NAME[ARGS]{...} once per call, each after its own [TOOL_CALLS];
+- `pythonic` (Llama 3.2 and 4's pythonic template): the reply is a Python list of calls,
+  [get_weather(city="Paris"), get_time()], keyword arguments of literal values.
 
 The three XML-like formats write each argument as bare text, so its JSON type comes from the
 request's tool declaration: a parameter declared as anything but a string is read as JSON where it
@@ -18,6 +22,7 @@ counts once its block has closed; the content is the text before the first block
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from collections.abc import Mapping
@@ -157,3 +162,87 @@ class MiniMaxM2Parser(BlockParser):
             for block in self._BLOCK.findall(text)
             for name, body in self._INVOKE.findall(block)
         ]
+
+
+class MistralParser(BlockParser):
+    """Its calls are read from the finished text: a JSON list cannot be told complete before."""
+
+    START = "[TOOL_CALLS]"
+    MARKERS = ("[TOOL_CALLS]", "[ARGS]")
+    _NAMED = re.compile(r"\[TOOL_CALLS\]\s*([^\[\s]+?)\s*\[ARGS\]")
+
+    def calls(self, text: str, final: bool) -> list[FunctionCall]:
+        return super().calls(text, final) if final else []
+
+    def block_calls(self, text: str) -> list[FunctionCall | None]:
+        body = text.removeprefix(self.START).lstrip()
+        if body.startswith("["):
+            try:
+                listed = json.loads(body)
+            except json.JSONDecodeError:
+                return []
+            if not isinstance(listed, list):
+                return []
+            return [_listed_call(item) for item in listed]
+        decoder, found = json.JSONDecoder(), []
+        for match in self._NAMED.finditer(text):
+            try:
+                arguments, _ = decoder.raw_decode(text, match.end())
+            except json.JSONDecodeError:
+                found.append(None)
+                continue
+            found.append(
+                FunctionCall(name=match.group(1), arguments=json.dumps(arguments, ensure_ascii=False))
+            )
+        return found
+
+
+def _listed_call(item: Any) -> FunctionCall | None:
+    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        return None
+    arguments = item.get("arguments", {})
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return FunctionCall(name=item["name"], arguments=text)
+
+
+class PythonicParser:
+    """The whole reply is the list of calls, or content: held back while it may still be one."""
+
+    MARKERS = ("<|python_start|>", "<|python_end|>")
+
+    def __init__(self, schemas: Schemas | None = None) -> None:
+        del schemas  # the values are Python literals: their types are written out
+
+    def _body(self, text: str) -> str:
+        return text.strip().removeprefix(self.MARKERS[0]).removesuffix(self.MARKERS[1]).strip()
+
+    def content_end(self, text: str, final: bool) -> int:
+        head = text.lstrip()
+        if final:
+            return 0 if self.calls(text, True) else len(text)
+        may_call = (
+            not head or head.startswith("[") or self.MARKERS[0].startswith(head[: len(self.MARKERS[0])])
+        )
+        return 0 if may_call else len(text)
+
+    def calls(self, text: str, final: bool) -> list[FunctionCall]:
+        if not final:
+            return []
+        try:
+            tree = ast.parse(self._body(text), mode="eval").body
+        except SyntaxError:
+            return []
+        if not isinstance(tree, ast.List) or not tree.elts:
+            return []
+        found = []
+        for node in tree.elts:
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
+                return []
+            try:
+                arguments = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+            except ValueError:
+                return []
+            if None in arguments:
+                return []
+            found.append(FunctionCall(name=node.func.id, arguments=json.dumps(arguments, ensure_ascii=False)))
+        return found

@@ -18,6 +18,8 @@ from pagoda_runtime.server.markup_tool_parsers import (
     DeepSeekV31Parser,
     Glm45Parser,
     MiniMaxM2Parser,
+    MistralParser,
+    PythonicParser,
     Qwen3CoderParser,
     Schemas,
     partial_suffix,
@@ -149,6 +151,8 @@ PARSERS = {
     "glm45": Glm45Parser,
     "qwen3_coder": Qwen3CoderParser,
     "minimax_m2": MiniMaxM2Parser,
+    "mistral": MistralParser,
+    "pythonic": PythonicParser,
 }
 
 

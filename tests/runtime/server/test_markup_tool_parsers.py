@@ -1,7 +1,8 @@
-"""The tool-call markup of DeepSeek V3 / V3.1, GLM-4.5, Qwen3-Coder and MiniMax-M2 (vLLM's parser
-names): calls found whole and streamed alike, bare-text arguments typed by the request's tool
-schema, content before the markup kept, broken markup left as content; through the HTTP edge with
-the official client; and markup the tokenizer holds as special tokens kept in the decoded text."""
+"""The tool-call markup of DeepSeek V3 / V3.1, GLM-4.5, Qwen3-Coder, MiniMax-M2, Mistral and the
+pythonic lists (vLLM's parser names): calls found whole and streamed alike, bare-text arguments
+typed by the request's tool schema, content before the markup kept, broken markup left as content;
+through the HTTP edge with the official client; and markup the tokenizer holds as special tokens
+kept in the decoded text."""
 
 from __future__ import annotations
 
@@ -69,6 +70,8 @@ MARKUP = {
     "minimax_m2": '<minimax:tool_call>\n<invoke name="get_weather">\n'
     + _xml_pairs(lambda k: f'<parameter name="{k}">', "", "", "</parameter>\n")
     + '</invoke>\n<invoke name="get_time">\n</invoke>\n</minimax:tool_call>',
+    "mistral": "[TOOL_CALLS]"
+    + json.dumps([{"name": "get_weather", "arguments": WEATHER_ARGS}, {"name": "get_time", "arguments": {}}]),
 }
 EXPECTED = [("get_weather", WEATHER_ARGS), ("get_time", {})]
 
@@ -99,6 +102,28 @@ def test_markup_that_never_closes_or_does_not_parse_is_content(name):
     unclosed = MARKUP[name][: len(MARKUP[name]) // 3]
     assert parse_whole(parser_named(name, SCHEMAS), "Hi " + unclosed) == ("Hi " + unclosed, [])
     assert parse_whole(parser_named(name, SCHEMAS), "No call here.") == ("No call here.", [])
+
+
+def test_mistral_v11_calls_each_follow_their_own_marker():
+    text = f"Sure.[TOOL_CALLS]get_weather[ARGS]{_ARGS}[TOOL_CALLS]get_time[ARGS]{{}}"
+    content, calls = parse_whole(parser_named("mistral", SCHEMAS), text)
+    assert content == "Sure." and _calls(calls) == EXPECTED
+
+
+def test_a_pythonic_list_is_the_calls_and_anything_else_is_content():
+    listed = '[get_weather(city="São Paulo", days=3, zip="75001", hourly=True, spots=["a", "b"]), get_time()]'
+    for text in (listed, f"<|python_start|>{listed}<|python_end|>"):
+        stream, streamed, deltas = ToolCallStream(parser_named("pythonic", SCHEMAS)), "", []
+        for end in range(1, len(text) + 1):
+            piece, new = stream.feed(text[:end], end == len(text))
+            streamed += piece
+            deltas += new
+        assert (
+            streamed == ""
+            and [(d.function.name, json.loads(d.function.arguments)) for d in deltas] == EXPECTED
+        )
+    for content in ("Paris is sunny.", "[1, 2]", "[get_weather(*cities)]", "[open(x=os.environ)]"):
+        assert parse_whole(parser_named("pythonic", SCHEMAS), content) == (content, [])
 
 
 def test_json_arguments_that_do_not_parse_make_no_deepseek_call():
