@@ -30,6 +30,9 @@ from typing import Any
 
 from pagoda_runtime.server.tools import FunctionCall
 
+# What reading a model's JSON can raise: besides malformed text, nesting deeper than Python's
+# recursion limit ("[[[[..."), which a prompt can make a model write.
+UNPARSED = (json.JSONDecodeError, RecursionError)
 # A tool's name -> its JSON-schema parameters, as the request declares them.
 Schemas = Mapping[str, Mapping[str, Any]]
 
@@ -78,7 +81,7 @@ def _argument(text: str, schema: Any) -> Any:
         return text
     try:
         return json.loads(text)
-    except json.JSONDecodeError:
+    except UNPARSED:
         return text
 
 
@@ -86,7 +89,7 @@ def _json_call(name: str, arguments: str) -> FunctionCall | None:
     """A call whose arguments are JSON text; None where they do not parse (the block is no call)."""
     try:
         json.loads(arguments)
-    except json.JSONDecodeError:
+    except UNPARSED:
         return None
     return FunctionCall(name=name.strip(), arguments=arguments.strip())
 
@@ -179,7 +182,7 @@ class MistralParser(BlockParser):
         if body.startswith("["):
             try:
                 listed = json.loads(body)
-            except json.JSONDecodeError:
+            except UNPARSED:
                 return []
             if not isinstance(listed, list):
                 return []
@@ -188,7 +191,7 @@ class MistralParser(BlockParser):
         for match in self._NAMED.finditer(text):
             try:
                 arguments, _ = decoder.raw_decode(text, match.end())
-            except json.JSONDecodeError:
+            except UNPARSED:
                 found.append(None)
                 continue
             found.append(

@@ -13,6 +13,7 @@ import json
 import re
 
 from pagoda_runtime.server.markup_tool_parsers import (
+    UNPARSED,
     BlockParser,
     DeepSeekV3Parser,
     DeepSeekV31Parser,
@@ -48,7 +49,7 @@ class HermesParser(BlockParser):
         for block in self._BLOCK.findall(text):
             try:
                 found.append(_call(json.loads(block)))
-            except json.JSONDecodeError:
+            except UNPARSED:
                 found.append(None)
         return found
 
@@ -82,7 +83,7 @@ class Llama3JsonParser:
         while i < len(body):
             try:
                 obj, i = decoder.raw_decode(body, i)
-            except json.JSONDecodeError:
+            except UNPARSED:
                 return []
             call = _call(obj)
             if call is None:
@@ -133,7 +134,7 @@ class RequiredArrayParser:
                 i += 1
             try:
                 obj, i = decoder.raw_decode(text, i)
-            except json.JSONDecodeError:
+            except UNPARSED:
                 break
             if (call := _call(obj)) is not None:
                 found.append(call)

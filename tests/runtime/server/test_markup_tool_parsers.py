@@ -126,6 +126,24 @@ def test_a_pythonic_list_is_the_calls_and_anything_else_is_content():
         assert parse_whole(parser_named("pythonic", SCHEMAS), content) == (content, [])
 
 
+@pytest.mark.parametrize("name", ["hermes", "llama3_json", "deepseek_v31", "glm45", "mistral", "pythonic"])
+def test_json_nested_past_the_recursion_limit_is_content_not_an_error(name):
+    deep = "[" * 100_000
+    texts = {
+        "hermes": f"<tool_call>{deep}</tool_call>",
+        "llama3_json": '{"a":' * 50_000,
+        "deepseek_v31": f"{_BEGIN}{_CALL}get_time{_SEP}{deep}{_CALL_END}{_END}",
+        "glm45": f"<tool_call>get_weather<arg_key>days</arg_key><arg_value>{deep}</arg_value></tool_call>",
+        "mistral": f"[TOOL_CALLS]{deep}",
+        "pythonic": deep,
+    }
+    content, calls = parse_whole(parser_named(name, SCHEMAS), texts[name])
+    if name == "glm45":  # the value stays text
+        assert _calls(calls) == [("get_weather", {"days": deep})]
+    else:
+        assert (content, calls) == (texts[name], [])
+
+
 def test_json_arguments_that_do_not_parse_make_no_deepseek_call():
     broken = f"{_BEGIN}{_CALL}get_time{_SEP}{{not json{_CALL_END}{_END}"
     assert parse_whole(parser_named("deepseek_v31", SCHEMAS), broken) == (broken, [])
