@@ -19,7 +19,7 @@ from pagoda_runtime.contract.names import REQUESTS_WAITING
 from pagoda_runtime.contract.serve_settings import LOG_FORMATS, ServerSettings
 from pagoda_runtime.contract.sizing import ModelArchitecture
 from pagoda_runtime.contract.sources import COMMIT_PATTERN
-from pagoda_runtime.contract.speculative import HEAD_METHODS, MAX_SPECULATIVE_TOKENS, METHODS
+from pagoda_runtime.contract.speculative import HEAD_METHODS, MAX_SPECULATIVE_TOKENS, METHODS, MTP
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
@@ -486,10 +486,10 @@ class SpeculativeSpec(Spec):
             "speculative.method eagle and eagle3 need speculative.model: the EAGLE head's source",
         ),
         Rule(
-            "self.method != 'ngram' || !has(self.model)",
-            lambda s: s.method != "ngram" or s.model is None,
+            "!(self.method in ['ngram', 'mtp']) || !has(self.model)",
+            lambda s: s.method not in ("ngram", MTP) or s.model is None,
             "speculative.model applies only to methods draft_model, eagle and eagle3; the ngram method "
-            "needs no model",
+            "needs no model, and mtp drafts with the model's own multi-token-prediction layer",
         ),
         Rule(
             f"!({_IS_HEAD_METHOD}) || !has(self.model) || !has(self.model.family)",
@@ -533,7 +533,8 @@ class SpeculativeSpec(Spec):
         "lookup: tokens that followed the same n-gram earlier in the sequence, no extra model), "
         "draft_model (a small model with the target's tokenizer, its own KV cache beside the target's), "
         "eagle3 or eagle (an EAGLE-3 or EAGLE-1 head: one decoder layer drafting from the model's own "
-        "hidden states, held whole by the first GPU).",
+        "hidden states, held whole by the first GPU), mtp (the multi-token-prediction layer DeepSeek V3 "
+        "and GLM-4.5 checkpoints hold, split over the GPUs like the model's layers).",
     )
     num_speculative_tokens: int = Field(
         ge=1,

@@ -20,7 +20,9 @@ from pagoda_runtime.contract.sizing import (
     fits,
     gguf_block_type,
     lora_slot_bytes,
+    mtp_draft,
 )
+from pagoda_runtime.contract.speculative import MTP
 
 from pagoda_operator.models import InferenceServiceSpec, VariantSpec
 from pagoda_operator.parallelism import split_error
@@ -45,6 +47,8 @@ class VariantPlan:
     # Why the model does not split over the tensor-parallel ranks: an explicit architecture or a
     # downloaded checkpoint (the apiserver already refuses named families that do not split).
     split_error: str | None = None
+    # Why the variant's speculative method cannot draft for the model (mtp without an MTP layer).
+    speculation_error: str | None = None
 
     @property
     def name(self) -> str:
@@ -53,7 +57,8 @@ class VariantPlan:
     @property
     def servable(self) -> bool:
         """Gets pods: all but a variant whose model is known not to split or not to fit."""
-        return self.split_error is None and (self.fit is None or self.fit.fits)
+        fitting = self.fit is None or self.fit.fits
+        return self.split_error is None and self.speculation_error is None and fitting
 
 
 @dataclass(frozen=True)
@@ -126,6 +131,27 @@ def _draft(
     return DraftModel(arch, quantization, gguf_block_type(draft.source) if quantization == "gguf" else None)
 
 
+def _mtp(variant: VariantSpec, arch: ModelArchitecture | None, quantization: str) -> DraftModel | None:
+    """The model's multi-token-prediction layer as the fit check counts it (sizing.mtp_draft), in
+    the model's quantization, where the variant drafts with it; None where the model's shape is
+    unknown or holds none (speculation_error)."""
+    speculative = variant.speculative
+    if speculative is None or speculative.method != MTP or arch is None or not arch.num_nextn_predict_layers:
+        return None
+    return mtp_draft(arch, quantization)
+
+
+def speculation_error(variant: VariantSpec, arch: ModelArchitecture | None) -> str | None:
+    """Why the variant's speculative method cannot draft for the model, as far as its shape tells."""
+    speculative = variant.speculative
+    if speculative is None or speculative.method != MTP or arch is None or arch.num_nextn_predict_layers:
+        return None
+    return (
+        "speculative.method mtp drafts with the model's multi-token-prediction layer, and the model has "
+        "none (num_nextn_predict_layers 0); use eagle3, draft_model or ngram"
+    )
+
+
 def _head(variant: VariantSpec, checkpoint: Checkpoint | None) -> EagleHeadShape | None:
     """The variant's EAGLE head as the fit check counts it, None where it has none or where neither
     its checkpoint nor the spec's architecture (a one-layer model: the whole draft vocabulary
@@ -149,7 +175,7 @@ def _fit(
     draft_checkpoint: Checkpoint | None = None,
 ) -> FitResult | None:
     capacity = capacity_bytes(spec)
-    draft = _draft(spec, variant, draft_checkpoint)
+    draft = _draft(spec, variant, draft_checkpoint) or _mtp(variant, arch, quantization)
     head = _head(variant, draft_checkpoint)
     sized_draft = draft is not None or head is not None or draft_source(variant) is None
     if arch is None or capacity is None or not sized_draft:
@@ -183,13 +209,13 @@ def plan_variant(
     autoscales = spec.autoscaling.enabled and variant.replicas.max > variant.replicas.min
     arch = _architecture(spec, checkpoint)
     split = split_error(arch, spec.tensor_parallel_size, quantization) if arch is not None else None
-    draft = _draft(spec, variant, draft_checkpoint)
+    draft = _draft(spec, variant, draft_checkpoint) or _mtp(variant, arch, quantization)
     if split is None and draft is not None:
         # The runtime shards a draft over the target's ranks: it must split over them as well.
         draft_split = split_error(draft.architecture, spec.tensor_parallel_size, draft.quantization)
         split = draft_split and f"speculative.model (split over the same ranks as the model): {draft_split}"
     fit = None if split else _fit(spec, variant, quantization, arch, draft_checkpoint)
-    return VariantPlan(variant, quantization, fit, autoscales, split)
+    return VariantPlan(variant, quantization, fit, autoscales, split, speculation_error(variant, arch))
 
 
 def plan_service(

@@ -214,7 +214,8 @@ def _rolling_out(deployment: dict) -> bool:
 @dataclass(frozen=True)
 class _Problems:
     clashes: list[Problem]  # objects in the way that belong to someone else
-    splits: list[Problem]  # variants whose model does not split over their ranks
+    # Variants whose model does not split over their ranks, or cannot be drafted for as they ask.
+    splits: list[Problem]
     children: list[Problem]  # what the Deployments, HPAs and pods report
 
     @property
@@ -252,6 +253,11 @@ def _problems(
             ("InvalidParallelism", f"variant {v.name}: {v.split_error}")
             for v in workloads.plan.variants
             if v.split_error
+        ]
+        + [
+            ("InvalidSpeculation", f"variant {v.name}: {v.speculation_error}")
+            for v in workloads.plan.variants
+            if v.speculation_error
         ],
         children=deployment_problems(deployments)
         + hpa_problems(hpas)

@@ -26,7 +26,7 @@ from pagoda_operator.plan import Checkpoint, plan_service, plan_variant
 from pagoda_operator.render import DRAFT_MOUNT, POD_SECURITY, RenderOptions, pod_tolerations, render
 from pagoda_operator.status import status_patch
 from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES
-from pagoda_runtime.contract.sizing import kv_bytes_for_context, weight_bytes
+from pagoda_runtime.contract.sizing import GIB, kv_bytes_for_context, mtp_draft, weight_bytes
 from pagoda_runtime.contract.speculative import parse_speculative_config
 from pydantic import ValidationError
 
@@ -73,7 +73,7 @@ def _speculative_config(pod: dict) -> dict | None:
     [
         (
             {"method": "medusa", "numSpeculativeTokens": 4},
-            "speculative.method: Input should be 'ngram', 'draft_model', 'eagle' or 'eagle3'",
+            "speculative.method: Input should be 'ngram', 'draft_model', 'eagle', 'eagle3' or 'mtp'",
         ),
         ({"method": "eagle3", "numSpeculativeTokens": 4}, "eagle and eagle3 need speculative.model"),
         ({"method": "ngram", "numSpeculativeTokens": 0}, "numSpeculativeTokens: Input should be greater"),
@@ -86,6 +86,10 @@ def _speculative_config(pod: dict) -> dict | None:
         (
             {"method": "ngram", "numSpeculativeTokens": 4, "model": {"source": "bundled://smollm2-135m"}},
             "speculative.model applies only to methods draft_model, eagle and eagle3",
+        ),
+        (
+            {"method": "mtp", "numSpeculativeTokens": 1, "model": {"source": "bundled://smollm2-135m"}},
+            "mtp drafts with the model's own multi-token-prediction layer",
         ),
         (
             {**_draft({"source": "bundled://smollm2-135m"}), "promptLookupMax": 3},
@@ -263,6 +267,44 @@ def test_every_pod_of_a_multi_node_replica_mounts_the_draft_and_speculates():
         pod = lws["spec"]["leaderWorkerTemplate"][template]["spec"]
         assert _speculative_config(pod)["model"] == f"{DRAFT_MOUNT}/model"
         assert DRAFT_MOUNT in [m["mountPath"] for m in pod["containers"][0]["volumeMounts"]]
+
+
+DEEPSEEK_V3 = {"source": "pvc://models/deepseek-v3", "family": "deepseek-v3", "maxModelLen": 32768}
+MTP = {"method": "mtp", "numSpeculativeTokens": 1}
+
+
+def test_mtp_is_rendered_without_a_model_and_counts_the_layer_split_over_the_gpus():
+    """DeepSeek-V3 in fp8 on 8 GPUs drafting with its MTP layer: the flag is the runtime's, with no
+    draft mounted; each GPU counts its slice of the layer (a mixture-of-experts layer of 256
+    experts) and of its own LM head, eh_proj whole, and the layer's KV."""
+    s = spec(
+        model=DEEPSEEK_V3,
+        variants=[{"name": "fp8", "quantization": "fp8", "speculative": MTP}],
+        resources={"gpus": 8, "gpuMemory": "141Gi"},
+    )
+    pod = _deployment(s, "fp8")["spec"]["template"]["spec"]
+    assert _speculative_config(pod) == {"method": "mtp", "num_speculative_tokens": 1}
+    assert parse_speculative_config(json.dumps(_speculative_config(pod))).method == "mtp"
+    assert all(v["name"] != "draft" for v in pod["volumes"])
+    fit = plan_variant(s, s.variants[0]).fit
+    layer = mtp_draft(KNOWN_ARCHITECTURES["deepseek-v3"], "fp8")
+    sliced = layer.architecture.per_rank(8)
+    assert fit.fits and fit.draft_weight_bytes == weight_bytes(sliced, "fp8") + layer.whole_parameters * 2
+    assert fit.draft_kv_bytes == kv_bytes_for_context(sliced, 32768) == 32768 * 576 * 2
+    # An eighth of 11.3B expert parameters in fp8 (1.41 GB), of the LM head in bf16 (0.23 GB), and
+    # eh_proj whole (0.21 GB): 1.77 GiB a GPU.
+    assert 1.7 * GIB < fit.draft_weight_bytes < 1.85 * GIB
+
+
+def test_mtp_for_a_model_without_an_mtp_layer_gets_no_pods_and_the_status_says_why():
+    s = spec(model=TARGET, variants=[_variant(MTP)], resources={"gpuMemory": "80Gi"})
+    plan = plan_service(s)
+    assert not plan.servable
+    assert plan.variants[0].speculation_error.startswith(
+        "speculative.method mtp drafts with the model's multi-token-prediction layer, and the model has none"
+    )
+    ready = _status(s, plan)["Ready"]
+    assert ready["reason"] == "InvalidSpeculation" and "use eagle3, draft_model or ngram" in ready["message"]
 
 
 def test_a_draft_that_does_not_split_over_the_ranks_gets_no_pods_and_the_status_says_why():

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES, MODELS
-from pagoda_runtime.contract.sizing import GIB, fits, kv_bytes_per_token
+from pagoda_runtime.contract.sizing import GIB, fits, kv_bytes_per_token, mtp_draft
 from pagoda_runtime.executor.models.deepseek import config_from_hf
 
 _YARN = {
@@ -55,6 +55,7 @@ PUBLISHED = {
             "scoring_func": "sigmoid",
             "vocab_size": 129280,
             "rope_scaling": {**_YARN, "mscale": 1.0, "mscale_all_dim": 1.0},
+            "num_nextn_predict_layers": 1,
         },
         671.0,
     ),
@@ -105,3 +106,15 @@ def test_deepseek_v3_on_eight_gpus_caches_its_latents_at_576_numbers_a_token_and
     assert fit.fits
     naive = 61 * 2 * 16 * 192 * 2
     assert naive / kv_bytes_per_token(per_rank) == pytest.approx(10.67, abs=0.01)
+
+
+def test_deepseek_v3s_mtp_module_is_the_14b_it_is_published_as():
+    """DeepSeek-V3's README counts 685B parameters, 671B of the main model and 14B of its MTP
+    module (both rounded): one mixture-of-experts layer, eh_proj and norms, its LM head, and an
+    embedding (which the runtime borrows from the model, so the fit check leaves it out)."""
+    v3 = KNOWN_ARCHITECTURES["deepseek-v3"]
+    layer = mtp_draft(v3, "none")
+    embedding = v3.vocab_size * v3.hidden_size
+    assert layer.architecture.num_sparse_layers == 1
+    module = layer.architecture.num_parameters() + layer.whole_parameters + embedding
+    assert 13.0e9 < module < 14.5e9

@@ -56,6 +56,13 @@ def test_an_eagle_config_names_its_head_and_round_trips():
     )
 
 
+@pytest.mark.parametrize("method", ["mtp", "deepseek_mtp", "glm4_moe_mtp"])
+def test_mtp_and_vllms_earlier_names_for_it_are_one_method(method):
+    config = parse_speculative_config({"method": method, "num_speculative_tokens": 2})
+    assert config == SpeculativeConfig("mtp", 2)
+    assert parse_speculative_config(str(config)) == config
+
+
 def test_lookup_bounds_default_as_in_vllm():
     assert parse_speculative_config({"method": "ngram", "num_speculative_tokens": 3}) == SpeculativeConfig(
         "ngram", 3, 5, 5
@@ -75,6 +82,8 @@ def test_lookup_bounds_default_as_in_vllm():
         ('{"method": "eagle", "model": "h", "num_speculative_tokens": 3, "prompt_lookup_min": 2}', "ngram"),
         ('{"method": "ngram", "model": "draft", "num_speculative_tokens": 3}', "speculative_config.model"),
         ('{"method": "draft_model", "num_speculative_tokens": 3}', "speculative_config.model"),
+        ('{"method": "mtp", "model": "m", "num_speculative_tokens": 1}', "not taken by the mtp method"),
+        ('{"method": "mtp", "num_speculative_tokens": 1, "prompt_lookup_max": 3}', "ngram method only"),
         (
             '{"model": "draft", "num_speculative_tokens": 3, "prompt_lookup_max": 3}',
             "speculative_config.prompt_lookup_max",

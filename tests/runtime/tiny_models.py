@@ -22,7 +22,8 @@ rotated), "glm4" (half of each head rotated in interleaved pairs, sandwich norms
 normed over all heads, half-rotated heads, sigmoid routing), "seed_oss" (q, k, v and o biases), "gpt_oss"
 (attention sinks, biased experts whose clamp bites, window then full, YaRN), "deepseek_v3" (latent
 attention with a low-rank query, interleaved rotary pairs, YaRN's mscale on the softmax, grouped
-sigmoid routing), "deepseek_v2" (latent attention, scaled softmax routing), and the others each
+sigmoid routing), "deepseek_v2" (latent attention, scaled softmax routing), "deepseek_v2_grouped" (its
+softmax routing limited to the best expert groups), and the others each
 with its quirk noted beside it. The weights use a wide init and random norm weights and biases, so
 greedy decoding is far from ties and a mis-loaded norm or bias changes the output.
 Use the folder with `pagoda_runtime.loading.model_source.load_model_source(folder)` and, as the
@@ -356,6 +357,27 @@ FAMILY_VARIANTS: dict[str, tuple[type, str, dict]] = {
             "topk_method": "greedy",
             "routed_scaling_factor": 1.5,
             "rms_norm_eps": 1e-2,
+            "pad_token_id": None,
+        },
+    ),
+    # DeepSeek-V2 and V2.5's group_limited_greedy: the softmax's top 2 within the better of 2 expert
+    # groups (the one whose best expert scores highest), so that the second-best expert is passed over
+    # whenever the other group holds it.
+    "deepseek_v2_grouped": (
+        DeepseekV2Config,
+        "chatml",
+        {
+            "num_key_value_heads": 4,
+            "q_lora_rank": None,
+            **_MLA_SIZES,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "n_shared_experts": 2,
+            "first_k_dense_replace": 1,
+            "topk_method": "group_limited_greedy",
+            "n_group": 2,
+            "topk_group": 1,
+            "routed_scaling_factor": 1.5,
             "pad_token_id": None,
         },
     ),

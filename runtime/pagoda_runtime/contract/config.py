@@ -125,8 +125,9 @@ class ModelConfig:
     # Mixture-of-experts routing by sigmoid scores (GLM-4.5, DeepSeek V3): each expert's score plus its
     # correction bias chooses, within the topk_group of n_group groups whose two best scores sum
     # highest; the chosen experts' plain scores, renormalized where norm_topk_prob says, times
-    # routed_scaling_factor, weigh them. softmax: the top-k of the softmax (Qwen3-MoE, Mixtral), their
-    # sum times routed_scaling_factor (DeepSeek V2).
+    # routed_scaling_factor, weigh them. softmax: the top-k of the softmax (Qwen3-MoE, Mixtral), within
+    # the topk_group of n_group groups whose best expert scores highest where n_group > 1 (DeepSeek
+    # V2's group_limited_greedy), their sum times routed_scaling_factor (DeepSeek V2).
     scoring_func: str = "softmax"
     n_group: int = 1
     topk_group: int = 1

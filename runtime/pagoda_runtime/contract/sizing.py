@@ -199,6 +199,13 @@ class ModelArchitecture:
         "file quantizes as one tensor.",
         default=False,
     )
+    num_nextn_predict_layers: int = _shape_field(
+        "Multi-token-prediction layers the checkpoint holds after its decoder layers "
+        "(num_nextn_predict_layers, DeepSeek V3 and GLM-4.5), which speculative decoding's mtp method "
+        "drafts with; 0: none.",
+        minimum=0,
+        default=0,
+    )
 
     def __post_init__(self) -> None:
         # Reports and specs carry JSON lists; the architecture stays hashable (sizing caches by it).
@@ -857,6 +864,31 @@ class DraftModel:
     architecture: ModelArchitecture
     quantization: str
     gguf_block: str | None = None
+    # Float parameters every rank holds whole beside its slice (an MTP layer's eh_proj and norms).
+    whole_parameters: int = 0
+
+
+def mtp_layer_architecture(arch: ModelArchitecture) -> ModelArchitecture:
+    """A checkpoint's first multi-token-prediction layer as a one-layer model of its shape
+    (executor/models/mtp_head.py): a mixture of experts where the model's next layer would be one."""
+    return replace(
+        arch,
+        num_hidden_layers=1,
+        mlp_only_layers=() if arch.is_sparse_layer(arch.num_hidden_layers) else (0,),
+        layer_types=arch.layer_types[-1:],
+        num_nextn_predict_layers=0,
+    )
+
+
+def mtp_draft(arch: ModelArchitecture, quantization: str) -> DraftModel:
+    """The multi-token-prediction layer speculative decoding's mtp method drafts with, as the fit
+    check counts it: its decoder layer split over the ranks like the model's and held in its
+    quantization; a final norm and LM head of its own; the model's embedding borrowed; and eh_proj
+    with its two input norms, whole on every rank in 16 bits."""
+    # One vocabulary matrix, the LM head: the embedding is the model's.
+    layer = replace(mtp_layer_architecture(arch), tie_word_embeddings=True)
+    hidden = arch.hidden_size
+    return DraftModel(layer, quantization, whole_parameters=2 * hidden * hidden + 2 * hidden)
 
 
 class WholeDraft(Protocol):
@@ -898,6 +930,7 @@ def fits(
     if draft is not None:
         draft_slice = check_tensor_parallel(draft.architecture, tensor_parallel_size, draft.quantization)
         draft_weights = weight_bytes(draft_slice, draft.quantization, gguf_block=draft.gguf_block)
+        draft_weights += draft.whole_parameters * FLOAT_DTYPE_BYTES["bfloat16"]
         draft_kv = kv_bytes_for_context(draft_slice, max_model_len, kv_dtype)
     if head is not None:
         draft_weights = head.weight_bytes()

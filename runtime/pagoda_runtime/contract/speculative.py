@@ -5,8 +5,9 @@
 checks it field by field and names the field a bad value is in. Two proposers run: n-gram prompt
 lookup (`"method": "ngram"`), a draft model (`"model": "<name or path>"`, `"method": "draft_model"`
 optional, as vLLM infers it) and an EAGLE head (`"method": "eagle3"` or `"eagle"` with `"model":
-"<head folder>"`, engine/eagle_proposer.py); Medusa, MLP speculators and MTP are refused, never
-ignored.
+"<head folder>"`, engine/eagle_proposer.py) and the target checkpoint's own multi-token-prediction
+layer (`"method": "mtp"`, vLLM's name; its older `deepseek_mtp` and `glm4_moe_mtp` are read as it,
+executor/models/mtp_head.py); Medusa and MLP speculators are refused, never ignored.
 `disable_by_batch_size` (vLLM's speculative_disable_by_batch_size) switches speculation off for a
 step while more sequences than that are running: batching already amortizes the weight reads that
 speculation saves (the default is measured, BENCHMARKS.md).
@@ -22,11 +23,15 @@ from typing import Any
 
 # EAGLE heads, whose "model" is a head folder (engine/eagle_proposer.py).
 HEAD_METHODS = ("eagle", "eagle3")
-METHODS = ("ngram", "draft_model", *HEAD_METHODS)
+# The target checkpoint's multi-token-prediction layer (DeepSeek V3, GLM-4.5): no "model" of its own.
+MTP = "mtp"
+METHODS = ("ngram", "draft_model", *HEAD_METHODS, MTP)
 # The methods whose "model" is a second network the proposer runs.
 MODEL_METHODS = ("draft_model", *HEAD_METHODS)
+# vLLM's earlier per-family names of the mtp method, which it reads as "mtp" too.
+MTP_ALIASES = ("deepseek_mtp", "glm4_moe_mtp")
 # Methods vLLM has that this runtime does not run yet: refused by name rather than as unknown.
-UNSUPPORTED_METHODS = ("medusa", "mlp_speculator", "mtp")
+UNSUPPORTED_METHODS = ("medusa", "mlp_speculator")
 # Longer drafts are all but never accepted whole, and each drafted token costs a query position.
 MAX_SPECULATIVE_TOKENS = 16
 # vLLM's default window when neither prompt_lookup_min nor prompt_lookup_max is given.
@@ -79,6 +84,8 @@ def parse_speculative_config(value: str | Mapping[str, Any]) -> SpeculativeConfi
         )
     # As vLLM: a draft model's method may be left out.
     method = value.get("method", "draft_model" if "model" in value else None)
+    if method in MTP_ALIASES:
+        method = MTP
     if method in UNSUPPORTED_METHODS:
         raise SpeculativeConfigError(
             f"speculative_config.method {method!r} is not supported yet; use one of {', '.join(METHODS)}"
@@ -99,6 +106,14 @@ def parse_speculative_config(value: str | Mapping[str, Any]) -> SpeculativeConfi
         )
     if method in MODEL_METHODS:
         return _model_config(value, method, k, cutoff)
+    if method == MTP:
+        if "model" in value:
+            raise SpeculativeConfigError(
+                "speculative_config.model is not taken by the mtp method, which drafts with the served "
+                "checkpoint's own multi-token-prediction layer; leave it out"
+            )
+        _no_lookup(value, method)
+        return SpeculativeConfig(MTP, k, disable_by_batch_size=cutoff)
     if "model" in value:
         raise SpeculativeConfigError(
             'speculative_config.model names a draft model or an EAGLE head, which needs "method": '
@@ -126,12 +141,16 @@ def _model_config(value: Mapping[str, Any], method: str, k: int, cutoff: int) ->
         raise SpeculativeConfigError(
             f"speculative_config.model must name {what} for the {method} method, got {model!r}"
         )
+    _no_lookup(value, method)
+    return SpeculativeConfig(method, k, model=model, disable_by_batch_size=cutoff)
+
+
+def _no_lookup(value: Mapping[str, Any], method: str) -> None:
     lookup = [name for name in _LOOKUP_FIELDS if name in value]
     if lookup:
         raise SpeculativeConfigError(
             f"speculative_config.{lookup[0]} applies to the ngram method only; leave it out with {method}"
         )
-    return SpeculativeConfig(method, k, model=model, disable_by_batch_size=cutoff)
 
 
 def _integer(value: Mapping[str, Any], name: str, default: Any) -> int:

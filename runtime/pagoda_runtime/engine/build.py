@@ -14,15 +14,20 @@ other ranks replay the draft's forwards (parallel/step_broadcast.py's DRAFT_STEP
 alone, the draft would have needed no broadcast, but rank 0 would hold the whole draft while the
 other GPUs sat idle through each draft forward, and a draft larger than one GPU's spare memory
 could not run at all. An EAGLE head (one layer) is whole on every rank instead, and its steps are
-replayed the same way, each with the hidden states it takes per token.
+replayed the same way, each with the hidden states it takes per token. A checkpoint's
+multi-token-prediction layer (the mtp method) is drafted with as an EAGLE head is, but split over the
+ranks like the target's layers (its experts are as large as theirs) and held in their quantization.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
+
+from torch import nn
 
 from pagoda_runtime.contract.config import EngineConfig, ModelConfig
 from pagoda_runtime.contract.lora_modules import parse_lora_module
@@ -31,9 +36,10 @@ from pagoda_runtime.contract.sizing import (
     ModelArchitecture,
     check_tensor_parallel,
     kv_bytes_per_block,
+    mtp_draft,
     weight_bytes,
 )
-from pagoda_runtime.contract.speculative import HEAD_METHODS, SpeculativeConfigError
+from pagoda_runtime.contract.speculative import HEAD_METHODS, MTP, SpeculativeConfigError
 from pagoda_runtime.engine.block_manager import BlockManager
 from pagoda_runtime.engine.draft_model_proposer import DraftModelProposer, check_same_vocabulary
 from pagoda_runtime.engine.eagle_proposer import EagleProposer
@@ -45,12 +51,14 @@ from pagoda_runtime.engine.tokenizer import Tokenizer
 from pagoda_runtime.engine.window_block_manager import make_block_manager
 from pagoda_runtime.executor.devices import Placement, resolve_placement
 from pagoda_runtime.executor.model_runner import ModelRunner
-from pagoda_runtime.executor.models import weight_shapes
-from pagoda_runtime.executor.models.eagle_head import EagleHead, HeadCheckpoint, read_head
+from pagoda_runtime.executor.models import CausalLM, weight_shapes
+from pagoda_runtime.executor.models.decoder import Weight
+from pagoda_runtime.executor.models.eagle_head import EagleHead, read_head
+from pagoda_runtime.executor.models.mtp_head import mtp_config, mtp_head, mtp_weight_shapes
 from pagoda_runtime.loading.load_progress import LOAD_PROGRESS
 from pagoda_runtime.loading.lora_source import adapter_folder
-from pagoda_runtime.loading.model_source import LoadedModel, ModelLoadError, load_model_source
-from pagoda_runtime.loading.random_model import random_model
+from pagoda_runtime.loading.model_source import LoadedModel, ModelLoadError, load_model_source, load_mtp_layer
+from pagoda_runtime.loading.random_model import random_model, random_weights
 from pagoda_runtime.parallel.tensor_parallel import SINGLE_PROCESS, TensorParallel
 
 logger = logging.getLogger(__name__)
@@ -104,7 +112,9 @@ def build_engine(
     sliced = check_tensor_parallel(arch, tp.size, quantization, loaded.group_size)
     limit = engine_config.max_model_len or loaded.config.context_length
     draft = _load_draft(engine_config, placement, loaded, tp)
-    head = _read_eagle_head(engine_config, loaded)
+    head = _read_eagle_head(engine_config, loaded, placement) or _load_mtp_layer(
+        engine_config, loaded, quantization, placement, tp
+    )
     # A draft model's (or EAGLE head's) cache holds as many tokens as the target's: the KV budget
     # is split in proportion to their bytes per token; the draft's weights, read after the
     # target's cache is sized, are kept out of a budget measured from the GPU's memory.
@@ -116,9 +126,9 @@ def build_engine(
             draft.loaded, draft.sliced, draft.quantization, engine_config, placement
         )
     if head is not None:
-        head_block = head.shape.kv_bytes_per_token() * engine_config.block_size
+        head_block = kv_bytes_per_block(head.sliced, engine_config.block_size)
         kv_share = target_bytes / (target_bytes + head_block)
-        reserve = head.shape.weight_bytes(placement.dtype_name)
+        reserve = head.predicted_weight_bytes
     weights = LOAD_PROGRESS.track(loaded.weights, len(weight_shapes(loaded.config)), arch.num_hidden_layers)
     runner = ModelRunner(
         loaded.config,
@@ -130,8 +140,8 @@ def build_engine(
         tp,
         kv_share,
         reserve,
-        # An EAGLE head reads these of every step, replayed ones included.
-        hidden_layers=head.spec.target_layers if head is not None else (),
+        # An EAGLE head (or MTP layer) reads these of every step, replayed ones included.
+        hidden_layers=head.target_layers if head is not None else (),
     )
     loras = None
     # Rank 0 alone serves adapters; it sends each to the others as it puts it in a device slot.
@@ -165,7 +175,7 @@ def build_engine(
             engine_config, placement, draft, runner, max_model_len, tp
         )
     else:
-        proposer, draft_runner, draft_memory = _eagle_proposer(
+        proposer, draft_runner, draft_memory = _head_proposer(
             engine_config, placement, head, runner, max_model_len
         )
     memory = _memory_report(
@@ -297,43 +307,134 @@ def _load_draft(
     return _Draft(draft, quantization, sliced)
 
 
-def _read_eagle_head(engine_config: EngineConfig, target: LoadedModel) -> HeadCheckpoint | None:
+@dataclass(frozen=True)
+class _Head:
+    """A draft head that reads the target's hidden states: an EAGLE head, whole on every rank and
+    unquantized, or the checkpoint's MTP layer, split over the ranks in the target's quantization."""
+
+    name: str  # for the memory report
+    config: ModelConfig  # the head's, one layer
+    weights: Iterable[tuple[str, Weight]]
+    build: Callable[[CausalLM], Callable[..., nn.Module]]  # given the target, ModelRunner's build
+    quantization: str
+    tp: TensorParallel
+    sliced: ModelArchitecture  # the part of the head's layer each rank holds
+    target_layers: tuple[int, ...]  # the target layers whose input it reads (hidden_layers)
+    predicted_weight_bytes: int  # this rank's
+
+
+def _read_eagle_head(engine_config: EngineConfig, target: LoadedModel, placement: Placement) -> _Head | None:
     """An EAGLE head's config and weights, checked against the target; None without one. Under
     tensor parallelism every rank holds the whole head."""
     config = engine_config.speculative_config
     if config is None or config.method not in HEAD_METHODS:
         return None
-    return read_head(config.model, config.method, target.config)
+    head = read_head(config.model, config.method, target.config)
+    return _Head(
+        name=config.model,
+        config=head.spec.config,
+        weights=head.weights.items(),
+        build=lambda model: partial(EagleHead, head.spec, model),
+        quantization="none",
+        tp=SINGLE_PROCESS,
+        sliced=head.spec.config.architecture,
+        target_layers=head.spec.target_layers,
+        predicted_weight_bytes=head.shape.weight_bytes(placement.dtype_name),
+    )
 
 
-def _eagle_proposer(
+def _load_mtp_layer(
+    engine_config: EngineConfig,
+    target: LoadedModel,
+    quantization: str,
+    placement: Placement,
+    tp: TensorParallel,
+) -> _Head | None:
+    """The checkpoint's first MTP layer (models/mtp_head.py) in the target's quantization, this
+    rank's slice of it; None unless the mtp method drafts."""
+    config = engine_config.speculative_config
+    if config is None or config.method != MTP:
+        return None
+    model = engine_config.model
+    arch = target.config.architecture
+    if not arch.num_nextn_predict_layers:
+        raise SpeculativeConfigError(
+            f"speculative_config.method 'mtp' drafts with the checkpoint's multi-token-prediction layer, "
+            f"and {model} has none (num_nextn_predict_layers is 0); use eagle3, draft_model or ngram"
+        )
+    if engine_config.load_format == "dummy":
+        loaded = LoadedModel(
+            target.config,
+            random_weights(
+                target.config, placement.device, placement.dtype, engine_config.seed, mtp_weight_shapes
+            ),
+            target.tokenizer,
+        )
+    else:
+        try:
+            loaded = load_mtp_layer(model, placement.dtype, engine_config.hf_overrides)
+        except ModelLoadError as exc:
+            raise SpeculativeConfigError(
+                f"speculative_config.method 'mtp' reads the checkpoint's multi-token-prediction layer, "
+                f"which {model} does not hold whole ({exc}; copies of a model often leave it out): "
+                "serve a checkpoint that has it, or use another method"
+            ) from exc
+        if loaded.quantization is not None and quantization != loaded.quantization:
+            loaded = loaded.dequantized(placement.dtype)
+    head_config = mtp_config(target.config)
+    sliced = check_tensor_parallel(head_config.architecture, tp.size, quantization, loaded.group_size)
+    draft = mtp_draft(arch, quantization)
+    predicted = (
+        weight_bytes(
+            check_tensor_parallel(draft.architecture, tp.size, quantization, loaded.group_size),
+            quantization,
+            placement.dtype_name,
+            vocab_dtype=cpu_vocab_dtype(placement.device.type, engine_config.dtype),
+        )
+        + draft.whole_parameters * placement.dtype.itemsize
+    )
+    return _Head(
+        name=f"{model} (MTP layer)",
+        config=head_config,
+        weights=loaded.weights,
+        build=lambda model: partial(mtp_head, model),
+        quantization=quantization,
+        tp=tp,
+        sliced=sliced,
+        target_layers=(arch.num_hidden_layers,),
+        predicted_weight_bytes=predicted,
+    )
+
+
+def _head_proposer(
     engine_config: EngineConfig,
     placement: Placement,
-    head: HeadCheckpoint,
+    head: _Head,
     target_runner: ModelRunner,
     max_model_len: int,
 ) -> tuple[Proposer, ModelRunner, MemoryReport]:
-    """The EAGLE proposer and the head's runner (one layer's KV cache, for the target's tokens and
-    K more per sequence), handed the target's hidden states of every step. Its decode (draft) steps
-    have CUDA graphs up to disable_by_batch_size sequences, the most that draft. Under tensor
-    parallelism every rank holds the whole head and runs its steps as rank 0 sends them, since the
-    head embeds its tokens with the target's vocabulary-parallel embedding (EAGLE-1 also takes the
-    target's LM head), collectives of every rank."""
+    """The head's proposer (engine/eagle_proposer.py) and runner (one layer's KV cache, for the
+    target's tokens and K more per sequence), handed the target's hidden states of every step. Its
+    decode (draft) steps have CUDA graphs up to disable_by_batch_size sequences, the most that
+    draft. Under tensor parallelism every rank runs the head's steps as rank 0 sends them: an EAGLE
+    head, whole on every rank, embeds its tokens with the target's vocabulary-parallel embedding
+    (EAGLE-1 also takes the target's LM head), collectives of every rank; an MTP layer is split."""
     config = engine_config.speculative_config
-    arch = head.spec.config.architecture
+    arch = head.config.architecture
     head_config = dataclasses.replace(
-        _draft_engine_config(engine_config, arch, target_runner, placement.dtype_name),
+        _draft_engine_config(engine_config, head.sliced, target_runner, placement.dtype_name),
         kv_cache_dtype="auto",
         max_num_seqs=min(engine_config.max_num_seqs, config.disable_by_batch_size),
     )
     runner = ModelRunner(
-        head.spec.config,
-        head.weights.items(),
+        head.config,
+        head.weights,
         head_config,
         placement,
         max_model_len,
-        "none",
-        build=partial(EagleHead, head.spec, target_runner.model),
+        head.quantization,
+        head.tp,
+        build=head.build(target_runner.model),
         token_state_width=arch.hidden_size,
     )
     block_manager = make_block_manager(
@@ -349,12 +450,12 @@ def _eagle_proposer(
     )
     target_runner.hand_hidden_states(proposer.record)
     memory = MemoryReport(
-        model=config.model,
-        quantization="none",
+        model=head.name,
+        quantization=head.quantization,
         dtype=placement.dtype_name,
         kv_cache_dtype=runner.kv_cache_dtype_name,
         weight_bytes=runner.weight_bytes,
-        predicted_weight_bytes=head.shape.weight_bytes(placement.dtype_name),
+        predicted_weight_bytes=head.predicted_weight_bytes,
         kv_bytes_per_block=runner.kv_bytes_per_block,
         block_size=engine_config.block_size,
         num_kv_blocks=runner.num_blocks,

@@ -34,6 +34,7 @@ from pagoda_runtime.contract.weight_layout import is_projection
 from pagoda_runtime.engine.sampling_params import MODEL_DEFAULTED_FIELDS
 from pagoda_runtime.engine.tokenizer import Tokenizer
 from pagoda_runtime.executor.models.hf_config import ConfigError
+from pagoda_runtime.executor.models.mtp_head import mtp_weight_shapes
 from pagoda_runtime.executor.models.registry import (
     GGUF_ARCHITECTURES,
     HF_ARCHITECTURES,
@@ -264,7 +265,29 @@ def _stored_projections(
     return stored
 
 
-def _load_hf_folder(folder: Path, dtype: torch.dtype, overrides: dict[str, Any]) -> LoadedModel:
+def load_mtp_layer(
+    path: str | Path, dtype: torch.dtype = torch.float32, hf_overrides: dict[str, Any] | None = None
+) -> LoadedModel:
+    """The first multi-token-prediction layer of the Hugging Face folder `path` (mtp_head.py's
+    tensors, quantized projections as PackedWeights), with the model's config and tokenizer;
+    hf_overrides as load_model_source's. ModelLoadError where there is none to read."""
+    path = resolve_model(str(path))
+    if not path.is_dir():
+        raise ModelLoadError(
+            f"{path} is not a Hugging Face model folder; the mtp method reads the folder's "
+            "multi-token-prediction layer, which GGUF files and the bundled model do not hold"
+        )
+    return _load_hf_folder(path, dtype, hf_overrides or {}, mtp_weight_shapes)
+
+
+def _load_hf_folder(
+    folder: Path,
+    dtype: torch.dtype,
+    overrides: dict[str, Any],
+    shapes: Callable[[ModelConfig], dict[str, tuple[int, ...]]] = weight_shapes,
+) -> LoadedModel:
+    """`shapes`: the tensors read, by Hugging Face name, of the folder's config (the model's, or its
+    MTP layer's)."""
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise ModelLoadError(f"{folder} has no config.json; expected a Hugging Face model folder")
@@ -297,7 +320,7 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype, overrides: dict[str, Any])
         stored_as = {text_tensor_name(n): n for n in file_of if text_tensor_name(n) is not None}
         file_of = {name: file_of[original] for name, original in stored_as.items()}
         found = {name: found[original] for name, original in stored_as.items()}
-    expected = weight_shapes(config)
+    expected = shapes(config)
     stored = _stored_projections(expected, found, spec, file_of)
     # MXFP4 tensors: those of the float layout the file holds as blocks and scales instead.
     mx = {}

@@ -11,7 +11,7 @@ so a generation runs to max_tokens.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from tokenizers import Tokenizer as BackendTokenizer
@@ -26,10 +26,15 @@ from pagoda_runtime.loading.model_source import LoadedModel
 
 
 def random_weights(
-    config: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0
+    config: ModelConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    seed: int = 0,
+    shapes: Callable[[ModelConfig], dict[str, tuple[int, ...]]] = weight_shapes,
 ) -> Iterator[tuple[str, torch.Tensor]]:
+    """`shapes`: the tensors drawn, of `config` (the model's, or its MTP layer's)."""
     generator = torch.Generator(device=device).manual_seed(seed)
-    for name, shape in weight_shapes(config).items():
+    for name, shape in shapes(config).items():
         if name.endswith("norm.weight"):
             yield name, torch.ones(shape, device=device, dtype=dtype)
         else:

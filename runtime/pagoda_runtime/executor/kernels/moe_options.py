@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from pagoda_runtime.executor.kernels.moe_activation import ClampedSwiGLU
-from pagoda_runtime.executor.kernels.moe_routing import SigmoidRouting
+from pagoda_runtime.executor.kernels.moe_routing import SigmoidRouting, SoftmaxGroups
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,8 @@ class ExpertOptions:
     sigmoid_routing: SigmoidRouting | None = None
     # [E] float32, added to the sigmoid scores that choose the experts (not to their weights).
     correction_bias: torch.Tensor | None = None
+    # DeepSeek V2's group_limited_greedy softmax routing (moe_routing.route); None: every expert.
+    softmax_groups: SoftmaxGroups | None = None
 
 
 PLAIN = ExpertOptions()

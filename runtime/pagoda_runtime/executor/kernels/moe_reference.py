@@ -62,5 +62,12 @@ def reference_fused_moe(
     renormalize: bool,
     options: ExpertOptions = PLAIN,
 ) -> torch.Tensor:
-    weights, ids = route(router_logits, top_k, renormalize, options.sigmoid_routing, options.correction_bias)
+    weights, ids = route(
+        router_logits,
+        top_k,
+        renormalize,
+        options.sigmoid_routing,
+        options.correction_bias,
+        options.softmax_groups,
+    )
     return reference_experts(hidden, weights, ids, w_gate_up, w_down, options)

@@ -337,7 +337,13 @@ def fused_moe(
     config = config or default_moe_config(num_pairs, num_experts, hidden.dtype, w_gate_up)
     hidden = hidden.contiguous()
     routed, blocks = route_and_align(
-        router_logits, top_k, renormalize, config.block_m, options.sigmoid_routing, options.correction_bias
+        router_logits,
+        top_k,
+        renormalize,
+        config.block_m,
+        options.sigmoid_routing,
+        options.correction_bias,
+        options.softmax_groups,
     )
     act = torch.empty(num_pairs, two_i // 2, dtype=hidden.dtype, device=hidden.device)
     _expert_gemm(

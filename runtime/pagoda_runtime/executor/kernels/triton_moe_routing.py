@@ -3,8 +3,9 @@ what moe_routing.route computes, plus vLLM's moe_align_block_size.
 
 1. route: per token, in float32, the top_k experts by repeated argmax, by either rule of
    moe_routing.route: of the softmax, optionally renormalized (Mixtral; Qwen3-MoE's
-   norm_topk_prob), or of the bias-corrected sigmoid scores among the best groups, weighted by the
-   plain scores (DeepSeek V3, GLM-4.5), the group vote in registers too, so that it adds no launch;
+   norm_topk_prob) or among the best groups (DeepSeek V2's group_limited_greedy), or of the
+   bias-corrected sigmoid scores among the best groups, weighted by the plain scores (DeepSeek V3,
+   GLM-4.5), the group vote in registers too, so that it adds no launch;
    each chosen (token, choice) pair takes its rank among its expert's pairs from an atomic counter
    per expert.
 2. align: the pairs sorted by expert, each expert's run padded to a multiple of the GEMM's
@@ -27,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagoda_runtime.executor.kernels.moe_routing import SigmoidRouting, check_routing
+from pagoda_runtime.executor.kernels.moe_routing import SigmoidRouting, SoftmaxGroups, check_routing
 
 
 @dataclass(frozen=True)
@@ -57,16 +58,23 @@ def max_padded_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
 
 
 @triton.jit
-def _best_groups_only(choice, GROUP_SIZE: tl.constexpr, GROUP_BLOCK: tl.constexpr, TOPK_GROUPS: tl.constexpr):
+def _best_groups_only(
+    choice,
+    GROUP_SIZE: tl.constexpr,
+    GROUP_BLOCK: tl.constexpr,
+    TOPK_GROUPS: tl.constexpr,
+    BEST_TWO: tl.constexpr,
+):
     """choice [BLOCK_T, BLOCK_E], its lanes in groups of GROUP_BLOCK, with -inf outside each row's
-    TOPK_GROUPS groups whose two best choices sum highest. Padding lanes and groups hold -inf, so
-    they never count among a group's best two and never win."""
+    TOPK_GROUPS groups whose two best choices sum highest (BEST_TWO; else whose best scores
+    highest). Padding lanes and groups hold -inf, so they never count among a group's best and
+    never win."""
     BLOCK_T: tl.constexpr = choice.shape[0]
     BLOCK_E: tl.constexpr = choice.shape[1]
     BLOCK_G: tl.constexpr = BLOCK_E // GROUP_BLOCK
     grouped = tl.reshape(choice, [BLOCK_T, BLOCK_G, GROUP_BLOCK])
     group_scores, first = tl.max(grouped, axis=2, return_indices=True)
-    if GROUP_SIZE > 1:
+    if BEST_TWO and GROUP_SIZE > 1:
         lanes = tl.arange(0, GROUP_BLOCK)
         group_scores += tl.max(
             tl.where(lanes[None, None, :] == first[:, :, None], -float("inf"), grouped), axis=2
@@ -122,12 +130,16 @@ def _route_kernel(
         bias = tl.load(bias_ptr + experts, mask=real, other=0.0)
         choice = tl.where(real[None, :], scores + bias[None, :], -float("inf"))
         if TOPK_GROUPS < NUM_GROUPS:
-            choice = _best_groups_only(choice, GROUP_SIZE, GROUP_BLOCK, TOPK_GROUPS)
+            choice = _best_groups_only(choice, GROUP_SIZE, GROUP_BLOCK, TOPK_GROUPS, True)
     else:
         # Rows past the batch hold only -inf: shifting by a 0 max keeps them free of NaN.
         shift = tl.where(row_mask, tl.max(logits, axis=1), 0.0)
         probs = tl.exp(logits - shift[:, None])
         choice = probs / tl.maximum(tl.sum(probs, axis=1), 1e-30)[:, None]
+        if TOPK_GROUPS < NUM_GROUPS:
+            # DeepSeek V2's group_limited_greedy: padding lanes out of every group's best.
+            choice = tl.where(real[None, :], choice, -float("inf"))
+            choice = _best_groups_only(choice, GROUP_SIZE, GROUP_BLOCK, TOPK_GROUPS, False)
     choices = tl.arange(0, BLOCK_K)
     chosen = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int32)
     chosen_weights = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
@@ -205,11 +217,12 @@ def route_and_align(
     block_m: int,
     sigmoid: SigmoidRouting | None = None,
     correction_bias: torch.Tensor | None = None,
+    softmax_groups: SoftmaxGroups | None = None,
 ) -> tuple[torch.Tensor, ExpertBlocks]:
     """router_logits [T, E] -> (the pairs' router weights, float32 [T * top_k]; ExpertBlocks);
-    sigmoid and correction_bias as moe_routing.route takes them."""
+    sigmoid, correction_bias and softmax_groups as moe_routing.route takes them."""
     num_tokens, num_experts = router_logits.shape
-    check_routing(num_experts, top_k, sigmoid, correction_bias)
+    check_routing(num_experts, top_k, sigmoid, correction_bias, softmax_groups)
     device = router_logits.device
     router_logits = router_logits.contiguous()
     num_pairs = num_tokens * top_k
@@ -223,11 +236,12 @@ def route_and_align(
         bias = torch.zeros(num_experts, dtype=torch.float32, device=device)
     else:
         bias = correction_bias.to(torch.float32).contiguous()
-    # The softmax rule is one group, unscaled: SigmoidRouting's defaults.
+    # The softmax rule is unscaled, and one group unless grouped.
     rule = sigmoid or SigmoidRouting()
-    group_size = num_experts // rule.num_groups
+    grouping = softmax_groups or rule
+    group_size = num_experts // grouping.num_groups
     group_block = triton.next_power_of_2(group_size)
-    lanes = triton.next_power_of_2(rule.num_groups) * group_block
+    lanes = triton.next_power_of_2(grouping.num_groups) * group_block
     # Enough tokens per program to fill its threads, few enough that [BLOCK_T, E] stays in registers.
     block_t = max(1, min(64, 4096 // lanes, triton.next_power_of_2(num_tokens)))
     _route_kernel[(triton.cdiv(num_tokens, block_t),)](
@@ -248,8 +262,8 @@ def route_and_align(
         BLOCK_K=triton.next_power_of_2(top_k),
         RENORMALIZE=renormalize,
         SIGMOID=sigmoid is not None,
-        NUM_GROUPS=rule.num_groups,
-        TOPK_GROUPS=rule.topk_groups,
+        NUM_GROUPS=grouping.num_groups,
+        TOPK_GROUPS=grouping.topk_groups,
         BLOCK_T=block_t,
     )
     max_padded = max_padded_rows(num_pairs, num_experts, block_m)

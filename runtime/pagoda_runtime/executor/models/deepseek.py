@@ -1,5 +1,6 @@
-"""DeepSeek V2 and V3 (DeepseekV2ForCausalLM: DeepSeek-V2-Lite; DeepseekV3ForCausalLM: DeepSeek-V3,
-DeepSeek-R1, Moonlight, Kimi K2): mixtures of experts with what sets them apart from GLM-4.5:
+"""DeepSeek V2 and V3 (DeepseekV2ForCausalLM: DeepSeek-V2, V2.5, V2-Lite, Coder-V2;
+DeepseekV3ForCausalLM: DeepSeek-V3, DeepSeek-R1, Moonlight, Kimi K2): mixtures of experts with what
+sets them apart from GLM-4.5:
 
 - multi-head latent attention (MLA): the keys and values of a token come from one compressed
   latent (kv_a_proj_with_mqa, kv_lora_rank wide, normed), which kv_b_proj expands per head into the
@@ -9,8 +10,10 @@ DeepSeek-R1, Moonlight, Kimi K2): mixtures of experts with what sets them apart 
   V2, where rope_interleave says in V3), and a YaRN config's mscale_all_dim scales the softmax
   by its mscale squared;
 - V3 routes by grouped sigmoid scores with a correction bias (GLM-4.5's rule), V2 by the top-k of
-  the softmax without renormalization; both scale the routed experts' sum by routed_scaling_factor,
-  and both have shared experts and their first first_k_dense_replace layers dense.
+  the softmax without renormalization (among the best expert groups, each scored by its best
+  expert, where topk_method is group_limited_greedy: DeepSeek-V2 and V2.5); both scale the routed
+  experts' sum by routed_scaling_factor, and both have shared experts and their first
+  first_k_dense_replace layers dense.
 
 The attention is served absorbed, as DeepSeek's paper describes it and vLLM and SGLang serve it:
 the cache holds each token's normed latent and rotated key alone (kv_lora_rank + qk_rope_head_dim,
@@ -31,7 +34,8 @@ half; the rotated rows of q_b_proj and kv_a_proj_with_mqa are put in that pair o
 halves are the weighted sum of latents.
 
 Checkpoints store experts one by one (mlp.experts.N.gate_proj, ...); the multi-token-prediction
-layer of V3 checkpoints (numbered num_hidden_layers) is not read.
+layer of V3 checkpoints (numbered num_hidden_layers) is read only to draft tokens (speculative
+decoding's mtp method, models/mtp_head.py).
 """
 
 from __future__ import annotations
@@ -53,13 +57,14 @@ from pagoda_runtime.contract.weight_layout import (
 )
 from pagoda_runtime.executor.attention_metadata import AttentionMetadata
 from pagoda_runtime.executor.kernels import AttentionOps
-from pagoda_runtime.executor.kernels.moe_routing import SigmoidRouting, check_routing
+from pagoda_runtime.executor.kernels.moe_routing import SigmoidRouting, SoftmaxGroups, check_routing
 from pagoda_runtime.executor.models.decoder import CausalLM, Weight
 from pagoda_runtime.executor.models.hf_config import (
     ConfigError,
     architecture_fields,
     check_activation,
     field,
+    nextn_predict_layers,
     rope_parameters,
     rope_scaling,
 )
@@ -278,18 +283,23 @@ def _routing(raw: dict[str, Any], v3: bool, num_experts: int, top_k: int) -> dic
             norm_topk_prob=raw.get("norm_topk_prob", True),
         )
     method = raw.get("topk_method") or "greedy"
-    if method not in ("greedy", "group_limited_greedy") or (method == "group_limited_greedy" and groups > 1):
+    if method not in ("greedy", "group_limited_greedy"):
         raise ConfigError(
-            f"asks for topk_method {method!r} over {groups} expert groups, which Pagoda does not "
-            f"implement for DeepSeek V2 models (DeepSeek-V2 and V2.5); it serves greedy routing "
-            f"(DeepSeek-V2-Lite)"
+            f"asks for topk_method {method!r}, which DeepSeek V2 models do not route by; Pagoda serves "
+            "greedy (DeepSeek-V2-Lite) and group_limited_greedy (DeepSeek-V2, V2.5, Coder-V2)"
         )
     if raw.get("norm_topk_prob"):
         raise ConfigError(
             "sets norm_topk_prob for a DeepSeek V2 model, whose routing (as transformers') never "
             "renormalizes the chosen experts' weights; set it to false"
         )
-    return dict(norm_topk_prob=False)
+    if method == "greedy":
+        return dict(norm_topk_prob=False)
+    try:
+        check_routing(num_experts, top_k, None, None, SoftmaxGroups(groups, topk_group))
+    except ValueError as exc:
+        raise ConfigError(f"routes in a way that cannot work: {exc}") from exc
+    return dict(norm_topk_prob=False, n_group=groups, topk_group=topk_group)
 
 
 def config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
@@ -336,6 +346,7 @@ def config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
             shared_expert_intermediate_size=width * (raw.get("n_shared_experts") or 0),
             mlp_only_layers=tuple(range(min(raw.get("first_k_dense_replace", 3 if v3 else 0), layers))),
             router_score_bias=v3,
+            **nextn_predict_layers(raw),
         ),
         rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
         rope_theta=rope.get("rope_theta", 10000.0),

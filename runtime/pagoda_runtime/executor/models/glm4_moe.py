@@ -10,7 +10,7 @@ experts with what sets them apart from Qwen3-MoE:
   bias on q, k and v, and per-head q/k norms where use_qk_norm says (GLM-4.6).
 
 The checkpoints' multi-token-prediction layer (num_nextn_predict_layers, numbered after the last
-decoder layer) is not read: it serves speculative decoding, which this model does not do with it.
+decoder layer) is read only to draft tokens (speculative decoding's mtp method, models/mtp_head.py).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from pagoda_runtime.executor.models.hf_config import (
     architecture_fields,
     check_activation,
     field,
+    nextn_predict_layers,
     rope_parameters,
     rope_scaling,
 )
@@ -112,6 +113,7 @@ def config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
             shared_expert_intermediate_size=width * raw.get("n_shared_experts", 1),
             mlp_only_layers=tuple(range(min(raw.get("first_k_dense_replace", 1), layers))),
             router_score_bias=True,
+            **nextn_predict_layers(raw),
         ),
         rms_norm_eps=raw.get("rms_norm_eps", 1e-5),
         rope_theta=rope.get("rope_theta", 10000.0),

@@ -38,6 +38,17 @@ def architecture_fields(raw: dict[str, Any], family: str) -> dict[str, Any]:
     )
 
 
+def nextn_predict_layers(raw: dict[str, Any]) -> dict[str, int]:
+    """The multi-token-prediction layers a DeepSeek V3 or GLM-4.5 checkpoint holds after its decoder
+    layers (models/mtp_head.py), as ModelArchitecture's field."""
+    layers = raw.get("num_nextn_predict_layers") or 0
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
+        raise ConfigError(
+            f"has num_nextn_predict_layers {layers!r}; set it to a count of layers (0 for none)"
+        )
+    return {"num_nextn_predict_layers": layers}
+
+
 def rope_parameters(raw: dict[str, Any]) -> dict[str, Any]:
     """transformers 5 writes rope_parameters (per layer type for some families); older configs have
     rope_theta and rope_scaling. A scaled type without original_max_position_embeddings takes the

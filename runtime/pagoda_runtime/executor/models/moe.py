@@ -36,7 +36,7 @@ from pagoda_runtime.executor.kernels import AttentionOps
 from pagoda_runtime.executor.kernels.moe import fused_moe
 from pagoda_runtime.executor.kernels.moe_activation import ClampedSwiGLU
 from pagoda_runtime.executor.kernels.moe_options import ExpertOptions
-from pagoda_runtime.executor.kernels.moe_routing import SigmoidRouting
+from pagoda_runtime.executor.kernels.moe_routing import SigmoidRouting, SoftmaxGroups
 from pagoda_runtime.executor.kernels.moe_weights import ExpertWeights, PackedExperts
 from pagoda_runtime.executor.models.decoder import CausalLM, Weight
 from pagoda_runtime.executor.models.hf_config import (
@@ -121,6 +121,9 @@ class SparseMoE(nn.Module):
             self.sigmoid_routing = SigmoidRouting(
                 config.n_group, config.topk_group, config.routed_scaling_factor
             )
+        self.softmax_groups = None
+        if self.sigmoid_routing is None and config.topk_group < config.n_group:
+            self.softmax_groups = SoftmaxGroups(config.n_group, config.topk_group)
         # Softmax routing scales the routed experts' sum by routed_scaling_factor too (DeepSeek V2);
         # the sigmoid rule scales its weights itself.
         self.routed_scale = config.routed_scaling_factor if self.sigmoid_routing is None else 1.0
@@ -239,6 +242,7 @@ class SparseMoE(nn.Module):
                 self.activation,
                 self.sigmoid_routing,
                 self.gate.e_score_correction_bias,
+                self.softmax_groups,
             ),
         )
         if self.routed_scale != 1.0:

@@ -42,4 +42,6 @@ def decode_weight_bytes(model: nn.Module) -> int:
     # Tied: the LM head reads the lookup table itself, unless it keeps a packed copy of its own.
     tied = model.lm_head is None and not embedding.head_bytes
     idle = sum(m.idle_expert_bytes() for m in model.modules() if hasattr(m, "idle_expert_bytes"))
-    return decode_read_bytes(model_weight_bytes(model) - idle, embedding.weight.nbytes, tied)
+    # A draft head borrowing the target's embedding holds none to leave out.
+    held = any(module is embedding for module in model.modules())
+    return decode_read_bytes(model_weight_bytes(model) - idle, embedding.weight.nbytes if held else 0, tied)
