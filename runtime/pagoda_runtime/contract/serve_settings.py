@@ -35,13 +35,14 @@ TOOL_CALL_PARSERS = (
     "minimax_m2",
     "mistral",
     "pythonic",
+    "kimi_k2",
 )
 # vLLM's --generation-config: auto takes the model's generation_config.json sampling as the defaults
 # of what a request leaves out; vllm keeps the API's own defaults.
 GENERATION_CONFIGS = ("auto", "vllm")
 # vLLM's --reasoning-parser names; all but openai_gptoss (harmony) read <think>...</think>
 # (server/reasoning.py): DeepSeek R1 and V3.1, Qwen3, GLM-4.5, MiniMax-M2.
-REASONING_PARSERS = ("deepseek_r1", "deepseek_v3", "qwen3", "glm45", "minimax_m2", "openai_gptoss")
+REASONING_PARSERS = ("deepseek_r1", "deepseek_v3", "qwen3", "glm45", "minimax_m2", "kimi_k2", "openai_gptoss")
 # --metrics-compat: whose metric names are exported a second time (server/metrics_compat.py).
 METRICS_COMPAT_CHOICES = ("vllm",)
 LOG_FORMATS = ("text", "json")

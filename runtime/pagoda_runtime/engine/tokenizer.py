@@ -21,6 +21,8 @@ import jinja2.sandbox
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 
+from pagoda_runtime.engine.tiktoken_folder import is_tiktoken_folder, tiktoken_tokenizer
+
 _GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 _LLAMA3_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -89,9 +91,12 @@ class Tokenizer:
         from transformers import AutoTokenizer
 
         folder = Path(folder)
+        if is_tiktoken_folder(folder):
+            return cls._from_tiktoken_folder(folder, eos_token_ids)
         if not (folder / "tokenizer.json").is_file():
             raise FileNotFoundError(
-                f"{folder} has no tokenizer.json; Pagoda needs the fast tokenizer file next to config.json"
+                f"{folder} has no tokenizer.json; Pagoda needs the fast tokenizer file next to config.json "
+                "(or a Kimi tiktoken.model)"
             )
         # transformers reconciles tokenizer_config.json (add_bos_token, added tokens) with
         # tokenizer.json; we keep the Rust tokenizer it ends up with.
@@ -105,6 +110,25 @@ class Tokenizer:
             eos_token=hf.eos_token,
             eos_token_ids=eos,
             chat_template=template,
+        )
+
+    @classmethod
+    def _from_tiktoken_folder(cls, folder: Path, eos_token_ids: Sequence[int]) -> Tokenizer:
+        """A Kimi folder (tiktoken_folder.py): its tokens named in tokenizer_config.json, the chat
+        template there or in chat_template.jinja; no BOS added, as tokenization_kimi.py adds none."""
+        backend, config = tiktoken_tokenizer(folder)
+        bos, eos = (_token_content(config.get(key)) for key in ("bos_token", "eos_token"))
+        template = config.get("chat_template")
+        if not isinstance(template, str) and (folder / "chat_template.jinja").is_file():
+            template = (folder / "chat_template.jinja").read_text()
+        eos_id = backend.token_to_id(eos) if eos else None
+        return cls(
+            backend,
+            source=str(folder),
+            bos_token=bos,
+            eos_token=eos,
+            eos_token_ids=list(eos_token_ids) or ([eos_id] if eos_id is not None else []),
+            chat_template=template if isinstance(template, str) else None,
         )
 
     @classmethod
@@ -213,6 +237,11 @@ def _tojson(
     return json.dumps(
         value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
     )
+
+
+def _token_content(token: str | Mapping[str, Any] | None) -> str | None:
+    """tokenizer_config.json's bos_token or eos_token: a string, or an AddedToken's fields."""
+    return token.get("content") if isinstance(token, Mapping) else token
 
 
 def _raise_exception(message: str):

@@ -39,6 +39,7 @@ from pagoda_runtime.server.tools import (
     NamedToolChoice,
     ToolCall,
     ToolDefinition,
+    call_id,
     template_tools,
     tool_choice_constraint,
 )
@@ -99,7 +100,7 @@ class ChatTurn:
             content = None  # a reply cut off while thinking has no answer
         return AssistantMessage(
             content=content,
-            tool_calls=[ToolCall(function=c) for c in calls] or None,
+            tool_calls=[ToolCall(id=call_id(c), function=c) for c in calls] or None,
             reasoning_content=reasoning,
             reasoning=reasoning,
         )

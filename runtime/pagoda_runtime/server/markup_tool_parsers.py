@@ -13,6 +13,10 @@
   (tokenizers from v11) NAME[ARGS]{...} once per call, each after its own [TOOL_CALLS];
 - `pythonic` (Llama 3.2 and 4's pythonic template): the reply is a Python list of calls,
   [get_weather(city="Paris"), get_time()], keyword arguments of literal values.
+- `kimi_k2` (Kimi K2): <|tool_calls_section_begin|> <|tool_call_begin|>functions.NAME:INDEX
+  <|tool_call_argument_begin|>ARGUMENTS<|tool_call_end|> ... <|tool_calls_section_end|>; the
+  call's id is the model's functions.NAME:INDEX (vLLM's too), which Kimi's chat template names
+  the tool's result by.
 
 The three XML-like formats write each argument as bare text, so its JSON type comes from the
 request's tool declaration: a parameter declared as anything but a string is read as JSON where it
@@ -28,7 +32,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from pagoda_runtime.server.tools import FunctionCall
+from pagoda_runtime.server.tools import FunctionCall, ParsedCall
 
 # What reading a model's JSON can raise: besides malformed text, nesting deeper than Python's
 # recursion limit ("[[[[..."), which a prompt can make a model write.
@@ -165,6 +169,24 @@ class MiniMaxM2Parser(BlockParser):
             for block in self._BLOCK.findall(text)
             for name, body in self._INVOKE.findall(block)
         ]
+
+
+_KIMI_SECTION = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>")
+_KIMI_CALL = ("<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>")
+
+
+class KimiK2Parser(BlockParser):
+    START, MARKERS = _KIMI_SECTION[0], (*_KIMI_SECTION, *_KIMI_CALL)
+    _CALL = re.compile(r"\s*(.*?)\s*".join(map(re.escape, _KIMI_CALL)), re.S)
+
+    def block_calls(self, text: str) -> list[FunctionCall | None]:
+        found = []
+        for model_id, arguments in self._CALL.findall(text):
+            # functions.NAME:INDEX; a name may hold dots or colons itself.
+            name = model_id.removeprefix("functions.").rpartition(":")[0]
+            call = _json_call(name, arguments) if name else None
+            found.append(call and ParsedCall(name=call.name, arguments=call.arguments, id=model_id))
+        return found
 
 
 class MistralParser(BlockParser):

@@ -18,6 +18,7 @@ from pagoda_runtime.server.markup_tool_parsers import (
     DeepSeekV3Parser,
     DeepSeekV31Parser,
     Glm45Parser,
+    KimiK2Parser,
     MiniMaxM2Parser,
     MistralParser,
     PythonicParser,
@@ -26,7 +27,7 @@ from pagoda_runtime.server.markup_tool_parsers import (
     partial_suffix,
 )
 from pagoda_runtime.server.reasoning import HARMONY_ARGUMENTS, HARMONY_CALL
-from pagoda_runtime.server.tools import DeltaFunctionCall, DeltaToolCall, FunctionCall, new_call_id
+from pagoda_runtime.server.tools import DeltaFunctionCall, DeltaToolCall, FunctionCall, call_id, new_call_id
 
 
 def _call(obj: object) -> FunctionCall | None:
@@ -154,6 +155,7 @@ PARSERS = {
     "minimax_m2": MiniMaxM2Parser,
     "mistral": MistralParser,
     "pythonic": PythonicParser,
+    "kimi_k2": KimiK2Parser,
 }
 
 
@@ -189,7 +191,7 @@ class ToolCallStream:
         deltas = [
             DeltaToolCall(
                 index=i,
-                id=new_call_id(),
+                id=call_id(call),
                 type="function",
                 function=DeltaFunctionCall(name=call.name, arguments=call.arguments),
             )

@@ -44,6 +44,14 @@ class FunctionCall(BaseModel):
     arguments: str  # JSON text, as OpenAI sends it
 
 
+class ParsedCall(FunctionCall):
+    """A call a tool parser read, with the id the model's markup gives it where it gives one (Kimi
+    K2's functions.NAME:INDEX, which its chat template names the tool's result by); never sent as
+    part of the function."""
+
+    id: str | None = Field(default=None, exclude=True)
+
+
 class ToolCall(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -66,6 +74,11 @@ class DeltaToolCall(BaseModel):
 
 def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def call_id(call: FunctionCall) -> str:
+    """The id a parsed call is sent with: the model's own where it wrote one, else a new one."""
+    return getattr(call, "id", None) or new_call_id()
 
 
 def template_tools(tools: list[ToolDefinition] | None) -> list[dict] | None:

@@ -1,5 +1,5 @@
-"""The tool-call markup of DeepSeek V3 / V3.1, GLM-4.5, Qwen3-Coder, MiniMax-M2, Mistral and the
-pythonic lists (vLLM's parser names): calls found whole and streamed alike, bare-text arguments
+"""The tool-call markup of DeepSeek V3 / V3.1, GLM-4.5, Qwen3-Coder, MiniMax-M2, Mistral, Kimi K2 and
+the pythonic lists (vLLM's parser names): calls found whole and streamed alike, bare-text arguments
 typed by the request's tool schema, content before the markup kept, broken markup left as content;
 through the HTTP edge with the official client; and markup the tokenizer holds as special tokens
 kept in the decoded text."""
@@ -72,6 +72,10 @@ MARKUP = {
     + '</invoke>\n<invoke name="get_time">\n</invoke>\n</minimax:tool_call>',
     "mistral": "[TOOL_CALLS]"
     + json.dumps([{"name": "get_weather", "arguments": WEATHER_ARGS}, {"name": "get_time", "arguments": {}}]),
+    "kimi_k2": "<|tool_calls_section_begin|>"
+    + f"<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{_ARGS}<|tool_call_end|>"
+    + "<|tool_call_begin|> functions.get_time:1 <|tool_call_argument_begin|>{}<|tool_call_end|>"
+    + "<|tool_calls_section_end|>",
 }
 EXPECTED = [("get_weather", WEATHER_ARGS), ("get_time", {})]
 
@@ -126,10 +130,13 @@ def test_a_pythonic_list_is_the_calls_and_anything_else_is_content():
         assert parse_whole(parser_named("pythonic", SCHEMAS), content) == (content, [])
 
 
-@pytest.mark.parametrize("name", ["hermes", "llama3_json", "deepseek_v31", "glm45", "mistral", "pythonic"])
+@pytest.mark.parametrize(
+    "name", ["hermes", "llama3_json", "deepseek_v31", "glm45", "mistral", "pythonic", "kimi_k2"]
+)
 def test_json_nested_past_the_recursion_limit_is_content_not_an_error(name):
     deep = "[" * 100_000
     texts = {
+        "kimi_k2": MARKUP["kimi_k2"].replace("{}", deep),
         "hermes": f"<tool_call>{deep}</tool_call>",
         "llama3_json": '{"a":' * 50_000,
         "deepseek_v31": f"{_BEGIN}{_CALL}get_time{_SEP}{deep}{_CALL_END}{_END}",
@@ -140,6 +147,8 @@ def test_json_nested_past_the_recursion_limit_is_content_not_an_error(name):
     content, calls = parse_whole(parser_named(name, SCHEMAS), texts[name])
     if name == "glm45":  # the value stays text
         assert _calls(calls) == [("get_weather", {"days": deep})]
+    elif name == "kimi_k2":  # the well-formed call stays a call
+        assert _calls(calls) == EXPECTED[:1]
     else:
         assert (content, calls) == (texts[name], [])
 
@@ -170,6 +179,21 @@ def test_any_streaming_cut_gives_the_whole_texts_content_and_calls(name, cuts):
     assert streamed.strip() == content and [(d.function.name, d.function.arguments) for d in deltas] == [
         (c.name, c.arguments) for c in calls
     ]
+
+
+def test_kimi_k2_calls_keep_the_ids_the_model_wrote_whole_and_streamed():
+    """Kimi's chat template names a tool's result by the call's id, so the id sent is the model's
+    functions.NAME:INDEX, not a new one; a call without a name or with broken JSON is no call."""
+    _, calls = parse_whole(parser_named("kimi_k2", SCHEMAS), MARKUP["kimi_k2"])
+    assert [c.id for c in calls] == ["functions.get_weather:0", "functions.get_time:1"]
+    assert "id" not in calls[0].model_dump()
+    stream = ToolCallStream(parser_named("kimi_k2", SCHEMAS))
+    _, deltas = stream.feed(MARKUP["kimi_k2"], True)
+    assert [d.id for d in deltas] == ["functions.get_weather:0", "functions.get_time:1"]
+    begin, arguments, end = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
+    for broken in (f"{begin}functions.:0{arguments}{{}}{end}", f"{begin}functions.f:0{arguments}{{x{end}"):
+        text = f"<|tool_calls_section_begin|>{broken}<|tool_calls_section_end|>"
+        assert parse_whole(parser_named("kimi_k2", SCHEMAS), text) == (text, [])
 
 
 @pytest.mark.parametrize("name", ["glm45", "qwen3_coder", "minimax_m2"])
