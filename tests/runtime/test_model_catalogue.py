@@ -1,6 +1,6 @@
-"""The catalogue's DeepSeek entries read like their published config.json: the family's own parser
-gives the same configuration from it, the published parameter counts come out, and the operator
-sizes DeepSeek-V3 on 8 GPUs with the latent cache that absorbed attention holds."""
+"""The catalogue's DeepSeek and ERNIE entries read like their published config.json: the family's
+own parser gives the same configuration from it, the published parameter counts come out, and the
+operator sizes DeepSeek-V3 on 8 GPUs with the latent cache that absorbed attention holds."""
 
 from __future__ import annotations
 
@@ -118,3 +118,25 @@ def test_deepseek_v3s_mtp_module_is_the_14b_it_is_published_as():
     assert layer.architecture.num_sparse_layers == 1
     module = layer.architecture.num_parameters() + layer.whole_parameters + embedding
     assert 13.0e9 < module < 14.5e9
+
+
+@pytest.mark.parametrize(
+    ("name", "architecture", "billions", "active"),
+    [
+        ("ernie-4.5-21b-a3b", "Ernie4_5_MoeForCausalLM", 21.8, 3.1),
+        ("ernie-4.5-0.3b", "Ernie4_5ForCausalLM", 0.36, None),
+    ],
+)
+def test_an_ernie_entry_is_what_its_config_parses_to(name, architecture, billions, active):
+    """transformers' ERNIE 4.5 configs default to these two checkpoints' shapes (baidu's
+    ERNIE-4.5-21B-A3B and -0.3B: 21B parameters of which 3B active, and 0.36B)."""
+    from pagoda_runtime.executor.models.ernie import config_from_hf
+    from transformers import Ernie4_5_MoeConfig, Ernie4_5Config
+
+    config = (Ernie4_5_MoeConfig if active else Ernie4_5Config)().to_dict()
+    parsed = config_from_hf(config, architecture)
+    assert MODELS[name] == replace(parsed, bos_token_id=None, eos_token_ids=())
+    arch = KNOWN_ARCHITECTURES[name]
+    assert round(arch.num_parameters() / 1e9, 2 if active is None else 1) == billions
+    if active:
+        assert round(arch.active_linear_parameters() / 1e9, 1) == active

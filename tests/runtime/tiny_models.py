@@ -53,6 +53,8 @@ from transformers import (
     CohereConfig,
     DeepseekV2Config,
     DeepseekV3Config,
+    Ernie4_5_MoeConfig,
+    Ernie4_5Config,
     Gemma2Config,
     Gemma3TextConfig,
     Glm4Config,
@@ -77,6 +79,7 @@ from transformers import (
 from tests.runtime.k_quants import K_QUANTIZERS
 
 SEED = 1234
+BIAS_STD = 0.1
 
 _CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -381,6 +384,23 @@ FAMILY_VARIANTS: dict[str, tuple[type, str, dict]] = {
             "pad_token_id": None,
         },
     ),
+    # Interleaved rotary pairs, heads wider than hidden_size / heads.
+    "ernie4_5": (Ernie4_5Config, "chatml", {"head_dim": 32}),
+    # Softmax routing whose choice a random correction bias moves (the weights stay the softmax's),
+    # a shared expert, layer 0 dense.
+    "ernie4_5_moe": (
+        Ernie4_5_MoeConfig,
+        "chatml",
+        {
+            "head_dim": 16,
+            "moe_num_experts": 8,
+            "moe_k": 2,
+            "moe_intermediate_size": 32,
+            "moe_num_shared_experts": 1,
+            "moe_layer_start_index": 1,
+            "moe_layer_end_index": 1,
+        },
+    ),
     "phi3": (
         Phi3Config,
         "chatml",
@@ -507,6 +527,10 @@ def build_tiny_model(
         for name, parameter in model.named_parameters():
             if name.endswith("norm.weight"):
                 parameter.normal_(1.0, 0.2)
+            elif name.endswith("e_score_correction_bias"):
+                # ERNIE's (a parameter, the others' a buffer): as large as the scores' spread, so that
+                # it changes which experts win.
+                parameter.normal_(0.0, 0.5)
             elif name.endswith("bias"):
                 parameter.normal_(0.0, 0.2)
             elif name.endswith(("gate.weight", "router.weight")):

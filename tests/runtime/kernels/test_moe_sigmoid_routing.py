@@ -141,9 +141,7 @@ def test_a_rule_that_cannot_pick_top_k_experts_is_rejected(
         route_and_align(logits, top_k, True, 16, rule)
 
 
-def test_a_correction_bias_needs_the_sigmoid_rule() -> None:
-    with pytest.raises(ValueError, match="only to sigmoid routing"):
-        route(torch.randn(2, 16), 2, True, None, torch.zeros(16))
+def test_a_correction_bias_of_another_size_is_refused() -> None:
     with pytest.raises(ValueError, match="does not fit 16 experts"):
         route(torch.randn(2, 16), 2, True, SigmoidRouting(), torch.zeros(8))
 

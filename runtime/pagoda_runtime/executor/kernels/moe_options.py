@@ -23,7 +23,8 @@ class ExpertOptions:
     activation: ClampedSwiGLU | None = None
     # DeepSeek V3's and GLM-4.5's grouped sigmoid scores (moe_routing.route); None: softmax.
     sigmoid_routing: SigmoidRouting | None = None
-    # [E] float32, added to the sigmoid scores that choose the experts (not to their weights).
+    # [E] float32, added to the sigmoid (or ERNIE 4.5's softmax) scores that choose the experts (not
+    # to their weights).
     correction_bias: torch.Tensor | None = None
     # DeepSeek V2's group_limited_greedy softmax routing (moe_routing.route); None: every expert.
     softmax_groups: SoftmaxGroups | None = None

@@ -1,9 +1,9 @@
 """Which experts each token goes to, and with what weight, by the rule of the model's own router in
 transformers, so that a checkpoint routes here as it was trained: softmax top-k (MixtralTopKRouter,
 Qwen3MoeTopKRouter), limited to the best groups where asked (DeepseekV2TopkRouter's
-group_limited_greedy), or sigmoid scores with grouped, bias-corrected choice (DeepseekV3TopkRouter,
-Glm4MoeTopkRouter). The CPU reference routes through this; triton_moe_routing.py computes the same
-on the GPU.
+group_limited_greedy) or chosen with a correction bias (Ernie4_5_MoeTopKRouter), or sigmoid scores
+with grouped, bias-corrected choice (DeepseekV3TopkRouter, Glm4MoeTopkRouter). The CPU reference
+routes through this; triton_moe_routing.py computes the same on the GPU.
 """
 
 from __future__ import annotations
@@ -45,8 +45,6 @@ def check_routing(
         raise ValueError(f"top_k {top_k} must be between 1 and the number of experts ({num_experts})")
     if sigmoid is not None and softmax_groups is not None:
         raise ValueError("softmax groups apply to the softmax rule, not to sigmoid routing")
-    if sigmoid is None and correction_bias is not None:
-        raise ValueError("a correction bias applies only to sigmoid routing")
     if correction_bias is not None and tuple(correction_bias.shape) != (num_experts,):
         raise ValueError(
             f"the correction bias {tuple(correction_bias.shape)} does not fit {num_experts} experts"
@@ -90,16 +88,17 @@ def route(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """router_logits [T, E] -> (weights float32 [T, top_k], expert ids int64 [T, top_k]).
 
-    sigmoid None: softmax, top_k (among softmax_groups' best groups where given), renormalized to
-    sum to one where asked (Mixtral always, Qwen3-MoE when config.norm_topk_prob). sigmoid: its
-    rule, correction_bias float32 [E] (None: zeros)."""
+    sigmoid None: softmax, top_k (among softmax_groups' best groups where given; ranked by the
+    softmax plus correction_bias where given, ERNIE 4.5's rule, but weighted by the softmax),
+    renormalized to sum to one where asked (Mixtral always, Qwen3-MoE when config.norm_topk_prob).
+    sigmoid: its rule, correction_bias float32 [E] (None: zeros)."""
     num_experts = router_logits.shape[-1]
     check_routing(num_experts, top_k, sigmoid, correction_bias, softmax_groups)
     if sigmoid is None:
         probs = torch.softmax(router_logits.float(), dim=-1)
-        choice = probs
+        choice = probs if correction_bias is None else probs + correction_bias.float()
         if softmax_groups is not None:
-            choice = _best_groups_only(probs, softmax_groups.num_groups, softmax_groups.topk_groups, 1)
+            choice = _best_groups_only(choice, softmax_groups.num_groups, softmax_groups.topk_groups, 1)
         ids = torch.topk(choice, top_k, dim=-1)[1]
         weights = probs.gather(1, ids)
         if renormalize:

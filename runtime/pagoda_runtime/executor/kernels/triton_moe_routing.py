@@ -3,7 +3,8 @@ what moe_routing.route computes, plus vLLM's moe_align_block_size.
 
 1. route: per token, in float32, the top_k experts by repeated argmax, by either rule of
    moe_routing.route: of the softmax, optionally renormalized (Mixtral; Qwen3-MoE's
-   norm_topk_prob) or among the best groups (DeepSeek V2's group_limited_greedy), or of the
+   norm_topk_prob), among the best groups (DeepSeek V2's group_limited_greedy) or ranked with a
+   correction bias (ERNIE 4.5), or of the
    bias-corrected sigmoid scores among the best groups, weighted by the plain scores (DeepSeek V3,
    GLM-4.5), the group vote in registers too, so that it adds no launch;
    each chosen (token, choice) pair takes its rank among its expert's pairs from an atomic counter
@@ -109,6 +110,7 @@ def _route_kernel(
     BLOCK_K: tl.constexpr,
     RENORMALIZE: tl.constexpr,
     SIGMOID: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     NUM_GROUPS: tl.constexpr,
     TOPK_GROUPS: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -135,7 +137,12 @@ def _route_kernel(
         # Rows past the batch hold only -inf: shifting by a 0 max keeps them free of NaN.
         shift = tl.where(row_mask, tl.max(logits, axis=1), 0.0)
         probs = tl.exp(logits - shift[:, None])
-        choice = probs / tl.maximum(tl.sum(probs, axis=1), 1e-30)[:, None]
+        scores = probs / tl.maximum(tl.sum(probs, axis=1), 1e-30)[:, None]
+        choice = scores
+        if HAS_BIAS:
+            # ERNIE 4.5: the bias ranks the experts, the softmax weighs them.
+            bias = tl.load(bias_ptr + experts, mask=real, other=0.0)
+            choice = tl.where(real[None, :], scores + bias[None, :], -float("inf"))
         if TOPK_GROUPS < NUM_GROUPS:
             # DeepSeek V2's group_limited_greedy: padding lanes out of every group's best.
             choice = tl.where(real[None, :], choice, -float("inf"))
@@ -146,7 +153,7 @@ def _route_kernel(
     for j in tl.static_range(TOP_K):
         weight, best = tl.max(choice, axis=1, return_indices=True)
         taken = lanes[None, :] == best[:, None]
-        if SIGMOID:
+        if HAS_BIAS:
             # The expert is ranked by its biased score but weighted by its plain one.
             weight = tl.sum(tl.where(taken, scores, 0.0), axis=1)
         expert = best // GROUP_BLOCK * GROUP_SIZE + best % GROUP_BLOCK
@@ -230,12 +237,12 @@ def route_and_align(
     ids = torch.empty(num_pairs, dtype=torch.int32, device=device)
     ranks = torch.empty(num_pairs, dtype=torch.int32, device=device)
     counts = torch.zeros(num_experts, dtype=torch.int32, device=device)
-    if sigmoid is None:
-        bias = router_logits  # never read: the softmax rule has no bias
-    elif correction_bias is None:
+    if correction_bias is not None:
+        bias = correction_bias.to(torch.float32).contiguous()
+    elif sigmoid is not None:
         bias = torch.zeros(num_experts, dtype=torch.float32, device=device)
     else:
-        bias = correction_bias.to(torch.float32).contiguous()
+        bias = router_logits  # never read: a softmax rule without a bias
     # The softmax rule is unscaled, and one group unless grouped.
     rule = sigmoid or SigmoidRouting()
     grouping = softmax_groups or rule
@@ -262,6 +269,7 @@ def route_and_align(
         BLOCK_K=triton.next_power_of_2(top_k),
         RENORMALIZE=renormalize,
         SIGMOID=sigmoid is not None,
+        HAS_BIAS=sigmoid is not None or correction_bias is not None,
         NUM_GROUPS=grouping.num_groups,
         TOPK_GROUPS=grouping.topk_groups,
         BLOCK_T=block_t,

@@ -2,17 +2,17 @@
 8 per token, each 768 channels wide) and Mixtral (Mixtral-8x7B: Mistral's attention, 8 experts of
 which 2 per token).
 
-The layer (SparseMoE) also serves GLM-4.5 (glm4_moe.py), GPT-OSS (gpt_oss.py) and DeepSeek V2 / V3
-(deepseek.py). It routes each token to its top-k experts (softmax over the router's logits, the
-chosen weights renormalized where the config says so; or GLM-4.5's grouped sigmoid scores with a
-correction bias), sums their SwiGLU outputs weighted by the router and scaled by
-routed_scaling_factor (kernels/moe.py: the grouped Triton kernel on CUDA, the
-reference on the CPU), plus the shared experts' MLP where the model has one. Each
-projection's experts are one fused weight of the layer, [E * 2I, H] for gate and up and [E * H, I]
-for down, built by make_linear like any projection, so int8, fp8 and int4 experts are quantized
-as they load; the router stays in the model's float dtype. Tensor parallelism shards every
-expert's intermediate channels (kernels/moe_weights.py), and the partial outputs are summed over
-the ranks as after a row-parallel layer.
+The layer (SparseMoE) also serves GLM-4.5 (glm4_moe.py), GPT-OSS (gpt_oss.py), DeepSeek V2 / V3
+(deepseek.py) and ERNIE 4.5 (ernie.py). It routes each token to its top-k experts (softmax over the
+router's logits, the chosen weights renormalized where the config says so, ERNIE's ranked with a
+correction bias; or GLM-4.5's grouped sigmoid scores with a correction bias), sums their SwiGLU
+outputs weighted by the router and scaled by routed_scaling_factor (kernels/moe.py: the grouped
+Triton kernel on CUDA, the reference on the CPU), plus the shared experts' MLP where the model has
+one. Each projection's experts are one fused weight of the layer, [E * 2I, H] for gate and up and
+[E * H, I] for down, built by make_linear like any projection, so int8, fp8 and int4 experts are
+quantized as they load; the router stays in the model's float dtype. Tensor parallelism shards
+every expert's intermediate channels (kernels/moe_weights.py), and the partial outputs are summed
+over the ranks as after a row-parallel layer.
 """
 
 from __future__ import annotations
@@ -62,9 +62,9 @@ from pagoda_runtime.parallel.tensor_parallel import TensorParallel
 class Router(nn.Module):
     """The gate: one logit per expert (plus a bias for GPT-OSS), never quantized (as in vLLM).
 
-    score_bias: the sigmoid routers' correction bias per expert (GLM-4.5, DeepSeek V3), held in
-    float32 as transformers holds it; those routers' logits are computed in float32 too, as there,
-    since their choice hangs on small differences of sigmoid scores."""
+    score_bias: the correction bias per expert of the sigmoid routers (GLM-4.5, DeepSeek V3) and
+    ERNIE 4.5's softmax router, held in float32 as transformers holds it; those routers' logits are
+    computed in float32 too, as there, since their choice hangs on small differences of scores."""
 
     def __init__(
         self,

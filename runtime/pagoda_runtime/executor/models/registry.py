@@ -16,6 +16,7 @@ from pagoda_runtime.contract.config import ModelConfig
 from pagoda_runtime.executor.models import (
     cohere,
     deepseek,
+    ernie,
     gemma,
     glm4,
     glm4_moe,
@@ -181,6 +182,15 @@ FAMILIES: tuple[Family, ...] = (
         model=deepseek.DeepseekForCausalLM,
         config_from_hf=deepseek.config_from_hf,
         weight_shapes=deepseek.weight_shapes,
+        quantizations=("none", "int8", "int4", "fp8", "awq", "gptq"),
+    ),
+    Family(
+        name="ERNIE 4.5",
+        architectures=tuple(ernie.MODEL_TYPES),
+        model_types=tuple(ernie.MODEL_TYPES.values()),
+        model=ernie.ErnieForCausalLM,
+        config_from_hf=ernie.config_from_hf,
+        weight_shapes=ernie.weight_shapes,
         quantizations=("none", "int8", "int4", "fp8", "awq", "gptq"),
     ),
     Family(

@@ -1,7 +1,8 @@
-"""DeepSeek V2's group_limited_greedy routing (DeepSeek-V2, V2.5, Coder-V2): the softmax's top-k
-among the best expert groups, each group scored by its best expert. The reference is transformers'
-DeepseekV2TopkRouter; the Triton routing (Triton's interpreter on a CPU-only machine) and the fused
-layer follow the reference."""
+"""The softmax rule's two variants: DeepSeek V2's group_limited_greedy (DeepSeek-V2, V2.5, Coder-V2),
+the softmax's top-k among the best expert groups, each group scored by its best expert; and ERNIE
+4.5's, the experts ranked by softmax plus a correction bias and weighted by the softmax alone,
+renormalized. The references are transformers' DeepseekV2TopkRouter and Ernie4_5_MoeTopKRouter;
+the Triton routing (Triton's interpreter on a CPU-only machine) and the fused layer follow them."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from pagoda_runtime.executor.kernels import triton_moe
 from pagoda_runtime.executor.kernels.moe_options import ExpertOptions
 from pagoda_runtime.executor.kernels.moe_reference import reference_fused_moe
 from pagoda_runtime.executor.kernels.moe_routing import SoftmaxGroups, route
-from transformers import DeepseekV2Config
+from transformers import DeepseekV2Config, Ernie4_5_MoeConfig
 from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
+from transformers.models.ernie4_5_moe.modeling_ernie4_5_moe import Ernie4_5_MoeTopKRouter
 
 from .paged_batch import relative_error
 from .test_moe_sigmoid_routing import DEVICE, SMALL, _by_expert, _layer
@@ -60,11 +62,12 @@ def test_only_the_best_groups_experts_are_chosen_even_past_better_experts_elsewh
         assert sorted(ids[0].tolist()) == [0, 1, 4]
 
 
-def _triton_route_grouped(logits, top_k, rule):
+def _triton_route_grouped(logits, top_k, rule, renormalize=False, bias=None):
     from pagoda_runtime.executor.kernels.triton_moe_routing import route_and_align
 
     num_tokens = logits.shape[0]
-    routed, blocks = route_and_align(logits.to(DEVICE), top_k, False, 16, softmax_groups=rule)
+    bias = None if bias is None else bias.to(DEVICE)
+    routed, blocks = route_and_align(logits.to(DEVICE), top_k, renormalize, 16, None, bias, rule)
     num_pairs = num_tokens * top_k
     ids = torch.full((num_pairs,), -1, dtype=torch.int64)
     used = int(blocks.num_padded)
@@ -105,3 +108,41 @@ def test_groups_with_the_sigmoid_rule_are_refused() -> None:
         route(torch.zeros(1, 8), 2, False, SigmoidRouting(2, 1), softmax_groups=SoftmaxGroups(2, 1))
     with pytest.raises(ValueError, match="exceeds the 4 experts of the 1 chosen groups"):
         route(torch.zeros(1, 8), 5, False, softmax_groups=SoftmaxGroups(2, 1))
+
+
+def _ernie_router(experts: int, top_k: int, seed: int) -> Ernie4_5_MoeTopKRouter:
+    config = Ernie4_5_MoeConfig(hidden_size=32, moe_num_experts=experts, moe_k=top_k)
+    router = Ernie4_5_MoeTopKRouter(config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        router.weight.copy_(torch.randn(router.weight.shape, generator=generator))
+        # As large as the softmax scores' spread, so the bias changes which experts win.
+        router.moe_statics.e_score_correction_bias.copy_(torch.randn(1, experts, generator=generator) * 0.2)
+    return router.requires_grad_(False).eval()
+
+
+@pytest.mark.parametrize("experts,top_k", [(16, 4), (64, 6), (12, 3)])
+def test_route_is_transformers_ernie_router(experts, top_k) -> None:
+    router = _ernie_router(experts, top_k, seed=experts)
+    bias = router.moe_statics.e_score_correction_bias[0]
+    hidden = torch.randn(29, 32, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        logits, expected_weights, expected_ids = router(hidden)
+    weights, ids = route(logits, top_k, True, None, bias)
+    expected_weights, expected_ids = _by_expert(expected_weights, expected_ids)
+    weights, ids = _by_expert(weights, ids)
+    assert torch.equal(ids, expected_ids)
+    torch.testing.assert_close(weights, expected_weights, rtol=1e-6, atol=0.0)
+    # The bias changes the choice: the softmax alone picks other experts for some tokens.
+    assert not torch.equal(_by_expert(*route(logits, top_k, True))[1], ids)
+    routed, routed_ids = _triton_route_grouped(logits, top_k, None, True, bias)
+    assert torch.equal(_by_expert(routed, routed_ids)[1], ids)
+    torch.testing.assert_close(_by_expert(routed, routed_ids)[0], weights, rtol=1e-6, atol=1e-7)
+
+
+def test_ernie_triton_layer_matches_the_reference() -> None:
+    x, logits, bias, w_gate_up, w_down = _layer(11, 64, 40, 16, seed=9)
+    options = ExpertOptions(correction_bias=bias)
+    out = triton_moe.fused_moe(x, logits, w_gate_up, w_down, 4, True, SMALL, options)
+    ref = reference_fused_moe(x, logits, w_gate_up, w_down, 4, True, options)
+    assert relative_error(out, ref) < 1e-5
