@@ -140,3 +140,52 @@ def test_an_ernie_entry_is_what_its_config_parses_to(name, architecture, billion
     assert round(arch.num_parameters() / 1e9, 2 if active is None else 1) == billions
     if active:
         assert round(arch.active_linear_parameters() / 1e9, 1) == active
+
+
+# moonshotai/Kimi-K2-Instruct's config.json: DeepSeek V3's architecture, 384 experts, 64 heads.
+KIMI_K2 = {
+    **_SHARED,
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "num_hidden_layers": 61,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 64,
+    "n_shared_experts": 1,
+    "n_routed_experts": 384,
+    "num_experts_per_tok": 8,
+    "routed_scaling_factor": 2.827,
+    "q_lora_rank": 1536,
+    "topk_method": "noaux_tc",
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "first_k_dense_replace": 1,
+    "scoring_func": "sigmoid",
+    "vocab_size": 163840,
+    "max_position_embeddings": 131072,
+    "rope_theta": 50000.0,
+    "rope_scaling": {
+        "type": "yarn",
+        "factor": 32.0,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 1.0,
+        "beta_slow": 1.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+    },
+    "num_nextn_predict_layers": 0,
+}
+
+
+def test_kimi_k2_is_its_config_json_and_its_model_cards_1t_parameters_32b_activated():
+    """The card's figures: 1T parameters, 32B activated (a token's experts, attention and LM head;
+    the embedding is a lookup). In fp8 on 8 x 141 GB it fits with its whole 128K context."""
+    parsed = config_from_hf(KIMI_K2, "DeepseekV3ForCausalLM")
+    assert MODELS["kimi-k2"] == replace(parsed, bos_token_id=None, eos_token_ids=())
+    k2 = KNOWN_ARCHITECTURES["kimi-k2"]
+    assert round(k2.num_parameters() / 1e12, 1) == 1.0
+    embedding = k2.vocab_size * k2.hidden_size
+    activated = k2.active_linear_parameters() + k2.unquantized_parameters() - embedding
+    assert round(activated / 1e9) == 32
+    assert fits(k2, "fp8", 131072, 141 * GIB, tensor_parallel_size=8).fits

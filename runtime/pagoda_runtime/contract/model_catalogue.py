@@ -29,6 +29,17 @@ _LLAMA32_ROPE = RopeScaling(
     original_max_position_embeddings=8192,
 )
 
+# Kimi K2 stretches its 4K-trained rotary 32 times by YaRN, with beta 1 at both ends.
+_KIMI_K2_ROPE = RopeScaling(
+    rope_type="yarn",
+    factor=32.0,
+    original_max_position_embeddings=4096,
+    beta_fast=1.0,
+    beta_slow=1.0,
+    mscale=1.0,
+    mscale_all_dim=1.0,
+)
+
 
 def _pattern(layers: int, period: int) -> tuple[str, ...]:
     """Gemma's layer_types: every period-th layer global, the others sliding-window."""
@@ -407,6 +418,40 @@ MODELS: dict[str, ModelConfig] = {
         ),
         mscale=0.707,
         norm_topk_prob=False,
+    ),
+    "kimi-k2": ModelConfig(
+        model_type="deepseek_v3",
+        architecture=ModelArchitecture(
+            num_hidden_layers=61,
+            hidden_size=7168,
+            intermediate_size=18432,
+            num_attention_heads=64,
+            num_key_value_heads=64,
+            head_dim=128 + 64,
+            vocab_size=163840,
+            max_position_embeddings=131072,
+            tie_word_embeddings=False,
+            num_experts=384,
+            num_experts_per_tok=8,
+            moe_intermediate_size=2048,
+            shared_expert_intermediate_size=2048,
+            mlp_only_layers=(0,),
+            router_score_bias=True,
+            q_lora_rank=1536,
+            kv_lora_rank=512,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+        ),
+        rms_norm_eps=1e-6,
+        rope_theta=50000.0,
+        rope_scaling=_KIMI_K2_ROPE,
+        partial_rotary_factor=64 / (128 + 64),
+        rope_interleaved=True,
+        attention_multiplier=latent_softmax_scale(128 + 64, _KIMI_K2_ROPE),
+        norm_topk_prob=True,
+        scoring_func="sigmoid",
+        routed_scaling_factor=2.827,
     ),
     "ernie-4.5-21b-a3b": ModelConfig(
         model_type="ernie4_5_moe",
