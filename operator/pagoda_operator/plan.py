@@ -56,7 +56,8 @@ class VariantPlan:
 
     @property
     def servable(self) -> bool:
-        """Gets pods: all but a variant whose model is known not to split or not to fit."""
+        """Gets pods: all but a variant whose model is known not to split or not to fit, or not to
+        hold what its speculative method drafts with."""
         fitting = self.fit is None or self.fit.fits
         return self.split_error is None and self.speculation_error is None and fitting
 

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from pagoda_runtime.contract.speculative import MTP
+
 from pagoda_operator.http_route import GATEWAY_GROUP, variant_path
 from pagoda_operator.model_cache import CacheStatus
 from pagoda_operator.models import (
@@ -69,6 +71,8 @@ def model_fits_condition(plan: ServicePlan) -> Condition:
         elif not variant.fit.fits:
             draft = draft_source(variant.variant)
             with_draft = f" with {draft_noun(variant.variant)} {draft}" if draft else ""
+            if variant.variant.speculative and variant.variant.speculative.method == MTP:
+                with_draft = " with its MTP layer"
             misfits.append(
                 f"variant {variant.name} ({variant.quantization}){with_draft} {variant.fit.describe()}"
             )

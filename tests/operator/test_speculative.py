@@ -296,6 +296,21 @@ def test_mtp_is_rendered_without_a_model_and_counts_the_layer_split_over_the_gpu
     assert 1.7 * GIB < fit.draft_weight_bytes < 1.85 * GIB
 
 
+def test_a_variant_that_fits_only_without_its_mtp_layer_says_so():
+    s = spec(
+        model=DEEPSEEK_V3,
+        variants=[
+            {"name": "fp8", "quantization": "fp8"},
+            {"name": "mtp", "quantization": "fp8", "speculative": MTP},
+        ],
+        resources={"gpus": 8, "gpuMemory": "85Gi"},
+    )
+    plain, drafted = plan_service(s).variants
+    assert plain.fit.fits and not drafted.fit.fits
+    fits = _status(s, plan_service(s))["ModelFits"]
+    assert "variant mtp (fp8) with its MTP layer needs" in fits["message"]
+
+
 def test_mtp_for_a_model_without_an_mtp_layer_gets_no_pods_and_the_status_says_why():
     s = spec(model=TARGET, variants=[_variant(MTP)], resources={"gpuMemory": "80Gi"})
     plan = plan_service(s)

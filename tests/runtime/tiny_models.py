@@ -23,7 +23,9 @@ normed over all heads, half-rotated heads, sigmoid routing), "seed_oss" (q, k, v
 (attention sinks, biased experts whose clamp bites, window then full, YaRN), "deepseek_v3" (latent
 attention with a low-rank query, interleaved rotary pairs, YaRN's mscale on the softmax, grouped
 sigmoid routing), "deepseek_v2" (latent attention, scaled softmax routing), "deepseek_v2_grouped" (its
-softmax routing limited to the best expert groups), and the others each
+softmax routing limited to the best expert groups), "ernie4_5" and "ernie4_5_moe" (interleaved
+rotary pairs; softmax routing chosen with a correction bias), "exaone4" (post-norms, a window,
+a NoPE global layer), and the others each
 with its quirk noted beside it. The weights use a wide init and random norm weights and biases, so
 greedy decoding is far from ties and a mis-loaded norm or bias changes the output.
 Use the folder with `pagoda_runtime.loading.model_source.load_model_source(folder)` and, as the
@@ -55,6 +57,7 @@ from transformers import (
     DeepseekV3Config,
     Ernie4_5_MoeConfig,
     Ernie4_5Config,
+    Exaone4Config,
     Gemma2Config,
     Gemma3TextConfig,
     Glm4Config,
@@ -152,6 +155,18 @@ _WINDOW = 8
 _PHI3_HALF_ROTARY = 8  # of head_dim 16: LongRoPE's factors are per rotated frequency
 _MLA_SIZES = dict(
     kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, moe_intermediate_size=32
+)
+# DeepSeek V2's latent attention without the low-rank query, 8 experts of which 2 per token, 2 shared.
+_DEEPSEEK_V2 = dict(
+    num_key_value_heads=4,
+    q_lora_rank=None,
+    **_MLA_SIZES,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    n_shared_experts=2,
+    first_k_dense_replace=1,
+    routed_scaling_factor=1.5,
+    pad_token_id=None,
 )
 FAMILY_VARIANTS: dict[str, tuple[type, str, dict]] = {
     "qwen3": (Qwen3Config, "chatml", {"head_dim": 32, "rope_theta": 1000000.0}),
@@ -349,19 +364,7 @@ FAMILY_VARIANTS: dict[str, tuple[type, str, dict]] = {
     "deepseek_v2": (
         DeepseekV2Config,
         "chatml",
-        {
-            "num_key_value_heads": 4,
-            "q_lora_rank": None,
-            **_MLA_SIZES,
-            "n_routed_experts": 8,
-            "num_experts_per_tok": 2,
-            "n_shared_experts": 2,
-            "first_k_dense_replace": 1,
-            "topk_method": "greedy",
-            "routed_scaling_factor": 1.5,
-            "rms_norm_eps": 1e-2,
-            "pad_token_id": None,
-        },
+        {**_DEEPSEEK_V2, "topk_method": "greedy", "rms_norm_eps": 1e-2},
     ),
     # DeepSeek-V2 and V2.5's group_limited_greedy: the softmax's top 2 within the better of 2 expert
     # groups (the one whose best expert scores highest), so that the second-best expert is passed over
@@ -369,20 +372,7 @@ FAMILY_VARIANTS: dict[str, tuple[type, str, dict]] = {
     "deepseek_v2_grouped": (
         DeepseekV2Config,
         "chatml",
-        {
-            "num_key_value_heads": 4,
-            "q_lora_rank": None,
-            **_MLA_SIZES,
-            "n_routed_experts": 8,
-            "num_experts_per_tok": 2,
-            "n_shared_experts": 2,
-            "first_k_dense_replace": 1,
-            "topk_method": "group_limited_greedy",
-            "n_group": 2,
-            "topk_group": 1,
-            "routed_scaling_factor": 1.5,
-            "pad_token_id": None,
-        },
+        {**_DEEPSEEK_V2, "topk_method": "group_limited_greedy", "n_group": 2, "topk_group": 1},
     ),
     # Interleaved rotary pairs, heads wider than hidden_size / heads.
     "ernie4_5": (Ernie4_5Config, "chatml", {"head_dim": 32}),
@@ -401,6 +391,9 @@ FAMILY_VARIANTS: dict[str, tuple[type, str, dict]] = {
             "moe_layer_end_index": 1,
         },
     ),
+    # Norms after attention and the MLP, per-head q/k norms, a window of 8 on layer 0 and layer 1
+    # global without rotary embeddings.
+    "exaone4": (Exaone4Config, "chatml", {"sliding_window": _WINDOW, "sliding_window_pattern": 2}),
     "phi3": (
         Phi3Config,
         "chatml",

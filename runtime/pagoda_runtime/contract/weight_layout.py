@@ -60,6 +60,28 @@ def mlp_shapes(prefix: str, hidden: int, width: int) -> Shapes:
     }
 
 
+# The sigmoid routers' correction bias per expert (GLM-4.5, DeepSeek V3), under a layer.
+SCORE_BIAS = "mlp.gate.e_score_correction_bias"
+
+
+def sparse_mlp_shapes(
+    arch: ModelArchitecture, layer: str, score_bias: tuple[str, tuple[int, ...]] | None = None
+) -> Shapes:
+    """A mixture-of-experts MLP under `layer`: the router (mlp.gate), each expert's gate, up and down,
+    the shared experts where the model has them, and, where the router has one, its correction
+    bias: SCORE_BIAS [E], or `score_bias`'s name and shape (ERNIE 4.5's [1, E] elsewhere)."""
+    hidden = arch.hidden_size
+    shapes = {layer + "mlp.gate.weight": (arch.num_experts, hidden)}
+    if arch.router_score_bias:
+        name, shape = score_bias or (SCORE_BIAS, (arch.num_experts,))
+        shapes[layer + name] = shape
+    for e in range(arch.num_experts):
+        shapes |= mlp_shapes(f"{layer}mlp.experts.{e}.", hidden, arch.moe_intermediate_size)
+    if arch.shared_expert_intermediate_size:
+        shapes |= mlp_shapes(layer + "mlp.shared_experts.", hidden, arch.shared_expert_intermediate_size)
+    return shapes
+
+
 def norm_shapes(layer: str, names: tuple[str, ...], size: int) -> Shapes:
     return {f"{layer}{name}.weight": (size,) for name in names}
 

@@ -381,28 +381,20 @@ def _load_mtp_layer(
             ) from exc
         if loaded.quantization is not None and quantization != loaded.quantization:
             loaded = loaded.dequantized(placement.dtype)
-    head_config = mtp_config(target.config)
-    sliced = check_tensor_parallel(head_config.architecture, tp.size, quantization, loaded.group_size)
     draft = mtp_draft(arch, quantization)
-    predicted = (
-        weight_bytes(
-            check_tensor_parallel(draft.architecture, tp.size, quantization, loaded.group_size),
-            quantization,
-            placement.dtype_name,
-            vocab_dtype=cpu_vocab_dtype(placement.device.type, engine_config.dtype),
-        )
-        + draft.whole_parameters * placement.dtype.itemsize
-    )
+    sliced = check_tensor_parallel(draft.architecture, tp.size, quantization, loaded.group_size)
+    vocab_dtype = cpu_vocab_dtype(placement.device.type, engine_config.dtype)
+    predicted = weight_bytes(sliced, quantization, placement.dtype_name, vocab_dtype=vocab_dtype)
     return _Head(
         name=f"{model} (MTP layer)",
-        config=head_config,
+        config=mtp_config(target.config),
         weights=loaded.weights,
         build=lambda model: partial(mtp_head, model),
         quantization=quantization,
         tp=tp,
         sliced=sliced,
         target_layers=(arch.num_hidden_layers,),
-        predicted_weight_bytes=predicted,
+        predicted_weight_bytes=predicted + draft.whole_parameters * placement.dtype.itemsize,
     )
 
 

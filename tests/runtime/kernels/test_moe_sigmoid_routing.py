@@ -59,11 +59,13 @@ def _by_expert(weights: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, 
     return weights.gather(1, order), ids
 
 
-def _triton_route(logits, top_k, renormalize, sigmoid=None, correction_bias=None):
+def _triton_route(logits, top_k, renormalize, sigmoid=None, correction_bias=None, softmax_groups=None):
     """route_and_align's weights and experts as route returns them, the experts read back from the
     blocks each pair was sorted into."""
     num_tokens = logits.shape[0]
-    routed, blocks = route_and_align(logits, top_k, renormalize, 16, sigmoid, correction_bias)
+    logits = logits.to(DEVICE)
+    correction_bias = None if correction_bias is None else correction_bias.to(DEVICE)
+    routed, blocks = route_and_align(logits, top_k, renormalize, 16, sigmoid, correction_bias, softmax_groups)
     num_pairs = num_tokens * top_k
     ids = torch.full((num_pairs,), -1, dtype=torch.int64)
     used = int(blocks.num_padded)

@@ -17,7 +17,7 @@ from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkR
 from transformers.models.ernie4_5_moe.modeling_ernie4_5_moe import Ernie4_5_MoeTopKRouter
 
 from .paged_batch import relative_error
-from .test_moe_sigmoid_routing import DEVICE, SMALL, _by_expert, _layer
+from .test_moe_sigmoid_routing import SMALL, _by_expert, _layer, _triton_route
 
 
 def _router(experts: int, groups: int, topk_groups: int, top_k: int) -> DeepseekV2TopkRouter:
@@ -58,23 +58,9 @@ def test_only_the_best_groups_experts_are_chosen_even_past_better_experts_elsewh
     # win on their best expert, so expert 2 and 3 are passed over for expert 0 (0.0).
     logits = torch.tensor([[0.0, 3.0, 2.5, 2.4, 3.5, -1.0]])
     rule = SoftmaxGroups(3, 2)
-    for ids in (route(logits, 3, False, softmax_groups=rule)[1], _triton_route_grouped(logits, 3, rule)[1]):
+    for router in (route, _triton_route):
+        ids = router(logits, 3, False, softmax_groups=rule)[1]
         assert sorted(ids[0].tolist()) == [0, 1, 4]
-
-
-def _triton_route_grouped(logits, top_k, rule, renormalize=False, bias=None):
-    from pagoda_runtime.executor.kernels.triton_moe_routing import route_and_align
-
-    num_tokens = logits.shape[0]
-    bias = None if bias is None else bias.to(DEVICE)
-    routed, blocks = route_and_align(logits.to(DEVICE), top_k, renormalize, 16, None, bias, rule)
-    num_pairs = num_tokens * top_k
-    ids = torch.full((num_pairs,), -1, dtype=torch.int64)
-    used = int(blocks.num_padded)
-    rows = blocks.sorted_ids[:used].long().cpu()
-    block_experts = blocks.block_experts.long().cpu().repeat_interleave(16)[:used]
-    ids[rows[rows < num_pairs]] = block_experts[rows < num_pairs]
-    return routed.cpu().view(num_tokens, top_k), ids.view(num_tokens, top_k)
 
 
 @pytest.mark.parametrize(
@@ -86,7 +72,7 @@ def test_triton_routing_matches_the_reference(tokens, experts, groups, topk_grou
     logits = torch.randn(tokens, experts, generator=torch.Generator().manual_seed(tokens))
     rule = SoftmaxGroups(groups, topk_groups)
     weights, ids = route(logits, top_k, False, softmax_groups=rule)
-    routed, routed_ids = _triton_route_grouped(logits, top_k, rule)
+    routed, routed_ids = _triton_route(logits, top_k, False, softmax_groups=rule)
     assert torch.equal(routed_ids, ids)
     assert torch.allclose(routed, weights, rtol=1e-6, atol=1e-7)
 
@@ -135,7 +121,7 @@ def test_route_is_transformers_ernie_router(experts, top_k) -> None:
     torch.testing.assert_close(weights, expected_weights, rtol=1e-6, atol=0.0)
     # The bias changes the choice: the softmax alone picks other experts for some tokens.
     assert not torch.equal(_by_expert(*route(logits, top_k, True))[1], ids)
-    routed, routed_ids = _triton_route_grouped(logits, top_k, None, True, bias)
+    routed, routed_ids = _triton_route(logits, top_k, True, None, bias)
     assert torch.equal(_by_expert(routed, routed_ids)[1], ids)
     torch.testing.assert_close(_by_expert(routed, routed_ids)[0], weights, rtol=1e-6, atol=1e-7)
 

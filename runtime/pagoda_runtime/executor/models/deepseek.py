@@ -53,6 +53,7 @@ from pagoda_runtime.contract.weight_layout import (
     layer_prefix,
     mlp_shapes,
     norm_shapes,
+    sparse_mlp_shapes,
     vocabulary_shapes,
 )
 from pagoda_runtime.executor.attention_metadata import AttentionMetadata
@@ -249,16 +250,10 @@ def weight_shapes(config: ModelConfig) -> Shapes:
         kv_b = heads * (arch.qk_nope_head_dim + arch.v_head_dim)
         shapes[attention + "kv_b_proj.weight"] = (kv_b, arch.kv_lora_rank)
         shapes[attention + "o_proj.weight"] = (hidden, arch.attention_output_size)
-        if not arch.is_sparse_layer(i):
+        if arch.is_sparse_layer(i):
+            shapes |= sparse_mlp_shapes(arch, layer)
+        else:
             shapes |= mlp_shapes(layer + "mlp.", hidden, arch.intermediate_size)
-            continue
-        shapes[layer + "mlp.gate.weight"] = (arch.num_experts, hidden)
-        if arch.router_score_bias:
-            shapes[layer + "mlp.gate.e_score_correction_bias"] = (arch.num_experts,)
-        for e in range(arch.num_experts):
-            shapes |= mlp_shapes(f"{layer}mlp.experts.{e}.", hidden, arch.moe_intermediate_size)
-        if arch.shared_expert_intermediate_size:
-            shapes |= mlp_shapes(layer + "mlp.shared_experts.", hidden, arch.shared_expert_intermediate_size)
     return shapes
 
 

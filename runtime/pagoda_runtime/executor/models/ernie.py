@@ -17,21 +17,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import torch
-from torch import nn
-
 from pagoda_runtime.contract.config import ModelConfig
 from pagoda_runtime.contract.sizing import ModelArchitecture
 from pagoda_runtime.contract.weight_layout import (
+    SCORE_BIAS,
     Shapes,
     attention_shapes,
     layer_prefix,
     mlp_shapes,
     norm_shapes,
+    sparse_mlp_shapes,
     vocabulary_shapes,
 )
-from pagoda_runtime.executor.kernels import AttentionOps
-from pagoda_runtime.executor.models.decoder import CausalLM, Weight
+from pagoda_runtime.executor.models.decoder import Weight
 from pagoda_runtime.executor.models.hf_config import (
     ConfigError,
     architecture_fields,
@@ -40,33 +38,21 @@ from pagoda_runtime.executor.models.hf_config import (
     rope_parameters,
     rope_scaling,
 )
-from pagoda_runtime.executor.models.layers import Attention, DecoderLayer, GatedMLP
-from pagoda_runtime.executor.models.moe import SparseMoE
+from pagoda_runtime.executor.models.moe import MoECausalLM
 
 FAMILY = "ERNIE 4.5"
 MODEL_TYPES = {"Ernie4_5ForCausalLM": "ernie4_5", "Ernie4_5_MoeForCausalLM": "ernie4_5_moe"}
 _STATICS = "mlp.moe_statics.e_score_correction_bias"
 
 
-class ErnieForCausalLM(CausalLM):
-    def make_layer(
-        self, layer: int, ops: AttentionOps, quantization: str, device: torch.device, dtype: torch.dtype
-    ) -> nn.Module:
-        config, tp = self.config, self.tp
-        attention = Attention(config, layer, ops, quantization, device, dtype, tp)
-        if config.architecture.is_sparse_layer(layer):
-            mlp = SparseMoE(config, quantization, device, dtype, tp)
-        else:
-            mlp = GatedMLP(config, quantization, device, dtype, tp)
-        return DecoderLayer(config, attention, mlp, device, dtype)
-
+class ErnieForCausalLM(MoECausalLM):
     def checkpoint_shapes(self) -> Shapes:
         return weight_shapes(self.config)
 
     def checkpoint_parts(self, name: str, tensor: Weight) -> Iterator[tuple[str, Weight]]:
         layer, statics, _ = name.partition(_STATICS)
         if statics:
-            yield f"{layer}mlp.gate.e_score_correction_bias", tensor.reshape(-1)
+            yield layer + SCORE_BIAS, tensor.reshape(-1)
         else:
             yield name, tensor
 
@@ -79,15 +65,10 @@ def weight_shapes(config: ModelConfig) -> Shapes:
         layer = layer_prefix(i)
         shapes |= norm_shapes(layer, ("input_layernorm", "post_attention_layernorm"), hidden)
         shapes |= attention_shapes(arch, layer)
-        if not arch.is_sparse_layer(i):
+        if arch.is_sparse_layer(i):
+            shapes |= sparse_mlp_shapes(arch, layer, (_STATICS, (1, arch.num_experts)))
+        else:
             shapes |= mlp_shapes(layer + "mlp.", hidden, arch.intermediate_size)
-            continue
-        shapes[layer + "mlp.gate.weight"] = (arch.num_experts, hidden)
-        shapes[layer + _STATICS] = (1, arch.num_experts)
-        for e in range(arch.num_experts):
-            shapes |= mlp_shapes(f"{layer}mlp.experts.{e}.", hidden, arch.moe_intermediate_size)
-        if arch.shared_expert_intermediate_size:
-            shapes |= mlp_shapes(layer + "mlp.shared_experts.", hidden, arch.shared_expert_intermediate_size)
     return shapes
 
 

@@ -28,6 +28,7 @@ from pagoda_runtime.contract.weight_layout import (
     layer_prefix,
     mlp_shapes,
     norm_shapes,
+    sparse_mlp_shapes,
     vocabulary_shapes,
 )
 from pagoda_runtime.executor.kernels import AttentionOps
@@ -75,15 +76,10 @@ def weight_shapes(config: ModelConfig) -> Shapes:
         shapes |= attention_shapes(arch, layer)
         if arch.qk_norm:
             shapes |= norm_shapes(layer + "self_attn.", ("q_norm", "k_norm"), arch.head_dim)
-        if not arch.is_sparse_layer(i):
+        if arch.is_sparse_layer(i):
+            shapes |= sparse_mlp_shapes(arch, layer)
+        else:
             shapes |= mlp_shapes(layer + "mlp.", hidden, arch.intermediate_size)
-            continue
-        shapes[layer + "mlp.gate.weight"] = (arch.num_experts, hidden)
-        shapes[layer + "mlp.gate.e_score_correction_bias"] = (arch.num_experts,)
-        for e in range(arch.num_experts):
-            shapes |= mlp_shapes(f"{layer}mlp.experts.{e}.", hidden, arch.moe_intermediate_size)
-        if arch.shared_expert_intermediate_size:
-            shapes |= mlp_shapes(layer + "mlp.shared_experts.", hidden, arch.shared_expert_intermediate_size)
     return shapes
 
 

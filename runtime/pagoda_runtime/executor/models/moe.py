@@ -251,7 +251,7 @@ class SparseMoE(nn.Module):
         return out if self.shared_experts is None else out + self.shared_experts(x)
 
 
-class _MoEModel(CausalLM):
+class MoECausalLM(CausalLM):
     qk_norm: type[nn.Module] | None = None
 
     def make_layer(
@@ -269,7 +269,7 @@ class _MoEModel(CausalLM):
         return weight_shapes(self.config)
 
 
-class Qwen3MoeForCausalLM(_MoEModel):
+class Qwen3MoeForCausalLM(MoECausalLM):
     qk_norm = RMSNorm
 
 
@@ -281,7 +281,7 @@ _MIXTRAL_NAMES = {
 }
 
 
-class MixtralForCausalLM(_MoEModel):
+class MixtralForCausalLM(MoECausalLM):
     def checkpoint_parts(self, name: str, tensor: Weight) -> Iterator[tuple[str, Weight]]:
         name = name.replace(".block_sparse_moe.", ".mlp.")
         head, dot, leaf = name.rpartition(".experts.")

@@ -17,6 +17,7 @@ from pagoda_runtime.executor.models import (
     cohere,
     deepseek,
     ernie,
+    exaone4,
     gemma,
     glm4,
     glm4_moe,
@@ -191,6 +192,15 @@ FAMILIES: tuple[Family, ...] = (
         model=ernie.ErnieForCausalLM,
         config_from_hf=ernie.config_from_hf,
         weight_shapes=ernie.weight_shapes,
+        quantizations=("none", "int8", "int4", "fp8", "awq", "gptq"),
+    ),
+    Family(
+        name="EXAONE 4.0",
+        architectures=("Exaone4ForCausalLM",),
+        model_types=("exaone4",),
+        model=exaone4.Exaone4ForCausalLM,
+        config_from_hf=exaone4.config_from_hf,
+        weight_shapes=exaone4.weight_shapes,
         quantizations=("none", "int8", "int4", "fp8", "awq", "gptq"),
     ),
     Family(
