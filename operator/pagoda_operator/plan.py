@@ -132,20 +132,22 @@ def _draft(
     return DraftModel(arch, quantization, gguf_block_type(draft.source) if quantization == "gguf" else None)
 
 
+def drafts_with_mtp(variant: VariantSpec) -> bool:
+    return variant.speculative is not None and variant.speculative.method == MTP
+
+
 def _mtp(variant: VariantSpec, arch: ModelArchitecture | None, quantization: str) -> DraftModel | None:
     """The model's multi-token-prediction layer as the fit check counts it (sizing.mtp_draft), in
     the model's quantization, where the variant drafts with it; None where the model's shape is
     unknown or holds none (speculation_error)."""
-    speculative = variant.speculative
-    if speculative is None or speculative.method != MTP or arch is None or not arch.num_nextn_predict_layers:
+    if not drafts_with_mtp(variant) or arch is None or not arch.num_nextn_predict_layers:
         return None
     return mtp_draft(arch, quantization)
 
 
 def speculation_error(variant: VariantSpec, arch: ModelArchitecture | None) -> str | None:
     """Why the variant's speculative method cannot draft for the model, as far as its shape tells."""
-    speculative = variant.speculative
-    if speculative is None or speculative.method != MTP or arch is None or arch.num_nextn_predict_layers:
+    if not drafts_with_mtp(variant) or arch is None or arch.num_nextn_predict_layers:
         return None
     return (
         "speculative.method mtp drafts with the model's multi-token-prediction layer, and the model has "

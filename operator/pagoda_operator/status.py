@@ -12,8 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from pagoda_runtime.contract.speculative import MTP
-
 from pagoda_operator.http_route import GATEWAY_GROUP, variant_path
 from pagoda_operator.model_cache import CacheStatus
 from pagoda_operator.models import (
@@ -31,7 +29,7 @@ from pagoda_operator.names import (
     variant_object_name,
     workload_name,
 )
-from pagoda_operator.plan import ServicePlan, VariantPlan, draft_noun, draft_source
+from pagoda_operator.plan import ServicePlan, VariantPlan, draft_noun, draft_source, drafts_with_mtp
 
 # Container waiting reasons that mean the pod will not get better on its own.
 _STUCK_REASONS = (
@@ -71,7 +69,7 @@ def model_fits_condition(plan: ServicePlan) -> Condition:
         elif not variant.fit.fits:
             draft = draft_source(variant.variant)
             with_draft = f" with {draft_noun(variant.variant)} {draft}" if draft else ""
-            if variant.variant.speculative and variant.variant.speculative.method == MTP:
+            if drafts_with_mtp(variant.variant):
                 with_draft = " with its MTP layer"
             misfits.append(
                 f"variant {variant.name} ({variant.quantization}){with_draft} {variant.fit.describe()}"

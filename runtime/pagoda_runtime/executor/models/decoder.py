@@ -59,6 +59,11 @@ class CausalLM(nn.Module):
         if not arch.tie_word_embeddings:
             self.lm_head = VocabParallel(arch.vocab_size, arch.hidden_size, tp, device, dtype)
         self.requires_grad_(False)
+        self.register_rotary_tables(max_position, device, dtype)
+
+    def register_rotary_tables(self, max_position: int, device: torch.device, dtype: torch.dtype) -> None:
+        """The cos/sin tables rotary_table hands the layers, and the q/k row order loading follows."""
+        config = self.config
         self.register_buffer(
             "cos_sin_cache", build_cos_sin_cache(config, max_position, device, dtype), persistent=False
         )

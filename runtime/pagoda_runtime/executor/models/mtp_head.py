@@ -30,8 +30,7 @@ from torch import nn
 from pagoda_runtime.contract.config import ModelConfig
 from pagoda_runtime.contract.sizing import mtp_layer_architecture
 from pagoda_runtime.contract.weight_layout import layer_prefix
-from pagoda_runtime.executor.kernels import AttentionOps, build_cos_sin_cache
-from pagoda_runtime.executor.kernels.rope_cache import rotary_row_order
+from pagoda_runtime.executor.kernels import AttentionOps
 from pagoda_runtime.executor.models.decoder import CausalLM, Weight
 from pagoda_runtime.executor.models.registry import Shapes, weight_shapes
 from pagoda_runtime.executor.quantization import PackedWeight, dequantize, make_linear
@@ -115,11 +114,7 @@ class MtpHead:
         self.norm = self.make_norm(hidden, device, dtype)
         self.lm_head = VocabParallel(arch.vocab_size, hidden, tp, device, dtype)
         self.requires_grad_(False)
-        self.register_buffer(
-            "cos_sin_cache", build_cos_sin_cache(config, max_position, device, dtype), persistent=False
-        )
-        self.unrotated_table = self.local_cos_sin_cache = None
-        self._rotary_rows = rotary_row_order(config)
+        self.register_rotary_tables(max_position, device, dtype)
         self.inputs: torch.Tensor | None = None  # [tokens, hidden]: each token's hidden state in
         self.outputs: torch.Tensor | None = None  # [tokens, hidden]: the one the next position takes
 
