@@ -10,6 +10,7 @@ Kubernetes shows in the pod's status for the operator to surface.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import threading
 from collections.abc import Callable
@@ -94,8 +95,10 @@ class _Server(uvicorn.Server):
         await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame) -> None:
-        # Runs as a signal handler between bytecodes; do the work on the loop.
-        self._loop.call_soon_threadsafe(self._on_signal, sig)
+        # Runs as a signal handler between bytecodes; do the work on the loop. In a fresh context:
+        # the interrupted bytecode may be a request's, and its request id would otherwise tag the
+        # drain's log lines and the termination message.
+        self._loop.call_soon_threadsafe(self._on_signal, sig, context=contextvars.Context())
 
     def _on_signal(self, sig: int) -> None:
         engine = self.state.engine
