@@ -177,7 +177,9 @@ NOT_IN_FULL = {
     ".spec.scheduling.priorityClassName": "names a PriorityClass of the user's cluster (a comment shows it)",
     ".spec.model.s3.credentialsSecretName": "excludes serviceAccountName; s3-cache.yaml shows it",
     ".spec.model.architecture.slidingWindow": "Llama 3 attends to the whole context (a comment names it)",
+    ".spec.model.architecture.attentionChunkSize": "Llama 3 attends to the whole context (as above)",
     ".spec.variants[].speculative.model.architecture.slidingWindow": "as the model's",
+    ".spec.variants[].speculative.model.architecture.attentionChunkSize": "as the model's",
     ".spec.variants[].speculative.model.s3.credentialsSecretName": "as the model's",
 }
 

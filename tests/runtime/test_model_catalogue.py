@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES, MODELS
-from pagoda_runtime.contract.sizing import GIB, fits, kv_bytes_per_token, mtp_draft
+from pagoda_runtime.contract.sizing import GIB, fits, kv_bytes_for_context, kv_bytes_per_token, mtp_draft
 from pagoda_runtime.executor.models.deepseek import config_from_hf
 
 _YARN = {
@@ -189,3 +189,66 @@ def test_kimi_k2_is_its_config_json_and_its_model_cards_1t_parameters_32b_activa
     activated = k2.active_linear_parameters() + k2.unquantized_parameters() - embedding
     assert round(activated / 1e9) == 32
     assert fits(k2, "fp8", 131072, 141 * GIB, tensor_parallel_size=8).fits
+
+
+# The text_config of meta-llama's Llama-4-Scout-17B-16E-Instruct and Llama-4-Maverick-17B-128E-Instruct
+# (the keys that shape the model; the rest are transformers' defaults).
+LLAMA4_SCOUT = {
+    "attention_chunk_size": 8192,
+    "attn_scale": 0.1,
+    "attn_temperature_tuning": True,
+    "floor_scale": 8192,
+    "head_dim": 128,
+    "hidden_size": 5120,
+    "interleave_moe_layer_step": 1,
+    "intermediate_size": 8192,
+    "intermediate_size_mlp": 16384,
+    "max_position_embeddings": 10485760,
+    "num_attention_heads": 40,
+    "num_experts_per_tok": 1,
+    "num_hidden_layers": 48,
+    "num_key_value_heads": 8,
+    "num_local_experts": 16,
+    "rms_norm_eps": 1e-5,
+    "rope_scaling": {
+        "factor": 16.0,
+        "high_freq_factor": 1.0,
+        "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "rope_theta": 500000.0,
+    "use_qk_norm": True,
+    "vocab_size": 202048,
+}
+LLAMA4_MAVERICK = {
+    **LLAMA4_SCOUT,
+    "interleave_moe_layer_step": 2,
+    "max_position_embeddings": 1048576,
+    "num_local_experts": 128,
+    "rope_scaling": None,
+    "use_qk_norm": False,
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "config", "billions"),
+    [("llama-4-scout", LLAMA4_SCOUT, 108), ("llama-4-maverick", LLAMA4_MAVERICK, 401)],
+)
+def test_a_llama4_entry_is_its_text_config_and_17b_active(name, config, billions):
+    """Meta's cards: Scout 109B and Maverick 400B parameters in all (their vision encoders
+    included, which Pagoda does not load), 17B active a token as Meta counts them (attention, the
+    routed and the shared expert or the dense MLP, the embedding and the LM head)."""
+    from pagoda_runtime.executor.models.llama4 import config_from_hf
+    from pagoda_runtime.loading.text_of_multimodal import text_config
+
+    wrapped = {"architectures": ["Llama4ForConditionalGeneration"], "text_config": config}
+    parsed = config_from_hf(text_config(wrapped), "Llama4ForCausalLM")
+    assert MODELS[name] == replace(parsed, bos_token_id=None, eos_token_ids=())
+    arch = KNOWN_ARCHITECTURES[name]
+    assert round(arch.num_parameters() / 1e9) == billions
+    assert round((arch.active_linear_parameters() + arch.unquantized_parameters()) / 1e9) == 17
+    # A chunked layer holds at most its chunk of keys: a 1M-token context caches 8192 tokens in 36
+    # of the 48 layers.
+    full = kv_bytes_for_context(replace(arch, layer_types=(), attention_chunk_size=None), 1 << 20)
+    assert kv_bytes_for_context(arch, 1 << 20) == full // 4 + full * 3 // 4 * 8192 // (1 << 20)

@@ -25,7 +25,8 @@ attention with a low-rank query, interleaved rotary pairs, YaRN's mscale on the 
 sigmoid routing), "deepseek_v2" (latent attention, scaled softmax routing), "deepseek_v2_grouped" (its
 softmax routing limited to the best expert groups), "ernie4_5" and "ernie4_5_moe" (interleaved
 rotary pairs; softmax routing chosen with a correction bias), "exaone4" (post-norms, a window,
-a NoPE global layer), and the others each
+a NoPE global layer), "llama4" (chunked attention, a NoPE layer with query temperature, top-1
+sigmoid routing on the experts' input), and the others each
 with its quirk noted beside it. The weights use a wide init and random norm weights and biases, so
 greedy decoding is far from ties and a mis-loaded norm or bias changes the output.
 Use the folder with `pagoda_runtime.loading.model_source.load_model_source(folder)` and, as the
@@ -64,6 +65,7 @@ from transformers import (
     Glm4MoeConfig,
     GptOssConfig,
     GraniteConfig,
+    Llama4TextConfig,
     LlamaConfig,
     MiniMaxM2Config,
     MistralConfig,
@@ -394,6 +396,35 @@ FAMILY_VARIANTS: dict[str, tuple[type, str, dict]] = {
     # Norms after attention and the MLP, per-head q/k norms, a window of 8 on layer 0 and layer 1
     # global without rotary embeddings.
     "exaone4": (Exaone4Config, "chatml", {"sliding_window": _WINDOW, "sliding_window_pattern": 2}),
+    # Layer 0 rotates (interleaved pairs, llama3 scaling with equal frequency factors as Scout's)
+    # and attends within chunks of 8, its q and k normed without weights, and has a dense MLP;
+    # layer 1 attends to everything without rotation, its queries scaled from position 3 on, and
+    # routes each token to one of 4 experts, its input scaled by the router's sigmoid, beside a
+    # shared expert.
+    "llama4": (
+        Llama4TextConfig,
+        "chatml",
+        {
+            "no_rope_layers": [1, 0],
+            "head_dim": 16,
+            "intermediate_size": 32,
+            "intermediate_size_mlp": 128,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 1,
+            "interleave_moe_layer_step": 2,
+            "attention_chunk_size": _WINDOW,
+            "floor_scale": 4,
+            "attn_scale": 0.5,
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "factor": 16.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 1.0,
+                "original_max_position_embeddings": 64,
+                "rope_theta": 500000.0,
+            },
+        },
+    ),
     "phi3": (
         Phi3Config,
         "chatml",

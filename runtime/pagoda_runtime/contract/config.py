@@ -96,13 +96,22 @@ _SINKS_AND_BIASES = {"gpt_oss"}
 
 
 @dataclass(frozen=True)
+class AttentionTemperature:
+    """Llama 4's attention temperature tuning (attn_temperature_tuning): in the layers without rotary
+    embeddings, the query at position p is scaled by 1 + attn_scale * log(1 + floor((p + 1) /
+    floor_scale)), so that attention stays sharp over long contexts."""
+
+    floor_scale: float
+    attn_scale: float
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """What the runtime builds a model from: its architecture (the shape, all that sizing reads) and
     what only the computation needs, under config.json's names."""
 
-    # The family's model type (executor/models/registry.py maps it to the model class): llama,
-    # mistral, qwen2, qwen3, qwen3_moe, mixtral, gemma2, gemma3_text, phi3, granite, smollm3, olmo2,
-    # olmo3, cohere, cohere2, gpt_oss, glm4, glm4_moe, deepseek_v2, deepseek_v3, minimax_m2, seed_oss.
+    # The family's model type: llama, qwen3, gemma2, ... (executor/models/registry.py lists them
+    # with the model class each maps to).
     model_type: str
     architecture: ModelArchitecture
     rms_norm_eps: float
@@ -139,6 +148,12 @@ class ModelConfig:
     no_rope_layers: tuple[int, ...] = ()
     # Rotary pairs are neighbouring dimensions (2i, 2i + 1) rather than the two halves (Cohere, GLM-4).
     rope_interleaved: bool = False
+    # Llama 4's: q and k normed per head without weights (an L2 norm) in the layers that rotate; the
+    # queries of the layers that do not rotate scaled by their position (AttentionTemperature); each
+    # token's input to its one expert scaled by the router's weight instead of the expert's output.
+    qk_l2_norm: bool = False
+    attn_temperature: AttentionTemperature | None = None
+    router_weight_on_input: bool = False
     # Granite's scalars: attention scores scaled by attention_multiplier (instead of head_dim ** -0.5),
     # embeddings times embedding_multiplier, each attention and MLP output times residual_multiplier
     # before it joins the residual stream, logits divided by logits_scaling (also Cohere's, as

@@ -10,7 +10,12 @@ the same numbers.
 
 from __future__ import annotations
 
-from pagoda_runtime.contract.config import ModelConfig, RopeScaling, latent_softmax_scale
+from pagoda_runtime.contract.config import (
+    AttentionTemperature,
+    ModelConfig,
+    RopeScaling,
+    latent_softmax_scale,
+)
 from pagoda_runtime.contract.sizing import ModelArchitecture
 
 # Llama 3.1 and 3.2 stretch the 8K-trained rotary frequencies to 128K.
@@ -39,6 +44,55 @@ _KIMI_K2_ROPE = RopeScaling(
     mscale=1.0,
     mscale_all_dim=1.0,
 )
+
+
+# Llama 4 Scout stretches its 8K-trained rotary 16 times, every wavelength past 8K alike.
+_LLAMA4_SCOUT_ROPE = RopeScaling(
+    rope_type="llama3",
+    factor=16.0,
+    low_freq_factor=1.0,
+    high_freq_factor=1.0,
+    original_max_position_embeddings=8192,
+)
+
+
+def _llama4(
+    experts: int, moe_step: int, context: int, qk_norm: bool, rope: RopeScaling | None
+) -> ModelConfig:
+    """Meta's Llama 4 Scout and Maverick: 48 layers, every fourth global without RoPE and the others
+    in chunks of 8192; 17B parameters active a token, one routed expert and a shared one."""
+    return ModelConfig(
+        model_type="llama4",
+        architecture=ModelArchitecture(
+            num_hidden_layers=48,
+            hidden_size=5120,
+            intermediate_size=16384,
+            num_attention_heads=40,
+            num_key_value_heads=8,
+            head_dim=128,
+            vocab_size=202048,
+            max_position_embeddings=context,
+            tie_word_embeddings=False,
+            layer_types=tuple(
+                "full_attention" if (i + 1) % 4 == 0 else "chunked_attention" for i in range(48)
+            ),
+            attention_chunk_size=8192,
+            num_experts=experts,
+            num_experts_per_tok=1,
+            moe_intermediate_size=8192,
+            shared_expert_intermediate_size=8192,
+            mlp_only_layers=tuple(i for i in range(48) if (i + 1) % moe_step),
+        ),
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling=rope,
+        no_rope_layers=tuple(range(3, 48, 4)),
+        rope_interleaved=True,
+        scoring_func="sigmoid",
+        qk_l2_norm=qk_norm,
+        attn_temperature=AttentionTemperature(floor_scale=8192.0, attn_scale=0.1),
+        router_weight_on_input=True,
+    )
 
 
 def _pattern(layers: int, period: int) -> tuple[str, ...]:
@@ -208,6 +262,8 @@ MODELS: dict[str, ModelConfig] = {
         rope_theta=500000.0,
         rope_scaling=_LLAMA31_ROPE,
     ),
+    "llama-4-scout": _llama4(16, 1, 10485760, True, _LLAMA4_SCOUT_ROPE),
+    "llama-4-maverick": _llama4(128, 2, 1048576, False, None),
     "mistral-7b": ModelConfig(
         model_type="mistral",
         architecture=ModelArchitecture(

@@ -35,6 +35,7 @@ TOOL_CALL_PARSERS = (
     "minimax_m2",
     "mistral",
     "pythonic",
+    "llama4_pythonic",
     "kimi_k2",
 )
 # vLLM's --generation-config: auto takes the model's generation_config.json sampling as the defaults
@@ -121,7 +122,8 @@ class ServerSettings:
         "Qwen2.5/Qwen3/SmolLM/Hermes), llama3_json (Llama 3.x), openai (GPT-OSS's harmony messages to "
         "functions.NAME), deepseek_v3 (DeepSeek V3 and R1), deepseek_v31 (DeepSeek V3.1 and later), "
         "glm45 (GLM-4.5 and 4.6), qwen3_coder (Qwen3-Coder's XML), minimax_m2 (MiniMax-M2), mistral "
-        "([TOOL_CALLS]: Mistral Small, Nemo, Devstral) or pythonic ([f(x=1)]: Llama 3.2 and 4); default: "
+        "([TOOL_CALLS]: Mistral Small, Nemo, Devstral) or pythonic ([f(x=1)]: Llama 3.2 and 4; vLLM's "
+        "llama4_pythonic reads as it); default: "
         "openai under --reasoning-parser openai_gptoss, hermes otherwise",
         choices=TOOL_CALL_PARSERS,
     )

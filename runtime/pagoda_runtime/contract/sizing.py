@@ -112,10 +112,18 @@ class ModelArchitecture:
         minimum=1,
         default=None,
     )
-    layer_types: tuple[Literal["full_attention", "sliding_attention"], ...] = _shape_field(
-        "Each layer's attention, full_attention or sliding_attention (layer_types); empty: every "
-        "layer slides when sliding_window is set (Mistral).",
-        default=(),
+    layer_types: tuple[Literal["full_attention", "sliding_attention", "chunked_attention"], ...] = (
+        _shape_field(
+            "Each layer's attention, full_attention, sliding_attention or chunked_attention (layer_types); "
+            "empty: every layer slides when sliding_window is set (Mistral).",
+            default=(),
+        )
+    )
+    attention_chunk_size: int | None = _shape_field(
+        "Tokens of each attention chunk of the chunked_attention layers (attention_chunk_size, Llama "
+        "4): a token attends to the earlier tokens of its own chunk only.",
+        minimum=1,
+        default=None,
     )
     num_experts: int = _shape_field(
         "Experts of each mixture-of-experts layer (num_experts, Mixtral's num_local_experts); 0: dense.",
@@ -215,6 +223,10 @@ class ModelArchitecture:
             raise ValueError(
                 f"layer_types lists {len(self.layer_types)} layers but the model has {self.num_hidden_layers}"
             )
+        if self.sliding_window is not None and self.attention_chunk_size is not None:
+            raise ValueError("a model has sliding-window layers or chunked ones, not both")
+        if "chunked_attention" in self.layer_types and self.attention_chunk_size is None:
+            raise ValueError("layer_types lists chunked_attention layers but attention_chunk_size is unset")
         if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
             raise ValueError(
                 f"num_experts_per_tok must be between 1 and num_experts ({self.num_experts}), "
@@ -227,13 +239,23 @@ class ModelArchitecture:
         Hugging Face's names, which cache claims keep in their manifests, read too."""
         return cls(**{_EARLIER_NAMES.get(name, name): value for name, value in facts.items()})
 
+    @property
+    def window(self) -> int | None:
+        """The most keys a windowed layer attends to: the sliding window, or the attention chunk."""
+        return self.sliding_window if self.attention_chunk_size is None else self.attention_chunk_size
+
     def layer_window(self, layer: int) -> int | None:
-        """The sliding window of layer `layer`, None where it attends to the whole context."""
-        if self.sliding_window is None:
+        """The most keys layer `layer` attends to (its sliding window, or its attention chunk), None
+        where it attends to the whole context."""
+        if self.window is None:
             return None
-        if self.layer_types and self.layer_types[layer] != "sliding_attention":
+        if self.layer_types and self.layer_types[layer] == "full_attention":
             return None
-        return self.sliding_window
+        return self.window
+
+    def layer_chunked(self, layer: int) -> bool:
+        """Whether layer `layer` attends within its token's chunk (layer_window is then the chunk)."""
+        return self.attention_chunk_size is not None and self.layer_window(layer) is not None
 
     @property
     def num_sliding_layers(self) -> int:
@@ -687,11 +709,11 @@ def kv_bytes_per_block(arch: ModelArchitecture, block_size: int, kv_dtype: str =
 
 def kv_bytes_for_context(arch: ModelArchitecture, tokens: int, kv_dtype: str = "auto") -> int:
     """Keys and values one sequence of `tokens` holds: every token in the full-attention layers, at
-    most the window in the sliding-window ones (the runtime frees the blocks behind it)."""
+    most the window (or chunk) in the windowed ones (the runtime frees the blocks behind it)."""
     sliding = arch.num_sliding_layers
     held = (arch.num_hidden_layers - sliding) * tokens
     if sliding:
-        held += sliding * min(tokens, arch.sliding_window)
+        held += sliding * min(tokens, arch.window)
     return held * kv_layer_bytes_per_token(arch, kv_dtype)
 
 
@@ -726,7 +748,7 @@ def kv_pools(
     full-attention layers get; those get the rest. Without a window shorter than the context every
     layer shares one pool, as before windows."""
     layer_block = block_size * kv_layer_bytes_per_token(arch, kv_dtype)
-    window = arch.sliding_window
+    window = arch.window
     sliding = arch.num_sliding_layers if window is not None and window < max_model_len else 0
     full = arch.num_hidden_layers - sliding
     if not sliding:

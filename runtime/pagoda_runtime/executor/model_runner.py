@@ -342,8 +342,8 @@ class ModelRunner:
 
     @property
     def window(self) -> int | None:
-        """The sliding window whose layers keep only their window's blocks, None where none does."""
-        return self.config.architecture.sliding_window if self.pools.window_blocks else None
+        """The window (or attention chunk) whose layers keep only its blocks, None where none does."""
+        return self.config.architecture.window if self.pools.window_blocks else None
 
     def _layer_blocks(self, layer: int) -> int:
         if self.pools.window_blocks and self.config.architecture.layer_window(layer) is not None:

@@ -1,5 +1,6 @@
 """Multimodal checkpoints served for their text alone: Gemma 3 (4B and up ship only as
-Gemma3ForConditionalGeneration) and Mistral Small 3.1 / 3.2 (Mistral3ForConditionalGeneration).
+Gemma3ForConditionalGeneration), Mistral Small 3.1 / 3.2 (Mistral3ForConditionalGeneration) and
+Llama 4 (Llama4ForConditionalGeneration).
 
 Their config.json nests the language model's config under text_config, often with only the keys
 that differ from transformers' defaults, so the defaults come from transformers' own config class;
@@ -16,9 +17,14 @@ from typing import Any
 TEXT_ARCHITECTURES = {
     "Gemma3ForConditionalGeneration": "Gemma3ForCausalLM",
     "Mistral3ForConditionalGeneration": "MistralForCausalLM",
+    "Llama4ForConditionalGeneration": "Llama4ForCausalLM",
 }
 # The text config's model_type where text_config leaves it out (transformers' default for each).
-_TEXT_MODEL_TYPES = {"Gemma3ForCausalLM": "gemma3_text", "MistralForCausalLM": "mistral"}
+_TEXT_MODEL_TYPES = {
+    "Gemma3ForCausalLM": "gemma3_text",
+    "MistralForCausalLM": "mistral",
+    "Llama4ForCausalLM": "llama4_text",
+}
 # Where a multimodal checkpoint keeps its language model's tensors -> where a causal LM keeps them.
 _PREFIXES = (
     ("language_model.model.", "model."),

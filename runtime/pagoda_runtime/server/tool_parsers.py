@@ -155,6 +155,8 @@ PARSERS = {
     "minimax_m2": MiniMaxM2Parser,
     "mistral": MistralParser,
     "pythonic": PythonicParser,
+    # vLLM's name for the same format in Llama 4's <|python_start|> ... <|python_end|> markers.
+    "llama4_pythonic": PythonicParser,
     "kimi_k2": KimiK2Parser,
 }
 

@@ -1,8 +1,8 @@
-"""Multimodal checkpoints served for their text: a tiny Gemma3ForConditionalGeneration and a tiny
-Mistral3ForConditionalGeneration, saved by transformers as the hub holds them (the language
-model under language_model., a vision tower beside it), decode as transformers' own multimodal
-model does on text, with text_config cut to the keys that differ from transformers' defaults as the
-released Gemma 3 configs are."""
+"""Multimodal checkpoints served for their text: a tiny Gemma3ForConditionalGeneration, a tiny
+Mistral3ForConditionalGeneration and a tiny Llama4ForConditionalGeneration, saved by transformers as
+the hub holds them (the language model under language_model., a vision tower beside it), decode as
+transformers' own multimodal model does on text, with text_config cut to the keys that differ from
+transformers' defaults as the released Gemma 3 configs are."""
 
 import json
 
@@ -16,6 +16,8 @@ from transformers import (
     AutoModelForImageTextToText,
     Gemma3Config,
     Gemma3ForConditionalGeneration,
+    Llama4Config,
+    Llama4ForConditionalGeneration,
     Mistral3Config,
     Mistral3ForConditionalGeneration,
 )
@@ -38,6 +40,9 @@ def multimodal(root, variant):
     if variant == "gemma3":
         config = Gemma3Config(text_config=text_config, vision_config=_VISION, mm_tokens_per_image=4)
         model = Gemma3ForConditionalGeneration(config)
+    elif variant == "llama4":
+        vision = {**_VISION, "vision_output_dim": 32, "projector_input_dim": 32, "projector_output_dim": 32}
+        model = Llama4ForConditionalGeneration(Llama4Config(text_config=text_config, vision_config=vision))
     else:
         vision = {**_VISION, "model_type": "pixtral", "head_dim": 16}
         model = Mistral3ForConditionalGeneration(
@@ -62,11 +67,12 @@ def drop_defaults(folder):
     (folder / "config.json").write_text(json.dumps(raw))
 
 
-@pytest.mark.parametrize("variant", ["gemma3", "mistral"])
+@pytest.mark.parametrize("variant", ["gemma3", "mistral", "llama4"])
 def test_a_multimodal_checkpoint_serves_its_text_as_transformers_does(tmp_path, variant):
     folder = multimodal(tmp_path, variant)
     with safe_open(folder / "model.safetensors", "pt") as f:
-        assert any(name.startswith(("vision_tower.", "model.vision_tower.")) for name in f.keys())  # noqa: SIM118
+        vision_tensors = ("vision_tower.", "model.vision_tower.", "vision_model.")
+        assert any(name.startswith(vision_tensors) for name in f.keys())  # noqa: SIM118
     reference = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
     drop_defaults(folder)
     llm = LLM(str(folder), dtype="float32", device="cpu", block_size=4, max_num_batched_tokens=16)

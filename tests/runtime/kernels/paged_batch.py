@@ -90,10 +90,13 @@ def dense_attention(
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Causal attention computed in float64 from the dense per-sequence keys and values; window: each
-    query sees its `window` latest keys; softcap: scores soft-capped by tanh; sinks: a logit per head
-    that joins each row's softmax as one more column, dropped after it (GPT-OSS)."""
+    query sees its `window` latest keys; chunk: each query sees the keys of its own chunk of `chunk`
+    positions (0 .. chunk - 1, chunk .. 2 * chunk - 1, ...); softcap: scores soft-capped by tanh;
+    sinks: a logit per head that joins each row's softmax as one more column, dropped after it
+    (GPT-OSS)."""
     starts = batch.meta.query_start_loc.tolist()
     outs = []
     for i, (k, v) in enumerate(zip(batch.keys, batch.values, strict=True)):
@@ -107,6 +110,8 @@ def dense_attention(
         allowed = key_pos <= query_pos[:, None]
         if window is not None:
             allowed &= key_pos > query_pos[:, None] - window
+        if chunk is not None:
+            allowed &= key_pos // chunk == (query_pos // chunk)[:, None]
         scores = q @ k.transpose(1, 2) * scale
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
@@ -124,14 +129,16 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref.double()).norm() / ref.double().norm())
 
 
-def release_outside_window(batch: PagedBatch, window: int) -> None:
+def release_outside_window(batch: PagedBatch, window: int, chunked: bool = False) -> None:
     """What the block manager does for a window layer: every block wholly before the window of a
     sequence's first query of the step is handed back (NaN here, so reading it shows) and its table
-    entry names no block (-1)."""
+    entry names no block (-1). chunked: every block wholly before that query's attention chunk of
+    `window` positions, more than the block manager hands back, so a read before the chunk shows."""
     block_size = batch.kv_cache.shape[2]
     starts = batch.meta.query_start_loc.tolist()
     for i, context_len in enumerate(batch.meta.seq_lens.tolist()):
         first_query = context_len - (starts[i + 1] - starts[i])
-        for j in range(max(0, first_query - window + 1) // block_size):
+        first_key = first_query - first_query % window if chunked else max(0, first_query - window + 1)
+        for j in range(first_key // block_size):
             batch.kv_cache[:, int(batch.meta.block_tables[i, j])] = float("nan")
             batch.meta.block_tables[i, j] = -1

@@ -69,6 +69,24 @@ def test_a_sliding_window_never_reads_the_blocks_behind_it_and_soft_caps_the_sco
     assert relative_error(ref, expected) < 1e-5
 
 
+@pytest.mark.parametrize("num_splits", [None, 3])
+def test_chunked_attention_sees_only_the_query_s_own_chunk(num_splits) -> None:
+    # Llama 4's chunked layers: chunks of 16 keys; decode rows at a chunk's first and last position,
+    # prefill chunks that cross one or several chunk boundaries, and one that starts on a boundary.
+    seqs = [(70, 1), (65, 1), (64, 1), (45, 13), (90, 40), (20, 20), (48, 16)]
+    batch = _written(make_paged_batch(seqs, 8, 2, 64, 8, device=DEVICE, seed=12))
+    release_outside_window(batch, 16, chunked=True)
+    expected = dense_attention(batch, 0.125, chunk=16)
+    out = paged_attention(
+        batch.q, batch.kv_cache, batch.meta, 0.125, window=16, chunked=True, num_splits=num_splits
+    )
+    assert relative_error(out, expected) < 1e-5
+    ref = reference.attention(batch.q, batch.kv_cache, batch.meta, 0.125, window=16, chunked=True)
+    assert relative_error(ref, expected) < 1e-5
+    # The chunk is not a sliding window of the same size: most rows differ.
+    assert relative_error(ref, dense_attention(batch, 0.125, window=16)) > 0.1
+
+
 def test_verify_steps_split_their_contexts_as_decode_does(monkeypatch) -> None:
     # Speculative decoding's verify step: 1 + K queries per sequence over long contexts. The kernel
     # takes decode's small tiles and its splits for them (as on a GPU, where max_splits is above 1).

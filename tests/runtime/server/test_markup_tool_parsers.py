@@ -116,8 +116,11 @@ def test_mistral_v11_calls_each_follow_their_own_marker():
 
 def test_a_pythonic_list_is_the_calls_and_anything_else_is_content():
     listed = '[get_weather(city="São Paulo", days=3, zip="75001", hourly=True, spots=["a", "b"]), get_time()]'
-    for text in (listed, f"<|python_start|>{listed}<|python_end|>"):
-        stream, streamed, deltas = ToolCallStream(parser_named("pythonic", SCHEMAS)), "", []
+    texts = [("pythonic", listed), ("pythonic", f"<|python_start|>{listed}<|python_end|>")]
+    # vLLM's llama4_pythonic: Llama 4's template writes the list between its python markers.
+    texts.append(("llama4_pythonic", f"<|python_start|>{listed}<|python_end|>"))
+    for name, text in texts:
+        stream, streamed, deltas = ToolCallStream(parser_named(name, SCHEMAS)), "", []
         for end in range(1, len(text) + 1):
             piece, new = stream.feed(text[:end], end == len(text))
             streamed += piece

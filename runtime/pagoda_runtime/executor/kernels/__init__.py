@@ -23,12 +23,14 @@ from pagoda_runtime.executor.kernels.rope_cache import build_cos_sin_cache
 class AttentionOps:
     """rotary_write_kv(positions, q, k, v, cos_sin_cache, kv_cache, slot_mapping, derived, kv_scales)
     -> q: q rotated in place, the rotated k and v stored at their slots (negative slots skipped);
-    attention(q, kv_cache, meta, scale, kv_scales=None, window=None, softcap=None, sinks=None)
+    attention(q, kv_cache, meta, scale, kv_scales=None, window=None, softcap=None, sinks=None,
+    chunked=False)
     -> out [T, H, D], reading keys and values from the cache only. kv_cache: [2, blocks,
     block_size, Hkv, D], keys then values; or [1, ...], whose keys are read as the values too
     (latent attention), written with v None. kv_scales: the layer's fp8 cache
     scales [2, Hkv] (kv_scales.py), or None; window: a sliding-window layer's window (blocks wholly
-    before it are never read); softcap: scores soft-capped by tanh before the mask; sinks: [H]
+    before it are never read), or with chunked an attention chunk (a query at p sees the keys from
+    p - p % window); softcap: scores soft-capped by tanh before the mask; sinks: [H]
     in any float dtype, this rank's query heads in q's order, a logit per head (natural log, unscaled, neither
     capped nor masked) that joins every row's softmax as a key whose value is zero (GPT-OSS's
     attention sinks), or None.

@@ -28,6 +28,16 @@ class ExpertOptions:
     correction_bias: torch.Tensor | None = None
     # DeepSeek V2's group_limited_greedy softmax routing (moe_routing.route); None: every expert.
     softmax_groups: SoftmaxGroups | None = None
+    # Llama 4's rule: the router's weight scales the token's input to its expert (rounded to the
+    # activations' dtype, as transformers multiplies them), not the expert's output; top_k 1 only,
+    # where one expert sees each token.
+    weight_on_input: bool = False
 
 
 PLAIN = ExpertOptions()
+
+
+def check_weight_on_input(top_k: int, options: ExpertOptions) -> None:
+    """Raises ValueError where the router's weight would scale the input of more than one expert."""
+    if options.weight_on_input and top_k != 1:
+        raise ValueError(f"the router's weight scales the expert's input only with top_k 1, not {top_k}")

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from pagoda_runtime.executor.kernels.moe_activation import clamped_swiglu
-from pagoda_runtime.executor.kernels.moe_options import PLAIN, ExpertOptions
+from pagoda_runtime.executor.kernels.moe_options import PLAIN, ExpertOptions, check_weight_on_input
 from pagoda_runtime.executor.kernels.moe_routing import route
 from pagoda_runtime.executor.kernels.moe_weights import ExpertWeights, PackedExperts
 from pagoda_runtime.executor.quantization.packed import dequantize
@@ -40,6 +40,9 @@ def reference_experts(
     with the biases and activation of `options` (moe_options.py)."""
     out = torch.zeros_like(hidden)
     dtype = hidden.dtype
+    if options.weight_on_input:
+        hidden = hidden * topk_weights.to(dtype)
+        topk_weights = torch.ones_like(topk_weights)
     for expert in torch.unique(topk_ids).tolist():
         token_idx, choice = torch.where(topk_ids == expert)
         gate_up = F.linear(
@@ -62,6 +65,7 @@ def reference_fused_moe(
     renormalize: bool,
     options: ExpertOptions = PLAIN,
 ) -> torch.Tensor:
+    check_weight_on_input(top_k, options)
     weights, ids = route(
         router_logits,
         top_k,

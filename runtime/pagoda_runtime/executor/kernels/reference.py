@@ -162,14 +162,27 @@ def _gathered(cache: torch.Tensor, slots: torch.Tensor, scale: torch.Tensor | No
     return values if scale is None else values * scale[:, None]
 
 
-def _plan(meta: AttentionMetadata, block_size: int, window: int | None) -> tuple:
+def _plan(meta: AttentionMetadata, block_size: int, window: int | None, chunked: bool) -> tuple:
     """The gather slots and masks of a step: (decode rows, their slots, their mask) and for each
     prefill chunk (start, end, slots, mask). The same for every layer of a window, so built once per
     step and window."""
-    return _per_step(meta.derived, f"attention_plan/{window}", lambda: _build_plan(meta, block_size, window))
+    return _per_step(
+        meta.derived,
+        f"attention_plan/{window}/{chunked}",
+        lambda: _build_plan(meta, block_size, window, chunked),
+    )
 
 
-def _build_plan(meta: AttentionMetadata, block_size: int, window: int | None) -> tuple:
+def _first_keys(positions: torch.Tensor, window: int | None, chunked: bool) -> torch.Tensor:
+    """The first key each query position sees: 0, the start of its window, or of its chunk."""
+    if window is None:
+        return torch.zeros_like(positions)
+    if chunked:
+        return positions - positions % window
+    return (positions - window + 1).clamp(min=0)
+
+
+def _build_plan(meta: AttentionMetadata, block_size: int, window: int | None, chunked: bool) -> tuple:
     """With a window, only the keys some query of the row still sees are gathered: a block wholly
     before the window is never read (its table entry may no longer name a block)."""
     device = meta.query_start_loc.device
@@ -179,7 +192,7 @@ def _build_plan(meta: AttentionMetadata, block_size: int, window: int | None) ->
     rows = torch.nonzero(query_lens == 1).flatten()
     if rows.numel():
         lens = meta.seq_lens[rows].long()
-        first = torch.zeros_like(lens) if window is None else (lens - window).clamp(min=0)
+        first = _first_keys(lens - 1, window, chunked)
         width = int((lens - first).max())
         positions = first[:, None] + torch.arange(width, device=device)[None, :]
         mask = positions < lens[:, None]
@@ -200,13 +213,11 @@ def _build_plan(meta: AttentionMetadata, block_size: int, window: int | None) ->
         start, end = starts[i], starts[i + 1]
         context_len = int(meta.seq_lens[i])
         first_query = context_len - (end - start)
-        first_key = 0 if window is None else max(0, first_query - window + 1)
-        key_pos = torch.arange(first_key, context_len, device=device)
-        slots = _slots(meta.block_tables[i : i + 1], key_pos[None, :], block_size)[0]
         query_pos = torch.arange(first_query, context_len, device=device)
-        causal = key_pos[None, :] <= query_pos[:, None]
-        if window is not None:
-            causal &= key_pos[None, :] > query_pos[:, None] - window
+        first_keys = _first_keys(query_pos, window, chunked)
+        key_pos = torch.arange(int(first_keys[0]), context_len, device=device)
+        slots = _slots(meta.block_tables[i : i + 1], key_pos[None, :], block_size)[0]
+        causal = (key_pos[None, :] <= query_pos[:, None]) & (key_pos[None, :] >= first_keys[:, None])
         prefills.append((start, end, slots, causal))
     return decode, prefills
 
@@ -220,12 +231,15 @@ def attention(
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    chunked: bool = False,
 ) -> torch.Tensor:
     """Causal attention of q [T, H, D] over the paged cache (keys kv_cache[0], values kv_cache[-1]:
     a one-plane cache's keys are its values too); returns [T, H, D] in q's dtype.
     kv_scales [2, Hkv]: what the stored keys and values were divided by, or None.
 
     window: each query sees only the `window` keys up to its own position (a sliding-window layer);
+    chunked: the window is an attention chunk instead, a query at p seeing the keys from
+    p - p % window to p (Llama 4's chunked layers);
     softcap: the scores are soft-capped by tanh before the mask (Gemma 2); sinks: [H] (float), a
     logit per query head (natural log, unscaled, neither capped nor masked) that joins every row's
     softmax as a key whose value is zero (GPT-OSS), or None.
@@ -238,7 +252,7 @@ def attention(
     group = num_heads // num_kv_heads
     key_cache = kv_cache[0].flatten(0, 1)
     value_cache = kv_cache[-1].flatten(0, 1)
-    decode, prefills = _plan(meta, block_size, window)
+    decode, prefills = _plan(meta, block_size, window, chunked)
     k_scale, v_scale = (None, None) if kv_scales is None else kv_scales
     sink = None if sinks is None else sinks.float().view(num_kv_heads, group, 1)
     out = torch.empty_like(q)

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from pagoda_runtime.executor.kernels.moe_activation import ClampedSwiGLU
-from pagoda_runtime.executor.kernels.moe_options import PLAIN, ExpertOptions
+from pagoda_runtime.executor.kernels.moe_options import PLAIN, ExpertOptions, check_weight_on_input
 from pagoda_runtime.executor.kernels.moe_weights import ExpertWeights, PackedExperts
 from pagoda_runtime.executor.kernels.triton_moe_routing import ExpertBlocks, route_and_align
 from pagoda_runtime.executor.triton_mode import dot_precision
@@ -334,6 +334,7 @@ def fused_moe(
     num_pairs = num_tokens * top_k
     if num_tokens == 0:
         return torch.empty_like(hidden)
+    check_weight_on_input(top_k, options)
     config = config or default_moe_config(num_pairs, num_experts, hidden.dtype, w_gate_up)
     hidden = hidden.contiguous()
     routed, blocks = route_and_align(
@@ -345,6 +346,9 @@ def fused_moe(
         options.correction_bias,
         options.softmax_groups,
     )
+    if options.weight_on_input:
+        # top_k 1: pair t is token t, whose one expert takes its input scaled.
+        hidden = hidden * routed.view(num_tokens, 1).to(hidden.dtype)
     act = torch.empty(num_pairs, two_i // 2, dtype=hidden.dtype, device=hidden.device)
     _expert_gemm(
         hidden,
@@ -368,7 +372,7 @@ def fused_moe(
         routed,
         1,
         gated=False,
-        mul_routed=True,
+        mul_routed=not options.weight_on_input,
         config=config,
         bias=options.down_bias,
     )

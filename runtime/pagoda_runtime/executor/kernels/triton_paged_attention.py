@@ -25,7 +25,9 @@ arrival counter per sequence, kv head and tile, which it resets) merges them: no
 Sliding window (HAS_WINDOW): a query at position p sees the keys p - window + 1 .. p. A tile's
 key walk (and so its splits) starts at its first query's window, so the blocks wholly before it
 are never read (their table entries may name no block: the block manager released them), and keys
-before a query's own window are masked. Soft-cap (HAS_SOFTCAP): scores become
+before a query's own window are masked. Chunked (CHUNKED, Llama 4): the window is an attention
+chunk instead, a query at p seeing the keys p - p % window .. p, and a tile's walk starts at its
+first query's chunk. Soft-cap (HAS_SOFTCAP): scores become
 softcap * tanh(scores / softcap) before the mask (Gemma 2).
 
 Attention sinks (HAS_SINKS, GPT-OSS): a logit per query head joins each row's softmax as a key
@@ -103,6 +105,7 @@ def _attend_keys(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
+    CHUNKED: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     FP8_ASM: tl.constexpr,
     INTERPRETED: tl.constexpr,
@@ -125,7 +128,9 @@ def _attend_keys(
         tanh = 2.0 * tl.sigmoid(2.0 * 0.6931471805599453 * scores / softcap) - 1.0
         scores = tanh * softcap * 1.4426950408889634
     allowed = key_valid[None, :] & (keys[None, :] <= query_pos[:, None])
-    if HAS_WINDOW:
+    if HAS_WINDOW and CHUNKED:
+        allowed &= keys[None, :] >= (query_pos - query_pos % window)[:, None]
+    elif HAS_WINDOW:
         allowed &= keys[None, :] > query_pos[:, None] - window
     scores = tl.where(allowed, scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, axis=1))
@@ -183,6 +188,7 @@ def _paged_attention_kernel(
     INTERPRETED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
+    CHUNKED: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     HAS_SINKS: tl.constexpr,
     VALUES_ARE_KEYS: tl.constexpr,
@@ -200,8 +206,11 @@ def _paged_attention_kernel(
     prefix_len = context_len - query_len
     kv_end = tl.minimum(context_len, prefix_len + (tile + 1) * BLOCK_M)  # causal: no key past the tile
     kv_begin = 0
-    if HAS_WINDOW:
-        kv_begin = tl.maximum(prefix_len + tile * BLOCK_M - window + 1, 0)
+    first_query = prefix_len + tile * BLOCK_M
+    if HAS_WINDOW and CHUNKED:
+        kv_begin = first_query - first_query % window
+    elif HAS_WINDOW:
+        kv_begin = tl.maximum(first_query - window + 1, 0)
     # This sequence's splits: one per MIN_SPLIT_TOKENS keys, at most NUM_SPLITS, whole key tiles
     # each; num_splits is recomputed from the rounded size so that none is left empty.
     span = kv_end - kv_begin
@@ -235,7 +244,7 @@ def _paged_attention_kernel(
             m_i, l_i, acc = _attend_keys(
                 q, m_i, l_i, acc, start, kv_hi, query_pos, seq, kv_head, dims, dim_valid,
                 block_tables_ptr, stride_bt, k_cache_ptr, v_cache_ptr, qk_scale, window, softcap,
-                NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N, HAS_WINDOW, HAS_SOFTCAP, FP8_ASM,
+                NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N, HAS_WINDOW, CHUNKED, HAS_SOFTCAP, FP8_ASM,
                 INTERPRETED, DOT_PRECISION, VALUES_ARE_KEYS,
             )  # fmt: skip
             start += BLOCK_N
@@ -244,7 +253,7 @@ def _paged_attention_kernel(
             m_i, l_i, acc = _attend_keys(
                 q, m_i, l_i, acc, start, kv_hi, query_pos, seq, kv_head, dims, dim_valid,
                 block_tables_ptr, stride_bt, k_cache_ptr, v_cache_ptr, qk_scale, window, softcap,
-                NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N, HAS_WINDOW, HAS_SOFTCAP, FP8_ASM,
+                NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N, HAS_WINDOW, CHUNKED, HAS_SOFTCAP, FP8_ASM,
                 INTERPRETED, DOT_PRECISION, VALUES_ARE_KEYS,
             )  # fmt: skip
     if KV_SCALED:
@@ -378,6 +387,7 @@ def paged_attention(
     sinks: torch.Tensor | None = None,
     num_splits: int | None = None,
     min_split_tokens: int = MIN_SPLIT_TOKENS,
+    chunked: bool = False,
 ) -> torch.Tensor:
     """Causal attention of q [T, H, D] over kv_cache [2, blocks, block_size, Hkv, D] -> [T, H, D]
     (keys kv_cache[0], values kv_cache[-1]: a one-plane cache's keys are its values too, each tile
@@ -388,8 +398,10 @@ def paged_attention(
     tile); by default enough for a decode-only batch to fill the GPU, one otherwise. Each sequence
     uses one split per min_split_tokens keys of its context, up to that.
     window: each query sees only the `window` keys up to its own (a sliding-window layer);
-    softcap: scores soft-capped by tanh (Gemma 2); sinks: [H] in any float dtype, a logit per query head
-    (natural log, unscaled) that joins every row's softmax as a key whose value is zero (GPT-OSS).
+    chunked: the window is an attention chunk, a query at p seeing the keys from p - p % window
+    (Llama 4's chunked layers); softcap: scores soft-capped by tanh (Gemma 2); sinks: [H] in any
+    float dtype, a logit per query head (natural log, unscaled) that joins every row's softmax as a
+    key whose value is zero (GPT-OSS).
     """
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
@@ -400,7 +412,18 @@ def paged_attention(
     if wide and group > WIDE_ROWS:
         assert num_kv_heads == 1 and sinks is None, "wide heads run in groups over one KV head only"
         heads = range(0, num_heads, WIDE_ROWS)
-        args = (kv_cache, meta, scale, kv_scales, window, softcap, None, num_splits, min_split_tokens)
+        args = (
+            kv_cache,
+            meta,
+            scale,
+            kv_scales,
+            window,
+            softcap,
+            None,
+            num_splits,
+            min_split_tokens,
+            chunked,
+        )
         return torch.cat([paged_attention(q[:, h : h + WIDE_ROWS], *args) for h in heads], dim=1)
     group_pad = triton.next_power_of_2(group)
     num_seqs = meta.num_seqs
@@ -463,6 +486,7 @@ def paged_attention(
         INTERPRETED=INTERPRETED,
         DOT_PRECISION=dot_precision(q.dtype),
         HAS_WINDOW=window is not None,
+        CHUNKED=chunked,
         HAS_SOFTCAP=softcap is not None,
         HAS_SINKS=sinks is not None,
         VALUES_ARE_KEYS=kv_cache.shape[0] == 1,

@@ -44,7 +44,8 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     """Self-attention of one layer over its paged KV cache.
 
-    qk_norm: the per-head norm q and k go through before rotation (Qwen3, Gemma 3), or None. The
+    qk_norm: the per-head norm q and k go through before rotation (Qwen3, Gemma 3), or None;
+    query_scale: (positions, q) -> q scaled by position before rotation (Llama 4), or None. The
     layer's sliding window (passed per layer: Gemma's layers alternate), its softmax scale, its
     logit soft-cap, and GPT-OSS's sinks and output bias come from the config. The output bias is
     added after the sum over the ranks, so once.
@@ -60,9 +61,11 @@ class Attention(nn.Module):
         dtype: torch.dtype,
         tp: TensorParallel,
         qk_norm: Callable[[int, float, torch.device, torch.dtype], nn.Module] | None = None,
+        query_scale: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         super().__init__()
         arch = config.architecture
+        self.query_scale = query_scale
         self.ops = ops
         self.tp = tp
         self.num_heads = tp.shard(arch.num_attention_heads, "attention heads")
@@ -74,6 +77,7 @@ class Attention(nn.Module):
         # buffer: the checkpoint does not hold them.
         self.kv_scales: torch.Tensor | None = None
         self.window = arch.layer_window(layer)
+        self.chunked = arch.layer_chunked(layer)
         self.softcap = config.attn_logit_softcapping
         self.qkv_proj = make_linear(
             arch.hidden_size,
@@ -127,6 +131,8 @@ class Attention(nn.Module):
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.norm_qk(q, k)
+        if self.query_scale is not None:
+            q = self.query_scale(positions, q)
         meta = meta.for_window(self.window)
         q = self.ops.rotary_write_kv(
             positions, q, k, v, cos_sin_cache, kv_cache, meta.slot_mapping, meta.derived, self.kv_scales
@@ -140,6 +146,7 @@ class Attention(nn.Module):
             window=self.window,
             softcap=self.softcap,
             sinks=self.sinks,
+            chunked=self.chunked,
         )
         out = out.reshape(-1, self.q_size)
         projected = self.o_proj(out)

@@ -124,6 +124,7 @@ class SparseMoE(nn.Module):
         self.softmax_groups = None
         if self.sigmoid_routing is None and config.topk_group < config.n_group:
             self.softmax_groups = SoftmaxGroups(config.n_group, config.topk_group)
+        self.weight_on_input = config.router_weight_on_input
         # Softmax routing scales the routed experts' sum by routed_scaling_factor too (DeepSeek V2);
         # the sigmoid rule scales its weights itself.
         self.routed_scale = config.routed_scaling_factor if self.sigmoid_routing is None else 1.0
@@ -243,6 +244,7 @@ class SparseMoE(nn.Module):
                 self.sigmoid_routing,
                 self.gate.e_score_correction_bias,
                 self.softmax_groups,
+                self.weight_on_input,
             ),
         )
         if self.routed_scale != 1.0:

@@ -24,6 +24,7 @@ from pagoda_runtime.executor.models import (
     gpt_oss,
     granite,
     llama,
+    llama4,
     minimax_m2,
     moe,
     olmo2,
@@ -75,6 +76,15 @@ FAMILIES: tuple[Family, ...] = (
         config_from_hf=llama.config_from_hf,
         weight_shapes=llama.weight_shapes,
         gguf=GGUFLayout(("llama", "qwen2"), llama.config_from_gguf, permuted_qk=("llama",)),
+    ),
+    Family(
+        name="Llama 4",
+        architectures=("Llama4ForCausalLM",),
+        model_types=("llama4",),
+        model=llama4.Llama4ForCausalLM,
+        config_from_hf=llama4.config_from_hf,
+        weight_shapes=llama4.weight_shapes,
+        quantizations=("none", "int8", "int4", "fp8"),
     ),
     Family(
         name="Granite 3",
