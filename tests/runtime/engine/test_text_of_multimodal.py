@@ -1,8 +1,10 @@
-"""Multimodal checkpoints served for their text: a tiny Gemma3ForConditionalGeneration, a tiny
-Mistral3ForConditionalGeneration and a tiny Llama4ForConditionalGeneration, saved by transformers as
-the hub holds them (the language model under language_model., a vision tower beside it), decode as
-transformers' own multimodal model does on text, with text_config cut to the keys that differ from
-transformers' defaults as the released Gemma 3 configs are."""
+"""Multimodal checkpoints served for their text: tiny Gemma3ForConditionalGeneration,
+Mistral3ForConditionalGeneration, Llama4ForConditionalGeneration, Qwen2_5_VLForConditionalGeneration
+and Qwen3VLForConditionalGeneration models, saved by transformers as the hub holds them (the language
+model under language_model., or under model. beside visual. for Qwen2.5-VL, a vision tower beside
+it), decode as transformers' own multimodal model does on text, with text_config cut to the keys
+that differ from transformers' defaults as the released Gemma 3 configs are, or (Qwen2.5-VL) the
+text config at the top level as its released configs are."""
 
 import json
 
@@ -20,6 +22,12 @@ from transformers import (
     Llama4ForConditionalGeneration,
     Mistral3Config,
     Mistral3ForConditionalGeneration,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2VLConfig,
+    Qwen2VLForConditionalGeneration,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
 )
 
 from tests.runtime.engine.hf_reference import hf_greedy
@@ -34,7 +42,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 def multimodal(root, variant):
     """A tiny multimodal model around the tiny `variant` text model's config and tokenizer."""
-    text = build_tiny_model(root / "text", variant)
+    text = build_tiny_model(root / "text", QWEN_VL[variant][0] if variant in QWEN_VL else variant)
     text_config = AutoConfig.from_pretrained(text).to_dict()
     torch.manual_seed(0)
     if variant == "gemma3":
@@ -43,6 +51,16 @@ def multimodal(root, variant):
     elif variant == "llama4":
         vision = {**_VISION, "vision_output_dim": 32, "projector_input_dim": 32, "projector_output_dim": 32}
         model = Llama4ForConditionalGeneration(Llama4Config(text_config=text_config, vision_config=vision))
+    elif variant in QWEN_VL:
+        _, config_class, model_class, sections, interleaved = QWEN_VL[variant]
+        rope = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": sections}
+        text_config["rope_parameters"] = rope | ({"mrope_interleaved": True} if interleaved else {})
+        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
+        if variant == "qwen2-vl":
+            vision = dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2)
+        if variant == "qwen3-vl":
+            vision["deepstack_visual_indexes"] = []
+        model = model_class(config_class(text_config=text_config, vision_config=vision))
     else:
         vision = {**_VISION, "model_type": "pixtral", "head_dim": 16}
         model = Mistral3ForConditionalGeneration(
@@ -56,6 +74,29 @@ def multimodal(root, variant):
     return folder
 
 
+# A vision-language model -> its text variant, config, model, the rotary sections of a head's
+# frequencies (text, height, width) and whether they interleave (Qwen3-VL).
+QWEN_VL = {
+    "qwen2-vl": ("qwen2", Qwen2VLConfig, Qwen2VLForConditionalGeneration, [2, 3, 3], False),
+    "qwen2.5-vl": ("qwen2", Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, [2, 3, 3], False),
+    "qwen3-vl": ("qwen3", Qwen3VLConfig, Qwen3VLForConditionalGeneration, [4, 6, 6], True),
+}
+
+
+def flatten(folder):
+    """The text config at the top level beside vision_config, as Qwen2-VL's and Qwen2.5-VL's
+    released config.json files hold it."""
+    raw = json.loads((folder / "config.json").read_text())
+    text = raw.pop("text_config")
+    rope = text.pop("rope_parameters")
+    raw |= {k: v for k, v in text.items() if k not in ("model_type", "architectures")}
+    raw |= {
+        "rope_theta": rope["rope_theta"],
+        "rope_scaling": {"type": "mrope", "mrope_section": rope["mrope_section"]},
+    }
+    (folder / "config.json").write_text(json.dumps(raw))
+
+
 def drop_defaults(folder):
     """text_config reduced to what differs from transformers' defaults, as Gemma 3's hub configs are."""
     raw = json.loads((folder / "config.json").read_text())
@@ -67,14 +108,15 @@ def drop_defaults(folder):
     (folder / "config.json").write_text(json.dumps(raw))
 
 
-@pytest.mark.parametrize("variant", ["gemma3", "mistral", "llama4"])
+@pytest.mark.parametrize("variant", ["gemma3", "mistral", "llama4", *QWEN_VL])
 def test_a_multimodal_checkpoint_serves_its_text_as_transformers_does(tmp_path, variant):
     folder = multimodal(tmp_path, variant)
     with safe_open(folder / "model.safetensors", "pt") as f:
-        vision_tensors = ("vision_tower.", "model.vision_tower.", "vision_model.")
+        vision_tensors = ("vision_tower.", "model.vision_tower.", "vision_model.", "visual.", "model.visual.")
         assert any(name.startswith(vision_tensors) for name in f.keys())  # noqa: SIM118
     reference = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
-    drop_defaults(folder)
+    # Qwen2-VL's and Qwen2.5-VL's released configs are flat.
+    (flatten if variant in ("qwen2-vl", "qwen2.5-vl") else drop_defaults)(folder)
     llm = LLM(str(folder), dtype="float32", device="cpu", block_size=4, max_num_batched_tokens=16)
     for out in llm.generate(PROMPTS, GREEDY):
         assert out.outputs[0].token_ids == hf_greedy(reference, out.prompt_token_ids, 10), out.prompt
@@ -88,3 +130,7 @@ def test_only_the_language_models_tensors_are_read():
     assert text_tensor_name("lm_head.weight") == "lm_head.weight"
     assert text_tensor_name("vision_tower.vision_model.embeddings.patch_embedding.weight") is None
     assert text_tensor_name("multi_modal_projector.mm_input_projection_weight") is None
+    # Qwen2.5-VL as released: the language model under model., the vision tower under visual.
+    assert text_tensor_name(f"model.layers.0.{up}") == f"model.layers.0.{up}"
+    assert text_tensor_name("visual.blocks.0.attn.qkv.weight") is None
+    assert text_tensor_name("model.visual.merger.mlp.0.weight") is None
