@@ -83,6 +83,7 @@ _FAMILY_NORMS = {
     "gemma3_text": (4, True),
     "qwen3": (2, True),
     "qwen3_moe": (2, True),
+    "qwen3_vl_moe": (2, True),
     "cohere": (1, False),
     "cohere2": (1, False),
     "glm4": (4, False),

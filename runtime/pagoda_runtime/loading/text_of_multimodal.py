@@ -1,8 +1,8 @@
 """Multimodal checkpoints served for their text alone: Gemma 3 (4B and up ship only as
 Gemma3ForConditionalGeneration), Mistral Small 3.1 / 3.2 (Mistral3ForConditionalGeneration),
-Llama 4 (Llama4ForConditionalGeneration), Qwen2-VL, Qwen2.5-VL and Qwen3-VL (their language models
-are Qwen2's and Qwen3's; on text the multimodal rotary embedding's three sections all take the
-token's position, which is the plain one).
+Llama 4 (Llama4ForConditionalGeneration), Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE (their
+language models are Qwen2's, Qwen3's and Qwen3-MoE's; on text the multimodal rotary embedding's
+three sections all take the token's position, which is the plain one).
 
 Their config.json nests the language model's config under text_config, often with only the keys
 that differ from transformers' defaults, or (Qwen2-VL and Qwen2.5-VL as released) keeps it at the
@@ -25,6 +25,7 @@ TEXT_ARCHITECTURES = {
     "Qwen2VLForConditionalGeneration": "Qwen2ForCausalLM",
     "Qwen2_5_VLForConditionalGeneration": "Qwen2ForCausalLM",
     "Qwen3VLForConditionalGeneration": "Qwen3ForCausalLM",
+    "Qwen3VLMoeForConditionalGeneration": "Qwen3MoeForCausalLM",
 }
 # The text config's model_type where text_config leaves it out (transformers' default for each).
 _TEXT_MODEL_TYPES = {

@@ -13,6 +13,7 @@ import torch
 from pagoda_runtime import LLM, SamplingParams
 from pagoda_runtime.loading.text_of_multimodal import text_tensor_name
 from safetensors import safe_open
+from safetensors.torch import save_file
 from transformers import (
     AutoConfig,
     AutoModelForImageTextToText,
@@ -28,6 +29,8 @@ from transformers import (
     Qwen2VLForConditionalGeneration,
     Qwen3VLConfig,
     Qwen3VLForConditionalGeneration,
+    Qwen3VLMoeConfig,
+    Qwen3VLMoeForConditionalGeneration,
 )
 
 from tests.runtime.engine.hf_reference import hf_greedy
@@ -117,6 +120,40 @@ def test_a_multimodal_checkpoint_serves_its_text_as_transformers_does(tmp_path, 
     reference = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
     # Qwen2-VL's and Qwen2.5-VL's released configs are flat.
     (flatten if variant in ("qwen2-vl", "qwen2.5-vl") else drop_defaults)(folder)
+    llm = LLM(str(folder), dtype="float32", device="cpu", block_size=4, max_num_batched_tokens=16)
+    for out in llm.generate(PROMPTS, GREEDY):
+        assert out.outputs[0].token_ids == hf_greedy(reference, out.prompt_token_ids, 10), out.prompt
+
+
+def test_qwen3_vl_moe_serves_its_text_with_the_experts_stored_fused(tmp_path):
+    """Qwen3-VL-MoE's checkpoints hold each layer's experts as gate_up_proj [E, H, 2I] and down_proj
+    [E, I, H], transposed from transformers' own parameters (transformers 5 transposes them at load;
+    it cannot yet save them back, so the folder is written here in the hub's layout)."""
+    text = build_tiny_model(tmp_path / "text", "qwen3_moe")
+    text_config = AutoConfig.from_pretrained(text).to_dict()
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
+    config = Qwen3VLMoeConfig(
+        text_config=text_config, vision_config={**vision, "deepstack_visual_indexes": []}
+    )
+    torch.manual_seed(0)
+    reference = Qwen3VLMoeForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, parameter in reference.named_parameters():
+            if name.endswith(("mlp.gate.weight", "experts.gate_up_proj", "experts.down_proj")):
+                parameter.normal_(0.0, 0.5)  # routers far from ties, experts that matter
+    folder = tmp_path / "multimodal"
+    folder.mkdir()
+    tensors = {}
+    for name, tensor in reference.state_dict().items():
+        fused = name.endswith(("experts.gate_up_proj", "experts.down_proj"))
+        tensors[name] = (tensor.transpose(1, 2) if fused else tensor).contiguous()
+    save_file(tensors, folder / "model.safetensors")
+    assert "model.language_model.layers.0.mlp.experts.gate_up_proj" in tensors
+    raw = {**config.to_dict(), "architectures": ["Qwen3VLMoeForConditionalGeneration"]}
+    (folder / "config.json").write_text(json.dumps(raw))
+    for name in TOKENIZER_FILES:
+        if (text / name).is_file():
+            (folder / name).write_bytes((text / name).read_bytes())
     llm = LLM(str(folder), dtype="float32", device="cpu", block_size=4, max_num_batched_tokens=16)
     for out in llm.generate(PROMPTS, GREEDY):
         assert out.outputs[0].token_ids == hf_greedy(reference, out.prompt_token_ids, 10), out.prompt

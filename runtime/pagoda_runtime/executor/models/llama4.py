@@ -47,7 +47,7 @@ from pagoda_runtime.executor.models.hf_config import (
     rope_scaling,
 )
 from pagoda_runtime.executor.models.layers import Attention, DecoderLayer, GatedMLP
-from pagoda_runtime.executor.models.moe import MoECausalLM, SparseMoE
+from pagoda_runtime.executor.models.moe import MoECausalLM, SparseMoE, fused_expert_parts
 
 FAMILY = "Llama 4"
 _LAYER_KINDS = ("chunked_attention", "full_attention")
@@ -107,28 +107,11 @@ class Llama4ForCausalLM(MoECausalLM):
     def checkpoint_parts(self, name: str, tensor: Weight) -> Iterator[tuple[str, Weight]]:
         layer, experts, fused = name.partition(".feed_forward.experts.")
         if experts:
-            yield from _expert_parts(f"{layer}.mlp.experts.", fused, tensor)
+            yield from fused_expert_parts(f"{layer}.mlp.experts.", fused, tensor, FAMILY)
             return
         for old, new in _RENAMED:
             name = name.replace(old, new)
         yield name, tensor
-
-
-def _expert_parts(prefix: str, fused: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
-    """Each expert's gate, up and down weights ([out, in], the Llama orientation) of a fused tensor."""
-    if fused not in ("gate_up_proj", "down_proj") or not isinstance(tensor, torch.Tensor):
-        raise ValueError(
-            f"the checkpoint holds experts.{fused} in a form a {FAMILY} model does not read; it reads "
-            "the float experts.gate_up_proj and experts.down_proj of Meta's release"
-        )
-    for expert, part in enumerate(tensor):
-        name = f"{prefix}{expert}."
-        if fused == "down_proj":
-            yield name + "down_proj.weight", part.T.contiguous()
-        else:
-            gate, up = part.chunk(2, dim=-1)
-            yield name + "gate_proj.weight", gate.T.contiguous()
-            yield name + "up_proj.weight", up.T.contiguous()
 
 
 def weight_shapes(config: ModelConfig) -> Shapes:

@@ -271,8 +271,39 @@ class MoECausalLM(CausalLM):
         return weight_shapes(self.config)
 
 
+def fused_expert_parts(
+    prefix: str, fused: str, tensor: Weight, family: str
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each expert's gate, up and down weights ([out, in], the Llama orientation) of a checkpoint's
+    fused expert tensor: experts.gate_up_proj [E, H, 2I] (gate then up along the last axis) or
+    experts.down_proj [E, I, H] (Llama 4's and Qwen3-VL-MoE's layout)."""
+    if fused not in ("gate_up_proj", "down_proj") or not isinstance(tensor, torch.Tensor):
+        raise ValueError(
+            f"the checkpoint holds experts.{fused} in a form a {family} model does not read; it reads "
+            "float experts.gate_up_proj and experts.down_proj"
+        )
+    for expert, part in enumerate(tensor):
+        name = f"{prefix}{expert}."
+        if fused == "down_proj":
+            yield name + "down_proj.weight", part.T.contiguous()
+        else:
+            gate, up = part.chunk(2, dim=-1)
+            yield name + "gate_proj.weight", gate.T.contiguous()
+            yield name + "up_proj.weight", up.T.contiguous()
+
+
 class Qwen3MoeForCausalLM(MoECausalLM):
+    """Qwen3-MoE; also the language model of Qwen3-VL-MoE (model_type qwen3_vl_moe), whose
+    checkpoints hold each layer's experts as two fused tensors."""
+
     qk_norm = RMSNorm
+
+    def checkpoint_parts(self, name: str, tensor: Weight) -> Iterator[tuple[str, Weight]]:
+        layer, experts, fused = name.partition(".mlp.experts.")
+        if experts and self.config.model_type == "qwen3_vl_moe":
+            yield from fused_expert_parts(f"{layer}.mlp.experts.", fused, tensor, "Qwen3-VL-MoE")
+        else:
+            yield name, tensor
 
 
 # Mixtral's checkpoint names for what Qwen3-MoE (and the model) call mlp.gate, mlp.experts.N.gate_proj, ...
@@ -310,6 +341,10 @@ def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes |= mlp_shapes(layer + "mlp.", hidden, arch.intermediate_size)
             continue
         shapes[f"{layer}{block}gate.weight"] = (arch.num_experts, hidden)
+        if config.model_type == "qwen3_vl_moe":
+            shapes[f"{layer}{block}experts.gate_up_proj"] = (arch.num_experts, hidden, 2 * width)
+            shapes[f"{layer}{block}experts.down_proj"] = (arch.num_experts, width, hidden)
+            continue
         for e in range(arch.num_experts):
             expert = f"{layer}{block}experts.{e}."
             gate, up, down = names
@@ -335,7 +370,7 @@ def _moe_config(raw: dict[str, Any], model_type: str, family: str, **fields: Any
             num_experts=num_experts,
             num_experts_per_tok=field(raw, "num_experts_per_tok", family),
             **attention_biases(raw),
-            **layer_types(raw, arch["num_hidden_layers"], family, per_layer=model_type == "qwen3_moe"),
+            **layer_types(raw, arch["num_hidden_layers"], family, per_layer=model_type != "mixtral"),
         ),
         rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
         rope_theta=rope.get("rope_theta", 10000.0),
@@ -351,9 +386,11 @@ def qwen3_moe_config_from_hf(raw: dict[str, Any], architecture: str) -> ModelCon
     step = raw.get("decoder_sparse_step", 1) or 1
     # A layer is sparse when it is not listed dense and falls on the sparse step (transformers' rule).
     dense = sorted(set(raw.get("mlp_only_layers") or ()) | {i for i in range(layers) if (i + 1) % step})
+    # Qwen3-VL-MoE's language model (loading/text_of_multimodal.py), its experts stored fused.
+    model_type = "qwen3_vl_moe" if raw.get("model_type") == "qwen3_vl_moe_text" else "qwen3_moe"
     return _moe_config(
         raw,
-        "qwen3_moe",
+        model_type,
         family,
         moe_intermediate_size=field(raw, "moe_intermediate_size", family),
         mlp_only_layers=tuple(dense),

@@ -107,7 +107,7 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         name="Qwen3-MoE",
         architectures=("Qwen3MoeForCausalLM",),
-        model_types=("qwen3_moe",),
+        model_types=("qwen3_moe", "qwen3_vl_moe"),
         model=moe.Qwen3MoeForCausalLM,
         config_from_hf=moe.qwen3_moe_config_from_hf,
         weight_shapes=moe.weight_shapes,
