@@ -16,6 +16,7 @@ from pagoda_runtime.contract.config import DTYPES, KV_CACHE_DTYPES, QUANTIZATION
 from pagoda_runtime.contract.flags import default_of, flag_of
 from pagoda_runtime.contract.model_catalogue import KNOWN_ARCHITECTURES
 from pagoda_runtime.contract.names import REQUESTS_WAITING
+from pagoda_runtime.contract.pooling import RUNNERS
 from pagoda_runtime.contract.serve_settings import LOG_FORMATS, ServerSettings
 from pagoda_runtime.contract.sizing import ModelArchitecture
 from pagoda_runtime.contract.sources import COMMIT_PATTERN
@@ -48,6 +49,7 @@ SpeculativeMethod = Literal[METHODS]
 # "Is this method an EAGLE head's?", in CEL.
 _IS_HEAD_METHOD = "self.method in [" + ", ".join(f"'{m}'" for m in HEAD_METHODS) + "]"
 LogFormat = Literal[LOG_FORMATS]
+Runner = Literal[RUNNERS]
 
 # Adapter slots per GPU unless runtime.maxLoras says: a few tenants' adapters in one step, where the
 # runtime's own default (vLLM's) of one would run one adapter's requests at a time.
@@ -415,6 +417,7 @@ class RuntimeSpec(Spec):
     block_size: int = runtime_setting(EngineConfig, "block_size", ge=1)
     kv_cache_memory: float = runtime_setting(EngineConfig, "kv_cache_memory", gt=0)
     enable_prefix_caching: bool = runtime_setting(EngineConfig, "enable_prefix_caching")
+    runner: Runner = runtime_setting(EngineConfig, "runner")
     enable_lora: bool | None = Field(
         default=None,
         description="Serve LoRA adapters (--enable-lora). Unset: on when spec.adapters lists any; set "
@@ -898,6 +901,12 @@ def _gguf_is_not_awq(spec: InferenceServiceSpec) -> bool:
 
 class InferenceServiceSpec(Spec):
     RULES = (
+        Rule(
+            "self.runtime.runner != 'pooling' || self.variants.all(v, !has(v.speculative))",
+            lambda s: s.runtime.runner != "pooling" or all(v.speculative is None for v in s.variants),
+            "runtime.runner pooling embeds prompts and generates no tokens to speculate on: drop the "
+            "variants' speculative or the runner",
+        ),
         Rule(
             f"!has(self.parallelism.tensor) || self.parallelism.tensor == {RANKS_PER_POD_CEL} * "
             "self.parallelism.nodes",

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from pagoda_runtime.contract.config import EngineConfig
-from pagoda_runtime.contract.flags import option, to_args
+from pagoda_runtime.contract.flags import default_of, option, to_args
 from pagoda_runtime.contract.names import (
     API_KEY_ENV,
     DISTRIBUTED_PORT,
@@ -153,6 +153,8 @@ _GROUP_ARGS = ("tensor_parallel_size", "distributed_port")  # only where a repli
 # (adapter_loading.py), so that the set of adapters is no part of the pod template.
 _LORA_ARGS = ("enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras")
 _LAST_ARGS = ("drain_timeout", "termination_log", "log_format", "metrics_compat")
+# Only where set to something but its default (which every earlier pod template leaves out).
+_RUNNER_ARGS = ("runner",)
 
 
 def runtime_args(spec: InferenceServiceSpec, variant: VariantSpec, served_name: str) -> list[str]:
@@ -171,6 +173,7 @@ def runtime_args(spec: InferenceServiceSpec, variant: VariantSpec, served_name: 
         block_size=rt.block_size,
         kv_cache_memory=rt.kv_cache_memory,
         enable_prefix_caching=rt.enable_prefix_caching,
+        runner=rt.runner,
         tensor_parallel_size=spec.tensor_parallel_size,
         enable_lora=spec.lora_enabled,
         max_loras=rt.max_loras,
@@ -189,11 +192,12 @@ def runtime_args(spec: InferenceServiceSpec, variant: VariantSpec, served_name: 
     )
     group = _GROUP_ARGS if spec.tensor_parallel_size > 1 else ()
     lora = _LORA_ARGS if spec.lora_enabled else ()
+    runner = _RUNNER_ARGS if rt.runner != default_of(EngineConfig, "runner") else ()
     return [
         "serve",
         *to_args(_SERVE_ARGS, engine, server, DistributedSettings()),
         *_speculative_args(variant),
-        *to_args(group + lora + _LAST_ARGS, engine, server, DistributedSettings()),
+        *to_args(group + lora + runner + _LAST_ARGS, engine, server, DistributedSettings()),
         *rt.extra_args,
     ]
 

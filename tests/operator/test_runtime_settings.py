@@ -70,3 +70,21 @@ def test_a_default_inference_service_runs_the_runtimes_defaults():
         log_format="json",
         metrics_compat="vllm",
     )
+
+
+def test_an_embedding_service_starts_pooling_pods_and_refuses_speculation():
+    """runtime.runner: pooling reaches the pods as --runner pooling; the default renders nothing, so
+    the pod templates of every service written before the field stay as they were."""
+    cli = pytest.importorskip("pagoda_runtime.cli")
+    s = spec()
+    default = runtime_args(s, s.variants[0], NAME)
+    assert "--runner" not in default
+    pooled = spec(runtime={"runner": "pooling"})
+    args = runtime_args(pooled, pooled.variants[0], NAME)
+    assert args[args.index("--runner") + 1] == "pooling"
+    assert cli.engine_config(cli.parser().parse_args(args)).pooling
+    with pytest.raises(ValueError, match="runtime.runner pooling embeds prompts"):
+        spec(
+            runtime={"runner": "pooling"},
+            variants=[{"name": "fast", "speculative": {"method": "ngram", "numSpeculativeTokens": 3}}],
+        )

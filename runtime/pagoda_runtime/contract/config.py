@@ -16,6 +16,7 @@ from pagoda_runtime.contract.bundled import BUNDLED_MODEL_NAME
 from pagoda_runtime.contract.flags import setting
 from pagoda_runtime.contract.lora_modules import checked_lora_module
 from pagoda_runtime.contract.names import LWS_GROUP_SIZE, LWS_VARIABLES
+from pagoda_runtime.contract.pooling import RUNNERS, PoolerConfig, parse_pooler_config
 from pagoda_runtime.contract.sizing import ModelArchitecture
 from pagoda_runtime.contract.speculative import SpeculativeConfig, parse_speculative_config
 
@@ -298,6 +299,20 @@ class EngineConfig:
         "the output distribution unchanged (docs/architecture.md#speculative-decoding); default: off",
         parse=parse_speculative_config,
     )
+    runner: str = setting(
+        "auto",
+        "generate: the model writes tokens; pooling: it embeds each prompt into one vector instead "
+        "(POST /v1/embeddings, LLM.embed; embedding models such as Qwen3-Embedding); auto: generate "
+        "(vLLM's flag and choice for the architectures served here)",
+        choices=RUNNERS,
+    )
+    pooler_config: PoolerConfig | None = setting(
+        None,
+        'under --runner pooling, how hidden states become the embedding, as JSON: \'{"pooling_type": '
+        '"MEAN", "normalize": false}\' (LAST, MEAN or CLS); default: the model folder\'s '
+        "sentence-transformers config, else LAST, normalized (docs/architecture.md#embeddings)",
+        parse=parse_pooler_config,
+    )
     hf_overrides: dict[str, Any] | None = setting(
         None,
         "JSON object whose keys replace the model's config.json ones, as vLLM's flag: e.g. "
@@ -337,7 +352,23 @@ class EngineConfig:
         "Face cache)",
     )
 
+    @property
+    def pooling(self) -> bool:
+        """Whether the engine embeds prompts (--runner pooling) rather than generating."""
+        return self.runner == "pooling"
+
     def __post_init__(self) -> None:
+        if self.pooler_config is not None and not self.pooling:
+            raise ValueError("--pooler-config applies to --runner pooling; add that flag or drop this one")
+        if self.pooling and self.speculative_config is not None:
+            raise ValueError(
+                "--runner pooling embeds prompts and generates no tokens to speculate on; drop "
+                "--speculative-config"
+            )
+        if self.pooling:
+            # A cached prefix is not run again, and mean or first-token pooling needs its hidden
+            # states (vLLM turns it off for such pooling too); the start-up banner shows it off.
+            object.__setattr__(self, "enable_prefix_caching", False)
         if not self.enable_chunked_prefill:
             raise ValueError(
                 "--no-enable-chunked-prefill is not supported: Pagoda always splits long prompts into steps "

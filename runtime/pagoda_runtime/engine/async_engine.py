@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 from pagoda_runtime.contract.config import EngineConfig
+from pagoda_runtime.contract.pooling import PoolingParams
 from pagoda_runtime.engine.llm_engine import LLMEngine
 from pagoda_runtime.engine.memory_report import MemoryReport
 from pagoda_runtime.engine.outputs import RequestOutput
@@ -80,6 +81,10 @@ class AsyncLLMEngine:
     def scheduling_policy(self) -> str:
         return self.engine.engine_config.scheduling_policy
 
+    @property
+    def pooling(self) -> bool:
+        return self.engine.engine_config.pooling
+
     def stats(self) -> EngineStats:
         return self.engine.stats()
 
@@ -110,7 +115,7 @@ class AsyncLLMEngine:
     async def generate(
         self,
         prompt: str | list[int],
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         request_id: str,
         internal: bool = False,
         priority: int = 0,

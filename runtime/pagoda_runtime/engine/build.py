@@ -31,6 +31,7 @@ from torch import nn
 
 from pagoda_runtime.contract.config import EngineConfig, ModelConfig
 from pagoda_runtime.contract.lora_modules import parse_lora_module
+from pagoda_runtime.contract.pooling import PoolerConfig
 from pagoda_runtime.contract.quantization_selection import cpu_vocab_dtype, select_quantization
 from pagoda_runtime.contract.sizing import (
     ModelArchitecture,
@@ -46,6 +47,7 @@ from pagoda_runtime.engine.eagle_proposer import EagleProposer
 from pagoda_runtime.engine.lora_manager import LoraManager
 from pagoda_runtime.engine.memory_report import MemoryReport
 from pagoda_runtime.engine.ngram_proposer import NgramProposer
+from pagoda_runtime.engine.pooler import Pooler
 from pagoda_runtime.engine.scheduler import Proposer, Scheduler
 from pagoda_runtime.engine.tokenizer import Tokenizer
 from pagoda_runtime.engine.window_block_manager import make_block_manager
@@ -59,6 +61,7 @@ from pagoda_runtime.loading.load_progress import LOAD_PROGRESS
 from pagoda_runtime.loading.lora_source import adapter_folder
 from pagoda_runtime.loading.model_source import LoadedModel, ModelLoadError, load_model_source, load_mtp_layer
 from pagoda_runtime.loading.random_model import random_model, random_weights
+from pagoda_runtime.loading.sentence_transformers import PoolingConfigError, read_pooling
 from pagoda_runtime.parallel.tensor_parallel import SINGLE_PROCESS, TensorParallel
 
 logger = logging.getLogger(__name__)
@@ -79,6 +82,7 @@ class EngineParts:
     loras: LoraManager | None  # with --enable-lora
     draft_runner: ModelRunner | None  # a draft model's (speculative decoding), on this rank's slice
     sampling_defaults: dict[str, float]  # the model's recommended sampling (LoadedModel's)
+    pooler: Pooler | None  # under --runner pooling, on rank 0: what makes the embeddings
 
 
 def build_engine(
@@ -140,9 +144,14 @@ def build_engine(
         tp,
         kv_share,
         reserve,
-        # An EAGLE head (or MTP layer) reads these of every step, replayed ones included.
-        hidden_layers=head.target_layers if head is not None else (),
+        # An EAGLE head (or MTP layer) reads these of every step, replayed ones included; the
+        # pooler the final ones.
+        hidden_layers=head.target_layers if head is not None else _pooled_layers(engine_config, arch),
     )
+    pooler = None
+    if engine_config.pooling and tp.is_driver:
+        pooler = Pooler(_pooler_config(engine_config, loaded))
+        runner.hand_hidden_states(pooler.record)
     loras = None
     # Rank 0 alone serves adapters; it sends each to the others as it puts it in a device slot.
     if runner.lora_slots is not None and tp.is_driver:
@@ -205,6 +214,7 @@ def build_engine(
         loras=loras,
         draft_runner=draft_runner,
         sampling_defaults=loaded.sampling_defaults,
+        pooler=pooler,
     )
     if not tp.is_driver:
         return parts
@@ -232,6 +242,27 @@ def build_engine(
         layout,
     )
     return parts
+
+
+def _pooled_layers(engine_config: EngineConfig, arch: ModelArchitecture) -> tuple[int, ...]:
+    """Under --runner pooling, the final hidden states (after the last layer and its norm)."""
+    return (arch.num_hidden_layers,) if engine_config.pooling else ()
+
+
+def _pooler_config(engine_config: EngineConfig, loaded: LoadedModel) -> PoolerConfig:
+    """--pooler-config's fields over the folder's sentence-transformers config, then the defaults."""
+    override = engine_config.pooler_config or PoolerConfig()
+    try:
+        folder = read_pooling(loaded.folder) if loaded.folder is not None else None
+    except PoolingConfigError:
+        if override.pooling_type is None:
+            raise
+        folder = None
+    config = override.over(folder)
+    logger.info(
+        "pooling: %s, %s", config.pooling_type, "normalized" if config.normalize else "not normalized"
+    )
+    return config
 
 
 def _load(

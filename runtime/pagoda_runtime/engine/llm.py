@@ -19,10 +19,11 @@ from dataclasses import replace
 from typing import Any
 
 from pagoda_runtime.contract.config import EngineConfig
+from pagoda_runtime.contract.pooling import PoolingParams, parse_pooler_config
 from pagoda_runtime.contract.speculative import parse_speculative_config
 from pagoda_runtime.engine.chat_prompt import chat_prompt_ids
 from pagoda_runtime.engine.llm_engine import LLMEngine
-from pagoda_runtime.engine.outputs import RequestOutput
+from pagoda_runtime.engine.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.engine.tokenizer import Tokenizer
 from pagoda_runtime.parallel.group_leader import lead_group
@@ -50,6 +51,9 @@ class LLM:
         speculative = engine_kwargs.get("speculative_config")
         if speculative is not None:
             engine_kwargs["speculative_config"] = parse_speculative_config(speculative)
+        pooler = engine_kwargs.get("pooler_config")
+        if pooler is not None:
+            engine_kwargs["pooler_config"] = parse_pooler_config(pooler)
         config = EngineConfig(
             model=str(model),
             dtype=dtype,
@@ -126,7 +130,7 @@ class LLM:
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],
-        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        params: SamplingParams | Sequence[SamplingParams | PoolingParams] | None = None,
         use_tqdm: bool = False,
         priority: Sequence[int] | None = None,
         lora_name: str | None | Sequence[str | None] = None,
@@ -160,10 +164,9 @@ class LLM:
             for request_id, prompt, p, rank, lora in zip(
                 request_ids, prompts, params, priority, loras, strict=True
             ):
+                run = replace(p, output_kind="delta") if isinstance(p, SamplingParams) else p
                 requests.append(
-                    self.engine.make_request(
-                        request_id, prompt, replace(p, output_kind="delta"), priority=rank, lora_name=lora
-                    )
+                    self.engine.make_request(request_id, prompt, run, priority=rank, lora_name=lora)
                 )
         except BaseException:
             for request in requests:
@@ -186,6 +189,23 @@ class LLM:
         if progress is not None:
             progress.close()
         return [finished[request_id] for request_id in request_ids]
+
+    def embed(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        use_tqdm: bool = False,
+        lora_name: str | None | Sequence[str | None] = None,
+    ) -> list[EmbeddingRequestOutput]:
+        """Each prompt's embedding, in the order of the prompts (an LLM made with runner="pooling");
+        vLLM's LLM.embed: `outputs.embedding`."""
+        if isinstance(prompts, str) or (prompts and all(isinstance(t, int) for t in prompts)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        done = self.generate(prompts, [PoolingParams()] * len(prompts), use_tqdm, lora_name=lora_name)
+        return [
+            EmbeddingRequestOutput(o.request_id, o.prompt_token_ids, EmbeddingOutput(o.embedding))
+            for o in done
+        ]
 
 
 def _free_port() -> int:

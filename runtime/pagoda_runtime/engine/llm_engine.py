@@ -24,11 +24,13 @@ from collections import Counter
 from functools import partial
 
 from pagoda_runtime.contract.config import EngineConfig
+from pagoda_runtime.contract.pooling import PoolingParams
 from pagoda_runtime.engine.bad_words import BadWords
 from pagoda_runtime.engine.build import build_engine
 from pagoda_runtime.engine.grammar_mask import GrammarCompiler
 from pagoda_runtime.engine.lora_manager import LoraManager
 from pagoda_runtime.engine.outputs import CompletionOutput, RequestOutput
+from pagoda_runtime.engine.pooler import EMBEDDING_RUN
 from pagoda_runtime.engine.protocol import LoraAdapterError, LoraNotFound, ServedLora
 from pagoda_runtime.engine.request_state import Request, SampledToken
 from pagoda_runtime.engine.request_validation import (
@@ -72,6 +74,7 @@ class LLMEngine:
         self.memory = parts.memory
         self.loras = parts.loras
         self.sampling_defaults = parts.sampling_defaults
+        self.pooler = parts.pooler
         self.requests: dict[str, Request] = {}
         self.grammars = GrammarCompiler(
             self.tokenizer, self.model_config.architecture.vocab_size, self.model_config.eos_token_ids
@@ -85,7 +88,9 @@ class LLMEngine:
             if engine_config.async_scheduling is None
             else engine_config.async_scheduling
         )
-        self.async_scheduling = overlap and speculative is None
+        # Not under pooling: the pooler places each step's hidden states by the counts of the
+        # steps before it, which an overlapped launch precedes (and a prefill has nothing to hide).
+        self.async_scheduling = overlap and speculative is None and not engine_config.pooling
         # With speculation: steps overlap while more sequences run than this (none drafts then).
         self.overlap_above = speculative.disable_by_batch_size if overlap and speculative else None
         self.spec_decode = (
@@ -100,7 +105,7 @@ class LLMEngine:
         self,
         request_id: str,
         prompt: str | list[int],
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         arrival_time: float | None = None,
         internal: bool = False,
         priority: int = 0,
@@ -112,10 +117,17 @@ class LLMEngine:
         with, held until the request ends."""
         self._check_unique(request_id)
         check_priority(priority, self.engine_config.scheduling_policy)
+        params = self._run_as(params)
         if isinstance(prompt, str):
             text, token_ids = prompt, self.tokenizer.encode(prompt)
         else:
             text, token_ids = None, list(prompt)
+        if self.engine_config.pooling and len(token_ids) >= self.max_model_len:
+            raise RequestRejected(
+                f"This model embeds at most {self.max_model_len - 1} tokens (max_model_len "
+                f"{self.max_model_len} less one), but the prompt has {len(token_ids)}; shorten it.",
+                param="prompt",
+            )
         check_request(token_ids, params, self.model_config.architecture.vocab_size, self.max_model_len)
         grammars = None
         if params.structured_outputs is not None:
@@ -142,6 +154,22 @@ class LLMEngine:
         if lora_name is not None:
             request.group.lora = self._acquire_lora(lora_name)
         return request
+
+    def _run_as(self, params: SamplingParams | PoolingParams) -> SamplingParams:
+        """The sampling a request runs with: its own, or, to embed its prompt (--runner pooling),
+        one greedy token after the prompt that ends the sequence and is never shown."""
+        pooling = self.engine_config.pooling
+        if isinstance(params, PoolingParams) and pooling:
+            return EMBEDDING_RUN
+        if pooling:
+            raise RequestRejected(
+                "This server embeds prompts (--runner pooling) and generates no text; use /v1/embeddings."
+            )
+        if isinstance(params, PoolingParams):
+            raise RequestRejected(
+                "This server generates text; embeddings need a server started with --runner pooling."
+            )
+        return params
 
     def _bad_words(self, params: SamplingParams) -> BadWords | None:
         if not params.bad_words:
@@ -174,7 +202,11 @@ class LLMEngine:
 
     def _forget(self, request_id: str) -> None:
         """The request has ended: the engine lets it go, and its adapter."""
-        self.release(self.requests.pop(request_id))
+        request = self.requests.pop(request_id)
+        if self.pooler is not None:
+            for seq in request.seqs:
+                self.pooler.drop(seq)
+        self.release(request)
 
     def release(self, request: Request) -> None:
         """Let go of the adapter of a request made (make_request) that ended or will never run."""
@@ -411,9 +443,16 @@ class LLMEngine:
         now = time.monotonic()
         outputs = []
         for request_id, request_deltas in deltas.items():
-            output = self.requests[request_id].output(request_deltas)
+            request = self.requests[request_id]
+            output = request.output(request_deltas)
+            if self.pooler is not None:
+                # The token that ended the prompt's run is no output of an embedding request.
+                output.outputs = [_without_tokens(o) for o in output.outputs]
+                output.delta = [_without_tokens(o) for o in output.delta or ()]
             if output.finished:
                 output.metrics.finished_time = now
+                if self.pooler is not None:
+                    output.embedding = self.pooler.pop(request.seqs[0])
                 self._forget(request_id)
             outputs.append(output)
         return outputs
@@ -422,3 +461,7 @@ class LLMEngine:
         self.last_step_timing = clock.timing(
             len(launched.batch), launched.shape, overlapped, prepare_s=self.runner.last_prepare_s
         )
+
+
+def _without_tokens(sample: CompletionOutput) -> CompletionOutput:
+    return CompletionOutput(index=sample.index, finish_reason=sample.finish_reason)

@@ -47,3 +47,20 @@ class RequestOutput:
     # With them, each prompt token's rank under the model (1: the likeliest), None for the first:
     # vLLM's Logprob.rank, which its API reports beside each prompt logprob.
     prompt_token_ranks: list[int | None] | None = None
+    # Under --runner pooling, in the finished output: the prompt's embedding (engine/pooler.py).
+    embedding: list[float] | None = None
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """LLM.embed's result for one prompt, as vLLM's: `outputs.embedding`."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+    finished: bool = True

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from pagoda_runtime.contract.pooling import PoolingParams
 from pagoda_runtime.engine.memory_report import MemoryReport
 from pagoda_runtime.engine.outputs import RequestOutput
 from pagoda_runtime.engine.request_validation import RequestRejected
@@ -97,6 +98,11 @@ class ServingEngine(Protocol):
         ...
 
     @property
+    def pooling(self) -> bool:
+        """Whether it embeds prompts (--runner pooling: PoolingParams) rather than generating."""
+        ...
+
+    @property
     def errored(self) -> BaseException | None:
         """Why the engine loop stopped; None while it runs."""
         ...
@@ -113,7 +119,7 @@ class ServingEngine(Protocol):
     def generate(
         self,
         prompt: str | list[int],
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         request_id: str,
         internal: bool = False,
         priority: int = 0,

@@ -102,17 +102,28 @@ class LoadedModel:
     # The sampling its makers recommend (generation_config.json: temperature, top_p, ...), which
     # the server uses for what a request leaves out, as vLLM's --generation-config auto does.
     sampling_defaults: dict[str, float] = field(default_factory=dict)
+    # The Hugging Face folder it was read from (its sentence-transformers files say how an
+    # embedding model pools: loading/sentence_transformers.py); None for a GGUF file or random weights.
+    folder: Path | None = None
 
     def dequantized(self, dtype: torch.dtype) -> LoadedModel:
         """The same model with each PackedWeight turned into a float tensor as it streams past."""
         if self.float_weights is not None:
             weights = self.float_weights(dtype)
-            return LoadedModel(self.config, weights, self.tokenizer, sampling_defaults=self.sampling_defaults)
+            return LoadedModel(
+                self.config,
+                weights,
+                self.tokenizer,
+                sampling_defaults=self.sampling_defaults,
+                folder=self.folder,
+            )
         weights = (
             (name, dequantize(weight, dtype) if isinstance(weight, PackedWeight) else weight)
             for name, weight in self.weights
         )
-        return LoadedModel(self.config, weights, self.tokenizer, sampling_defaults=self.sampling_defaults)
+        return LoadedModel(
+            self.config, weights, self.tokenizer, sampling_defaults=self.sampling_defaults, folder=self.folder
+        )
 
 
 def load_model_source(
@@ -366,9 +377,15 @@ def _load_hf_folder(
     if not stored:
         # A block-FP8 checkpoint's floats are reported as stored fp8, which auto holds as fp8 again.
         held = "fp8" if fp8 else None
-        return LoadedModel(config, weights(), tokenizer, held, sampling_defaults=defaults)
+        return LoadedModel(config, weights(), tokenizer, held, sampling_defaults=defaults, folder=folder)
     return LoadedModel(
-        config, weights(), tokenizer, spec.method, group_size=spec.group_size, sampling_defaults=defaults
+        config,
+        weights(),
+        tokenizer,
+        spec.method,
+        group_size=spec.group_size,
+        sampling_defaults=defaults,
+        folder=folder,
     )
 
 

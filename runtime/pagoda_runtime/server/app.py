@@ -25,6 +25,7 @@ from pagoda_runtime.loading.load_progress import LOAD_PROGRESS
 from pagoda_runtime.server.admission import LOADING_RETRY_AFTER_S
 from pagoda_runtime.server.chat import create_chat_completion
 from pagoda_runtime.server.completions import create_completion
+from pagoda_runtime.server.embeddings import create_embedding
 from pagoda_runtime.server.errors import APIError, install_error_handlers
 from pagoda_runtime.server.lora_routes import load_lora_adapter, unload_lora_adapter
 from pagoda_runtime.server.metrics_compat import vllm_registry
@@ -73,6 +74,7 @@ def build_app(
     app.add_api_route("/v1/completions", create_completion, methods=["POST"])
     app.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"])
     app.add_api_route("/v1/responses", create_response, methods=["POST"])
+    app.add_api_route("/v1/embeddings", create_embedding, methods=["POST"])
     app.add_api_route("/tokenize", tokenize, methods=["POST"])
     app.add_api_route("/detokenize", detokenize, methods=["POST"])
     app.add_api_route("/v1/load_lora_adapter", load_lora_adapter, methods=["POST"])

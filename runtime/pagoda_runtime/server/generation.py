@@ -17,6 +17,7 @@ from typing import TypeVar
 from fastapi import Request, Response
 from pydantic import BaseModel
 
+from pagoda_runtime.contract.pooling import PoolingParams
 from pagoda_runtime.engine.outputs import RequestOutput
 from pagoda_runtime.engine.protocol import RequestFailed, RequestRejected, ServingEngine
 from pagoda_runtime.engine.sampling_params import MODEL_DEFAULTED_FIELDS, SamplingParams
@@ -101,7 +102,7 @@ async def generate(
     state: ServerState,
     engine: ServingEngine,
     prompt_ids: list[int],
-    params: SamplingParams,
+    params: SamplingParams | PoolingParams,
     request_id: str,
     fields: Mapping[str, str] | None = None,
     lora_name: str | None = None,
@@ -149,7 +150,8 @@ async def generate(
                 last_token_at = now
             if out.finished:
                 finished = True
-                allowed = params.max_tokens or engine.max_model_len - len(prompt_ids)
+                allowed = 0 if isinstance(params, PoolingParams) else params.max_tokens
+                allowed = allowed or engine.max_model_len - len(prompt_ids)
                 state.metrics.finished(out, allowed, lora_name)
             yield out
     except RequestRejected as exc:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pagoda_runtime.contract.pooling import PoolingParams
 from pagoda_runtime.engine.protocol import RequestFailed, ServingEngine
 from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.loading.load_progress import LOAD_PROGRESS
@@ -53,7 +54,13 @@ class Health:
             await asyncio.sleep(self.canary_interval)
 
     async def _canary(self, engine: ServingEngine) -> None:
-        params = SamplingParams(max_tokens=CANARY_TOKENS, temperature=0.0, ignore_eos=True)
+        # An embedding server's canary embeds the prompt: one hidden token, which the output leaves out.
+        pooled = engine.pooling
+        params = (
+            PoolingParams()
+            if pooled
+            else SamplingParams(max_tokens=CANARY_TOKENS, temperature=0.0, ignore_eos=True)
+        )
         prompt = engine.tokenizer.encode(CANARY_PROMPT)
         final = None
         try:
@@ -74,6 +81,12 @@ class Health:
             return
         except Exception as exc:  # an engine failure makes the pod unready, not the server dead
             self._fail(f"the canary generation failed: {exc}")
+            return
+        if pooled:
+            if final is None or not final.embedding:
+                self._fail("the canary embedding produced no vector")
+            else:
+                self._succeed()
             return
         produced = len(final.outputs[0].token_ids) if final is not None else 0
         if produced != CANARY_TOKENS:

@@ -85,6 +85,7 @@ class FakeEngine:
         scheduling_policy: str = "fcfs",
     ) -> None:
         self.scheduling_policy = scheduling_policy
+        self.pooling = False
         self.tokenizer = FakeTokenizer()
         self.spec_decode: SpecDecodeCounts | None = None  # a test sets it to serve speculation's tallies
         self.vocab_size = FakeTokenizer.vocab_size

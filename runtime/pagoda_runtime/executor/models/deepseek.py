@@ -69,8 +69,8 @@ from pagoda_runtime.executor.models.hf_config import (
     rope_parameters,
     rope_scaling,
 )
-from pagoda_runtime.executor.models.layers import DecoderLayer, GatedMLP, RMSNorm
-from pagoda_runtime.executor.models.moe import SparseMoE
+from pagoda_runtime.executor.models.layers import DecoderLayer, RMSNorm
+from pagoda_runtime.executor.models.moe import layer_mlp
 from pagoda_runtime.executor.quantization import PackedWeight, dequantize, make_linear
 from pagoda_runtime.parallel.tensor_parallel import TensorParallel
 
@@ -180,10 +180,7 @@ class DeepseekForCausalLM(CausalLM):
     ) -> nn.Module:
         config, tp = self.config, self.tp
         attention = LatentAttention(config, ops, quantization, device, dtype, tp)
-        if config.architecture.is_sparse_layer(layer):
-            mlp = SparseMoE(config, quantization, device, dtype, tp)
-        else:
-            mlp = GatedMLP(config, quantization, device, dtype, tp)
+        mlp = layer_mlp(config, layer, quantization, device, dtype, tp)
         return DecoderLayer(config, attention, mlp, device, dtype)
 
     def checkpoint_shapes(self) -> Shapes:

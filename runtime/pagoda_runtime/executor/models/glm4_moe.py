@@ -43,8 +43,8 @@ from pagoda_runtime.executor.models.hf_config import (
     rope_parameters,
     rope_scaling,
 )
-from pagoda_runtime.executor.models.layers import Attention, DecoderLayer, GatedMLP, RMSNorm
-from pagoda_runtime.executor.models.moe import SparseMoE
+from pagoda_runtime.executor.models.layers import Attention, DecoderLayer, RMSNorm
+from pagoda_runtime.executor.models.moe import layer_mlp
 
 FAMILY = "GLM-4.5"
 
@@ -56,10 +56,7 @@ class Glm4MoeForCausalLM(CausalLM):
         config, tp = self.config, self.tp
         qk_norm = RMSNorm if config.architecture.qk_norm else None
         attention = Attention(config, layer, ops, quantization, device, dtype, tp, qk_norm)
-        if config.architecture.is_sparse_layer(layer):
-            mlp = SparseMoE(config, quantization, device, dtype, tp)
-        else:
-            mlp = GatedMLP(config, quantization, device, dtype, tp)
+        mlp = layer_mlp(config, layer, quantization, device, dtype, tp)
         return DecoderLayer(config, attention, mlp, device, dtype)
 
     def checkpoint_shapes(self) -> Shapes:

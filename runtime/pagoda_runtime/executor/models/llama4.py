@@ -46,8 +46,8 @@ from pagoda_runtime.executor.models.hf_config import (
     rope_parameters,
     rope_scaling,
 )
-from pagoda_runtime.executor.models.layers import Attention, DecoderLayer, GatedMLP
-from pagoda_runtime.executor.models.moe import MoECausalLM, SparseMoE, fused_expert_parts
+from pagoda_runtime.executor.models.layers import Attention, DecoderLayer
+from pagoda_runtime.executor.models.moe import MoECausalLM, fused_expert_parts, layer_mlp
 
 FAMILY = "Llama 4"
 _LAYER_KINDS = ("chunked_attention", "full_attention")
@@ -95,10 +95,7 @@ class Llama4ForCausalLM(MoECausalLM):
         temperature = config.attn_temperature
         query_scale = QueryTemperature(temperature) if temperature is not None and not rotates else None
         attention = Attention(config, layer, ops, quantization, device, dtype, tp, qk_norm, query_scale)
-        if config.architecture.is_sparse_layer(layer):
-            mlp = SparseMoE(config, quantization, device, dtype, tp)
-        else:
-            mlp = GatedMLP(config, quantization, device, dtype, tp)
+        mlp = layer_mlp(config, layer, quantization, device, dtype, tp)
         return DecoderLayer(config, attention, mlp, device, dtype)
 
     def checkpoint_shapes(self) -> Shapes:

@@ -253,6 +253,20 @@ class SparseMoE(nn.Module):
         return out if self.shared_experts is None else out + self.shared_experts(x)
 
 
+def layer_mlp(
+    config: ModelConfig,
+    layer: int,
+    quantization: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    tp: TensorParallel,
+) -> nn.Module:
+    """Layer `layer`'s MLP: its experts where the layer is sparse, the dense MLP elsewhere."""
+    if config.architecture.is_sparse_layer(layer):
+        return SparseMoE(config, quantization, device, dtype, tp)
+    return GatedMLP(config, quantization, device, dtype, tp)
+
+
 class MoECausalLM(CausalLM):
     qk_norm: type[nn.Module] | None = None
 
@@ -261,10 +275,7 @@ class MoECausalLM(CausalLM):
     ) -> nn.Module:
         config, tp = self.config, self.tp
         attention = Attention(config, layer, ops, quantization, device, dtype, tp, self.qk_norm)
-        if config.architecture.is_sparse_layer(layer):
-            mlp = SparseMoE(config, quantization, device, dtype, tp)
-        else:
-            mlp = GatedMLP(config, quantization, device, dtype, tp)
+        mlp = layer_mlp(config, layer, quantization, device, dtype, tp)
         return DecoderLayer(config, attention, mlp, device, dtype)
 
     def checkpoint_shapes(self) -> dict[str, tuple[int, ...]]:
