@@ -22,7 +22,7 @@ SERVE_OPTIONS = {
     "--kv-cache-memory", "--gpu-memory-utilization", "--enable-prefix-caching",
     "--no-enable-prefix-caching", "--enforce-eager", "--async-scheduling", "--no-async-scheduling",
     "--disable-async-output-proc", "--speculative-config", "--scheduling-policy", "--seed",
-    "--hf-overrides",
+    "--hf-overrides", "--runner", "--pooler-config",
     "--tensor-parallel-size", "-tp",
     "--served-model-name", "--host", "--port", "--api-key", "--max-queue", "--drain-timeout",
     "--canary-interval", "--tool-call-parser", "--chat-template", "--allowed-origins",

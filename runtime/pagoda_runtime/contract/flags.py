@@ -69,7 +69,7 @@ def add_flags(parser, cls: type, names: Iterable[str] | None = None, **defaults:
         if kind is bool:
             arguments["action"] = "store_true" if _is_switch(field) else argparse.BooleanOptionalAction
         else:
-            arguments["type"] = flag.parse or (str if kind is tuple else kind)
+            arguments["type"] = _argument_type(flag.parse) if flag.parse else (str if kind is tuple else kind)
             if flag.choices:
                 arguments["choices"] = flag.choices
             else:
@@ -85,6 +85,19 @@ def add_flags(parser, cls: type, names: Iterable[str] | None = None, **defaults:
                 const=False,
                 help=f"the same as --no-{options[0].removeprefix('--')} (vLLM's spelling)",
             )
+
+
+def _argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """`parse` for argparse: its ValueError's sentence becomes the usage error, not "invalid value"."""
+
+    def read(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+
+    read.__name__ = parse.__name__
+    return read
 
 
 def from_args(cls: type, args: argparse.Namespace, **values: Any):

@@ -181,3 +181,18 @@ def test_embeddings_on_the_gpu_match_the_cpus(tmp_path):
             )
             > 0.99
         )
+
+
+def test_the_serve_flags_are_vllms(capsys):
+    from pagoda_runtime import cli
+
+    args = cli.parser().parse_args(
+        ["serve", "--runner", "pooling", "--pooler-config", '{"pooling_type": "cls"}']
+    )
+    config = cli.engine_config(args)
+    assert config.pooling and config.pooler_config == PoolerConfig("CLS", None)
+    assert not config.enable_prefix_caching  # a cached prefix would not be run, nor pooled
+    for wrong in (["--runner", "embed"], ["--runner", "pooling", "--pooler-config", "{mean"]):
+        with pytest.raises(SystemExit):
+            cli.parser().parse_args(["serve", *wrong])
+    assert "--pooler-config is not valid JSON" in capsys.readouterr().err
