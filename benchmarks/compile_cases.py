@@ -318,6 +318,17 @@ def _small_cases() -> list:
                 ),
             )
         )
+    # Llama 4's chunked layers: a chunk of 32 keys, in split decode and in prefill chunks that cross it.
+    for query_len, splits in ((1, 4), (30, None)):
+        q, cache, meta = decode_batch(2, 70, torch.bfloat16, None, query_len)
+        found.append(
+            (
+                f"chunked 32 query {query_len}",
+                lambda q=q, c=cache, m=meta, s=splits: triton_paged_attention.paged_attention(
+                    q, c, m, 0.125, window=32, chunked=True, num_splits=s
+                ),
+            )
+        )
     found += _latent_attention_cases()
     x = torch.randn(5, 576, dtype=torch.bfloat16)
     found.append(("rms_norm", lambda: triton_rmsnorm.rms_norm(x, x[0], 1e-5, x)))
