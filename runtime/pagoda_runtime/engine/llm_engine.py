@@ -163,11 +163,12 @@ class LLMEngine:
             return EMBEDDING_RUN
         if pooling:
             raise RequestRejected(
-                "This server embeds prompts (--runner pooling) and generates no text; use /v1/embeddings."
+                "This engine embeds prompts (--runner pooling) and generates no text; use /v1/embeddings "
+                "(LLM.embed offline)."
             )
         if isinstance(params, PoolingParams):
             raise RequestRejected(
-                "This server generates text; embeddings need a server started with --runner pooling."
+                "This engine generates text; embeddings need one started with --runner pooling."
             )
         return params
 
