@@ -252,3 +252,19 @@ def test_a_llama4_entry_is_its_text_config_and_17b_active(name, config, billions
     # of the 48 layers.
     full = kv_bytes_for_context(replace(arch, layer_types=(), attention_chunk_size=None), 1 << 20)
     assert kv_bytes_for_context(arch, 1 << 20) == full // 4 + full * 3 // 4 * 8192 // (1 << 20)
+
+
+def test_qwen15_moe_is_its_config_json_and_its_cards_14b_parameters_27b_activated():
+    """transformers' Qwen2-MoE config defaults to Qwen1.5-MoE-A2.7B's shape; its config.json sets
+    rope_theta 1e6 and an 8K context. The card: 14.3B parameters, 2.7B activated (the embedding and
+    LM head included)."""
+    from pagoda_runtime.executor.models.moe import qwen2_moe_config_from_hf
+    from transformers import Qwen2MoeConfig
+
+    rope = {"rope_type": "default", "rope_theta": 1000000.0}
+    raw = Qwen2MoeConfig().to_dict() | {"rope_parameters": rope, "max_position_embeddings": 8192}
+    parsed = qwen2_moe_config_from_hf(raw, "Qwen2MoeForCausalLM")
+    assert MODELS["qwen1.5-moe-a2.7b"] == replace(parsed, bos_token_id=None, eos_token_ids=())
+    arch = KNOWN_ARCHITECTURES["qwen1.5-moe-a2.7b"]
+    assert round(arch.num_parameters() / 1e9, 1) == 14.3
+    assert round((arch.active_linear_parameters() + arch.unquantized_parameters()) / 1e9, 1) == 2.7

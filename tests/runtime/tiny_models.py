@@ -26,7 +26,8 @@ sigmoid routing), "deepseek_v2" (latent attention, scaled softmax routing), "dee
 softmax routing limited to the best expert groups), "ernie4_5" and "ernie4_5_moe" (interleaved
 rotary pairs; softmax routing chosen with a correction bias), "exaone4" (post-norms, a window,
 a NoPE global layer), "llama4" (chunked attention, a NoPE layer with query temperature, top-1
-sigmoid routing on the experts' input), and the others each
+sigmoid routing on the experts' input), "qwen2_moe" (a shared expert gated per token), and the
+others each
 with its quirk noted beside it. The weights use a wide init and random norm weights and biases, so
 greedy decoding is far from ties and a mis-loaded norm or bias changes the output.
 Use the folder with `pagoda_runtime.loading.model_source.load_model_source(folder)` and, as the
@@ -75,6 +76,7 @@ from transformers import (
     Phi3Config,
     PreTrainedTokenizerFast,
     Qwen2Config,
+    Qwen2MoeConfig,
     Qwen3Config,
     Qwen3MoeConfig,
     SeedOssConfig,
@@ -396,6 +398,19 @@ FAMILY_VARIANTS: dict[str, tuple[type, str, dict]] = {
     # Norms after attention and the MLP, per-head q/k norms, a window of 8 on layer 0 and layer 1
     # global without rotary embeddings.
     "exaone4": (Exaone4Config, "chatml", {"sliding_window": _WINDOW, "sliding_window_pattern": 2}),
+    # Qwen2's biased attention, softmax top 2 of 8 experts unrenormalized, a shared expert whose
+    # sigmoid gate varies by token, layer 1 dense.
+    "qwen2_moe": (
+        Qwen2MoeConfig,
+        "chatml",
+        {
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 64,
+            "mlp_only_layers": [1],
+        },
+    ),
     # Layer 0 rotates (interleaved pairs, llama3 scaling with equal frequency factors as Scout's)
     # and attends within chunks of 8, its q and k normed without weights, and has a dense MLP;
     # layer 1 attends to everything without rotation, its queries scaled from position 3 on, and

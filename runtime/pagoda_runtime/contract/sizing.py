@@ -142,6 +142,11 @@ class ModelArchitecture:
         minimum=0,
         default=0,
     )
+    shared_expert_gate: bool = _shape_field(
+        "Whether a sigmoid of one logit per token (shared_expert_gate) scales the shared experts' "
+        "output (Qwen2-MoE).",
+        default=False,
+    )
     mlp_only_layers: tuple[int, ...] = _shape_field(
         "Layers of a mixture-of-experts model whose MLP is dense, intermediate_size wide.", default=()
     )
@@ -386,6 +391,7 @@ class ModelArchitecture:
         if self.expert_bias:
             router += 1 + 2 * self.moe_intermediate_size + self.hidden_size
         routers = self.num_sparse_layers * self.num_experts * router
+        routers += self.num_sparse_layers * self.hidden_size if self.shared_expert_gate else 0
         # kv_b_proj expands the latent into each head's key and value; served absorbed, it is
         # multiplied into the queries and the attention's output as a float matrix (as vLLM does).
         expansion = self.num_attention_heads * (self.qk_nope_head_dim + self.v_head_dim) * self.kv_lora_rank

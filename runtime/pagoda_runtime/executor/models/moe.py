@@ -1,11 +1,13 @@
 """Mixture-of-experts families: Qwen3-MoE (Qwen3-30B-A3B: Qwen3's attention, 128 experts of which
-8 per token, each 768 channels wide) and Mixtral (Mixtral-8x7B: Mistral's attention, 8 experts of
-which 2 per token).
+8 per token, each 768 channels wide; also Qwen3-VL-MoE's language model), Qwen2-MoE
+(Qwen1.5-MoE-A2.7B: Qwen2's attention, 60 experts of which 4 per token, a shared expert gated per
+token) and Mixtral (Mixtral-8x7B: Mistral's attention, 8 experts of which 2 per token).
 
 The layer (SparseMoE) also serves GLM-4.5 (glm4_moe.py), GPT-OSS (gpt_oss.py), DeepSeek V2 / V3
-(deepseek.py) and ERNIE 4.5 (ernie.py). It routes each token to its top-k experts (softmax over the
-router's logits, the chosen weights renormalized where the config says so, ERNIE's ranked with a
-correction bias; or GLM-4.5's grouped sigmoid scores with a correction bias), sums their SwiGLU
+(deepseek.py), ERNIE 4.5 (ernie.py) and Llama 4 (llama4.py). It routes each token to its top-k
+experts (softmax over the router's logits, the chosen weights renormalized where the config says
+so, ERNIE's ranked with a correction bias; or GLM-4.5's grouped sigmoid scores with a correction
+bias), sums their SwiGLU
 outputs weighted by the router and scaled by routed_scaling_factor (kernels/moe.py: the grouped
 Triton kernel on CUDA, the reference on the CPU), plus the shared experts' MLP where the model has
 one. Each projection's experts are one fused weight of the layer, [E * 2I, H] for gate and up and
@@ -134,6 +136,11 @@ class SparseMoE(nn.Module):
             self.shared_experts = GatedMLP(
                 config, quantization, device, dtype, tp, width=arch.shared_expert_intermediate_size
             )
+        # Qwen2-MoE's: sigmoid(x . w) scales the shared experts' output, token by token; whole on
+        # every rank, in the model's dtype, as the router.
+        self.shared_expert_gate = None
+        if arch.shared_expert_gate:
+            self.shared_expert_gate = nn.Linear(self.hidden, 1, bias=False, device=device, dtype=dtype)
         self.activation = None if config.swiglu_limit is None else ClampedSwiGLU(limit=config.swiglu_limit)
         # GPT-OSS's expert biases: gate_up's as its fused rows (this rank's channels), down's whole on
         # every rank and added by rank 0 alone, since the ranks' partial outputs are summed.
@@ -250,7 +257,12 @@ class SparseMoE(nn.Module):
         if self.routed_scale != 1.0:
             out = out * self.routed_scale
         out = self.tp.all_reduce(out)
-        return out if self.shared_experts is None else out + self.shared_experts(x)
+        if self.shared_experts is None:
+            return out
+        shared = self.shared_experts(x)
+        if self.shared_expert_gate is not None:
+            shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
+        return out + shared
 
 
 def layer_mlp(
@@ -317,6 +329,14 @@ class Qwen3MoeForCausalLM(MoECausalLM):
             yield name, tensor
 
 
+class Qwen2MoeForCausalLM(MoECausalLM):
+    """Qwen1.5-MoE and Qwen2-MoE: Qwen2's attention (q, k and v biased), softmax routing, and a
+    shared expert gated per token (mlp.shared_expert, mlp.shared_expert_gate)."""
+
+    def checkpoint_parts(self, name: str, tensor: Weight) -> Iterator[tuple[str, Weight]]:
+        yield name.replace(".mlp.shared_expert.", ".mlp.shared_experts."), tensor
+
+
 # Mixtral's checkpoint names for what Qwen3-MoE (and the model) call mlp.gate, mlp.experts.N.gate_proj, ...
 _MIXTRAL_NAMES = {
     "w1.weight": "gate_proj.weight",
@@ -339,6 +359,7 @@ def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     arch = config.architecture
     hidden, width = arch.hidden_size, arch.moe_intermediate_size
     mixtral = config.model_type == "mixtral"
+    qwen2 = config.model_type == "qwen2_moe"
     block = "block_sparse_moe." if mixtral else "mlp."
     names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
     shapes = vocabulary_shapes(arch)
@@ -346,12 +367,15 @@ def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         layer = layer_prefix(i)
         shapes |= norm_shapes(layer, ("input_layernorm", "post_attention_layernorm"), hidden)
         shapes |= attention_shapes(arch, layer)
-        if not mixtral:
+        if not (mixtral or qwen2):
             shapes |= norm_shapes(layer + "self_attn.", ("q_norm", "k_norm"), arch.head_dim)
         if not arch.is_sparse_layer(i):
             shapes |= mlp_shapes(layer + "mlp.", hidden, arch.intermediate_size)
             continue
         shapes[f"{layer}{block}gate.weight"] = (arch.num_experts, hidden)
+        if qwen2:
+            shapes |= mlp_shapes(f"{layer}mlp.shared_expert.", hidden, arch.shared_expert_intermediate_size)
+            shapes[f"{layer}mlp.shared_expert_gate.weight"] = (1, hidden)
         if config.model_type == "qwen3_vl_moe":
             shapes[f"{layer}{block}experts.gate_up_proj"] = (arch.num_experts, hidden, 2 * width)
             shapes[f"{layer}{block}experts.down_proj"] = (arch.num_experts, width, hidden)
@@ -367,7 +391,10 @@ def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _moe_config(raw: dict[str, Any], model_type: str, family: str, **fields: Any) -> ModelConfig:
+def _moe_config(
+    raw: dict[str, Any], model_type: str, family: str, biases: dict[str, bool] | None = None, **fields: Any
+) -> ModelConfig:
+    """biases: the attention's bias fields, where not attention_bias's (attention_biases)."""
     check_activation(raw, "hidden_act", "silu", family)
     arch = architecture_fields(raw, family)
     rope = rope_parameters(raw)
@@ -380,7 +407,7 @@ def _moe_config(raw: dict[str, Any], model_type: str, family: str, **fields: Any
             **fields,
             num_experts=num_experts,
             num_experts_per_tok=field(raw, "num_experts_per_tok", family),
-            **attention_biases(raw),
+            **(attention_biases(raw) if biases is None else biases),
             **layer_types(raw, arch["num_hidden_layers"], family, per_layer=model_type != "mixtral"),
         ),
         rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
@@ -404,6 +431,24 @@ def qwen3_moe_config_from_hf(raw: dict[str, Any], architecture: str) -> ModelCon
         model_type,
         family,
         moe_intermediate_size=field(raw, "moe_intermediate_size", family),
+        mlp_only_layers=tuple(dense),
+    )
+
+
+def qwen2_moe_config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
+    family = "Qwen2-MoE"
+    layers = field(raw, "num_hidden_layers", family)
+    step = raw.get("decoder_sparse_step", 1) or 1
+    dense = sorted(set(raw.get("mlp_only_layers") or ()) | {i for i in range(layers) if (i + 1) % step})
+    return _moe_config(
+        raw,
+        "qwen2_moe",
+        family,
+        # Qwen2's attention: q, k and v biased (qkv_bias, on unless a config turns it off), o not.
+        biases={"attention_bias": raw.get("qkv_bias", True), "attention_output_bias": False},
+        moe_intermediate_size=field(raw, "moe_intermediate_size", family),
+        shared_expert_intermediate_size=raw.get("shared_expert_intermediate_size") or 0,
+        shared_expert_gate=bool(raw.get("shared_expert_intermediate_size")),
         mlp_only_layers=tuple(dense),
     )
 

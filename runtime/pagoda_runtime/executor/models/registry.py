@@ -115,6 +115,15 @@ FAMILIES: tuple[Family, ...] = (
         quantizations=("none", "int8", "int4", "fp8", "awq", "gptq", "gguf"),
     ),
     Family(
+        name="Qwen2-MoE",
+        architectures=("Qwen2MoeForCausalLM",),
+        model_types=("qwen2_moe",),
+        model=moe.Qwen2MoeForCausalLM,
+        config_from_hf=moe.qwen2_moe_config_from_hf,
+        weight_shapes=moe.weight_shapes,
+        quantizations=("none", "int8", "int4", "fp8", "awq", "gptq"),
+    ),
+    Family(
         name="Mixtral",
         architectures=("MixtralForCausalLM",),
         model_types=("mixtral",),
