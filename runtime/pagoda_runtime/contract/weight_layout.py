@@ -82,6 +82,17 @@ def sparse_mlp_shapes(
     return shapes
 
 
+def fused_expert_shapes(arch: ModelArchitecture, block: str) -> Shapes:
+    """A layer's experts as two fused tensors under `block` (Llama 4's feed_forward., Qwen3-VL-MoE's
+    mlp.): experts.gate_up_proj [E, H, 2I], gate then up along the last axis, and experts.down_proj
+    [E, I, H] (executor/models/moe.fused_expert_parts takes them apart)."""
+    experts, hidden, width = arch.num_experts, arch.hidden_size, arch.moe_intermediate_size
+    return {
+        block + "experts.gate_up_proj": (experts, hidden, 2 * width),
+        block + "experts.down_proj": (experts, width, hidden),
+    }
+
+
 def norm_shapes(layer: str, names: tuple[str, ...], size: int) -> Shapes:
     return {f"{layer}{name}.weight": (size,) for name in names}
 

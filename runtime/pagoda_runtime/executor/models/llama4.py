@@ -30,6 +30,7 @@ from pagoda_runtime.contract.sizing import ModelArchitecture
 from pagoda_runtime.contract.weight_layout import (
     Shapes,
     attention_shapes,
+    fused_expert_shapes,
     layer_prefix,
     mlp_shapes,
     norm_shapes,
@@ -113,7 +114,7 @@ class Llama4ForCausalLM(MoECausalLM):
 
 def weight_shapes(config: ModelConfig) -> Shapes:
     arch = config.architecture
-    hidden, width, experts = arch.hidden_size, arch.moe_intermediate_size, arch.num_experts
+    hidden, experts = arch.hidden_size, arch.num_experts
     shapes = vocabulary_shapes(arch)
     for i in range(arch.num_hidden_layers):
         layer = layer_prefix(i)
@@ -124,8 +125,7 @@ def weight_shapes(config: ModelConfig) -> Shapes:
             shapes |= mlp_shapes(block, hidden, arch.intermediate_size)
             continue
         shapes[block + "router.weight"] = (experts, hidden)
-        shapes[block + "experts.gate_up_proj"] = (experts, hidden, 2 * width)
-        shapes[block + "experts.down_proj"] = (experts, width, hidden)
+        shapes |= fused_expert_shapes(arch, block)
         shapes |= mlp_shapes(block + "shared_expert.", hidden, arch.shared_expert_intermediate_size)
     return shapes
 

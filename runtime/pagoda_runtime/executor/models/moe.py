@@ -29,6 +29,7 @@ from pagoda_runtime.contract.config import ModelConfig
 from pagoda_runtime.contract.sizing import ModelArchitecture
 from pagoda_runtime.contract.weight_layout import (
     attention_shapes,
+    fused_expert_shapes,
     layer_prefix,
     mlp_shapes,
     norm_shapes,
@@ -298,8 +299,7 @@ def fused_expert_parts(
     prefix: str, fused: str, tensor: Weight, family: str
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Each expert's gate, up and down weights ([out, in], the Llama orientation) of a checkpoint's
-    fused expert tensor: experts.gate_up_proj [E, H, 2I] (gate then up along the last axis) or
-    experts.down_proj [E, I, H] (Llama 4's and Qwen3-VL-MoE's layout)."""
+    fused expert tensor (weight_layout.fused_expert_shapes)."""
     if fused not in ("gate_up_proj", "down_proj") or not isinstance(tensor, torch.Tensor):
         raise ValueError(
             f"the checkpoint holds experts.{fused} in a form a {family} model does not read; it reads "
@@ -377,8 +377,7 @@ def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes |= mlp_shapes(f"{layer}mlp.shared_expert.", hidden, arch.shared_expert_intermediate_size)
             shapes[f"{layer}mlp.shared_expert_gate.weight"] = (1, hidden)
         if config.model_type == "qwen3_vl_moe":
-            shapes[f"{layer}{block}experts.gate_up_proj"] = (arch.num_experts, hidden, 2 * width)
-            shapes[f"{layer}{block}experts.down_proj"] = (arch.num_experts, width, hidden)
+            shapes |= fused_expert_shapes(arch, layer + block)
             continue
         for e in range(arch.num_experts):
             expert = f"{layer}{block}experts.{e}."
