@@ -8,10 +8,10 @@ import base64
 import struct
 import time
 import uuid
-from typing import Literal
+from typing import Any, Literal
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from pagoda_runtime.contract.pooling import PoolingParams
 from pagoda_runtime.engine.outputs import RequestOutput
@@ -19,7 +19,7 @@ from pagoda_runtime.server.admission import admit, check_model
 from pagoda_runtime.server.errors import APIError
 from pagoda_runtime.server.generation import generate, respond
 from pagoda_runtime.server.merged_outputs import finals
-from pagoda_runtime.server.protocol import TokenId, UsageInfo, ValidText
+from pagoda_runtime.server.protocol import MAX_COMPLETIONS, TokenId, UsageInfo, ValidText, token_ids_in_range
 from pagoda_runtime.server.state import ServerState
 
 
@@ -32,6 +32,11 @@ class EmbeddingRequest(ValidText):
     dimensions: int | None = None
     user: str | None = None  # OpenAI's end-user id, for their abuse monitoring: nothing to do here
     add_special_tokens: bool = True  # vLLM's: BOS and the like, as the tokenizer adds them
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _token_ids_in_range(cls, value: Any) -> Any:
+        return token_ids_in_range(value)
 
     def inputs(self) -> list[str | list[int]]:
         """The one input or each of the listed ones (a list of ints is one input of token ids)."""
@@ -71,6 +76,13 @@ async def create_embedding(body: EmbeddingRequest, request: Request):
             param="dimensions",
         )
     inputs = body.inputs()
+    if len(inputs) > MAX_COMPLETIONS:
+        raise APIError(
+            400,
+            f"input lists {len(inputs)} inputs, more than the {MAX_COMPLETIONS} one request may embed; "
+            "split them over several requests.",
+            param="input",
+        )
     if not inputs:
         raise APIError(
             400, "input is an empty list; give at least one text or list of token ids.", param="input"

@@ -120,6 +120,19 @@ def _lone_surrogate_at(value: Any) -> str | None:
     return None
 
 
+def token_ids_in_range(prompt: Any) -> Any:
+    """A prompt field (text, token ids, or a list of either) whose ids fit 0 .. INT32_MAX; said
+    before validation, where the union's own error would only say the ids are not a string."""
+    batch = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], list) else [prompt]
+    for ids in batch:
+        if not isinstance(ids, list):
+            continue
+        bad = next((t for t in ids if isinstance(t, int) and not 0 <= t <= INT32_MAX), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is outside 0 to {INT32_MAX}; check the tokenizer")
+    return prompt
+
+
 class ValidText(BaseModel):
     """A request body whose every string is valid Unicode."""
 
@@ -310,15 +323,7 @@ class CompletionRequest(SamplingFields):
     @field_validator("prompt", mode="before")
     @classmethod
     def _token_ids_in_range(cls, prompt: Any) -> Any:
-        # Said here, where the union's own error would only say the ids are not a string.
-        batch = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], list) else [prompt]
-        for ids in batch:
-            if not isinstance(ids, list):
-                continue
-            bad = next((t for t in ids if isinstance(t, int) and not 0 <= t <= INT32_MAX), None)
-            if bad is not None:
-                raise ValueError(f"token id {bad} is outside 0 to {INT32_MAX}; check the tokenizer")
-        return prompt
+        return token_ids_in_range(prompt)
 
     def prompts(self) -> list[str | list[int]]:
         """The request's prompts: one text or token-id list, or a list of either (a batch)."""

@@ -13,10 +13,11 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from pagoda_runtime.contract.pooling import PoolingParams
 from pagoda_runtime.engine.memory_report import MemoryReport
 from pagoda_runtime.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from pagoda_runtime.engine.protocol import LoraNotFound, ServedLora
-from pagoda_runtime.engine.request_validation import check_priority, check_request
+from pagoda_runtime.engine.request_validation import RequestRejected, check_priority, check_request
 from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.engine.stats import EngineStats, SpecDecodeCounts
 
@@ -179,6 +180,11 @@ class FakeEngine:
         priority: int = 0,
         lora_name=None,
     ):
+        if isinstance(params, PoolingParams):
+            # As the real engine refuses it without --runner pooling (LLMEngine._run_as).
+            raise RequestRejected(
+                "This engine generates text; embeddings need one started with --runner pooling."
+            )
         if internal:
             self.internal_ids.add(request_id)
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)

@@ -341,18 +341,37 @@ _tokenize = st.fixed_dictionaries(
 _detokenize = st.fixed_dictionaries(
     {"tokens": st.one_of(st.lists(st.one_of(st.integers(-2, 70000), boundary_ints), max_size=5), wrong)}
 )
+_ids = st.lists(st.one_of(st.integers(-2, 70000), boundary_ints), max_size=5)
+EMBEDDING_FIELDS = {
+    "model": st.sampled_from(["fake-model", "smollm2-135m", "other"]),
+    "input": st.one_of(text, st.lists(text, max_size=3), _ids, st.lists(_ids, max_size=2), wrong),
+    "encoding_format": st.one_of(st.sampled_from(["float", "base64", "int8"]), junk),
+    "dimensions": st.one_of(st.none(), st.integers(-1, 8), junk),
+    "user": text,
+    "add_special_tokens": st.one_of(st.booleans(), junk),
+    "truncate_prompt_tokens": st.integers(-1, 4),  # vLLM's, not served here: a 400
+}
+_embeddings = st.fixed_dictionaries({}, optional=EMBEDDING_FIELDS)
 
 
 def request_bodies(model: str):
     """(path, raw body) pairs for the generating endpoints and /tokenize, /detokenize, including
     bodies that are not JSON at all."""
-    paths = ["/v1/completions", "/v1/chat/completions", "/v1/responses", "/tokenize", "/detokenize"]
+    paths = [
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/responses",
+        "/v1/embeddings",
+        "/tokenize",
+        "/detokenize",
+    ]
     return st.one_of(
         st.tuples(st.just("/v1/responses"), _body(model, RESPONSES_FIELDS, ["input"], "max_output_tokens")),
         st.tuples(st.just("/v1/completions"), _body(model, COMPLETION_FIELDS, ["prompt"])),
         st.tuples(st.just("/v1/completions"), _body(model, COMPLETION_FIELDS, ["prompt"])),
         st.tuples(st.just("/v1/chat/completions"), _body(model, CHAT_FIELDS, ["messages"])),
         st.tuples(st.just("/v1/chat/completions"), _body(model, CHAT_FIELDS, ["messages"])),
+        st.tuples(st.just("/v1/embeddings"), _embeddings.map(encode)),
         st.tuples(st.just("/tokenize"), _tokenize.map(encode)),
         st.tuples(st.just("/detokenize"), _detokenize.map(encode)),
         st.tuples(st.sampled_from(paths), st.binary(max_size=30)),

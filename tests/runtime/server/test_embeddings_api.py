@@ -77,6 +77,9 @@ def test_floats_base64_and_token_ids_agree(http, offline):
         ({"input": TEXTS[0], "truncate_prompt_tokens": 4}, "truncate_prompt_tokens", "Extra inputs"),
         ({"input": TEXTS[0], "encoding_format": "int8"}, "encoding_format", "float"),
         ({"input": "x " * 300}, "input", "embeds at most"),
+        ({"input": ["x"] * 100_000}, "input", "more than the"),
+        ({"input": [[1, -2]]}, "input", "token id -2 is outside 0 to"),
+        ({"input": ""}, "input", "empty"),
     ],
 )
 def test_what_the_endpoint_does_not_serve_is_a_400_naming_the_field(http, body, param, message):

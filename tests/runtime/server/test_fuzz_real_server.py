@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from loopback_client import metric
+from pagoda_runtime.server.embeddings import EmbeddingRequest
 from pagoda_runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from pagoda_runtime.server.responses_protocol import ResponsesRequest
 
@@ -26,6 +27,7 @@ from .conftest import ServerProcess
 from .request_strategies import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
+    EMBEDDING_FIELDS,
     RESPONSES_FIELDS,
     VOCAB,
     check_response,
@@ -93,6 +95,7 @@ def test_the_fuzzer_covers_every_request_field():
     assert set(CompletionRequest.model_fields) <= set(COMPLETION_FIELDS)
     assert set(ChatCompletionRequest.model_fields) <= set(CHAT_FIELDS)
     assert set(ResponsesRequest.model_fields) - {"model"} <= set(RESPONSES_FIELDS)
+    assert set(EmbeddingRequest.model_fields) <= set(EMBEDDING_FIELDS)
 
 
 @pytest.mark.parametrize(
