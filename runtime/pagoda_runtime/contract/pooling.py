@@ -8,6 +8,11 @@ normalized to unit length where asked. The model folder's sentence-transformers 
 (modules.json: its Pooling module's 1_Pooling/config.json and a Normalize module) say which, as
 sentence-transformers reads them; `--pooler-config` (vLLM's flag) overrides them; without either,
 LAST and normalized, vLLM's default for a causal language model served to embed.
+
+A model trained with Matryoshka representation learning (config.json's is_matryoshka, or the sizes
+it was trained at as matryoshka_dimensions; Qwen3-Embedding takes --hf-overrides '{"is_matryoshka":
+true}' as on vLLM) serves shorter embeddings on request (`dimensions`): the vector's first values,
+normalized after the cut where the model normalizes.
 """
 
 from __future__ import annotations
@@ -48,7 +53,43 @@ class PoolerConfig:
 
 @dataclass(frozen=True)
 class PoolingParams:
-    """A request to embed its prompt rather than continue it (LLM.embed, /v1/embeddings)."""
+    """A request to embed its prompt rather than continue it (LLM.embed, /v1/embeddings).
+    dimensions: the embedding cut to its first values (a Matryoshka model only)."""
+
+    dimensions: int | None = None
+
+
+@dataclass(frozen=True)
+class Matryoshka:
+    """A model whose embeddings' leading values are embeddings too; `dimensions`: the sizes it was
+    trained at, the only ones it serves where given (any size up to the hidden size where empty)."""
+
+    dimensions: tuple[int, ...] = ()
+
+
+def matryoshka_of(raw: dict[str, Any]) -> Matryoshka | None:
+    """config.json's Matryoshka keys (as vLLM reads them); None for a model without them."""
+    sizes = raw.get("matryoshka_dimensions")
+    if sizes is not None:
+        if not isinstance(sizes, list) or not all(isinstance(d, int) and d > 0 for d in sizes):
+            raise ValueError(f"matryoshka_dimensions must be a list of positive integers, not {sizes!r}")
+        return Matryoshka(tuple(sizes))
+    return Matryoshka() if raw.get("is_matryoshka") is True else None
+
+
+def dimensions_refusal(dimensions: int, matryoshka: Matryoshka | None, hidden_size: int) -> str | None:
+    """Why an embedding may not be cut to `dimensions` on this model; None where it may."""
+    if matryoshka is None:
+        return (
+            "This model was not trained to serve shorter embeddings (no is_matryoshka or "
+            "matryoshka_dimensions in its config.json); drop dimensions."
+        )
+    if matryoshka.dimensions and dimensions not in matryoshka.dimensions:
+        sizes = ", ".join(map(str, matryoshka.dimensions))
+        return f"dimensions {dimensions} is not a size this model was trained at; use one of {sizes}."
+    if not 1 <= dimensions <= hidden_size:
+        return f"dimensions must be between 1 and the model's {hidden_size}, not {dimensions}."
+    return None
 
 
 def parse_pooler_config(text: str | dict[str, Any] | PoolerConfig) -> PoolerConfig:

@@ -195,13 +195,17 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         use_tqdm: bool = False,
         lora_name: str | None | Sequence[str | None] = None,
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
     ) -> list[EmbeddingRequestOutput]:
         """Each prompt's embedding, in the order of the prompts (an LLM made with runner="pooling");
-        vLLM's LLM.embed: `outputs.embedding`."""
+        vLLM's LLM.embed: `outputs.embedding`; `pooling_params` one for all prompts or one each."""
         if isinstance(prompts, str) or (prompts and all(isinstance(t, int) for t in prompts)):
             prompts = [prompts]
         prompts = list(prompts)
-        done = self.generate(prompts, [PoolingParams()] * len(prompts), use_tqdm, lora_name=lora_name)
+        params = pooling_params or PoolingParams()
+        if isinstance(params, PoolingParams):
+            params = [params] * len(prompts)
+        done = self.generate(prompts, list(params), use_tqdm, lora_name=lora_name)
         return [
             EmbeddingRequestOutput(o.request_id, o.prompt_token_ids, EmbeddingOutput(o.embedding))
             for o in done

@@ -24,7 +24,7 @@ from collections import Counter
 from functools import partial
 
 from pagoda_runtime.contract.config import EngineConfig
-from pagoda_runtime.contract.pooling import PoolingParams
+from pagoda_runtime.contract.pooling import PoolingParams, dimensions_refusal
 from pagoda_runtime.engine.bad_words import BadWords
 from pagoda_runtime.engine.build import build_engine
 from pagoda_runtime.engine.grammar_mask import GrammarCompiler
@@ -117,6 +117,7 @@ class LLMEngine:
         with, held until the request ends."""
         self._check_unique(request_id)
         check_priority(priority, self.engine_config.scheduling_policy)
+        pooling = self._checked_pooling(params)
         params = self._run_as(params)
         if isinstance(prompt, str):
             text, token_ids = prompt, self.tokenizer.encode(prompt)
@@ -149,11 +150,25 @@ class LLMEngine:
             internal,
             grammars,
             priority,
+            pooling,
         )
         request.group.bad_words = bad_words
         if lora_name is not None:
             request.group.lora = self._acquire_lora(lora_name)
         return request
+
+    def _checked_pooling(self, params: SamplingParams | PoolingParams) -> PoolingParams | None:
+        """An embedding request's PoolingParams, once this model can serve them."""
+        if not isinstance(params, PoolingParams):
+            return None
+        if params.dimensions is not None:
+            config = self.model_config
+            refusal = dimensions_refusal(
+                params.dimensions, config.matryoshka, config.architecture.hidden_size
+            )
+            if refusal is not None:
+                raise RequestRejected(refusal, param="dimensions")
+        return params
 
     def _run_as(self, params: SamplingParams | PoolingParams) -> SamplingParams:
         """The sampling a request runs with: its own, or, to embed its prompt (--runner pooling),
@@ -453,7 +468,7 @@ class LLMEngine:
             if output.finished:
                 output.metrics.finished_time = now
                 if self.pooler is not None:
-                    output.embedding = self.pooler.pop(request.seqs[0])
+                    output.embedding = self.pooler.pop(request.seqs[0], request.pooling)
                 self._forget(request_id)
             outputs.append(output)
         return outputs

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from pagoda_runtime.contract.pooling import PoolerConfig
+from pagoda_runtime.contract.pooling import PoolerConfig, PoolingParams
 from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.engine.scheduler import ScheduledBatch
 from pagoda_runtime.engine.sequence import Sequence
@@ -45,11 +45,14 @@ class Pooler:
             elif kind == "LAST" and start + rows.shape[0] == seq.num_prompt_tokens:
                 self._held[seq.seq_id] = rows[-1].float().clone()
 
-    def pop(self, seq: Sequence) -> list[float]:
-        """The finished sequence's embedding; the pooler forgets it."""
+    def pop(self, seq: Sequence, params: PoolingParams) -> list[float]:
+        """The finished sequence's embedding, cut to the dimensions asked for (then normalized,
+        the Matryoshka way); the pooler forgets it."""
         vector = self._held.pop(seq.seq_id)
         if self.config.pooling_type == "MEAN":
             vector = vector / seq.num_prompt_tokens
+        if params.dimensions is not None:
+            vector = vector[: params.dimensions]
         if self.config.normalize:
             vector = torch.nn.functional.normalize(vector, dim=0)
         return vector.cpu().tolist()

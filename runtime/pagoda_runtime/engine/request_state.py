@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
+from pagoda_runtime.contract.pooling import PoolingParams
 from pagoda_runtime.engine.detokenizer import IncrementalDetokenizer
 from pagoda_runtime.engine.grammar_mask import advance
 from pagoda_runtime.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprobs
@@ -46,9 +47,12 @@ class Request:
         internal: bool = False,
         grammars: list | None = None,
         priority: int = 0,
+        pooling: PoolingParams | None = None,
     ) -> None:
-        """grammars: one llguidance matcher per sample of a constrained request (grammar_mask.py)."""
+        """grammars: one llguidance matcher per sample of a constrained request (grammar_mask.py);
+        pooling: what an embedding request asked of its embedding (`params` then runs its prompt)."""
         self.prompt = prompt
+        self.pooling = pooling
         # The server's own readiness canaries: served like any request, but not counted in the
         # load metrics that autoscaling and users read.
         self.internal = internal

@@ -29,6 +29,7 @@ from safetensors import safe_open
 
 from pagoda_runtime.contract.bundled import resolve_model
 from pagoda_runtime.contract.config import ModelConfig
+from pagoda_runtime.contract.pooling import matryoshka_of
 from pagoda_runtime.contract.sizing import gguf_file_type
 from pagoda_runtime.contract.weight_layout import is_projection
 from pagoda_runtime.engine.sampling_params import MODEL_DEFAULTED_FIELDS
@@ -190,8 +191,14 @@ def config_from_hf(
     except ConfigError as e:
         raise ModelLoadError(f"{source} {e}") from e
     eos = (generation or {}).get("eos_token_id", raw.get("eos_token_id"))
+    try:
+        matryoshka = matryoshka_of(raw)
+    except ValueError as e:
+        raise ModelLoadError(f"{source}: {e}") from e
     return replace(
-        config, eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        config,
+        eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
+        matryoshka=matryoshka,
     )
 
 

@@ -1,5 +1,6 @@
 """POST /v1/embeddings, as OpenAI and vLLM serve it: a text (or token ids), or a list of them, in;
-one vector each out, as floats or as base64 of little-endian float32 (the OpenAI client's default).
+one vector each out, as floats or as base64 of little-endian float32 (the OpenAI client's default),
+cut to `dimensions` where the model is a Matryoshka one (contract/pooling.py).
 Served by an engine started with --runner pooling (contract/pooling.py); another engine answers 400."""
 
 from __future__ import annotations
@@ -69,12 +70,6 @@ def _encoded(vector: list[float], encoding: str) -> list[float] | str:
 async def create_embedding(body: EmbeddingRequest, request: Request):
     state: ServerState = request.app.state.pagoda
     lora_name = check_model(state, body.model, request)
-    if body.dimensions is not None:
-        raise APIError(
-            400,
-            "This model has no matryoshka dimensions to cut its embeddings to; drop dimensions.",
-            param="dimensions",
-        )
     inputs = body.inputs()
     if len(inputs) > MAX_COMPLETIONS:
         raise APIError(
@@ -106,8 +101,9 @@ async def create_embedding(body: EmbeddingRequest, request: Request):
         usage = UsageInfo(prompt_tokens=tokens, completion_tokens=0, total_tokens=tokens)
         return EmbeddingResponse(id=request_id, created=created, model=model, data=data, usage=usage)
 
+    params = PoolingParams(dimensions=body.dimensions)
     streams = [
-        generate(state, engine, ids, PoolingParams(), f"{request_id}-{i}", {"prompt": "input"}, lora_name)
+        generate(state, engine, ids, params, f"{request_id}-{i}", {"prompt": "input"}, lora_name)
         for i, ids in enumerate(prompts)
     ]
     return await respond(request, state, finals(streams), whole, None)

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from pagoda_runtime import LLM, SamplingParams
-from pagoda_runtime.contract.pooling import PoolerConfig
+from pagoda_runtime.contract.pooling import PoolerConfig, PoolingParams
 from pagoda_runtime.engine.pooler import Pooler
 from pagoda_runtime.engine.request_validation import RequestRejected
 from pagoda_runtime.engine.scheduler import ScheduledBatch
@@ -123,7 +123,7 @@ def test_a_sequence_recomputed_from_its_first_token_pools_its_recompute_alone():
     pooler.record(ScheduledBatch([seq], [2]), first)  # recomputed from token 0
     seq.num_computed_tokens = 2
     pooler.record(ScheduledBatch([seq], [3]), torch.tensor([[5.0, 2.0], [7.0, 2.0], [99.0, 99.0]]))
-    assert pooler.pop(seq) == [4.0, 1.0]  # the token after the prompt (99) is not the prompt's
+    assert pooler.pop(seq, PoolingParams()) == [4.0, 1.0]  # the token after the prompt (99) is not the prompt's
 
 
 def test_an_embedding_engine_generates_nothing_and_a_generating_one_embeds_nothing(tmp_path):
@@ -164,6 +164,59 @@ def test_settings_pooling_cannot_serve_are_refused_in_one_sentence(tmp_path):
             device="cpu",
             runner="pooling",
             speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2},
+        )
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_a_matryoshka_model_cuts_its_embeddings_then_normalizes_them(tmp_path, normalize):
+    """The first `dimensions` values of the pooled state, scaled to unit length where the model
+    normalizes: what sentence-transformers' truncate_dim gives."""
+    folder = sentence_transformers_folder(tmp_path, "MEAN", normalize)
+    llm = LLM(
+        str(folder),
+        dtype="float32",
+        device="cpu",
+        runner="pooling",
+        hf_overrides={"is_matryoshka": True},
+    )
+    cuts = [PoolingParams(dimensions=d) for d in (8, 64, 1, None)]
+    outs = llm.embed(PROMPTS, pooling_params=cuts)
+    for out, params in zip(outs, cuts, strict=True):
+        full = expected(folder, out.prompt_token_ids, "MEAN", False)[: params.dimensions]
+        reference = torch.nn.functional.normalize(full, dim=0) if normalize else full
+        torch.testing.assert_close(torch.tensor(out.outputs.embedding), reference, rtol=1e-4, atol=1e-5)
+    assert [len(out.outputs.embedding) for out in outs] == [8, 64, 1, 64]
+
+
+def test_dimensions_a_model_was_not_trained_at_are_refused_naming_the_sizes(tmp_path):
+    folder = sentence_transformers_folder(tmp_path, "LAST", True)
+    plain = LLM(str(folder), dtype="float32", device="cpu", runner="pooling")
+    with pytest.raises(RequestRejected, match="not trained to serve shorter embeddings") as refused:
+        plain.embed("Hello", pooling_params=PoolingParams(dimensions=8))
+    assert refused.value.param == "dimensions"
+    listed = LLM(
+        str(folder),
+        dtype="float32",
+        device="cpu",
+        runner="pooling",
+        hf_overrides={"matryoshka_dimensions": [16, 32]},
+    )
+    assert len(listed.embed("Hello", pooling_params=PoolingParams(dimensions=16))[0].outputs.embedding) == 16
+    with pytest.raises(RequestRejected, match="dimensions 24 is not a size .* use one of 16, 32"):
+        listed.embed("Hello", pooling_params=PoolingParams(dimensions=24))
+    open_ended = LLM(
+        str(folder), dtype="float32", device="cpu", runner="pooling", hf_overrides={"is_matryoshka": True}
+    )
+    for wrong in (0, 65):
+        with pytest.raises(RequestRejected, match=f"between 1 and the model's 64, not {wrong}"):
+            open_ended.embed("Hello", pooling_params=PoolingParams(dimensions=wrong))
+    with pytest.raises(ValueError, match="matryoshka_dimensions must be a list of positive integers"):
+        LLM(
+            str(folder),
+            dtype="float32",
+            device="cpu",
+            runner="pooling",
+            hf_overrides={"matryoshka_dimensions": "16"},
         )
 
 

@@ -13,6 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 from pagoda_runtime import LLM
 from pagoda_runtime.contract.config import EngineConfig
+from pagoda_runtime.contract.pooling import PoolingParams
 from pagoda_runtime.engine.async_engine import AsyncLLMEngine
 from pagoda_runtime.engine.llm_engine import LLMEngine
 
@@ -72,7 +73,7 @@ def test_floats_base64_and_token_ids_agree(http, offline):
 @pytest.mark.parametrize(
     ("body", "param", "message"),
     [
-        ({"input": TEXTS[0], "dimensions": 8}, "dimensions", "no matryoshka dimensions"),
+        ({"input": TEXTS[0], "dimensions": 8}, "dimensions", "not trained to serve shorter embeddings"),
         ({"input": []}, "input", "input is an empty list"),
         ({"input": TEXTS[0], "truncate_prompt_tokens": 4}, "truncate_prompt_tokens", "Extra inputs"),
         ({"input": TEXTS[0], "encoding_format": "int8"}, "encoding_format", "float"),
@@ -98,3 +99,17 @@ def test_each_runner_refuses_the_others_requests_and_stays_ready(http, folder):
         refused = generating.post("/v1/embeddings", json={"input": "Hello"})
         assert refused.status_code == 400
         assert "started with --runner pooling" in refused.json()["error"]["message"]
+
+
+def test_the_openai_clients_dimensions_cut_a_matryoshka_models_vectors(folder):
+    matryoshka = LLM(str(folder), runner="pooling", hf_overrides={"is_matryoshka": True}, **ENGINE)
+    expected = matryoshka.embed(TEXTS, pooling_params=PoolingParams(dimensions=8))
+    with _client(folder, runner="pooling", hf_overrides={"is_matryoshka": True}) as http:
+        wait_ready(http, timeout=60)
+        api = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=http)
+        result = api.embeddings.create(model=MODEL, input=TEXTS, dimensions=8)
+        for data, out in zip(result.data, expected, strict=True):
+            assert len(data.embedding) == 8
+            assert data.embedding == pytest.approx(out.outputs.embedding, abs=1e-6)
+        refused = http.post("/v1/embeddings", json={"input": TEXTS[0], "dimensions": 65})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "dimensions"
