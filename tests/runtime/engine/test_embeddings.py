@@ -123,7 +123,8 @@ def test_a_sequence_recomputed_from_its_first_token_pools_its_recompute_alone():
     pooler.record(ScheduledBatch([seq], [2]), first)  # recomputed from token 0
     seq.num_computed_tokens = 2
     pooler.record(ScheduledBatch([seq], [3]), torch.tensor([[5.0, 2.0], [7.0, 2.0], [99.0, 99.0]]))
-    assert pooler.pop(seq, PoolingParams()) == [4.0, 1.0]  # the token after the prompt (99) is not the prompt's
+    # The token after the prompt (99) is not the prompt's.
+    assert pooler.pop(seq, PoolingParams()) == [4.0, 1.0]
 
 
 def test_an_embedding_engine_generates_nothing_and_a_generating_one_embeds_nothing(tmp_path):
