@@ -16,7 +16,7 @@ from pagoda_runtime.contract.bundled import BUNDLED_MODEL_NAME
 from pagoda_runtime.contract.flags import setting
 from pagoda_runtime.contract.lora_modules import checked_lora_module
 from pagoda_runtime.contract.names import LWS_GROUP_SIZE, LWS_VARIABLES
-from pagoda_runtime.contract.pooling import RUNNERS, Matryoshka, PoolerConfig, parse_pooler_config
+from pagoda_runtime.contract.pooling import RUNNERS, Classifier, Matryoshka, PoolerConfig, parse_pooler_config
 from pagoda_runtime.contract.sizing import ModelArchitecture
 from pagoda_runtime.contract.speculative import SpeculativeConfig, parse_speculative_config
 
@@ -166,6 +166,8 @@ class ModelConfig:
     logits_scaling: float = 1.0
     # An embedding model's Matryoshka sizes (contract/pooling.py); None: its embeddings are not cut.
     matryoshka: Matryoshka | None = None
+    # A sequence classifier's head (contract/pooling.py); None: the model embeds or generates.
+    classifier: Classifier | None = None
 
     @property
     def context_length(self) -> int:

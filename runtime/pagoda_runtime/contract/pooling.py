@@ -1,5 +1,5 @@
-"""Embedding models (vLLM's pooling runner): what `--runner pooling` serves and how a sequence's
-hidden states become its embedding.
+"""Embedding and classifier models (vLLM's pooling runner): what `--runner pooling` serves and how a
+sequence's hidden states become its embedding or its class probabilities.
 
 A model served this way runs each prompt through the model once and returns, instead of tokens, its
 final hidden states pooled into one vector: the last token's (LAST: decoder embedding models such as
@@ -51,12 +51,74 @@ class PoolerConfig:
         return PoolerConfig(kind, normalize)
 
 
+# What a pooled request asks for: an embedding (of an embedding model), a sequence classifier's
+# probabilities, or the relevance score of a classifier with one output (a cross-encoder reranker).
+POOLING_TASKS = ("embed", "classify", "score")
+
+
 @dataclass(frozen=True)
 class PoolingParams:
-    """A request to embed its prompt rather than continue it (LLM.embed, /v1/embeddings).
+    """A request to pool its prompt rather than continue it: `task` one of POOLING_TASKS, one the
+    model serves (LLM.embed and /v1/embeddings; LLM.classify and /classify; LLM.score, /score and
+    /rerank score with either: a classifier's one output, or the cosine of two embeddings).
     dimensions: the embedding cut to its first values (a Matryoshka model only)."""
 
+    task: str = "embed"
     dimensions: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.task not in POOLING_TASKS:
+            raise ValueError(f"task {self.task!r} is not one of {', '.join(POOLING_TASKS)}")
+
+
+@dataclass(frozen=True)
+class Classifier:
+    """A sequence classifier (vLLM's *ForSequenceClassification, a cross-encoder reranker): a linear
+    head over the last prompt token's final hidden state, one output per label; one label: its
+    sigmoid (a relevance score), more: their softmax. The head is the checkpoint's score.weight, or,
+    with from_tokens (vLLM's classifier_from_token), the LM head's rows of those tokens: one token,
+    its logit; two, [false, true], the difference of their logits (the second's two-way softmax, as
+    Qwen3-Reranker answers "no" or "yes")."""
+
+    labels: tuple[str, ...]
+    from_tokens: tuple[str, ...] = ()
+
+
+_SEQUENCE_CLASSIFICATION = "ForSequenceClassification"
+
+
+def causal_architecture(architecture: str) -> str:
+    """The causal LM a sequence classifier's body is (Qwen3ForSequenceClassification: Qwen3ForCausalLM)."""
+    if architecture.endswith(_SEQUENCE_CLASSIFICATION):
+        return architecture.removesuffix(_SEQUENCE_CLASSIFICATION) + "ForCausalLM"
+    return architecture
+
+
+def classifier_of(raw: dict[str, Any]) -> Classifier | None:
+    """config.json's sequence classifier, as transformers and vLLM read it; None for a plain model."""
+    tokens = raw.get("classifier_from_token")
+    if tokens is not None:
+        if (
+            not isinstance(tokens, list)
+            or len(tokens) not in (1, 2)
+            or not all(isinstance(t, str) for t in tokens)
+        ):
+            raise ValueError(
+                f"classifier_from_token must list one token or two ([false, true]), not {tokens!r}"
+            )
+        return Classifier(("LABEL_0",), tuple(tokens))
+    if not any(str(a).endswith(_SEQUENCE_CLASSIFICATION) for a in raw.get("architectures") or ()):
+        return None
+    id2label = raw.get("id2label")
+    if isinstance(id2label, dict) and id2label:
+        try:
+            return Classifier(tuple(str(id2label[k]) for k in sorted(id2label, key=int)))
+        except ValueError as exc:
+            raise ValueError(f"id2label's keys must be label numbers, not {sorted(id2label)}") from exc
+    labels = raw.get("num_labels", 2)  # transformers' default
+    if not isinstance(labels, int) or labels < 1:
+        raise ValueError(f"num_labels must be a positive integer, not {labels!r}")
+    return Classifier(tuple(f"LABEL_{i}" for i in range(labels)))
 
 
 @dataclass(frozen=True)

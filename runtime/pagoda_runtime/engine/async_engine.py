@@ -82,8 +82,13 @@ class AsyncLLMEngine:
         return self.engine.engine_config.scheduling_policy
 
     @property
-    def pooling(self) -> bool:
-        return self.engine.engine_config.pooling
+    def pooling_task(self) -> str | None:
+        return self.engine.pooling_task
+
+    @property
+    def class_labels(self) -> tuple[str, ...]:
+        classifier = self.engine.model_config.classifier
+        return classifier.labels if classifier is not None else ()
 
     def stats(self) -> EngineStats:
         return self.engine.stats()

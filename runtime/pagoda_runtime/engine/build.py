@@ -57,6 +57,7 @@ from pagoda_runtime.executor.models import CausalLM, weight_shapes
 from pagoda_runtime.executor.models.decoder import Weight
 from pagoda_runtime.executor.models.eagle_head import EagleHead, read_head
 from pagoda_runtime.executor.models.mtp_head import mtp_config, mtp_head, mtp_weight_shapes
+from pagoda_runtime.loading.classifier_head import classifier_head
 from pagoda_runtime.loading.load_progress import LOAD_PROGRESS
 from pagoda_runtime.loading.lora_source import adapter_folder
 from pagoda_runtime.loading.model_source import LoadedModel, ModelLoadError, load_model_source, load_mtp_layer
@@ -111,6 +112,11 @@ def build_engine(
         loaded,
         engine_config.hf_overrides,
     )
+    if loaded.config.classifier is not None and not engine_config.pooling:
+        raise ModelLoadError(
+            f"{engine_config.model} is a sequence classifier (a reranker or reward model) and writes no "
+            "text; serve it with --runner pooling"
+        )
     # Before any weight is read: a model that does not split over the ranks fails in one sentence.
     arch = loaded.config.architecture
     sliced = check_tensor_parallel(arch, tp.size, quantization, loaded.group_size)
@@ -150,7 +156,10 @@ def build_engine(
     )
     pooler = None
     if engine_config.pooling and tp.is_driver:
-        pooler = Pooler(_pooler_config(engine_config, loaded))
+        classifier = None
+        if loaded.config.classifier is not None:
+            classifier = classifier_head(loaded.config, loaded.folder, loaded.tokenizer, engine_config.seed)
+        pooler = Pooler(_pooler_config(engine_config, loaded), classifier)
         runner.hand_hidden_states(pooler.record)
     loras = None
     # Rank 0 alone serves adapters; it sends each to the others as it puts it in a device slot.
@@ -250,8 +259,16 @@ def _pooled_layers(engine_config: EngineConfig, arch: ModelArchitecture) -> tupl
 
 
 def _pooler_config(engine_config: EngineConfig, loaded: LoadedModel) -> PoolerConfig:
-    """--pooler-config's fields over the folder's sentence-transformers config, then the defaults."""
+    """--pooler-config's fields over the folder's sentence-transformers config, then the defaults; a
+    classifier's head reads the last token's state as it is (transformers' and vLLM's way)."""
     override = engine_config.pooler_config or PoolerConfig()
+    if loaded.config.classifier is not None:
+        if override.normalize:
+            raise ValueError(
+                "--pooler-config's normalize applies to embeddings, and this model is a sequence classifier; "
+                "drop it"
+            )
+        return PoolerConfig(override.pooling_type or "LAST", False)
     try:
         folder = read_pooling(loaded.folder) if loaded.folder is not None else None
     except PoolingConfigError:

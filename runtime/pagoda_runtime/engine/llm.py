@@ -23,7 +23,16 @@ from pagoda_runtime.contract.pooling import PoolingParams, parse_pooler_config
 from pagoda_runtime.contract.speculative import parse_speculative_config
 from pagoda_runtime.engine.chat_prompt import chat_prompt_ids
 from pagoda_runtime.engine.llm_engine import LLMEngine
-from pagoda_runtime.engine.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from pagoda_runtime.engine.outputs import (
+    ClassificationOutput,
+    ClassificationRequestOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    RequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
+)
+from pagoda_runtime.engine.pair_scores import cosine, pairs
 from pagoda_runtime.engine.sampling_params import SamplingParams
 from pagoda_runtime.engine.tokenizer import Tokenizer
 from pagoda_runtime.parallel.group_leader import lead_group
@@ -139,9 +148,7 @@ class LLM:
         `priority`: one per prompt, as vLLM takes it (lower first; needs scheduling_policy="priority").
         `lora_name`: the LoRA adapter (add_lora) all prompts or each prompt runs with; None: the base
         model."""
-        if isinstance(prompts, str) or (prompts and all(isinstance(t, int) for t in prompts)):
-            prompts = [prompts]
-        prompts = list(prompts)
+        prompts = _prompt_list(prompts)
         if params is None or isinstance(params, SamplingParams):
             params = [params or self.get_default_sampling_params()] * len(prompts)
         if len(params) != len(prompts):
@@ -199,17 +206,67 @@ class LLM:
     ) -> list[EmbeddingRequestOutput]:
         """Each prompt's embedding, in the order of the prompts (an LLM made with runner="pooling");
         vLLM's LLM.embed: `outputs.embedding`; `pooling_params` one for all prompts or one each."""
-        if isinstance(prompts, str) or (prompts and all(isinstance(t, int) for t in prompts)):
-            prompts = [prompts]
-        prompts = list(prompts)
+        prompts = _prompt_list(prompts)
         params = pooling_params or PoolingParams()
         if isinstance(params, PoolingParams):
             params = [params] * len(prompts)
         done = self.generate(prompts, list(params), use_tqdm, lora_name=lora_name)
         return [
-            EmbeddingRequestOutput(o.request_id, o.prompt_token_ids, EmbeddingOutput(o.embedding))
+            EmbeddingRequestOutput(o.request_id, o.prompt_token_ids, EmbeddingOutput(o.pooled)) for o in done
+        ]
+
+    def classify(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        use_tqdm: bool = False,
+        lora_name: str | None | Sequence[str | None] = None,
+    ) -> list[ClassificationRequestOutput]:
+        """Each prompt's class probabilities, in the order of the prompts (a sequence classifier
+        under runner="pooling"); vLLM's LLM.classify: `outputs.probs`, one per label."""
+        prompts = _prompt_list(prompts)
+        params = [PoolingParams(task="classify")] * len(prompts)
+        done = self.generate(prompts, params, use_tqdm, lora_name=lora_name)
+        return [
+            ClassificationRequestOutput(o.request_id, o.prompt_token_ids, ClassificationOutput(o.pooled))
             for o in done
         ]
+
+    def score(
+        self,
+        data_1: str | Sequence[str],
+        data_2: str | Sequence[str],
+        use_tqdm: bool = False,
+        lora_name: str | None = None,
+    ) -> list[ScoringRequestOutput]:
+        """The relevance of each pair (one text and N, or N and N: engine/pair_scores.py), in the
+        order of the pairs; vLLM's LLM.score: `outputs.score`. A sequence classifier of one output
+        scores each pair as one prompt; an embedding model by the cosine of the two embeddings."""
+        paired = pairs(data_1, data_2)
+        if self.engine.pooling_task == "classify":
+            prompts = [self.get_tokenizer().encode_pair(a, b) for a, b in paired]
+            params = [PoolingParams(task="score")] * len(prompts)
+            done = self.generate(prompts, params, use_tqdm, lora_name=lora_name)
+            return [
+                ScoringRequestOutput(o.request_id, o.prompt_token_ids, ScoringOutput(o.pooled[0]))
+                for o in done
+            ]
+        texts = list(dict.fromkeys(text for pair in paired for text in pair))
+        embedded = dict(zip(texts, self.embed(texts, use_tqdm, lora_name), strict=True))
+        return [
+            ScoringRequestOutput(
+                f"{embedded[a].request_id}-{embedded[b].request_id}",
+                embedded[a].prompt_token_ids + embedded[b].prompt_token_ids,
+                ScoringOutput(cosine(embedded[a].outputs.embedding, embedded[b].outputs.embedding)),
+            )
+            for a, b in paired
+        ]
+
+
+def _prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    """One prompt (a text or a list of token ids) or several, as a list."""
+    if isinstance(prompts, str) or (prompts and all(isinstance(t, int) for t in prompts)):
+        return [prompts]
+    return list(prompts)
 
 
 def _free_port() -> int:

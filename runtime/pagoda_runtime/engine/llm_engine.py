@@ -157,10 +157,28 @@ class LLMEngine:
             request.group.lora = self._acquire_lora(lora_name)
         return request
 
+    @property
+    def pooling_task(self) -> str | None:
+        """What this engine makes of prompts under --runner pooling (contract/pooling.POOLING_TASKS):
+        a sequence classifier classifies, any other model embeds; None where it generates."""
+        if not self.engine_config.pooling:
+            return None
+        return "classify" if self.model_config.classifier is not None else "embed"
+
     def _checked_pooling(self, params: SamplingParams | PoolingParams) -> PoolingParams | None:
-        """An embedding request's PoolingParams, once this model can serve them."""
+        """A pooled request's PoolingParams, once this model can serve them."""
         if not isinstance(params, PoolingParams):
             return None
+        task = self.pooling_task
+        if task == "classify" and params.task == "score":
+            labels = self.model_config.classifier.labels
+            if len(labels) != 1:
+                raise RequestRejected(
+                    f"This classifier has {len(labels)} labels, and scoring needs one that outputs a single "
+                    "relevance score; use /classify (LLM.classify offline)."
+                )
+        elif task is not None and params.task != task:
+            raise RequestRejected(_TASK_REFUSALS[task])
         if params.dimensions is not None:
             config = self.model_config
             refusal = dimensions_refusal(
@@ -177,13 +195,11 @@ class LLMEngine:
         if isinstance(params, PoolingParams) and pooling:
             return EMBEDDING_RUN
         if pooling:
-            raise RequestRejected(
-                "This engine embeds prompts (--runner pooling) and generates no text; use /v1/embeddings "
-                "(LLM.embed offline)."
-            )
+            raise RequestRejected(_TASK_REFUSALS[self.pooling_task])
         if isinstance(params, PoolingParams):
             raise RequestRejected(
-                "This engine generates text; embeddings need one started with --runner pooling."
+                "This engine generates text; embeddings, scores and classes need one started with "
+                "--runner pooling."
             )
         return params
 
@@ -468,7 +484,7 @@ class LLMEngine:
             if output.finished:
                 output.metrics.finished_time = now
                 if self.pooler is not None:
-                    output.embedding = self.pooler.pop(request.seqs[0], request.pooling)
+                    output.pooled = self.pooler.pop(request.seqs[0], request.pooling)
                 self._forget(request_id)
             outputs.append(output)
         return outputs
@@ -477,6 +493,15 @@ class LLMEngine:
         self.last_step_timing = clock.timing(
             len(launched.batch), launched.shape, overlapped, prepare_s=self.runner.last_prepare_s
         )
+
+
+# Why a pooling engine refuses a request for what its model does not make, by what it makes.
+_TASK_REFUSALS = {
+    "embed": "This engine embeds prompts (--runner pooling) and neither generates text nor classifies; use "
+    "/v1/embeddings, or /score and /rerank to compare texts (LLM.embed, LLM.score offline).",
+    "classify": "This engine's model is a sequence classifier (--runner pooling): it neither generates text "
+    "nor embeds; use /score, /rerank or /classify (LLM.score, LLM.classify offline).",
+}
 
 
 def _without_tokens(sample: CompletionOutput) -> CompletionOutput:

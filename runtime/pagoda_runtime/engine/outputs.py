@@ -47,8 +47,9 @@ class RequestOutput:
     # With them, each prompt token's rank under the model (1: the likeliest), None for the first:
     # vLLM's Logprob.rank, which its API reports beside each prompt logprob.
     prompt_token_ranks: list[int | None] | None = None
-    # Under --runner pooling, in the finished output: the prompt's embedding (engine/pooler.py).
-    embedding: list[float] | None = None
+    # Under --runner pooling, in the finished output: the prompt's embedding, or a classifier's
+    # probabilities (engine/pooler.py).
+    pooled: list[float] | None = None
 
 
 @dataclass
@@ -63,4 +64,35 @@ class EmbeddingRequestOutput:
     request_id: str
     prompt_token_ids: list[int]
     outputs: EmbeddingOutput
+    finished: bool = True
+
+
+@dataclass
+class ClassificationOutput:
+    probs: list[float]
+
+
+@dataclass
+class ClassificationRequestOutput:
+    """LLM.classify's result for one prompt, as vLLM's: `outputs.probs`, one per label."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: ClassificationOutput
+    finished: bool = True
+
+
+@dataclass
+class ScoringOutput:
+    score: float
+
+
+@dataclass
+class ScoringRequestOutput:
+    """LLM.score's result for one pair, as vLLM's: `outputs.score`; `prompt_token_ids`: the pair's
+    prompt (a cross-encoder), or both texts' (a bi-encoder)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: ScoringOutput
     finished: bool = True

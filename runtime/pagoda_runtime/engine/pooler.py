@@ -22,8 +22,11 @@ EMBEDDING_RUN = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
 
 
 class Pooler:
-    def __init__(self, config: PoolerConfig) -> None:
+    def __init__(self, config: PoolerConfig, head: torch.Tensor | None = None) -> None:
+        """head: a sequence classifier's [outputs, hidden] float32 weights (loading/classifier_head.py),
+        applied to the pooled state; None for an embedding model."""
         self.config = config
+        self.head = head
         self._held: dict[int, torch.Tensor] = {}  # seq_id -> sum (MEAN) or the pooled state
 
     def record(self, batch: ScheduledBatch, hidden: torch.Tensor) -> None:
@@ -47,10 +50,15 @@ class Pooler:
 
     def pop(self, seq: Sequence, params: PoolingParams) -> list[float]:
         """The finished sequence's embedding, cut to the dimensions asked for (then normalized,
-        the Matryoshka way); the pooler forgets it."""
+        the Matryoshka way), or a classifier's probabilities (one output: its sigmoid); the pooler
+        forgets it."""
         vector = self._held.pop(seq.seq_id)
         if self.config.pooling_type == "MEAN":
             vector = vector / seq.num_prompt_tokens
+        if self.head is not None:
+            logits = self.head.to(vector.device) @ vector
+            probs = torch.sigmoid(logits) if logits.numel() == 1 else torch.softmax(logits, dim=0)
+            return probs.cpu().tolist()
         if params.dimensions is not None:
             vector = vector[: params.dimensions]
         if self.config.normalize:

@@ -61,6 +61,8 @@ class ChatTokenizer(Protocol):
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
+    def encode_pair(self, first: str, second: str) -> list[int]: ...
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
     def apply_chat_template(
@@ -98,8 +100,14 @@ class ServingEngine(Protocol):
         ...
 
     @property
-    def pooling(self) -> bool:
-        """Whether it embeds prompts (--runner pooling: PoolingParams) rather than generating."""
+    def pooling_task(self) -> str | None:
+        """What it makes of prompts under --runner pooling (contract/pooling.POOLING_TASKS: the
+        PoolingParams.task it serves); None where it generates."""
+        ...
+
+    @property
+    def class_labels(self) -> tuple[str, ...]:
+        """A sequence classifier's label names, in the order of its probabilities; () otherwise."""
         ...
 
     @property

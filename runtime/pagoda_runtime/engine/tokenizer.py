@@ -200,6 +200,11 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def encode_pair(self, first: str, second: str) -> list[int]:
+        """Two texts as one input through the tokenizer's pair template, special tokens included
+        (transformers' `tokenizer(text, text_pair)`): a cross-encoder's prompt."""
+        return self.backend.encode(first, second).ids
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 

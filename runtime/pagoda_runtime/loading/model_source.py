@@ -29,7 +29,7 @@ from safetensors import safe_open
 
 from pagoda_runtime.contract.bundled import resolve_model
 from pagoda_runtime.contract.config import ModelConfig
-from pagoda_runtime.contract.pooling import matryoshka_of
+from pagoda_runtime.contract.pooling import causal_architecture, classifier_of, matryoshka_of
 from pagoda_runtime.contract.sizing import gguf_file_type
 from pagoda_runtime.contract.weight_layout import is_projection
 from pagoda_runtime.engine.sampling_params import MODEL_DEFAULTED_FIELDS
@@ -181,7 +181,9 @@ def config_from_hf(
     raw: dict[str, Any], source: Path, generation: dict[str, Any] | None = None
 ) -> ModelConfig:
     architectures = raw.get("architectures") or [raw.get("model_type", "unknown")]
-    architecture = next((a for a in architectures if a in HF_ARCHITECTURES), None)
+    # A sequence classifier's body is its causal LM's (the head: contract/pooling.classifier_of).
+    causal = [causal_architecture(a) for a in architectures]
+    architecture = next((a for a in causal if a in HF_ARCHITECTURES), None)
     if architecture is None:
         raise ModelLoadError(
             f"{source} is a {', '.join(architectures)} model; Pagoda supports {', '.join(HF_ARCHITECTURES)}"
@@ -192,13 +194,14 @@ def config_from_hf(
         raise ModelLoadError(f"{source} {e}") from e
     eos = (generation or {}).get("eos_token_id", raw.get("eos_token_id"))
     try:
-        matryoshka = matryoshka_of(raw)
+        matryoshka, classifier = matryoshka_of(raw), classifier_of(raw)
     except ValueError as e:
         raise ModelLoadError(f"{source}: {e}") from e
     return replace(
         config,
         eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
         matryoshka=matryoshka,
+        classifier=classifier,
     )
 
 
@@ -244,6 +247,15 @@ def _weight_files(folder: Path) -> dict[str, Path]:
             "Pagoda loads weights from safetensors files"
         )
     return dict.fromkeys(_safetensors_shapes(single), single)
+
+
+def read_float_tensor(folder: Path, name: str) -> torch.Tensor | None:
+    """One tensor of a Hugging Face folder in float32 (a classifier's head); None where it has none."""
+    file = _weight_files(folder).get(name)
+    if file is None:
+        return None
+    with safe_open(str(file), framework="pt") as opened:
+        return opened.get_tensor(name).float()
 
 
 def _checkpoint_quantization(raw: dict[str, Any], config_file: Path) -> CheckpointQuantization | None:
@@ -339,6 +351,12 @@ def _load_hf_folder(
         file_of = {name: file_of[original] for name, original in stored_as.items()}
         found = {name: found[original] for name, original in stored_as.items()}
     expected = shapes(config)
+    if config.classifier is not None and "lm_head.weight" in expected and "lm_head.weight" not in found:
+        # A classifier checkpoint keeps its score head instead of an LM head. The one hidden token
+        # that ends each pooled run (engine/pooler.py) is then read off the tied embedding: never
+        # shown, so any logits do.
+        config = replace(config, architecture=replace(config.architecture, tie_word_embeddings=True))
+        expected = shapes(config)
     stored = _stored_projections(expected, found, spec, file_of)
     # MXFP4 tensors: those of the float layout the file holds as blocks and scales instead.
     mx = {}

@@ -24,6 +24,7 @@ from pagoda_runtime.engine.protocol import ServingEngine
 from pagoda_runtime.loading.load_progress import LOAD_PROGRESS
 from pagoda_runtime.server.admission import LOADING_RETRY_AFTER_S
 from pagoda_runtime.server.chat import create_chat_completion
+from pagoda_runtime.server.classify import create_classify
 from pagoda_runtime.server.completions import create_completion
 from pagoda_runtime.server.embeddings import create_embedding
 from pagoda_runtime.server.errors import APIError, install_error_handlers
@@ -32,6 +33,7 @@ from pagoda_runtime.server.metrics_compat import vllm_registry
 from pagoda_runtime.server.middleware import EdgeMiddleware
 from pagoda_runtime.server.protocol import ModelCard, ModelList
 from pagoda_runtime.server.responses import create_response
+from pagoda_runtime.server.scores import create_rerank, create_score
 from pagoda_runtime.server.state import ServerState
 from pagoda_runtime.server.tokenize import detokenize, tokenize
 
@@ -75,6 +77,11 @@ def build_app(
     app.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"])
     app.add_api_route("/v1/responses", create_response, methods=["POST"])
     app.add_api_route("/v1/embeddings", create_embedding, methods=["POST"])
+    for path in ("/score", "/v1/score"):
+        app.add_api_route(path, create_score, methods=["POST"])
+    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+        app.add_api_route(path, create_rerank, methods=["POST"])
+    app.add_api_route("/classify", create_classify, methods=["POST"])
     app.add_api_route("/tokenize", tokenize, methods=["POST"])
     app.add_api_route("/detokenize", detokenize, methods=["POST"])
     app.add_api_route("/v1/load_lora_adapter", load_lora_adapter, methods=["POST"])

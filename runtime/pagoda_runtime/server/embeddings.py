@@ -94,7 +94,7 @@ async def create_embedding(body: EmbeddingRequest, request: Request):
 
     def whole(outputs: list[RequestOutput]) -> EmbeddingResponse:
         data = [
-            EmbeddingData(index=i, embedding=_encoded(out.embedding, body.encoding_format))
+            EmbeddingData(index=i, embedding=_encoded(out.pooled, body.encoding_format))
             for i, out in enumerate(outputs)
         ]
         tokens = sum(len(out.prompt_token_ids) for out in outputs)

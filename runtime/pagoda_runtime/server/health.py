@@ -54,10 +54,10 @@ class Health:
             await asyncio.sleep(self.canary_interval)
 
     async def _canary(self, engine: ServingEngine) -> None:
-        # An embedding server's canary embeds the prompt: one hidden token, which the output leaves out.
-        pooled = engine.pooling
+        # A pooling server's canary pools the prompt (one hidden token, which the output leaves out).
+        pooled = engine.pooling_task is not None
         params = (
-            PoolingParams()
+            PoolingParams(task=engine.pooling_task)
             if pooled
             else SamplingParams(max_tokens=CANARY_TOKENS, temperature=0.0, ignore_eos=True)
         )
@@ -83,8 +83,8 @@ class Health:
             self._fail(f"the canary generation failed: {exc}")
             return
         if pooled:
-            if final is None or not final.embedding:
-                self._fail("the canary embedding produced no vector")
+            if final is None or not final.pooled:
+                self._fail("the canary pooling produced no vector")
             else:
                 self._succeed()
             return

@@ -133,7 +133,7 @@ def test_an_embedding_engine_generates_nothing_and_a_generating_one_embeds_nothi
     with pytest.raises(RequestRejected, match="embeds prompts .* use /v1/embeddings"):
         pooling.generate(["Hello"], SamplingParams(max_tokens=3))
     generating = LLM(str(folder), dtype="float32", device="cpu")
-    with pytest.raises(RequestRejected, match="embeddings need one started with --runner pooling"):
+    with pytest.raises(RequestRejected, match="need one started with --runner pooling"):
         generating.embed(["Hello"])
 
 

@@ -34,6 +34,9 @@ class FakeTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ord(c) % 256 for c in text]
 
+    def encode_pair(self, first: str, second: str) -> list[int]:
+        return self.encode(first) + self.encode(second)
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return "".join(chr(i) for i in ids)
 
@@ -86,7 +89,8 @@ class FakeEngine:
         scheduling_policy: str = "fcfs",
     ) -> None:
         self.scheduling_policy = scheduling_policy
-        self.pooling = False
+        self.pooling_task = None
+        self.class_labels = ()
         self.tokenizer = FakeTokenizer()
         self.spec_decode: SpecDecodeCounts | None = None  # a test sets it to serve speculation's tallies
         self.vocab_size = FakeTokenizer.vocab_size
@@ -183,7 +187,8 @@ class FakeEngine:
         if isinstance(params, PoolingParams):
             # As the real engine refuses it without --runner pooling (LLMEngine._run_as).
             raise RequestRejected(
-                "This engine generates text; embeddings need one started with --runner pooling."
+                "This engine generates text; embeddings, scores and classes need one started with "
+                "--runner pooling."
             )
         if internal:
             self.internal_ids.add(request_id)

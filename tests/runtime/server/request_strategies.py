@@ -352,6 +352,20 @@ EMBEDDING_FIELDS = {
     "truncate_prompt_tokens": st.integers(-1, 4),  # vLLM's, not served here: a 400
 }
 _embeddings = st.fixed_dictionaries({}, optional=EMBEDDING_FIELDS)
+_texts = st.one_of(text, st.lists(text, max_size=4), wrong)
+SCORE_FIELDS = {"model": EMBEDDING_FIELDS["model"], "text_1": _texts, "text_2": _texts}
+RERANK_FIELDS = {
+    "model": EMBEDDING_FIELDS["model"],
+    "query": st.one_of(text, wrong),
+    "documents": _texts,
+    "top_n": st.one_of(st.integers(-1, 5), boundary_ints, junk),
+    "return_documents": st.one_of(st.booleans(), junk),
+}
+CLASSIFY_FIELDS = {
+    "model": EMBEDDING_FIELDS["model"],
+    "input": EMBEDDING_FIELDS["input"],
+    "user": text,
+}
 
 
 def request_bodies(model: str):
@@ -362,6 +376,9 @@ def request_bodies(model: str):
         "/v1/chat/completions",
         "/v1/responses",
         "/v1/embeddings",
+        "/score",
+        "/v1/rerank",
+        "/classify",
         "/tokenize",
         "/detokenize",
     ]
@@ -372,6 +389,12 @@ def request_bodies(model: str):
         st.tuples(st.just("/v1/chat/completions"), _body(model, CHAT_FIELDS, ["messages"])),
         st.tuples(st.just("/v1/chat/completions"), _body(model, CHAT_FIELDS, ["messages"])),
         st.tuples(st.just("/v1/embeddings"), _embeddings.map(encode)),
+        st.tuples(st.just("/score"), st.fixed_dictionaries({}, optional=SCORE_FIELDS).map(encode)),
+        st.tuples(
+            st.sampled_from(["/rerank", "/v2/rerank"]),
+            st.fixed_dictionaries({}, optional=RERANK_FIELDS).map(encode),
+        ),
+        st.tuples(st.just("/classify"), st.fixed_dictionaries({}, optional=CLASSIFY_FIELDS).map(encode)),
         st.tuples(st.just("/tokenize"), _tokenize.map(encode)),
         st.tuples(st.just("/detokenize"), _detokenize.map(encode)),
         st.tuples(st.sampled_from(paths), st.binary(max_size=30)),

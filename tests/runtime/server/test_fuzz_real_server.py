@@ -19,16 +19,21 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from loopback_client import metric
+from pagoda_runtime.server.classify import ClassificationRequest
 from pagoda_runtime.server.embeddings import EmbeddingRequest
 from pagoda_runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from pagoda_runtime.server.responses_protocol import ResponsesRequest
+from pagoda_runtime.server.scores import RerankRequest, ScoreRequest
 
 from .conftest import ServerProcess
 from .request_strategies import (
     CHAT_FIELDS,
+    CLASSIFY_FIELDS,
     COMPLETION_FIELDS,
     EMBEDDING_FIELDS,
+    RERANK_FIELDS,
     RESPONSES_FIELDS,
+    SCORE_FIELDS,
     VOCAB,
     check_response,
     check_structured,
@@ -96,6 +101,9 @@ def test_the_fuzzer_covers_every_request_field():
     assert set(ChatCompletionRequest.model_fields) <= set(CHAT_FIELDS)
     assert set(ResponsesRequest.model_fields) - {"model"} <= set(RESPONSES_FIELDS)
     assert set(EmbeddingRequest.model_fields) <= set(EMBEDDING_FIELDS)
+    assert set(ScoreRequest.model_fields) <= set(SCORE_FIELDS)
+    assert set(RerankRequest.model_fields) <= set(RERANK_FIELDS)
+    assert set(ClassificationRequest.model_fields) <= set(CLASSIFY_FIELDS)
 
 
 @pytest.mark.parametrize(
