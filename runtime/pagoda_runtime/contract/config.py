@@ -305,9 +305,10 @@ class EngineConfig:
     )
     runner: str = setting(
         "auto",
-        "generate: the model writes tokens; pooling: it embeds each prompt into one vector instead "
-        "(POST /v1/embeddings, LLM.embed; embedding models such as Qwen3-Embedding); auto: generate "
-        "(vLLM's flag and choice for the architectures served here)",
+        "generate: the model writes tokens; pooling: it pools each prompt instead, into an embedding "
+        "(POST /v1/embeddings, LLM.embed; embedding models such as Qwen3-Embedding) or a sequence "
+        "classifier's scores (POST /score, /rerank, /classify; rerankers such as Qwen3-Reranker); auto: "
+        "generate (vLLM's flag; vLLM's choice for the causal architectures served here)",
         choices=RUNNERS,
     )
     pooler_config: PoolerConfig | None = setting(

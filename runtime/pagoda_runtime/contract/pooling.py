@@ -84,13 +84,13 @@ class Classifier:
     from_tokens: tuple[str, ...] = ()
 
 
-_SEQUENCE_CLASSIFICATION = "ForSequenceClassification"
+SEQUENCE_CLASSIFICATION = "ForSequenceClassification"
 
 
 def causal_architecture(architecture: str) -> str:
     """The causal LM a sequence classifier's body is (Qwen3ForSequenceClassification: Qwen3ForCausalLM)."""
-    if architecture.endswith(_SEQUENCE_CLASSIFICATION):
-        return architecture.removesuffix(_SEQUENCE_CLASSIFICATION) + "ForCausalLM"
+    if architecture.endswith(SEQUENCE_CLASSIFICATION):
+        return architecture.removesuffix(SEQUENCE_CLASSIFICATION) + "ForCausalLM"
     return architecture
 
 
@@ -107,7 +107,7 @@ def classifier_of(raw: dict[str, Any]) -> Classifier | None:
                 f"classifier_from_token must list one token or two ([false, true]), not {tokens!r}"
             )
         return Classifier(("LABEL_0",), tuple(tokens))
-    if not any(str(a).endswith(_SEQUENCE_CLASSIFICATION) for a in raw.get("architectures") or ()):
+    if not any(str(a).endswith(SEQUENCE_CLASSIFICATION) for a in raw.get("architectures") or ()):
         return None
     id2label = raw.get("id2label")
     if isinstance(id2label, dict) and id2label:

@@ -1,14 +1,16 @@
 """The README's table of supported models, generated from the code that serves them: the model
 families (executor/models/registry.py), the multimodal checkpoints served for their text
-(text_of_multimodal.py), the GGUF block types the reader decodes and those kept
-packed (quantization/gguf_block_layouts.py, sizing.GGUF_BLOCK_FORMATS), and the tensor-parallel sizes each
-catalogue shape splits into (sizing.check_tensor_parallel). tests/runtime/test_supported_models.py
-checks that README.md holds exactly this text.
+(text_of_multimodal.py), the pooling runner's sequence classifiers (contract/pooling.py), the GGUF
+block types the reader decodes and those kept packed (quantization/gguf_block_layouts.py,
+sizing.GGUF_BLOCK_FORMATS), and the tensor-parallel sizes each catalogue shape splits into
+(sizing.check_tensor_parallel). tests/runtime/test_supported_models.py checks that README.md holds
+exactly this text.
 """
 
 from __future__ import annotations
 
 from pagoda_runtime.contract.model_catalogue import MODELS
+from pagoda_runtime.contract.pooling import SEQUENCE_CLASSIFICATION
 from pagoda_runtime.contract.sizing import GGUF_BLOCK_FORMATS, check_tensor_parallel
 from pagoda_runtime.executor.models.registry import FAMILIES
 from pagoda_runtime.executor.quantization.gguf_block_layouts import BLOCK_LAYOUT, FLOAT_TYPES
@@ -55,7 +57,12 @@ def table() -> str:
     )
     wrapped = "; ".join(f"{outer} as {inner}" for outer, inner in TEXT_ARCHITECTURES.items())
     text_only = f"Multimodal checkpoints served for their text (the vision tower left unread): {wrapped}."
-    return "\n".join([BEGIN, *rows, "", note, "", text_only, END])
+    pooled = (
+        "Under `--runner pooling` the `*ForCausalLM` architectures above serve as embedding models, and "
+        f"their `*{SEQUENCE_CLASSIFICATION}` checkpoints (or vLLM's `classifier_from_token`) as "
+        "rerankers and classifiers."
+    )
+    return "\n".join([BEGIN, *rows, "", note, "", text_only, "", pooled, END])
 
 
 if __name__ == "__main__":

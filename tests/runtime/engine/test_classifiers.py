@@ -62,10 +62,11 @@ def test_a_sequence_classifiers_probabilities_are_transformers(tmp_path):
         llm.generate(QUERY, SamplingParams(max_tokens=2))
 
 
-def test_a_one_label_classifier_scores_each_pair_as_one_prompt(tmp_path):
-    """The cross-encoder's pair is the tokenizer's pair encoding, its score the sigmoid of the
-    one logit: what transformers computes for tokenizer(query, document)."""
-    folder = classifier_folder(tmp_path, labels=1)
+@pytest.mark.parametrize("variant", ["qwen3", "llama2"])
+def test_a_one_label_classifier_scores_each_pair_as_one_prompt(tmp_path, variant):
+    """The cross-encoder's pair is the tokenizer's pair encoding (Llama 2's: BOS before each text),
+    its score the sigmoid of the one logit: what transformers computes for tokenizer(query, document)."""
+    folder = classifier_folder(tmp_path, labels=1, variant=variant)
     llm = LLM(str(folder), **ENGINE)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     scores = llm.score(QUERY, DOCUMENTS)
