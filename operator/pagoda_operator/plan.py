@@ -34,7 +34,7 @@ class Checkpoint:
     (config.json, GGUF metadata)."""
 
     architecture: ModelArchitecture
-    stored_quantization: str | None = None  # awq, gptq, gguf, fp8 (blocks); None for float weights
+    stored_quantization: str | None = None  # awq, gptq, gguf, fp8, int8; None for float weights
     eagle_head: EagleHeadShape | None = None  # the folder holds an EAGLE head (its architecture's)
 
 

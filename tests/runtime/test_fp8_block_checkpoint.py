@@ -89,7 +89,7 @@ def test_auto_holds_them_as_fp8_and_none_as_the_dequantized_floats(checkpoints):
 def test_the_operator_sizes_an_fp8_checkpoint_as_fp8():
     assert select_quantization("auto", "fp8", "cuda", "org/model-FP8") == "fp8"
     assert select_quantization("int4", "fp8", "cuda", "org/model-FP8") == "int4"
-    with pytest.raises(ValueError, match="block-quantized FP8 weights, not AWQ ones"):
+    with pytest.raises(ValueError, match="holds FP8 weights, not AWQ ones"):
         select_quantization("awq", "fp8", "cuda", "org/model-FP8")
 
 

@@ -41,11 +41,12 @@ def select_quantization(
 ) -> str:
     """The method to build the model's projections with.
 
-    stored: "awq", "gptq" or "gguf" when the checkpoint holds its projections in that format, "fp8"
-    for block-quantized FP8 ones (dequantized at load, loading/fp8_blocks.py), None for float
-    weights; device_type: "cpu" or "cuda"; source names the model in messages (and, for a GGUF
-    file, its type unless gguf_block gives it); dtype: the --dtype asked for ("auto" or
-    a float type); gguf_block: a GGUF file's sizing.GGUF_FILE_TYPES name, as read from its tensors.
+    stored: "awq", "gptq" or "gguf" when the checkpoint holds its projections in that format (a
+    compressed-tensors INT4 one as "gptq"), "fp8" or "int8" for FP8 or INT8 ones (dequantized at
+    load: loading/fp8_blocks.py, loading/compressed_tensors.py), None for float weights;
+    device_type: "cpu" or "cuda"; source names the model in messages (and, for a GGUF file, its
+    type unless gguf_block gives it); dtype: the --dtype asked for ("auto" or a float type);
+    gguf_block: a GGUF file's sizing.GGUF_FILE_TYPES name, as read from its tensors.
     """
     if requested not in CHOICES:
         raise ValueError(f"unknown quantization {requested!r}; use one of {', '.join(CHOICES)}")
@@ -56,14 +57,14 @@ def select_quantization(
                 f"use --quantization {stored} or auto"
             )
         return stored
-    if stored == "fp8":
-        # Block-FP8 weights arrive dequantized; auto holds them in 8 bits again, as saved.
+    if stored in ("fp8", "int8"):
+        # FP8 and INT8 weights arrive dequantized; auto holds them in 8 bits again, as saved.
         if requested in STORED_FORMATS:
             raise ValueError(
-                f"{source} holds block-quantized FP8 weights, not {requested.upper()} ones; "
+                f"{source} holds {stored.upper()} weights, not {requested.upper()} ones; "
                 f"use --quantization auto or {', '.join(_ONLINE)}"
             )
-        return "fp8" if requested == "auto" else requested
+        return stored if requested == "auto" else requested
     if stored == "gguf":
         if requested == "auto":
             # A file whose projections are mostly of a block type without a packed layout (Q5_K_M,

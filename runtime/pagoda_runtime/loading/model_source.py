@@ -50,7 +50,7 @@ from pagoda_runtime.executor.quantization.hf_checkpoints import (
     to_packed,
 )
 from pagoda_runtime.executor.quantization.packed import PackedWeight, dequantize
-from pagoda_runtime.loading import fp8_blocks, mxfp4
+from pagoda_runtime.loading import compressed_tensors, fp8_blocks, mxfp4
 from pagoda_runtime.loading.gguf_reader import GGUFFile
 from pagoda_runtime.loading.text_of_multimodal import text_config, text_tensor_name, wrapped_text_architecture
 
@@ -88,9 +88,9 @@ class LoadedModel:
     config: ModelConfig
     weights: Iterator[tuple[str, Weight]]  # Hugging Face names, each tensor read on demand
     tokenizer: Tokenizer
-    # How the projections that arrive as PackedWeights were stored: "awq", "gptq" or "gguf"; "fp8"
-    # for a block-FP8 checkpoint, whose projections arrive dequantized (fp8_blocks.py); None when
-    # every weight arrives as a float tensor.
+    # How the projections that arrive as PackedWeights were stored: "awq", "gptq" (compressed-tensors'
+    # INT4 too) or "gguf"; "fp8" or "int8" for a checkpoint whose 8-bit projections arrive dequantized
+    # (fp8_blocks.py, compressed_tensors.py); None when every weight arrives as a float tensor.
     quantization: str | None = None
     # For "gguf": the file's sizing.GGUF_FILE_TYPES name (Q4_0, Q4_K_M, ...) read from its tensors.
     gguf_block: str | None = None
@@ -335,9 +335,11 @@ def _load_hf_folder(
     mxfp4_experts = mxfp4.is_mxfp4(raw)
     try:
         fp8_block = fp8_blocks.block_size(raw)
-    except fp8_blocks.Fp8CheckpointError as e:
+        compressed = compressed_tensors.scheme_of(raw)
+    except (fp8_blocks.Fp8CheckpointError, compressed_tensors.CompressedTensorsError) as e:
         raise ModelLoadError(f"{config_file}: {e}") from e
-    spec = None if mxfp4_experts or fp8_block else _checkpoint_quantization(raw, config_file)
+    read_apart = mxfp4_experts or fp8_block or compressed
+    spec = None if read_apart else _checkpoint_quantization(raw, config_file)
     tokenizer = Tokenizer.from_folder(folder, config.eos_token_ids)
     config = replace(config, eos_token_ids=tokenizer.eos_token_ids)
 
@@ -366,8 +368,23 @@ def _load_hf_folder(
             for name, shape in expected.items()
             if name not in found and f"{name}_blocks" in found
         }
-    required = {name: shape for name, shape in expected.items() if name not in stored and name not in mx}
-    for shapes in (*stored.values(), *mx.values()):
+    # compressed-tensors projections: their stored tensors, by the float weight's name.
+    ct = {}
+    if compressed:
+        ct = {
+            name: compressed.parts(name, shape, found)
+            for name, shape in expected.items()
+            if compressed.stores(name, found)
+        }
+        packed_stray = sorted(name for name in ct if compressed.kind == "int4" and not is_projection(name))
+        if packed_stray:
+            raise ModelLoadError(
+                f"{config_file}: {packed_stray[0]!r} is stored as packed INT4; Pagoda packs the decoder "
+                "projections only"
+            )
+    apart = {**mx, **ct}
+    required = {name: shape for name, shape in expected.items() if name not in stored and name not in apart}
+    for shapes in (*stored.values(), *apart.values()):
         required.update(shapes)
     # Block-FP8 projections: those whose weight has its block scales beside it (the router, the
     # embedding and the LM head stay float).
@@ -393,12 +410,25 @@ def _load_hf_folder(
                     yield name, to_packed(spec, {part.rsplit(".", 1)[1]: read(part) for part in stored[name]})
                 elif name in mx:
                     yield name, mxfp4.dequantize(read(f"{name}_blocks"), read(f"{name}_scales"), dtype)
+                elif name in ct:
+                    yield name, compressed.load(name, {part: read(part) for part in ct[name]}, dtype)
                 elif name in fp8:
                     yield name, fp8_blocks.dequantize(read(name), read(fp8[name]), fp8_block, dtype)
                 else:
                     yield name, read(name).to(dtype)
 
     defaults = sampling_defaults(generation or {})
+    if ct:
+        group_size = compressed.group_size or -1 if compressed.kind == "int4" else None
+        return LoadedModel(
+            config,
+            weights(),
+            tokenizer,
+            compressed.stored,
+            group_size=group_size,
+            sampling_defaults=defaults,
+            folder=folder,
+        )
     if not stored:
         # A block-FP8 checkpoint's floats are reported as stored fp8, which auto holds as fp8 again.
         held = "fp8" if fp8 else None

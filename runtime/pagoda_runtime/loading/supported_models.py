@@ -53,7 +53,9 @@ def table() -> str:
     note = (
         f"GGUF blocks {', '.join(packed)} are served packed (the int4 and int8 kernels); "
         f"{', '.join(dequantized)} tensors are dequantized at load, as are GPT-OSS's MXFP4 experts and "
-        "block-quantized FP8 checkpoints (Qwen3's -FP8 releases, DeepSeek V3), which auto then holds as fp8."
+        "block-quantized FP8 checkpoints (Qwen3's -FP8 releases, DeepSeek V3), which auto then holds as fp8. "
+        "compressed-tensors checkpoints (llm-compressor's FP8, W8A8 and W4A16) and Meta's fbgemm FP8 are "
+        "served as saved (docs/architecture.md#quantization)."
     )
     wrapped = "; ".join(f"{outer} as {inner}" for outer, inner in TEXT_ARCHITECTURES.items())
     text_only = f"Multimodal checkpoints served for their text (the vision tower left unread): {wrapped}."

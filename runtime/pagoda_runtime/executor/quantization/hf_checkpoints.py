@@ -112,6 +112,15 @@ def gptq_to_packed(
     return _affine(q.t(), zeros.t(), scales.t(), group_size)
 
 
+def int4_to_packed(packed: torch.Tensor, scales: torch.Tensor, group_size: int) -> PackedWeight:
+    """compressed-tensors' symmetric INT4 (loading/compressed_tensors.py): int32 [N, K / 8] packing
+    eight values along the inputs, each stored plus 8, and scales [N, K / group_size]."""
+    rows = packed.shape[0]
+    q = _nibbles(packed).reshape(rows, -1)
+    zeros = torch.full_like(scales, 8, dtype=torch.float32)
+    return _affine(q, zeros, scales, group_size)
+
+
 def stored_shapes(
     spec: CheckpointQuantization, out_features: int, in_features: int
 ) -> dict[str, tuple[int, ...]]:

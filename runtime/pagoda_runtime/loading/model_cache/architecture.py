@@ -14,7 +14,7 @@ from pagoda_runtime.loading.model_source import load_model_source
 
 def checkpoint_facts(path: Path) -> dict:
     """{"architecture": ModelArchitecture's fields (read back by ModelArchitecture.from_facts),
-    "storedQuantization": awq|gptq|gguf|fp8|None}; of an EAGLE head, {"eagleHead": EagleHeadShape's
+    "storedQuantization": awq|gptq|gguf|fp8|int8|None}; of an EAGLE head, {"eagleHead": EagleHeadShape's
     fields} instead (a head is not a model the runtime could open on its own).
 
     Opening the model checks everything short of reading the weights (every tensor's presence and
