@@ -376,12 +376,6 @@ def _load_hf_folder(
             for name, shape in expected.items()
             if compressed.stores(name, found)
         }
-        packed_stray = sorted(name for name in ct if compressed.kind == "int4" and not is_projection(name))
-        if packed_stray:
-            raise ModelLoadError(
-                f"{config_file}: {packed_stray[0]!r} is stored as packed INT4; Pagoda packs the decoder "
-                "projections only"
-            )
     apart = {**mx, **ct}
     required = {name: shape for name, shape in expected.items() if name not in stored and name not in apart}
     for shapes in (*stored.values(), *apart.values()):
@@ -411,7 +405,11 @@ def _load_hf_folder(
                 elif name in mx:
                     yield name, mxfp4.dequantize(read(f"{name}_blocks"), read(f"{name}_scales"), dtype)
                 elif name in ct:
-                    yield name, compressed.load(name, {part: read(part) for part in ct[name]}, dtype)
+                    weight = compressed.load(name, {part: read(part) for part in ct[name]}, dtype)
+                    if isinstance(weight, PackedWeight) and not is_projection(name):
+                        # Only the decoder's projections run packed (a router quantized too is rare).
+                        weight = dequantize(weight, dtype)
+                    yield name, weight
                 elif name in fp8:
                     yield name, fp8_blocks.dequantize(read(name), read(fp8[name]), fp8_block, dtype)
                 else:

@@ -11,15 +11,20 @@ import shutil
 import pytest
 import torch
 from compressed_tensors.compressors import ModelCompressor
+from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
 from compressed_tensors.quantization import (
+    QuantizationArgs,
     QuantizationConfig,
     apply_quantization_config,
+    dequantize,
     preset_name_to_scheme,
+    quantize,
 )
 from pagoda_runtime import LLM, SamplingParams
 from pagoda_runtime.contract.quantization_selection import select_quantization
 from pagoda_runtime.engine.scoring import score
 from pagoda_runtime.executor.quantization.memory import linear_weight_bytes
+from pagoda_runtime.executor.quantization.packed import PackedWeight
 from pagoda_runtime.loading.model_cache.architecture import checkpoint_facts
 from pagoda_runtime.loading.model_source import ModelLoadError, load_model_source
 from safetensors.torch import load_file, save_file
@@ -38,16 +43,16 @@ PROMPTS = ["Hello, world! How are", "def add(a, b):"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 
-def compressed_folder(float_folder, out, preset: str, group_size: int = 32):
+def compressed_folder(float_folder, out, preset: str, group_size: int = 32, ignore=("lm_head",)):
     """The float model quantized by the library (each scale: the range it covers over the largest
-    value) and saved compressed, with its tokenizer."""
+    value) and saved compressed, with its tokenizer; `ignore`: the layers left float."""
     fmt, _, largest = PRESETS[preset]
     model = AutoModelForCausalLM.from_pretrained(float_folder, dtype=torch.float32)
     scheme = preset_name_to_scheme(preset, ["Linear"])
     if scheme.weights.strategy == "group":
         scheme.weights.group_size = group_size
     apply_quantization_config(
-        model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"])
+        model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=list(ignore))
     )
     for module in model.modules():
         if hasattr(module, "weight_scale"):
@@ -128,6 +133,41 @@ def test_auto_serves_the_stored_width_and_generates_what_the_decompressed_weight
     tokens = [[o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)] for llm in (same, reference)]
     assert tokens[0] == tokens[1]
     assert checkpoint_facts(folder)["storedQuantization"] == stored
+
+
+@pytest.mark.parametrize("router", ["float", "int4"])
+def test_a_mixture_of_experts_keeps_its_experts_packed(tmp_path, router):
+    """Qwen3-MoE as llm-compressor saves it: each expert's projections packed by the library's own
+    quantize and pack_to_int32 (transformers 5 holds experts fused, outside the library's Linear
+    targets, so the test packs them as earlier releases saved them), the router left float or,
+    quantized too, dequantized at load: only projections run packed."""
+    floats = build_tiny_model(tmp_path / "moe", "qwen3_moe")
+    folder = compressed_folder(floats, tmp_path / "w4a16", "W4A16", ignore=("lm_head", "re:.*mlp.gate$"))
+    tensors = load_file(folder / "model.safetensors")
+    args = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=32)
+    expected = {}
+    for name in [
+        n for n in tensors if ".experts." in n or (router == "int4" and n.endswith("mlp.gate.weight"))
+    ]:
+        weight = tensors.pop(name)
+        scale = weight.reshape(weight.shape[0], -1, 32).abs().amax(-1) / 7.0
+        zero = torch.zeros_like(scale, dtype=torch.int8)
+        q = quantize(weight, scale, zero, args, dtype=torch.int8)
+        prefix = name.removesuffix("weight")
+        tensors[prefix + "weight_packed"] = pack_to_int32(q, 4)
+        tensors[prefix + "weight_scale"] = scale
+        tensors[prefix + "weight_shape"] = torch.tensor(weight.shape)
+        expected[name] = dequantize(q, scale, zero, args)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    packed = dict(load_model_source(folder, keep_quantized=True).weights)
+    assert isinstance(packed["model.layers.0.mlp.experts.3.down_proj.weight"], PackedWeight)
+    assert isinstance(packed["model.layers.0.mlp.gate.weight"], torch.Tensor)
+    loaded = dict(load_model_source(folder).weights)
+    for name, weight in expected.items():
+        assert torch.allclose(loaded[name], weight, rtol=0, atol=1e-3 * float(weight.abs().max())), name
+    llm = LLM(str(folder), dtype="float32", device="cpu", block_size=4)
+    assert llm.engine.quantization == "gptq"
+    assert len(llm.generate(PROMPTS, GREEDY)[0].outputs[0].token_ids) == GREEDY.max_tokens
 
 
 def test_the_operator_sizes_an_int8_checkpoint_as_int8():
