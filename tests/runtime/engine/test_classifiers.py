@@ -141,3 +141,22 @@ def test_what_cannot_be_scored_or_classified_is_refused_in_one_sentence(tmp_path
             LLM(str(causal), hf_overrides={"classifier_from_token": tokens}, **ENGINE)
     with pytest.raises(ValueError, match="normalize applies to embeddings"):
         LLM(str(folder), pooler_config={"normalize": True}, **ENGINE)
+
+
+@pytest.mark.slow
+def test_scores_and_embeddings_do_not_depend_on_the_tensor_parallel_size(tmp_path):
+    """Rank 0 pools the hidden states the split model computes, and applies a classifier's head
+    read whole from the checkpoint."""
+    for folder in (
+        classifier_folder(tmp_path / "cross", labels=1, variant="gqa"),
+        sentence_transformers_folder(tmp_path / "bi", "MEAN", True, variant="gqa"),
+    ):
+        expected = LLM(str(folder), **ENGINE).score(QUERY, DOCUMENTS)
+        split = LLM(str(folder), tensor_parallel_size=2, **ENGINE)
+        try:
+            scores = split.score(QUERY, DOCUMENTS)
+        finally:
+            split.shutdown()
+        assert [s.outputs.score for s in scores] == pytest.approx(
+            [s.outputs.score for s in expected], abs=1e-5
+        )
