@@ -26,8 +26,9 @@ sigmoid routing), "deepseek_v2" (latent attention, scaled softmax routing), "dee
 softmax routing limited to the best expert groups), "ernie4_5" and "ernie4_5_moe" (interleaved
 rotary pairs; softmax routing chosen with a correction bias), "exaone4" (post-norms, a window,
 a NoPE global layer), "llama4" (chunked attention, a NoPE layer with query temperature, top-1
-sigmoid routing on the experts' input), "qwen2_moe" (a shared expert gated per token), and the
-others each
+sigmoid routing on the experts' input), "qwen2_moe" (a shared expert gated per token),
+"granitemoe", "granitemoeshared", "granitemoehybrid" and "granite4_dense" (Granite's scalars around
+fused experts, a shared MLP, NoPE), and the others each
 with its quirk noted beside it. The weights use a wide init and random norm weights and biases, so
 greedy decoding is far from ties and a mis-loaded norm or bias changes the output.
 Use the folder with `pagoda_runtime.loading.model_source.load_model_source(folder)` and, as the
@@ -66,6 +67,9 @@ from transformers import (
     Glm4MoeConfig,
     GptOssConfig,
     GraniteConfig,
+    GraniteMoeConfig,
+    GraniteMoeHybridConfig,
+    GraniteMoeSharedConfig,
     Llama4TextConfig,
     LlamaConfig,
     MiniMaxM2Config,
@@ -129,6 +133,13 @@ _SIZES = dict(
     max_position_embeddings=512,
     initializer_range=0.2,
 )
+
+_GRANITE_SCALARS = {
+    "embedding_multiplier": 3.0,
+    "attention_multiplier": 0.3,
+    "residual_multiplier": 0.4,
+    "logits_scaling": 2.5,
+}
 
 # variant -> (config class, tokenizer style, extra config fields)
 VARIANTS: dict[str, tuple[type, str, dict]] = {
@@ -224,17 +235,7 @@ FAMILY_VARIANTS: dict[str, tuple[type, str, dict]] = {
         },
     ),
     # Every scalar away from 1, so that a model ignoring one of them fails.
-    "granite": (
-        GraniteConfig,
-        "chatml",
-        {
-            "embedding_multiplier": 3.0,
-            "attention_multiplier": 0.3,
-            "residual_multiplier": 0.4,
-            "logits_scaling": 2.5,
-            "tie_word_embeddings": True,
-        },
-    ),
+    "granite": (GraniteConfig, "chatml", {**_GRANITE_SCALARS, "tie_word_embeddings": True}),
     # The second of the two layers attends without rotary embeddings (SmolLM3's every fourth).
     "smollm3": (
         SmolLM3Config,
@@ -438,6 +439,47 @@ FAMILY_VARIANTS: dict[str, tuple[type, str, dict]] = {
                 "original_max_position_embeddings": 64,
                 "rope_theta": 500000.0,
             },
+        },
+    ),
+    # Granite's scalars away from 1 around 6 experts, 2 per token (granite-3.x-moe); with a shared
+    # MLP beside them; Granite 4 with every layer attending, its experts and shared MLP (rotary
+    # embeddings on), and its dense form (the shared MLP alone, no rotary embeddings).
+    "granitemoe": (
+        GraniteMoeConfig,
+        "chatml",
+        {**_GRANITE_SCALARS, "num_local_experts": 6, "num_experts_per_tok": 2},
+    ),
+    "granitemoeshared": (
+        GraniteMoeSharedConfig,
+        "chatml",
+        {
+            **_GRANITE_SCALARS,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "shared_intermediate_size": 64,
+        },
+    ),
+    "granitemoehybrid": (
+        GraniteMoeHybridConfig,
+        "chatml",
+        {
+            **_GRANITE_SCALARS,
+            "layer_types": ["attention", "attention"],
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "shared_intermediate_size": 64,
+            "position_embedding_type": "rope",
+        },
+    ),
+    "granite4_dense": (
+        GraniteMoeHybridConfig,
+        "chatml",
+        {
+            **_GRANITE_SCALARS,
+            "layer_types": ["attention", "attention"],
+            "num_local_experts": 0,
+            "shared_intermediate_size": 96,
+            "position_embedding_type": "nope",
         },
     ),
     "phi3": (

@@ -40,13 +40,15 @@ class GraniteForCausalLM(LlamaForCausalLM):
         return self.embed_tokens(input_ids) * self.config.embedding_multiplier
 
 
+def scalars(raw: dict[str, Any]) -> dict[str, float]:
+    """The four multipliers, ModelConfig's fields, with transformers' defaults (every Granite
+    config.json sets them)."""
+    return {
+        name: float(raw.get(name, 1.0))
+        for name in ("attention_multiplier", "embedding_multiplier", "residual_multiplier", "logits_scaling")
+    }
+
+
 def config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
     llama = llama_config_from_hf(raw, "LlamaForCausalLM")
-    return replace(
-        llama,
-        model_type="granite",
-        attention_multiplier=float(raw.get("attention_multiplier", llama.attention_scale)),
-        embedding_multiplier=float(raw.get("embedding_multiplier", 1.0)),
-        residual_multiplier=float(raw.get("residual_multiplier", 1.0)),
-        logits_scaling=float(raw.get("logits_scaling", 1.0)),
-    )
+    return replace(llama, model_type="granite", **scalars(raw))

@@ -23,6 +23,7 @@ from pagoda_runtime.executor.models import (
     glm4_moe,
     gpt_oss,
     granite,
+    granite_moe,
     llama,
     llama4,
     minimax_m2,
@@ -94,6 +95,16 @@ FAMILIES: tuple[Family, ...] = (
         config_from_hf=granite.config_from_hf,
         weight_shapes=llama.weight_shapes,
         quantizations=("none", "int8", "int4", "fp8", "awq", "gptq"),
+    ),
+    Family(
+        name="Granite MoE / Granite 4",
+        architectures=tuple(granite_moe.MODEL_TYPES),
+        model_types=tuple(granite_moe.MODEL_TYPES.values()),
+        model=granite_moe.GraniteMoeForCausalLM,
+        config_from_hf=granite_moe.config_from_hf,
+        weight_shapes=granite_moe.weight_shapes,
+        # Fused experts: quantized at load, never read packed.
+        quantizations=("none", "int8", "int4", "fp8"),
     ),
     Family(
         name="Qwen3",
