@@ -9,41 +9,24 @@ import base64
 import struct
 import time
 import uuid
-from typing import Any, Literal
+from typing import Literal
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel
 
 from pagoda_runtime.contract.pooling import PoolingParams
 from pagoda_runtime.engine.outputs import RequestOutput
 from pagoda_runtime.server.admission import admit, check_model
-from pagoda_runtime.server.errors import APIError
 from pagoda_runtime.server.generation import generate, respond
 from pagoda_runtime.server.merged_outputs import finals
-from pagoda_runtime.server.protocol import MAX_COMPLETIONS, TokenId, UsageInfo, ValidText, token_ids_in_range
+from pagoda_runtime.server.pooled_inputs import PooledInputRequest
+from pagoda_runtime.server.protocol import UsageInfo
 from pagoda_runtime.server.state import ServerState
 
 
-class EmbeddingRequest(ValidText):
-    model_config = ConfigDict(extra="forbid")
-
-    model: str | None = None
-    input: str | list[str] | list[TokenId] | list[list[TokenId]]
+class EmbeddingRequest(PooledInputRequest):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
-    user: str | None = None  # OpenAI's end-user id, for their abuse monitoring: nothing to do here
-    add_special_tokens: bool = True  # vLLM's: BOS and the like, as the tokenizer adds them
-
-    @field_validator("input", mode="before")
-    @classmethod
-    def _token_ids_in_range(cls, value: Any) -> Any:
-        return token_ids_in_range(value)
-
-    def inputs(self) -> list[str | list[int]]:
-        """The one input or each of the listed ones (a list of ints is one input of token ids)."""
-        if isinstance(self.input, str) or (self.input and isinstance(self.input[0], int)):
-            return [self.input]
-        return list(self.input)
 
 
 class EmbeddingData(BaseModel):
@@ -70,24 +53,9 @@ def _encoded(vector: list[float], encoding: str) -> list[float] | str:
 async def create_embedding(body: EmbeddingRequest, request: Request):
     state: ServerState = request.app.state.pagoda
     lora_name = check_model(state, body.model, request)
-    inputs = body.inputs()
-    if len(inputs) > MAX_COMPLETIONS:
-        raise APIError(
-            400,
-            f"input lists {len(inputs)} inputs, more than the {MAX_COMPLETIONS} one request may embed; "
-            "split them over several requests.",
-            param="input",
-        )
-    if not inputs:
-        raise APIError(
-            400, "input is an empty list; give at least one text or list of token ids.", param="input"
-        )
+    inputs = body.inputs("embed")
     engine = await admit(state)
-    tokenizer = engine.tokenizer
-    prompts = [
-        tokenizer.encode(text, body.add_special_tokens) if isinstance(text, str) else list(text)
-        for text in inputs
-    ]
+    prompts = body.prompts(inputs, engine.tokenizer)
     request_id = f"embd-{uuid.uuid4().hex}"
     created = int(time.time())
     model = body.model or state.settings.served_model_name

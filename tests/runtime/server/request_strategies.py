@@ -362,9 +362,8 @@ RERANK_FIELDS = {
     "return_documents": st.one_of(st.booleans(), junk),
 }
 CLASSIFY_FIELDS = {
-    "model": EMBEDDING_FIELDS["model"],
-    "input": EMBEDDING_FIELDS["input"],
-    "user": text,
+    name: EMBEDDING_FIELDS[name]
+    for name in ("model", "input", "user", "add_special_tokens", "truncate_prompt_tokens")
 }
 
 
