@@ -28,7 +28,8 @@ rotary pairs; softmax routing chosen with a correction bias), "exaone4" (post-no
 a NoPE global layer), "llama4" (chunked attention, a NoPE layer with query temperature, top-1
 sigmoid routing on the experts' input), "qwen2_moe" (a shared expert gated per token),
 "granitemoe", "granitemoeshared", "granitemoehybrid" and "granite4_dense" (Granite's scalars around
-fused experts, a shared MLP, NoPE), and the others each
+fused experts, a shared MLP, NoPE), "olmoe" (wide q/k norms, unrenormalized experts), "dots1"
+(per-head q/k norms, grouped sigmoid routing, a shared expert), and the others each
 with its quirk noted beside it. The weights use a wide init and random norm weights and biases, so
 greedy decoding is far from ties and a mis-loaded norm or bias changes the output.
 Use the folder with `pagoda_runtime.loading.model_source.load_model_source(folder)` and, as the
@@ -58,6 +59,7 @@ from transformers import (
     CohereConfig,
     DeepseekV2Config,
     DeepseekV3Config,
+    Dots1Config,
     Ernie4_5_MoeConfig,
     Ernie4_5Config,
     Exaone4Config,
@@ -77,6 +79,7 @@ from transformers import (
     MixtralConfig,
     Olmo2Config,
     Olmo3Config,
+    OlmoeConfig,
     Phi3Config,
     PreTrainedTokenizerFast,
     Qwen2Config,
@@ -480,6 +483,23 @@ FAMILY_VARIANTS: dict[str, tuple[type, str, dict]] = {
             "num_local_experts": 0,
             "shared_intermediate_size": 96,
             "position_embedding_type": "nope",
+        },
+    ),
+    # OLMoE: q and k normed over all heads, softmax top 2 of 8 experts left unrenormalized.
+    "olmoe": (OlmoeConfig, "chatml", {"num_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 32}),
+    # dots.llm1: per-head q/k norms, layer 0 dense, then sigmoid routing with a correction bias
+    # beside a shared expert (the scaling and groups as glm4_moe's and deepseek_v3's).
+    "dots1": (
+        Dots1Config,
+        "chatml",
+        {
+            "moe_intermediate_size": 32,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "n_shared_experts": 1,
+            "first_k_dense_replace": 1,
+            "norm_topk_prob": True,
+            "routed_scaling_factor": 1.0,
         },
     ),
     "phi3": (

@@ -92,7 +92,7 @@ _FAMILY_NORMS = {
 # Families whose checkpoints store q, k and v as one tensor (a GGUF mix quantizes it as one).
 _FUSED_QKV = {"phi3"}
 # Families whose q and k norms span all heads (their weights as wide as q and k).
-_WIDE_QK_NORM = {"olmo2", "olmo3", "minimax_m2"}
+_WIDE_QK_NORM = {"olmo2", "olmo3", "olmoe", "minimax_m2"}
 # Families with attention sinks, an attention output bias, and biased routers and experts.
 _SINKS_AND_BIASES = {"gpt_oss"}
 

@@ -11,6 +11,10 @@ experts with what sets them apart from Qwen3-MoE:
 
 The checkpoints' multi-token-prediction layer (num_nextn_predict_layers, numbered after the last
 decoder layer) is read only to draft tokens (speculative decoding's mtp method, models/mtp_head.py).
+
+rednote's dots.llm1 (Dots1ForCausalLM) is the same model with other defaults: no attention bias,
+per-head q/k norms always, every dimension rotated, the chosen weights not renormalized, and the
+Qwen rule for sliding windows.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from pagoda_runtime.executor.models.hf_config import (
     architecture_fields,
     check_activation,
     field,
+    layer_types,
     nextn_predict_layers,
     rope_parameters,
     rope_scaling,
@@ -47,6 +52,23 @@ from pagoda_runtime.executor.models.layers import Attention, DecoderLayer, RMSNo
 from pagoda_runtime.executor.models.moe import layer_mlp
 
 FAMILY = "GLM-4.5"
+# Per architecture: its model type, and transformers' defaults for what config.json leaves out.
+_DEFAULTS = {
+    "Glm4MoeForCausalLM": dict(
+        model_type="glm4_moe",
+        attention_bias=True,
+        partial_rotary_factor=0.5,
+        norm_topk_prob=True,
+        rms_norm_eps=1e-5,
+    ),
+    "Dots1ForCausalLM": dict(
+        model_type="dots1",
+        attention_bias=False,
+        partial_rotary_factor=1.0,
+        norm_topk_prob=False,
+        rms_norm_eps=1e-6,
+    ),
+}
 
 
 class Glm4MoeForCausalLM(CausalLM):
@@ -94,12 +116,15 @@ def config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
         check_routing(num_experts, top_k, SigmoidRouting(groups, raw.get("topk_group", 1)), None)
     except ValueError as exc:
         raise ConfigError(f"routes in a way that cannot work: {exc}") from exc
+    defaults = _DEFAULTS[architecture]
+    dots = defaults["model_type"] == "dots1"
     return ModelConfig(
-        model_type="glm4_moe",
+        model_type=defaults["model_type"],
         architecture=ModelArchitecture(
             **fields,
-            attention_bias=raw.get("attention_bias", True),
-            qk_norm=bool(raw.get("use_qk_norm", False)),
+            **(layer_types(raw, layers, FAMILY, per_layer=True) if dots else {}),
+            attention_bias=raw.get("attention_bias", defaults["attention_bias"]),
+            qk_norm=dots or bool(raw.get("use_qk_norm", False)),
             num_experts=num_experts,
             num_experts_per_tok=top_k,
             moe_intermediate_size=width,
@@ -108,12 +133,14 @@ def config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
             router_score_bias=True,
             **nextn_predict_layers(raw),
         ),
-        rms_norm_eps=raw.get("rms_norm_eps", 1e-5),
+        rms_norm_eps=raw.get("rms_norm_eps", defaults["rms_norm_eps"]),
         rope_theta=rope.get("rope_theta", 10000.0),
         rope_scaling=rope_scaling(rope, FAMILY),
         bos_token_id=raw.get("bos_token_id"),
-        partial_rotary_factor=rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 0.5)),
-        norm_topk_prob=raw.get("norm_topk_prob", True),
+        partial_rotary_factor=rope.get(
+            "partial_rotary_factor", raw.get("partial_rotary_factor", defaults["partial_rotary_factor"])
+        ),
+        norm_topk_prob=raw.get("norm_topk_prob", defaults["norm_topk_prob"]),
         scoring_func="sigmoid",
         n_group=groups,
         topk_group=raw.get("topk_group", 1),

@@ -390,7 +390,7 @@ def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _moe_config(
+def moe_config(
     raw: dict[str, Any], model_type: str, family: str, biases: dict[str, bool] | None = None, **fields: Any
 ) -> ModelConfig:
     """biases: the attention's bias fields, where not attention_bias's (attention_biases)."""
@@ -417,7 +417,7 @@ def _moe_config(
     )
 
 
-def qwen3_moe_config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
+def qwen3moe_config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
     family = "Qwen3-MoE"
     layers = field(raw, "num_hidden_layers", family)
     step = raw.get("decoder_sparse_step", 1) or 1
@@ -425,7 +425,7 @@ def qwen3_moe_config_from_hf(raw: dict[str, Any], architecture: str) -> ModelCon
     dense = sorted(set(raw.get("mlp_only_layers") or ()) | {i for i in range(layers) if (i + 1) % step})
     # Qwen3-VL-MoE's language model (loading/text_of_multimodal.py), its experts stored fused.
     model_type = "qwen3_vl_moe" if raw.get("model_type") == "qwen3_vl_moe_text" else "qwen3_moe"
-    return _moe_config(
+    return moe_config(
         raw,
         model_type,
         family,
@@ -434,12 +434,12 @@ def qwen3_moe_config_from_hf(raw: dict[str, Any], architecture: str) -> ModelCon
     )
 
 
-def qwen2_moe_config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
+def qwen2moe_config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
     family = "Qwen2-MoE"
     layers = field(raw, "num_hidden_layers", family)
     step = raw.get("decoder_sparse_step", 1) or 1
     dense = sorted(set(raw.get("mlp_only_layers") or ()) | {i for i in range(layers) if (i + 1) % step})
-    return _moe_config(
+    return moe_config(
         raw,
         "qwen2_moe",
         family,
@@ -455,10 +455,10 @@ def qwen2_moe_config_from_hf(raw: dict[str, Any], architecture: str) -> ModelCon
 def mixtral_config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
     family = "Mixtral"
     # Every Mixtral layer is sparse and its experts are intermediate_size wide.
-    return _moe_config(raw, "mixtral", family, moe_intermediate_size=field(raw, "intermediate_size", family))
+    return moe_config(raw, "mixtral", family, moe_intermediate_size=field(raw, "intermediate_size", family))
 
 
-def qwen3_moe_config_from_gguf(arch: str, meta: dict[str, Any], tensors: set[str], read: Any) -> ModelConfig:
+def qwen3moe_config_from_gguf(arch: str, meta: dict[str, Any], tensors: set[str], read: Any) -> ModelConfig:
     """qwen3moe GGUF files, as llama.cpp's converter writes them (experts merged per layer); a layer
     without a router is a dense one."""
     heads = meta[f"{arch}.attention.head_count"]
