@@ -417,7 +417,7 @@ def moe_config(
     )
 
 
-def qwen3moe_config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
+def qwen3_moe_config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
     family = "Qwen3-MoE"
     layers = field(raw, "num_hidden_layers", family)
     step = raw.get("decoder_sparse_step", 1) or 1
@@ -434,7 +434,7 @@ def qwen3moe_config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConf
     )
 
 
-def qwen2moe_config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
+def qwen2_moe_config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
     family = "Qwen2-MoE"
     layers = field(raw, "num_hidden_layers", family)
     step = raw.get("decoder_sparse_step", 1) or 1
@@ -458,7 +458,7 @@ def mixtral_config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfi
     return moe_config(raw, "mixtral", family, moe_intermediate_size=field(raw, "intermediate_size", family))
 
 
-def qwen3moe_config_from_gguf(arch: str, meta: dict[str, Any], tensors: set[str], read: Any) -> ModelConfig:
+def qwen3_moe_config_from_gguf(arch: str, meta: dict[str, Any], tensors: set[str], read: Any) -> ModelConfig:
     """qwen3moe GGUF files, as llama.cpp's converter writes them (experts merged per layer); a layer
     without a router is a dense one."""
     heads = meta[f"{arch}.attention.head_count"]
