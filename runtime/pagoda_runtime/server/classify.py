@@ -43,7 +43,7 @@ async def create_classify(body: ClassificationRequest, request: Request):
     lora_name = check_model(state, body.model, request)
     inputs = body.inputs("classify")
     engine = await admit(state)
-    prompts = body.prompts(inputs, engine.tokenizer)
+    prompts = body.prompts(inputs, engine)
     request_id = f"classify-{uuid.uuid4().hex}"
     created = int(time.time())
     model = body.model or state.settings.served_model_name

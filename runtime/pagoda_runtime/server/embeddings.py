@@ -55,7 +55,7 @@ async def create_embedding(body: EmbeddingRequest, request: Request):
     lora_name = check_model(state, body.model, request)
     inputs = body.inputs("embed")
     engine = await admit(state)
-    prompts = body.prompts(inputs, engine.tokenizer)
+    prompts = body.prompts(inputs, engine)
     request_id = f"embd-{uuid.uuid4().hex}"
     created = int(time.time())
     model = body.model or state.settings.served_model_name

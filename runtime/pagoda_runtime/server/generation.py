@@ -25,7 +25,7 @@ from pagoda_runtime.engine.structured_outputs import StructuredOutputs
 from pagoda_runtime.server import sse
 from pagoda_runtime.server.admission import QUEUE_FULL_RETRY_AFTER_S
 from pagoda_runtime.server.errors import APIError, error_body
-from pagoda_runtime.server.protocol import SamplingFields, UsageInfo
+from pagoda_runtime.server.protocol import SamplingFields, Truncation, UsageInfo
 from pagoda_runtime.server.state import ServerState
 
 T = TypeVar("T")
@@ -44,9 +44,9 @@ def usage(out: RequestOutput, answered: bool = True) -> UsageInfo:
     return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
-def truncated(ids: list[int], body: SamplingFields, max_model_len: int) -> list[int]:
-    """vLLM's truncate_prompt_tokens: the prompt's last N tokens (-1: the context's length), or its
-    first N with truncation_side "right"."""
+def truncated(ids: list[int], body: Truncation, max_model_len: int) -> list[int]:
+    """vLLM's truncate_prompt_tokens: the prompt's last N tokens (-1: `max_model_len`, what the
+    context holds of a prompt), or its first N with truncation_side "right"."""
     if body.truncate_prompt_tokens is None:
         return ids
     keep = max_model_len if body.truncate_prompt_tokens == -1 else body.truncate_prompt_tokens

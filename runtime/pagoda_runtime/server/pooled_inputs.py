@@ -8,12 +8,13 @@ from typing import Any
 
 from pydantic import ConfigDict, field_validator
 
-from pagoda_runtime.engine.protocol import ChatTokenizer
+from pagoda_runtime.engine.protocol import ServingEngine
 from pagoda_runtime.server.errors import APIError
-from pagoda_runtime.server.protocol import MAX_COMPLETIONS, TokenId, ValidText, token_ids_in_range
+from pagoda_runtime.server.generation import truncated
+from pagoda_runtime.server.protocol import MAX_COMPLETIONS, TokenId, Truncation, ValidText, token_ids_in_range
 
 
-class PooledInputRequest(ValidText):
+class PooledInputRequest(ValidText, Truncation):
     model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
@@ -45,9 +46,21 @@ class PooledInputRequest(ValidText):
             )
         return inputs
 
-    def prompts(self, inputs: list[str | list[int]], tokenizer: ChatTokenizer) -> list[list[int]]:
-        """Each input's token ids."""
+    def prompts(self, inputs: list[str | list[int]], engine: ServingEngine) -> list[list[int]]:
+        """Each input's token ids, truncated as asked."""
         return [
-            tokenizer.encode(text, self.add_special_tokens) if isinstance(text, str) else list(text)
+            truncated(
+                engine.tokenizer.encode(text, self.add_special_tokens)
+                if isinstance(text, str)
+                else list(text),
+                self,
+                pooled_prompt_limit(engine),
+            )
             for text in inputs
         ]
+
+
+def pooled_prompt_limit(engine: ServingEngine) -> int:
+    """The most prompt tokens a pooled request runs: the context less the one hidden token that ends
+    its run (engine/pooler.py); what truncate_prompt_tokens -1 keeps."""
+    return engine.max_model_len - 1

@@ -178,7 +178,22 @@ def refuse_unless_default(data: Any, fields: dict[str, Any], message: str) -> No
                 raise PydanticCustomError("unserved", message, {"param": name})
 
 
-class SamplingFields(ValidText):
+class Truncation(BaseModel):
+    """vLLM's: only the prompt's last N tokens are kept (-1: as many as the context holds), or with
+    truncation_side "right" its first N (generation.truncated)."""
+
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1, le=INT32_MAX)
+    truncation_side: Literal["left", "right"] = "left"
+
+    @field_validator("truncate_prompt_tokens")
+    @classmethod
+    def _some_prompt_kept(cls, keep: int | None) -> int | None:
+        if keep == 0:
+            raise ValueError("0 would keep no prompt token; give at least 1, or -1 for the context length")
+        return keep
+
+
+class SamplingFields(ValidText, Truncation):
     """The sampling knobs both endpoints share."""
 
     model_config = ConfigDict(extra="ignore")
@@ -225,10 +240,6 @@ class SamplingFields(ValidText):
     return_token_ids: bool = False
     # vLLM's: logprobs name each token token_id:<id>; unset, --return-tokens-as-token-ids decides.
     return_tokens_as_token_ids: bool | None = None
-    # vLLM's: only the prompt's last N tokens are kept (-1: as many as the context holds), or with
-    # truncation_side "right" its first N.
-    truncate_prompt_tokens: int | None = Field(default=None, ge=-1, le=INT32_MAX)
-    truncation_side: Literal["left", "right"] = "left"
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsField | None = None
     # vLLM's older names for structured_outputs' members.
@@ -251,13 +262,6 @@ class SamplingFields(ValidText):
     def _unimplemented_left_alone(cls, data: Any) -> Any:
         refuse_unless_default(data, cls.unimplemented, "{param} is not supported by this server; remove it")
         return data
-
-    @field_validator("truncate_prompt_tokens")
-    @classmethod
-    def _some_prompt_kept(cls, keep: int | None) -> int | None:
-        if keep == 0:
-            raise ValueError("0 would keep no prompt token; give at least 1, or -1 for the context length")
-        return keep
 
     @field_validator("prompt_logprobs")
     @classmethod

@@ -17,16 +17,17 @@ from pagoda_runtime.engine.outputs import RequestOutput
 from pagoda_runtime.engine.pair_scores import PairsError, cosine, pairs
 from pagoda_runtime.server.admission import admit, check_model
 from pagoda_runtime.server.errors import APIError
-from pagoda_runtime.server.generation import generate, respond
+from pagoda_runtime.server.generation import generate, respond, truncated
 from pagoda_runtime.server.merged_outputs import finals
-from pagoda_runtime.server.protocol import INT32_MAX, MAX_COMPLETIONS, UsageInfo, ValidText
+from pagoda_runtime.server.pooled_inputs import pooled_prompt_limit
+from pagoda_runtime.server.protocol import INT32_MAX, MAX_COMPLETIONS, Truncation, UsageInfo, ValidText
 from pagoda_runtime.server.state import ServerState
 
 SCORE_FIELDS = ("text_1", "text_2")
 RERANK_FIELDS = ("query", "documents")
 
 
-class ScoreRequest(ValidText):
+class ScoreRequest(ValidText, Truncation):
     model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
@@ -49,7 +50,7 @@ class ScoreResponse(BaseModel):
     usage: UsageInfo
 
 
-class RerankRequest(ValidText):
+class RerankRequest(ValidText, Truncation):
     model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
@@ -91,9 +92,8 @@ async def create_score(body: ScoreRequest, request: Request):
         usage = UsageInfo(prompt_tokens=tokens, completion_tokens=0, total_tokens=tokens)
         return ScoreResponse(id=request_id, created=created, model=model, data=data, usage=usage)
 
-    return await score_pairs(
-        state, request, body.model, (body.text_1, body.text_2), SCORE_FIELDS, request_id, whole
-    )
+    texts = (body.text_1, body.text_2)
+    return await score_pairs(state, request, body, texts, SCORE_FIELDS, request_id, whole)
 
 
 async def create_rerank(body: RerankRequest, request: Request):
@@ -116,22 +116,22 @@ async def create_rerank(body: RerankRequest, request: Request):
         )
 
     texts = (body.query, body.documents)
-    return await score_pairs(state, request, body.model, texts, RERANK_FIELDS, request_id, whole)
+    return await score_pairs(state, request, body, texts, RERANK_FIELDS, request_id, whole)
 
 
 async def score_pairs(
     state: ServerState,
     request: Request,
-    model: str | None,
+    body: ScoreRequest | RerankRequest,
     texts: tuple[str | list[str], str | list[str]],
     names: tuple[str, str],
     request_id: str,
     whole: Callable[[list[float], int], BaseModel],
 ):
     """Pair the texts (`names`: their fields) and run the pairs through the engine: each as one
-    prompt for a classifier, each distinct text once for an embedding model; `whole(scores, prompt
-    tokens)` is the response."""
-    lora_name = check_model(state, model, request)
+    prompt for a classifier, each distinct text once for an embedding model, truncated as `body`
+    asks; `whole(scores, prompt tokens)` is the response."""
+    lora_name = check_model(state, body.model, request)
     try:
         paired = pairs(*texts, names)
     except PairsError as exc:
@@ -159,8 +159,11 @@ async def score_pairs(
         prompts = [tokenizer.encode(text) for text in distinct]
         fields = [{"prompt": sources[text]} for text in distinct]
         params = PoolingParams()
+    limit = pooled_prompt_limit(engine)
     streams = [
-        generate(state, engine, ids, params, f"{request_id}-{i}", fields[i], lora_name)
+        generate(
+            state, engine, truncated(ids, body, limit), params, f"{request_id}-{i}", fields[i], lora_name
+        )
         for i, ids in enumerate(prompts)
     ]
 

@@ -349,21 +349,24 @@ EMBEDDING_FIELDS = {
     "dimensions": st.one_of(st.none(), st.integers(-1, 8), junk),
     "user": text,
     "add_special_tokens": st.one_of(st.booleans(), junk),
-    "truncate_prompt_tokens": st.integers(-1, 4),  # vLLM's, not served here: a 400
+    "truncate_prompt_tokens": st.one_of(st.integers(-1, 4), boundary_ints, junk),
+    "truncation_side": st.one_of(st.sampled_from(["left", "right", "middle"]), junk),
 }
 _embeddings = st.fixed_dictionaries({}, optional=EMBEDDING_FIELDS)
 _texts = st.one_of(text, st.lists(text, max_size=4), wrong)
-SCORE_FIELDS = {"model": EMBEDDING_FIELDS["model"], "text_1": _texts, "text_2": _texts}
+_TRUNCATION = {name: EMBEDDING_FIELDS[name] for name in ("truncate_prompt_tokens", "truncation_side")}
+SCORE_FIELDS = {"model": EMBEDDING_FIELDS["model"], "text_1": _texts, "text_2": _texts, **_TRUNCATION}
 RERANK_FIELDS = {
     "model": EMBEDDING_FIELDS["model"],
     "query": st.one_of(text, wrong),
     "documents": _texts,
     "top_n": st.one_of(st.integers(-1, 5), boundary_ints, junk),
     "return_documents": st.one_of(st.booleans(), junk),
+    **_TRUNCATION,
 }
 CLASSIFY_FIELDS = {
     name: EMBEDDING_FIELDS[name]
-    for name in ("model", "input", "user", "add_special_tokens", "truncate_prompt_tokens")
+    for name in ("model", "input", "user", "add_special_tokens", "truncate_prompt_tokens", "truncation_side")
 }
 
 

@@ -75,7 +75,8 @@ def test_floats_base64_and_token_ids_agree(http, offline):
     [
         ({"input": TEXTS[0], "dimensions": 8}, "dimensions", "not trained to serve shorter embeddings"),
         ({"input": []}, "input", "input is an empty list"),
-        ({"input": TEXTS[0], "truncate_prompt_tokens": 4}, "truncate_prompt_tokens", "Extra inputs"),
+        ({"input": TEXTS[0], "truncate_prompt_tokens": 0}, "truncate_prompt_tokens", "keep no prompt token"),
+        ({"input": TEXTS[0], "normalize": False}, "normalize", "Extra inputs"),
         ({"input": TEXTS[0], "encoding_format": "int8"}, "encoding_format", "float"),
         ({"input": "x " * 300}, "input", "embeds at most"),
         ({"input": ["x"] * 100_000}, "input", "more than the"),
@@ -113,3 +114,20 @@ def test_the_openai_clients_dimensions_cut_a_matryoshka_models_vectors(folder):
             assert data.embedding == pytest.approx(out.outputs.embedding, abs=1e-6)
         refused = http.post("/v1/embeddings", json={"input": TEXTS[0], "dimensions": 65})
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "dimensions"
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens_as_vllm_does(http, offline):
+    ids = offline.get_tokenizer().encode(TEXTS[2])
+    cut = http.post("/v1/embeddings", json={"input": TEXTS[2], "truncate_prompt_tokens": 4}).json()
+    expected = offline.embed([ids[-4:]])[0].outputs.embedding
+    assert cut["data"][0]["embedding"] == pytest.approx(expected, abs=1e-6)
+    assert cut["usage"]["prompt_tokens"] == 4
+    first = http.post(
+        "/v1/embeddings", json={"input": [ids], "truncate_prompt_tokens": 3, "truncation_side": "right"}
+    ).json()
+    assert first["data"][0]["embedding"] == pytest.approx(
+        offline.embed([ids[:3]])[0].outputs.embedding, abs=1e-6
+    )
+    # -1: as much as a pooled prompt may hold, the whole of this short one.
+    whole = http.post("/v1/embeddings", json={"input": TEXTS[2], "truncate_prompt_tokens": -1}).json()
+    assert whole["usage"]["prompt_tokens"] == len(ids)

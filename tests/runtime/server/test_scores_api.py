@@ -136,3 +136,13 @@ def test_a_generating_engine_refuses_scores_and_classes(tmp_path):
             response = http.post(path, json=body)
             assert response.status_code == 400
             assert "need one started with --runner pooling" in response.json()["error"]["message"]
+
+
+def test_truncate_prompt_tokens_cuts_each_scored_prompt(served):
+    http, offline = served
+    body = http.post(
+        "/rerank", json={"query": QUERY, "documents": DOCUMENTS, "truncate_prompt_tokens": 3}
+    ).json()
+    pairs = 1 if offline.engine.pooling_task == "classify" else 2  # texts per prompt: a pair, or one text
+    assert body["usage"]["total_tokens"] <= 3 * len(DOCUMENTS) * pairs
+    assert len(body["results"]) == len(DOCUMENTS)
