@@ -4,7 +4,9 @@ per-row FP8 ("fbgemm_fp8": Llama 3.1 405B FP8).
 
 Each quantized projection keeps its stored tensors beside its name:
 - FP8 ("float-quantized") and INT8 ("int-quantized"): `weight` as float8_e4m3fn or int8 [N, K] and
-  `weight_scale`, one per tensor, per output row [N, 1] or per block (w = stored * scale). They are
+  `weight_scale`, one per tensor, per output row [N, 1] or per block (w = stored * scale); fbgemm's
+  Llama 4 experts fused per layer, `experts.gate_up_proj` [E, H, 2I] and `experts.down_proj`
+  [E, I, H], each with a `_scale` per expert and output (Llama-4-Maverick-FP8). They are
   dequantized at load into the model's float dtype and --quantization auto holds them in 8 bits
   again (fp8 or int8: one scale per output row, executor/quantization/online.py), so the model
   keeps the checkpoint's size;
@@ -65,11 +67,21 @@ class CompressedScheme:
 
     def stores(self, name: str, found: dict[str, tuple[int, ...]]) -> bool:
         """Whether weight `name` is stored quantized (the ignored layers and the router stay float)."""
-        prefix = name.removesuffix("weight")
-        return prefix + ("weight_packed" if self.kind == "int4" else "weight_scale") in found
+        if self.kind == "int4":
+            return name.removesuffix("weight") + "weight_packed" in found
+        return _scale_name(name) in found
 
     def parts(self, name: str, shape: tuple[int, ...], found: dict[str, tuple[int, ...]]) -> dict[str, tuple]:
-        """The stored tensors of weight `name` (of float shape [N, K]) and the shapes they must have."""
+        """The stored tensors of weight `name` (of float shape [N, K], or a layer's fused experts
+        [E, K, N]) and the shapes they must have."""
+        if len(shape) == 3:
+            # One scale per expert and output, [E, 1, N] (gate_up) or [E, N, 1] (down) as fbgemm saves them.
+            experts, _, outputs = shape
+            scale = found.get(_scale_name(name))
+            expected = (
+                scale if scale in ((experts, outputs, 1), (experts, 1, outputs)) else (experts, 1, outputs)
+            )
+            return {name: shape, _scale_name(name): expected}
         rows, inputs = shape
         prefix = name.removesuffix("weight")
         if self.kind == "int4":
@@ -94,15 +106,24 @@ class CompressedScheme:
     ) -> torch.Tensor | PackedWeight:
         """Weight `name` from its stored tensors (named as `parts` names them)."""
         prefix = name.removesuffix("weight")
-        scale = tensors[prefix + "weight_scale"]
         if self.kind == "int4":
             packed = tensors[prefix + "weight_packed"]
-            return int4_to_packed(packed, scale, self.group_size or packed.shape[1] * 8)
-        weight = tensors[name]
+            return int4_to_packed(
+                packed, tensors[prefix + "weight_scale"], self.group_size or packed.shape[1] * 8
+            )
+        weight, scale = tensors[name], tensors[_scale_name(name)]
+        if weight.dim() == 3:
+            return (weight.float() * scale.float().reshape(weight.shape[0], 1, -1)).to(dtype)
         if self.strategy == "block":
             return fp8_blocks.dequantize(weight, scale, self.block, dtype)
         # A tensor's one scale, or a row's: [N, 1] broadcasts along the inputs.
         return (weight.float() * scale.float().reshape(-1, 1)[: weight.shape[0]]).to(dtype)
+
+
+def _scale_name(name: str) -> str:
+    """A weight's scale: X.weight_scale beside X.weight; beside a layer's fused experts
+    (experts.gate_up_proj, Llama 4's as fbgemm saves them) experts.gate_up_proj_scale."""
+    return name.removesuffix("weight") + "weight_scale" if name.endswith(".weight") else name + "_scale"
 
 
 def scheme_of(raw: dict[str, Any]) -> CompressedScheme | None:

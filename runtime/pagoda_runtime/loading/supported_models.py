@@ -54,7 +54,8 @@ def table() -> str:
         f"GGUF blocks {', '.join(packed)} are served packed (the int4 and int8 kernels); "
         f"{', '.join(dequantized)} tensors are dequantized at load, as are GPT-OSS's MXFP4 experts and "
         "block-quantized FP8 checkpoints (Qwen3's -FP8 releases, DeepSeek V3), which auto then holds as fp8. "
-        "compressed-tensors checkpoints (llm-compressor's FP8, W8A8 and W4A16) and Meta's fbgemm FP8 are "
+        "compressed-tensors checkpoints (llm-compressor's FP8, W8A8 and W4A16) and Meta's fbgemm FP8 "
+        "(Llama 3.1 405B FP8, Llama-4-Maverick FP8's fused experts included) are "
         "served as saved (docs/architecture.md#quantization)."
     )
     wrapped = "; ".join(f"{outer} as {inner}" for outer, inner in TEXT_ARCHITECTURES.items())

@@ -232,3 +232,35 @@ def test_schemes_pagoda_does_not_read_are_refused_by_name(float_folder, tmp_path
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match=message):
         load_model_source(folder)
+
+
+def test_llama4_fbgemm_fp8_experts_load_dequantized(tmp_path):
+    """Llama-4-Maverick-FP8's layout: each projection's rows scaled as above, and each layer's fused
+    experts stored as float8_e4m3fn with a scale per expert and output, [E, 1, 2I] for gate_up_proj
+    and [E, H, 1] for down_proj."""
+    folder = build_tiny_model(tmp_path / "llama4", "llama4")
+    tensors = load_file(folder / "model.safetensors")
+    stored, expected = dict(tensors), {}
+    for name, weight in tensors.items():
+        if name.endswith("_proj.weight") and ".layers." in name:
+            scale = weight.abs().amax(-1, keepdim=True) / 448.0
+            stored[name] = (weight / scale).to(torch.float8_e4m3fn)
+            stored[name.removesuffix("weight") + "weight_scale"] = scale
+            expected[name] = stored[name].float() * scale
+        elif name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            scale = weight.abs().amax(1, keepdim=True) / 448.0  # [E, 1, outputs]
+            stored[name] = (weight / scale).to(torch.float8_e4m3fn)
+            down = name.endswith("down_proj")
+            stored[name + "_scale"] = scale.transpose(1, 2).contiguous() if down else scale
+            expected[name] = stored[name].float() * scale
+    save_file(stored, folder / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fbgemm_fp8", "modules_to_not_convert": ["lm_head"]}
+    (folder / "config.json").write_text(json.dumps(config))
+    loaded = dict(load_model_source(folder).weights)
+    assert any(name.endswith("experts.down_proj") for name in expected)
+    for name, weight in expected.items():
+        assert torch.equal(loaded[name], weight), name
+    llm = LLM(str(folder), dtype="float32", device="cpu", block_size=4)
+    assert llm.engine.quantization == "fp8"
+    assert len(llm.generate(PROMPTS, GREEDY)[0].outputs[0].token_ids) == GREEDY.max_tokens
