@@ -396,3 +396,22 @@ def test_latent_attention_counts_its_low_rank_projections_and_caches_one_latent_
     assert half.unquantized_parameters() - replace(half, kv_lora_rank=0).unquantized_parameters() == (
         kv_b // 2 + 512 * 27
     )
+
+
+def test_an_ungated_mlp_is_sized_without_its_gate_as_loaded(tmp_path):
+    """Arcee's and Nemotron's MLP: up and down only, two of the gated MLP's three matrices; the
+    prediction is what the loaded model holds (but for Nemotron's norm biases, a few hundred
+    numbers)."""
+    from pagoda_runtime import LLM
+
+    from tests.runtime.tiny_models import build_tiny_model
+
+    gated = KNOWN_ARCHITECTURES["llama-3-8b"]
+    ungated = replace(gated, gated_mlp=False)
+    mlp = gated.hidden_size * gated.intermediate_size * gated.num_hidden_layers
+    assert gated.num_parameters() - ungated.num_parameters() == mlp
+    for variant in ("arcee", "nemotron"):
+        llm = LLM(str(build_tiny_model(tmp_path / variant, variant)), dtype="float32", device="cpu")
+        memory = llm.engine.memory
+        assert not llm.engine.model_config.architecture.gated_mlp
+        assert memory.weight_bytes == pytest.approx(memory.predicted_weight_bytes, rel=0.005), memory

@@ -29,7 +29,8 @@ a NoPE global layer), "llama4" (chunked attention, a NoPE layer with query tempe
 sigmoid routing on the experts' input), "qwen2_moe" (a shared expert gated per token),
 "granitemoe", "granitemoeshared", "granitemoehybrid" and "granite4_dense" (Granite's scalars around
 fused experts, a shared MLP, NoPE), "olmoe" (wide q/k norms, unrenormalized experts), "dots1"
-(per-head q/k norms, grouped sigmoid routing, a shared expert), and the others each
+(per-head q/k norms, grouped sigmoid routing, a shared expert), "arcee" (an ungated relu² MLP),
+"nemotron" (LayerNorm1P with biases, an ungated relu² MLP, half-rotated heads), and the others each
 with its quirk noted beside it. The weights use a wide init and random norm weights and biases, so
 greedy decoding is far from ties and a mis-loaded norm or bias changes the output.
 Use the folder with `pagoda_runtime.loading.model_source.load_model_source(folder)` and, as the
@@ -54,6 +55,7 @@ import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (
+    ArceeConfig,
     AutoModelForCausalLM,
     Cohere2Config,
     CohereConfig,
@@ -77,6 +79,7 @@ from transformers import (
     MiniMaxM2Config,
     MistralConfig,
     MixtralConfig,
+    NemotronConfig,
     Olmo2Config,
     Olmo3Config,
     OlmoeConfig,
@@ -485,6 +488,11 @@ FAMILY_VARIANTS: dict[str, tuple[type, str, dict]] = {
             "position_embedding_type": "nope",
         },
     ),
+    # An ungated relu² MLP on the Llama layout.
+    "arcee": (ArceeConfig, "chatml", {}),
+    # LayerNorms with a bias whose weight is stored less one, an ungated relu² MLP, half of each
+    # head rotated.
+    "nemotron": (NemotronConfig, "chatml", {"partial_rotary_factor": 0.5}),
     # OLMoE: q and k normed over all heads, softmax top 2 of 8 experts left unrenormalized.
     "olmoe": (OlmoeConfig, "chatml", {"num_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 32}),
     # dots.llm1: per-head q/k norms, layer 0 dense, then sigmoid routing with a correction bias

@@ -156,6 +156,11 @@ class ModelArchitecture:
         minimum=1,
         default=2,
     )
+    gated_mlp: bool = _shape_field(
+        "Whether the dense MLP is gated, down(act(gate(x)) * up(x)), as Llama's and most; false: "
+        "down(act(up(x))) without gate_proj (Arcee, Nemotron).",
+        default=True,
+    )
     qk_norm: bool = _shape_field(
         "Whether each layer normalizes its queries and keys per head (Qwen3, Gemma 3).", default=False
     )
@@ -332,7 +337,7 @@ class ModelArchitecture:
         dense = n - self.num_sparse_layers
         if dense:
             i = self.intermediate_size
-            shapes += [(i, h, dense), (i, h, dense), (h, i, dense)]
+            shapes += [(i, h, dense), (h, i, dense)] + ([(i, h, dense)] if self.gated_mlp else [])
         if self.num_sparse_layers:
             m, experts = self.moe_intermediate_size, self.num_sparse_layers * self.num_experts
             shapes += [(m, h, experts), (m, h, experts), (h, m, experts)]

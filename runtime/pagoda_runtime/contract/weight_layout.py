@@ -106,11 +106,13 @@ def decoder_shapes(
 ) -> Shapes:
     """The Llama layout: every tensor of a Llama, Mistral or Qwen2 checkpoint; `norms`: each layer's
     norms of hidden_size where a family holds others (OLMo's after attention and the MLP, Cohere's
-    one)."""
+    one). An ungated MLP (gated_mlp false) has no gate_proj."""
     shapes = vocabulary_shapes(arch)
     for i in range(arch.num_hidden_layers):
         layer = layer_prefix(i)
         shapes |= norm_shapes(layer, norms, arch.hidden_size)
         shapes |= attention_shapes(arch, layer)
         shapes |= mlp_shapes(layer + "mlp.", arch.hidden_size, arch.intermediate_size)
+        if not arch.gated_mlp:
+            del shapes[layer + "mlp.gate_proj.weight"]
     return shapes

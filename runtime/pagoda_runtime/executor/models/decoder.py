@@ -166,10 +166,13 @@ class CausalLM(nn.Module):
 
     # ---- loading -------------------------------------------------------------------------------
 
-    def _fused_parts(self, mlp_channels: int | None = None) -> dict[str, tuple[str, int, slice]]:
+    def _fused_parts(
+        self, mlp_channels: int | None = None, fused_mlp: bool = True
+    ) -> dict[str, tuple[str, int, slice]]:
         """Hugging Face projection -> (fused layer, its row offset there, the checkpoint rows this
         rank takes). A rank's key/value rows are those of the KV heads its query heads read; its
-        gate/up rows those of an MLP mlp_channels wide on each rank (the dense MLP's by default)."""
+        gate/up rows those of an MLP mlp_channels wide on each rank (the dense MLP's by default),
+        up's its own layer's in an unfused (ungated) MLP."""
         arch, tp, attn = self.config.architecture, self.tp, self.layers[0].self_attn
         q, kv, d = attn.q_size, attn.kv_size, arch.head_dim
         first_kv_head = tp.rank * arch.num_key_value_heads // tp.size
@@ -182,7 +185,7 @@ class CausalLM(nn.Module):
         channels = mlp_channels or arch.intermediate_size // tp.size
         rows = slice(tp.rank * channels, (tp.rank + 1) * channels)
         parts["gate_proj"] = ("gate_up_proj", 0, rows)
-        parts["up_proj"] = ("gate_up_proj", channels, rows)
+        parts["up_proj"] = ("gate_up_proj", channels, rows) if fused_mlp else ("up_proj", 0, rows)
         return parts
 
     def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
@@ -218,7 +221,8 @@ class CausalLM(nn.Module):
             tensor = self._rotary_order(tensor)
         if proj in ("gate_proj", "up_proj") and owner.startswith("layers."):
             # An MLP as wide as its own channels say (a shared expert is narrower than the dense MLP).
-            fused = self._fused_parts(getattr(self.get_submodule(owner), "channels", None))
+            mlp = self.get_submodule(owner)
+            fused = self._fused_parts(getattr(mlp, "channels", None), not getattr(mlp, "unfused", False))
         target, offset, rows = fused.get(proj, (proj, 0, slice(None)))
         projection = self._projection(f"{owner}.{target}") if owner.startswith("layers.") else None
         if projection is not None:

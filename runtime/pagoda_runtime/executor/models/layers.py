@@ -208,16 +208,62 @@ class GatedMLP(nn.Module):
         return self.tp.all_reduce(down)
 
 
+class UngatedMLP(nn.Module):
+    """down(act(up(x))) (ModelArchitecture.gated_mlp false: Arcee's and Nemotron's relu², act
+    relu_squared). Its up rows load unfused (CausalLM._fused_parts); it takes no LoRA adapter."""
+
+    unfused = True
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        quantization: str,
+        device: torch.device,
+        dtype: torch.dtype,
+        tp: TensorParallel,
+        act: Callable[[torch.Tensor], torch.Tensor],
+    ) -> None:
+        super().__init__()
+        arch = config.architecture
+        self.tp, self.act = tp, act
+        channels = self.channels = tp.shard(arch.intermediate_size, "MLP channels")
+        self.up_proj = make_linear(arch.hidden_size, channels, False, quantization, device, dtype)
+        self.down_proj = make_linear(
+            channels,
+            arch.hidden_size,
+            False,
+            quantization,
+            device,
+            dtype,
+            input_part=tp.part(arch.intermediate_size, "MLP channels") if tp.size > 1 else None,
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_reduce(self.down_proj(self.act(self.up_proj(x))))
+
+
+def relu_squared(x: torch.Tensor) -> torch.Tensor:
+    return torch.square(torch.relu(x))
+
+
 class DecoderLayer(nn.Module):
     """Llama's pre-norm layer: x + attn(norm(x)), then x + mlp(norm(x)), the residual sums fused
-    into the norms."""
+    into the norms; `norm`: their class where not RMSNorm (Nemotron's)."""
 
-    def __init__(self, config: ModelConfig, attention: Attention, mlp: nn.Module, device, dtype) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        attention: Attention,
+        mlp: nn.Module,
+        device,
+        dtype,
+        norm: Callable[..., nn.Module] = RMSNorm,
+    ) -> None:
         super().__init__()
         hidden = config.architecture.hidden_size
-        self.input_layernorm = RMSNorm(hidden, config.rms_norm_eps, device, dtype)
+        self.input_layernorm = norm(hidden, config.rms_norm_eps, device, dtype)
         self.self_attn = attention
-        self.post_attention_layernorm = RMSNorm(hidden, config.rms_norm_eps, device, dtype)
+        self.post_attention_layernorm = norm(hidden, config.rms_norm_eps, device, dtype)
         self.mlp = mlp
 
     def forward(self, positions, x, residual, kv_cache, meta, cos_sin_cache):

@@ -66,8 +66,8 @@ class LoraSlots:
         for layer, module in adapter:
             if module in ("gate_proj", "up_proj", "down_proj") and layer not in layers_with_mlp:
                 raise ValueError(
-                    f"LoRA adapter {name!r} trains layer {layer}'s {module}, but that layer's MLP is a "
-                    "mixture of experts, which takes no adapter; train the adapter on attention only"
+                    f"LoRA adapter {name!r} trains layer {layer}'s {module}, but that layer's MLP (a mixture "
+                    "of experts, or an ungated MLP) takes no adapter; train the adapter on attention only"
                 )
         fused = model._fused_parts()
         tp = model.tp

@@ -14,6 +14,7 @@ from typing import Any
 
 from pagoda_runtime.contract.config import ModelConfig
 from pagoda_runtime.executor.models import (
+    arcee,
     cohere,
     deepseek,
     ernie,
@@ -28,6 +29,7 @@ from pagoda_runtime.executor.models import (
     llama4,
     minimax_m2,
     moe,
+    nemotron,
     olmo2,
     olmoe,
     phi3,
@@ -87,6 +89,24 @@ FAMILIES: tuple[Family, ...] = (
         config_from_hf=llama4.config_from_hf,
         weight_shapes=llama4.weight_shapes,
         quantizations=("none", "int8", "int4", "fp8"),
+    ),
+    Family(
+        name="Arcee AFM",
+        architectures=("ArceeForCausalLM",),
+        model_types=("arcee",),
+        model=arcee.ArceeForCausalLM,
+        config_from_hf=arcee.config_from_hf,
+        weight_shapes=llama.weight_shapes,
+        quantizations=("none", "int8", "int4", "fp8", "awq", "gptq"),
+    ),
+    Family(
+        name="Nemotron",
+        architectures=("NemotronForCausalLM",),
+        model_types=("nemotron",),
+        model=nemotron.NemotronForCausalLM,
+        config_from_hf=nemotron.config_from_hf,
+        weight_shapes=nemotron.weight_shapes,
+        quantizations=("none", "int8", "int4", "fp8", "awq", "gptq"),
     ),
     Family(
         name="Granite 3",
