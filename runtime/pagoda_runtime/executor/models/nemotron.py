@@ -17,10 +17,8 @@ from torch import nn
 
 from pagoda_runtime.contract.config import ModelConfig
 from pagoda_runtime.contract.weight_layout import Shapes, decoder_shapes, layer_prefix
-from pagoda_runtime.executor.kernels import AttentionOps
+from pagoda_runtime.executor.models.arcee import ArceeForCausalLM
 from pagoda_runtime.executor.models.hf_config import check_activation, rope_parameters
-from pagoda_runtime.executor.models.layers import Attention, DecoderLayer, UngatedMLP, relu_squared
-from pagoda_runtime.executor.models.llama import LlamaForCausalLM
 from pagoda_runtime.executor.models.llama import config_from_hf as llama_config_from_hf
 
 FAMILY = "Nemotron"
@@ -47,14 +45,10 @@ class LayerNorm1P(nn.Module):
         return normed.to(x.dtype), x
 
 
-class NemotronForCausalLM(LlamaForCausalLM):
-    def make_layer(
-        self, layer: int, ops: AttentionOps, quantization: str, device: torch.device, dtype: torch.dtype
-    ) -> nn.Module:
-        config, tp = self.config, self.tp
-        attention = Attention(config, layer, ops, quantization, device, dtype, tp)
-        mlp = UngatedMLP(config, quantization, device, dtype, tp, relu_squared)
-        return DecoderLayer(config, attention, mlp, device, dtype, norm=LayerNorm1P)
+class NemotronForCausalLM(ArceeForCausalLM):
+    """Arcee's layer (the Llama layout, an ungated relu² MLP) with LayerNorm1P norms."""
+
+    norm_class = LayerNorm1P
 
     def make_norm(self, size: int, device: torch.device, dtype: torch.dtype) -> nn.Module:
         return LayerNorm1P(size, self.config.rms_norm_eps, device, dtype)
