@@ -30,7 +30,8 @@ sigmoid routing on the experts' input), "qwen2_moe" (a shared expert gated per t
 "granitemoe", "granitemoeshared", "granitemoehybrid" and "granite4_dense" (Granite's scalars around
 fused experts, a shared MLP, NoPE), "olmoe" (wide q/k norms, unrenormalized experts), "dots1"
 (per-head q/k norms, grouped sigmoid routing, a shared expert), "arcee" (an ungated relu² MLP),
-"nemotron" (LayerNorm1P with biases, an ungated relu² MLP, half-rotated heads), and the others each
+"nemotron" (LayerNorm1P with biases, an ungated relu² MLP, half-rotated heads), "apertus" (per-head
+q/k norms, an ungated xIELU MLP), and the others each
 with its quirk noted beside it. The weights use a wide init and random norm weights and biases, so
 greedy decoding is far from ties and a mis-loaded norm or bias changes the output.
 Use the folder with `pagoda_runtime.loading.model_source.load_model_source(folder)` and, as the
@@ -55,6 +56,7 @@ import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (
+    ApertusConfig,
     ArceeConfig,
     AutoModelForCausalLM,
     Cohere2Config,
@@ -490,6 +492,8 @@ FAMILY_VARIANTS: dict[str, tuple[type, str, dict]] = {
     ),
     # An ungated relu² MLP on the Llama layout.
     "arcee": (ArceeConfig, "chatml", {}),
+    # Per-head q/k norms, Apertus' norm names, an ungated MLP with xIELU's learned parameters.
+    "apertus": (ApertusConfig, "chatml", {"head_dim": 16}),
     # LayerNorms with a bias whose weight is stored less one, an ungated relu² MLP, half of each
     # head rotated.
     "nemotron": (NemotronConfig, "chatml", {"partial_rotary_factor": 0.5}),

@@ -88,6 +88,7 @@ _FAMILY_NORMS = {
     "cohere": (1, False),
     "cohere2": (1, False),
     "glm4": (4, False),
+    "apertus": (2, True),
 }
 # Families whose checkpoints store q, k and v as one tensor (a GGUF mix quantizes it as one).
 _FUSED_QKV = {"phi3"}

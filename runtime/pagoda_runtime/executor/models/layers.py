@@ -210,7 +210,8 @@ class GatedMLP(nn.Module):
 
 class UngatedMLP(nn.Module):
     """down(act(up(x))) (ModelArchitecture.gated_mlp false: Arcee's and Nemotron's relu², act
-    relu_squared). Its up rows load unfused (CausalLM._fused_parts); it takes no LoRA adapter."""
+    relu_squared; Apertus' xIELU, a module with its own parameters). Its up rows load unfused
+    (CausalLM._fused_parts); it takes no LoRA adapter."""
 
     unfused = True
 
@@ -225,7 +226,8 @@ class UngatedMLP(nn.Module):
     ) -> None:
         super().__init__()
         arch = config.architecture
-        self.tp, self.act = tp, act
+        # act_fn: the checkpoint's name for a learned activation's parameters (Apertus' xIELU).
+        self.tp, self.act_fn = tp, act
         channels = self.channels = tp.shard(arch.intermediate_size, "MLP channels")
         self.up_proj = make_linear(arch.hidden_size, channels, False, quantization, device, dtype)
         self.down_proj = make_linear(
@@ -239,7 +241,7 @@ class UngatedMLP(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(self.down_proj(self.act(self.up_proj(x))))
+        return self.tp.all_reduce(self.down_proj(self.act_fn(self.up_proj(x))))
 
 
 def relu_squared(x: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ from typing import Any
 
 from pagoda_runtime.contract.config import ModelConfig
 from pagoda_runtime.executor.models import (
+    apertus,
     arcee,
     cohere,
     deepseek,
@@ -97,6 +98,15 @@ FAMILIES: tuple[Family, ...] = (
         model=arcee.ArceeForCausalLM,
         config_from_hf=arcee.config_from_hf,
         weight_shapes=llama.weight_shapes,
+        quantizations=("none", "int8", "int4", "fp8", "awq", "gptq"),
+    ),
+    Family(
+        name="Apertus",
+        architectures=("ApertusForCausalLM",),
+        model_types=("apertus",),
+        model=apertus.ApertusForCausalLM,
+        config_from_hf=apertus.config_from_hf,
+        weight_shapes=apertus.weight_shapes,
         quantizations=("none", "int8", "int4", "fp8", "awq", "gptq"),
     ),
     Family(
