@@ -96,6 +96,10 @@ _FUSED_QKV = {"phi3"}
 _WIDE_QK_NORM = {"olmo2", "olmo3", "olmoe", "minimax_m2"}
 # Families with attention sinks, an attention output bias, and biased routers and experts.
 _SINKS_AND_BIASES = {"gpt_oss"}
+# Families whose MLP is ungated (up and down only), with the learned numbers of its activation.
+_UNGATED_MLP = {"arcee": 0, "nemotron": 0, "apertus": 4}
+# Families whose norms hold a bias (Nemotron's LayerNorm1P).
+_NORM_BIAS = {"nemotron"}
 
 
 @dataclass(frozen=True)
@@ -200,6 +204,13 @@ class ModelConfig:
             object.__setattr__(self, "architecture", replace(self.architecture, fused_qkv=True))
         if self.model_type in _WIDE_QK_NORM:
             object.__setattr__(self, "architecture", replace(self.architecture, wide_qk_norm=True))
+        if self.model_type in _UNGATED_MLP:
+            architecture = replace(
+                self.architecture, gated_mlp=False, activation_parameters=_UNGATED_MLP[self.model_type]
+            )
+            object.__setattr__(self, "architecture", architecture)
+        if self.model_type in _NORM_BIAS:
+            object.__setattr__(self, "architecture", replace(self.architecture, norm_bias=True))
         if self.model_type in _SINKS_AND_BIASES:
             architecture = replace(
                 self.architecture, attention_sinks=True, attention_output_bias=True, expert_bias=True

@@ -161,6 +161,12 @@ class ModelArchitecture:
         "down(act(up(x))) without gate_proj (Arcee, Nemotron).",
         default=True,
     )
+    norm_bias: bool = _shape_field(
+        "Whether each norm holds a bias beside its weight (Nemotron's LayerNorms).", default=False
+    )
+    activation_parameters: int = _shape_field(
+        "Learned numbers of each layer's MLP activation (Apertus' xIELU: 4).", minimum=0, default=0
+    )
     qk_norm: bool = _shape_field(
         "Whether each layer normalizes its queries and keys per head (Qwen3, Gemma 3).", default=False
     )
@@ -381,6 +387,8 @@ class ModelArchitecture:
         latent attention's absorbed kv_b_proj: kept in 16 bits by every variant."""
         embeddings = self.vocab_parameters()
         norms = (self.norms_per_layer * self.num_hidden_layers + 1) * self.hidden_size
+        norms *= 2 if self.norm_bias else 1
+        norms += self.activation_parameters * self.num_hidden_layers
         if self.qk_norm:
             norms += 2 * self.head_dim * self.num_hidden_layers
         if self.wide_qk_norm:

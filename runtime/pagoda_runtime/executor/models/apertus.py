@@ -77,4 +77,4 @@ def weight_shapes(config: ModelConfig) -> Shapes:
 def config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
     check_activation(raw, "hidden_act", "xielu", FAMILY)
     llama = llama_config_from_hf({**raw, "hidden_act": "silu"}, "LlamaForCausalLM")
-    return replace(llama, model_type="apertus", architecture=replace(llama.architecture, gated_mlp=False))
+    return replace(llama, model_type="apertus")

@@ -34,4 +34,4 @@ class ArceeForCausalLM(LlamaForCausalLM):
 def config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
     check_activation(raw, "hidden_act", "relu2", FAMILY)
     llama = llama_config_from_hf({**raw, "hidden_act": "silu"}, "LlamaForCausalLM")
-    return replace(llama, model_type="arcee", architecture=replace(llama.architecture, gated_mlp=False))
+    return replace(llama, model_type="arcee")

@@ -74,6 +74,5 @@ def config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
     return replace(
         llama,
         model_type="nemotron",
-        architecture=replace(llama.architecture, gated_mlp=False),
         partial_rotary_factor=rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 0.5)),
     )
