@@ -164,6 +164,21 @@ class Attention(nn.Module):
         return q, k
 
 
+def down_projection(
+    hidden: int, width: int, quantization: str, device: torch.device, dtype: torch.dtype, tp: TensorParallel
+) -> nn.Module:
+    """An MLP's row-parallel down projection: this rank's share of `width` channels in, hidden out."""
+    return make_linear(
+        tp.shard(width, "MLP channels"),
+        hidden,
+        False,
+        quantization,
+        device,
+        dtype,
+        input_part=tp.part(width, "MLP channels") if tp.size > 1 else None,
+    )
+
+
 class GatedMLP(nn.Module):
     """down(act(gate(x)) * up(x)); act_and_mul takes [T, 2 * I] with gate in the first half. `width`:
     its channels where they are not intermediate_size (a mixture-of-experts layer's shared experts)."""
@@ -185,15 +200,7 @@ class GatedMLP(nn.Module):
         self.act_and_mul = act_and_mul
         channels = self.channels = tp.shard(width, "MLP channels")
         self.gate_up_proj = make_linear(arch.hidden_size, 2 * channels, False, quantization, device, dtype)
-        self.down_proj = make_linear(
-            channels,
-            arch.hidden_size,
-            False,
-            quantization,
-            device,
-            dtype,
-            input_part=tp.part(width, "MLP channels") if tp.size > 1 else None,
-        )
+        self.down_proj = down_projection(arch.hidden_size, width, quantization, device, dtype, tp)
 
         self.gate_up_lora = self.down_lora = None  # the adapters' slots, with --enable-lora
 
@@ -230,14 +237,8 @@ class UngatedMLP(nn.Module):
         self.tp, self.act_fn = tp, act
         channels = self.channels = tp.shard(arch.intermediate_size, "MLP channels")
         self.up_proj = make_linear(arch.hidden_size, channels, False, quantization, device, dtype)
-        self.down_proj = make_linear(
-            channels,
-            arch.hidden_size,
-            False,
-            quantization,
-            device,
-            dtype,
-            input_part=tp.part(arch.intermediate_size, "MLP channels") if tp.size > 1 else None,
+        self.down_proj = down_projection(
+            arch.hidden_size, arch.intermediate_size, quantization, device, dtype, tp
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
