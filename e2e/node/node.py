@@ -82,6 +82,22 @@ def _run(*argv: str, input: str | None = None, check: bool = True) -> subprocess
     return proc
 
 
+def stale_images(listing: str, keep: str) -> list[str]:
+    """The image records to remove once ``keep`` is imported, from ``ctr images ls`` output.
+
+    Other tags of ``keep``'s repository are older builds. The CRI plugin also names every image
+    it sees by its id (``sha256:<config digest>``) pointing at the same manifest; such an alias
+    outlives its tag and would keep a multi-gigabyte build forever, so an alias goes once no
+    tagged image shares its manifest.
+    """
+    repository = keep.rpartition(":")[0]
+    # Columns: REF TYPE DIGEST SIZE PLATFORMS LABELS.
+    records = [(cols[0], cols[2]) for cols in map(str.split, listing.splitlines()[1:]) if len(cols) > 2]
+    stale = [name for name, _ in records if name.rpartition(":")[0] == repository and name != keep]
+    kept = {digest for name, digest in records if not name.startswith("sha256:") and name not in stale}
+    return stale + [name for name, digest in records if name.startswith("sha256:") and digest not in kept]
+
+
 def pause_image() -> tuple[str, Path]:
     """The sandbox image's reference and OCI archive, built by prepare.sh (cached by content)."""
     digest = hashlib.sha256((HERE / "pause" / "main.go").read_bytes()).hexdigest()[:16]
@@ -239,11 +255,11 @@ class Node:
                 f"image archive {archive} is missing; run images/build.sh and e2e/node/prepare.sh"
             )
         self.ctr("images", "import", str(archive))
-        # Older builds of the same image are gigabytes each; containerd collects their content.
-        repository = ref.rpartition(":")[0]
-        for old in self.ctr("images", "ls", "-q").stdout.split():
-            if old.rpartition(":")[0] == repository and old != ref:
-                self.ctr("images", "rm", old, check=False)
+        # Older builds of the same image are gigabytes each; --sync has containerd collect their
+        # content and snapshots before the next test needs the disk.
+        stale = stale_images(self.ctr("images", "ls").stdout, ref)
+        if stale:
+            self.ctr("images", "rm", "--sync", *stale, check=False)
         if ref not in self.ctr("images", "ls", "-q").stdout.split():
             raise NodeError(f"importing {archive} did not give image {ref}")
 
