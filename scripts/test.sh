@@ -11,7 +11,7 @@ node=false
 if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null && command -v go >/dev/null; then
     node=true
     bash e2e/node/install.sh
-    # A cold run writes about 20 GiB (the venv, both images, the node's copy); say what there is.
+    # A cold run writes about 25 GiB (the venv, both images, the node's copy); say what there is.
     df -h . | awk 'NR == 2 { print "disk: " $4 " free of " $2 }'
     # Both images (minutes when cold, mostly downloading and unpacking torch) while Go compiles.
     bash images/build.sh >/dev/null &
