@@ -533,6 +533,32 @@ FAMILY_VARIANTS: dict[str, tuple[type, str, dict]] = {
 }
 VARIANTS.update(FAMILY_VARIANTS)
 
+# Hybrid models, Mamba-2 layers beside attention ones: apart from VARIANTS, whose tests assume every
+# layer keeps KV (prefix caching, tensor parallelism); tests/runtime/engine/test_hybrid_mamba.py
+# has theirs. Granite 4.0-H's layout: NoPE attention, experts beside a shared MLP; two groups of
+# heads and transformers' scan in chunks of 8 tokens, so that a prompt spans several.
+HYBRID_VARIANTS: dict[str, tuple[type, str, dict]] = {
+    "granite4_hybrid": (
+        GraniteMoeHybridConfig,
+        "chatml",
+        {
+            **_GRANITE_SCALARS,
+            "num_hidden_layers": 3,
+            "layer_types": ["mamba", "attention", "mamba"],
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "shared_intermediate_size": 64,
+            "position_embedding_type": "nope",
+            "mamba_n_heads": 4,
+            "mamba_d_head": 32,
+            "mamba_d_state": 16,
+            "mamba_n_groups": 2,
+            "mamba_d_conv": 4,
+            "mamba_chunk_size": 8,
+        },
+    ),
+}
+
 # style -> (special tokens, bos, eos tokens, adds bos, chat template)
 _TOKENIZER_STYLES = {
     "metaspace": (["<unk>", "<s>", "</s>"], "<s>", ["</s>"], True, LLAMA2_TEMPLATE),
@@ -622,7 +648,7 @@ def build_tiny_model(
     ("chatml" for a byte-level tokenizer a GGUF file can carry)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    config_class, style, extra = VARIANTS[variant]
+    config_class, style, extra = {**VARIANTS, **HYBRID_VARIANTS}[variant]
     style = tokenizer or style
     extra = {**extra, **(overrides or {})}
     tokenizer_vocab, bos_id, eos_ids = _save_tokenizer(folder, style)

@@ -27,6 +27,9 @@ DEFAULT_OVERHEAD_BYTES = 2 * GIB
 # protocols) on a node of up to 8 GPUs: an upper estimate, not a measurement (no multi-GPU machine
 # was at hand), counted on every GPU of a tensor-parallel group.
 NCCL_COMMUNICATOR_BYTES = 512 * 2**20
+# Mamba state slots a hybrid model holds beyond max_num_seqs: one for a scoring pass beside a full
+# batch (engine/scoring.py), one that a padded batch's padding sequences write to.
+STATE_SLOTS_BEYOND_SEQS = 2
 # The largest tensor-parallel size an error message lists.
 LISTED_PARALLEL_SIZES = 64
 
@@ -112,10 +115,11 @@ class ModelArchitecture:
         minimum=1,
         default=None,
     )
-    layer_types: tuple[Literal["full_attention", "sliding_attention", "chunked_attention"], ...] = (
+    layer_types: tuple[Literal["full_attention", "sliding_attention", "chunked_attention", "mamba"], ...] = (
         _shape_field(
-            "Each layer's attention, full_attention, sliding_attention or chunked_attention (layer_types); "
-            "empty: every layer slides when sliding_window is set (Mistral).",
+            "Each layer's mixer, full_attention, sliding_attention, chunked_attention or mamba (a Mamba-2 "
+            "layer of a hybrid model, Granite 4.0-H) (layer_types); empty: every layer slides when "
+            "sliding_window is set (Mistral).",
             default=(),
         )
     )
@@ -223,6 +227,19 @@ class ModelArchitecture:
         "file quantizes as one tensor.",
         default=False,
     )
+    mamba_num_heads: int = _shape_field(
+        "Heads of each Mamba-2 layer (mamba_n_heads); 0: no layer is a Mamba layer.", minimum=0, default=0
+    )
+    mamba_head_dim: int = _shape_field("Size of one Mamba-2 head (mamba_d_head).", minimum=0, default=0)
+    mamba_state_size: int = _shape_field(
+        "Size of each Mamba-2 head's recurrent state per channel (mamba_d_state).", minimum=0, default=0
+    )
+    mamba_groups: int = _shape_field(
+        "Groups of heads sharing the Mamba-2 B and C projections (mamba_n_groups).", minimum=0, default=0
+    )
+    mamba_conv_kernel: int = _shape_field(
+        "Width of the Mamba-2 causal convolution (mamba_d_conv).", minimum=0, default=0
+    )
     num_nextn_predict_layers: int = _shape_field(
         "Multi-token-prediction layers the checkpoint holds after its decoder layers "
         "(num_nextn_predict_layers, DeepSeek V3 and GLM-4.5), which speculative decoding's mtp method "
@@ -243,6 +260,18 @@ class ModelArchitecture:
             raise ValueError("a model has sliding-window layers or chunked ones, not both")
         if "chunked_attention" in self.layer_types and self.attention_chunk_size is None:
             raise ValueError("layer_types lists chunked_attention layers but attention_chunk_size is unset")
+        if ("mamba" in self.layer_types) != (self.mamba_num_heads > 0):
+            raise ValueError("layer_types lists mamba layers exactly when mamba_num_heads is set")
+        if self.mamba_num_heads and not (
+            self.mamba_head_dim and self.mamba_state_size and self.mamba_conv_kernel > 1
+        ):
+            raise ValueError(
+                "a Mamba-2 layer needs mamba_head_dim, mamba_state_size and mamba_conv_kernel > 1"
+            )
+        if self.mamba_num_heads and (self.mamba_groups < 1 or self.mamba_num_heads % self.mamba_groups):
+            raise ValueError(
+                f"mamba_groups ({self.mamba_groups}) must divide mamba_num_heads ({self.mamba_num_heads})"
+            )
         if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
             raise ValueError(
                 f"num_experts_per_tok must be between 1 and num_experts ({self.num_experts}), "
@@ -262,12 +291,44 @@ class ModelArchitecture:
 
     def layer_window(self, layer: int) -> int | None:
         """The most keys layer `layer` attends to (its sliding window, or its attention chunk), None
-        where it attends to the whole context."""
+        where it attends to the whole context (or, a Mamba layer, to none)."""
         if self.window is None:
             return None
-        if self.layer_types and self.layer_types[layer] == "full_attention":
+        if self.layer_types and self.layer_types[layer] in ("full_attention", "mamba"):
             return None
         return self.window
+
+    def is_mamba_layer(self, layer: int) -> bool:
+        """Whether layer `layer` mixes tokens with a Mamba-2 state rather than attention (no KV)."""
+        return bool(self.layer_types) and self.layer_types[layer] == "mamba"
+
+    @property
+    def num_mamba_layers(self) -> int:
+        return sum(kind == "mamba" for kind in self.layer_types)
+
+    @property
+    def num_attention_layers(self) -> int:
+        """The layers that keep keys and values."""
+        return self.num_hidden_layers - self.num_mamba_layers
+
+    @property
+    def mamba_intermediate_size(self) -> int:
+        """Channels of a Mamba-2 layer: its heads times their size."""
+        return self.mamba_num_heads * self.mamba_head_dim
+
+    @property
+    def mamba_conv_dim(self) -> int:
+        """Channels the causal convolution runs over: x, then B and C of every group."""
+        return self.mamba_intermediate_size + 2 * self.mamba_groups * self.mamba_state_size
+
+    @property
+    def mamba_state_numel(self) -> int:
+        """What one sequence holds in one Mamba-2 layer, whatever its length: the convolution's last
+        mamba_conv_kernel - 1 inputs and each head's head_dim x state_size recurrent state."""
+        if not self.mamba_num_heads:
+            return 0
+        conv = self.mamba_conv_dim * (self.mamba_conv_kernel - 1)
+        return conv + self.mamba_num_heads * self.mamba_head_dim * self.mamba_state_size
 
     def layer_chunked(self, layer: int) -> bool:
         """Whether layer `layer` attends within its token's chunk (layer_window is then the chunk)."""
@@ -322,7 +383,7 @@ class ModelArchitecture:
         """(out_features, in_features, how many) of every layer's attention projections: q, k, v and
         o; or multi-head latent attention's q (or q_a and q_b), kv_a, kv_b and o, where q_a and
         kv_a are whole on every rank and the others split by heads."""
-        q, kv, h, n = self.q_size, self.kv_size, self.hidden_size, self.num_hidden_layers
+        q, kv, h, n = self.q_size, self.kv_size, self.hidden_size, self.num_attention_layers
         if not self.kv_lora_rank:
             return [(q, h, n), (kv, h, n), (kv, h, n), (h, q, n)]
         # kv_b_proj is absorbed into the queries and the output (latent_expansion_parameters).
@@ -350,6 +411,10 @@ class ModelArchitecture:
         if self.num_sparse_layers and self.shared_expert_intermediate_size:
             s, layers = self.shared_expert_intermediate_size, self.num_sparse_layers
             shapes += [(s, h, layers), (s, h, layers), (h, s, layers)]
+        if self.num_mamba_layers:
+            # in_proj gives the gate, the convolution's channels and one time step per head.
+            i, m = self.mamba_intermediate_size, self.num_mamba_layers
+            shapes += [(i + self.mamba_conv_dim + self.mamba_num_heads, h, m), (h, i, m)]
         return shapes
 
     def layer_linear_shapes(self, layer: int) -> dict[str, tuple[int, int, int]]:
@@ -395,6 +460,9 @@ class ModelArchitecture:
             norms += (self.q_size + self.kv_size) * self.num_hidden_layers
         # Latent attention's norms of its low-rank query and of its compressed keys and values.
         norms += (self.q_lora_rank + self.kv_lora_rank) * self.num_hidden_layers
+        # A Mamba-2 layer's convolution (weights and bias), time-step bias, A, D and gated norm.
+        conv = self.mamba_conv_dim * (self.mamba_conv_kernel + 1)
+        norms += (conv + 3 * self.mamba_num_heads + self.mamba_intermediate_size) * self.num_mamba_layers
         biases = self.q_size + 2 * self.kv_size if self.attention_bias else 0
         biases += self.hidden_size if self.attention_output_bias else 0
         biases += self.num_attention_heads if self.attention_sinks else 0
@@ -408,7 +476,7 @@ class ModelArchitecture:
         # kv_b_proj expands the latent into each head's key and value; served absorbed, it is
         # multiplied into the queries and the attention's output as a float matrix (as vLLM does).
         expansion = self.num_attention_heads * (self.qk_nope_head_dim + self.v_head_dim) * self.kv_lora_rank
-        return embeddings + norms + (biases + expansion) * self.num_hidden_layers + routers
+        return embeddings + norms + (biases + expansion) * self.num_attention_layers + routers
 
     def num_parameters(self) -> int:
         linear = sum(out * inp * count for out, inp, count in self.linear_shapes())
@@ -420,6 +488,11 @@ class ModelArchitecture:
         and routers are whole on every rank. Raises when the model does not split into `size` ranks."""
         if size == 1:
             return self
+        if self.num_mamba_layers:
+            raise ValueError(
+                "Pagoda serves hybrid Mamba models on one GPU: their Mamba layers do not split over "
+                "tensor-parallel ranks yet; use a tensor-parallel size of 1"
+            )
         dense = self.num_hidden_layers > self.num_sparse_layers
         return replace(
             self,
@@ -711,8 +784,19 @@ def decode_weight_bytes(
 
 
 def kv_bytes_per_token(arch: ModelArchitecture, kv_dtype: str = "auto") -> int:
-    """Keys and values of one token in every layer; a rank's cache: its slice (`per_rank`)."""
-    return arch.num_hidden_layers * kv_layer_bytes_per_token(arch, kv_dtype)
+    """Keys and values of one token in every attention layer; a rank's cache: its slice (`per_rank`)."""
+    return arch.num_attention_layers * kv_layer_bytes_per_token(arch, kv_dtype)
+
+
+def mamba_state_bytes(arch: ModelArchitecture, kv_dtype: str = "auto") -> int:
+    """What one sequence holds in every Mamba-2 layer (ModelArchitecture.mamba_state_numel), in the
+    KV cache's dtype as vLLM's default keeps it; 0 for a model without Mamba layers."""
+    return arch.num_mamba_layers * arch.mamba_state_numel * KV_DTYPE_BYTES[_state_dtype(kv_dtype)]
+
+
+def _state_dtype(kv_dtype: str) -> str:
+    # An fp8 KV cache does not make the recurrent state fp8: it stays in the model's dtype.
+    return "auto" if kv_dtype.startswith("fp8") else kv_dtype
 
 
 def kv_layer_bytes_per_token(arch: ModelArchitecture, kv_dtype: str = "auto") -> int:
@@ -730,10 +814,10 @@ def kv_bytes_for_context(arch: ModelArchitecture, tokens: int, kv_dtype: str = "
     """Keys and values one sequence of `tokens` holds: every token in the full-attention layers, at
     most the window (or chunk) in the windowed ones (the runtime frees the blocks behind it)."""
     sliding = arch.num_sliding_layers
-    held = (arch.num_hidden_layers - sliding) * tokens
+    held = (arch.num_attention_layers - sliding) * tokens
     if sliding:
         held += sliding * min(tokens, arch.window)
-    return held * kv_layer_bytes_per_token(arch, kv_dtype)
+    return held * kv_layer_bytes_per_token(arch, kv_dtype) + mamba_state_bytes(arch, kv_dtype)
 
 
 @dataclass(frozen=True)
@@ -767,14 +851,18 @@ def kv_pools(
     full-attention layers get; those get the rest. Without a window shorter than the context every
     layer shares one pool, as before windows."""
     layer_block = block_size * kv_layer_bytes_per_token(arch, kv_dtype)
+    # A hybrid model's Mamba layers hold their states (one per running sequence and a few more)
+    # before any KV.
+    budget_bytes -= (max_num_seqs + STATE_SLOTS_BEYOND_SEQS) * mamba_state_bytes(arch, kv_dtype)
     window = arch.window
     sliding = arch.num_sliding_layers if window is not None and window < max_model_len else 0
-    full = arch.num_hidden_layers - sliding
+    layers = arch.num_attention_layers
+    full = layers - sliding
     if not sliding:
-        return KVPools(budget_bytes // (layer_block * arch.num_hidden_layers))
+        return KVPools(max(budget_bytes, 0) // (layer_block * layers))
     if not full:
         return KVPools(0, budget_bytes // (layer_block * sliding))
-    equal = budget_bytes // (layer_block * arch.num_hidden_layers)
+    equal = budget_bytes // (layer_block * layers)
     needed = window_blocks_needed(window, block_size, max_num_seqs, max_num_batched_tokens)
     if needed >= equal:
         return KVPools(equal, equal)

@@ -120,6 +120,11 @@ def build_engine(
     # Before any weight is read: a model that does not split over the ranks fails in one sentence.
     arch = loaded.config.architecture
     sliced = check_tensor_parallel(arch, tp.size, quantization, loaded.group_size)
+    if arch.num_mamba_layers and engine_config.speculative_config is not None:
+        raise ValueError(
+            "speculative decoding is not served for hybrid Mamba models (a Mamba state cannot be rolled "
+            "back past a rejected draft token); drop --speculative-config"
+        )
     limit = engine_config.max_model_len or loaded.config.context_length
     draft = _load_draft(engine_config, placement, loaded, tp)
     head = _read_eagle_head(engine_config, loaded, placement) or _load_mtp_layer(
@@ -187,6 +192,7 @@ def build_engine(
         engine_config.enable_prefix_caching,
         max_model_len,
         engine_config.max_num_batched_tokens,
+        runner.state_slots,
     )
     if head is None:
         proposer, draft_runner, draft_memory = _proposer(
@@ -246,7 +252,7 @@ def build_engine(
         engine_config.max_num_seqs,
         engine_config.max_num_batched_tokens,
         engine_config.block_size,
-        engine_config.enable_prefix_caching,
+        block_manager.enable_prefix_caching,
         tp.size,
         layout,
     )
@@ -556,6 +562,7 @@ def _proposer(
         engine_config.enable_prefix_caching,
         max_model_len,
         engine_config.max_num_batched_tokens,
+        runner.state_slots,
     )
     proposer = DraftModelProposer(
         config, runner, block_manager, engine_config.max_num_batched_tokens, engine_config.seed

@@ -19,9 +19,14 @@ Plain Python, no torch.
 
 from __future__ import annotations
 
+import logging
+
 from pagoda_runtime.contract.sizing import KVPools, window_blocks_needed
 from pagoda_runtime.engine.block_manager import BlockManager
 from pagoda_runtime.engine.sequence import Sequence
+from pagoda_runtime.engine.state_block_manager import StateBlockManager
+
+logger = logging.getLogger(__name__)
 
 NO_BLOCK = -1  # a table entry whose block lies wholly outside the window and was handed back
 
@@ -249,9 +254,17 @@ def make_block_manager(
     enable_prefix_caching: bool,
     max_model_len: int,
     max_num_batched_tokens: int,
+    state_slots: int = 0,
 ) -> BlockManager:
-    """The manager for the runner's KV pools (sizing.kv_pools); raises when the window pool cannot
-    hold one sequence's window and step, which would leave it waiting for ever."""
+    """The manager for the runner's KV pools (sizing.kv_pools) and, for a hybrid model, its Mamba
+    state slots; raises when the window pool cannot hold one sequence's window and step, which
+    would leave it waiting for ever."""
+    if state_slots:
+        if pools.window_blocks:
+            raise ValueError("a hybrid Mamba model with sliding-window layers is not served")
+        if enable_prefix_caching:
+            logger.info("prefix caching is off: a Mamba state cannot be reused for a shared prefix")
+        return StateBlockManager(pools.full_blocks, block_size, state_slots)
     if not pools.window_blocks:
         return BlockManager(pools.full_blocks, block_size, enable_prefix_caching)
     context_blocks = -(-max_model_len // block_size)

@@ -25,6 +25,11 @@ A model with sliding-window layers shorter than the context keeps their KV in a 
 (sizing.kv_pools; the block manager frees the blocks behind each window), so a step carries a
 second block table and slot mapping for those layers; where every layer slides there is one pool,
 the window one.
+
+A hybrid model's Mamba layers hold a state per sequence instead of KV (models/mamba2.py): their
+entries of `kv_caches` are MambaStates of max_num_seqs + STATE_SLOTS_BEYOND_SEQS slots, which the
+block manager hands out (engine/state_block_manager.py) but for the last, the padding's. Such a
+model runs eagerly: no CUDA graph is captured for it.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from torch import nn
 from pagoda_runtime.contract.config import KV_CACHE_DTYPES, EngineConfig, ModelConfig
 from pagoda_runtime.contract.quantization_selection import cpu_packed_kernels, cpu_vocab_dtype
 from pagoda_runtime.contract.sizing import (
+    STATE_SLOTS_BEYOND_SEQS,
     KVPools,
     kv_bytes_per_block,
     kv_heads_per_rank,
@@ -63,6 +69,7 @@ from pagoda_runtime.executor.kernels.lora_slots import lora_batch
 from pagoda_runtime.executor.kernels.reference import FP8_KV_DTYPE
 from pagoda_runtime.executor.models import build_model
 from pagoda_runtime.executor.models.lora_layers import LoraSlots, attach_lora
+from pagoda_runtime.executor.models.mamba2 import MambaState, allocate_state
 from pagoda_runtime.executor.prompt_logprobs import DevicePromptLogprobs, PromptSpan, prompt_spans
 from pagoda_runtime.executor.quantization.memory import decode_weight_bytes, model_weight_bytes
 from pagoda_runtime.executor.rejection_sampler import Drafts
@@ -209,6 +216,11 @@ class ModelRunner:
             self.lora_slots = attach_lora(
                 self.model, engine_config.max_loras, engine_config.max_lora_rank, self.dtype
             )
+        arch = model_config.architecture
+        if self.kv_cache_dtype == FP8_KV_DTYPE and arch.num_mamba_layers:
+            raise ValueError(
+                "an fp8 KV cache is not served for hybrid Mamba models; use --kv-cache-dtype auto"
+            )
         if self.kv_cache_dtype == FP8_KV_DTYPE:
             scales = kv_scales.calibrate(
                 self.model,
@@ -225,7 +237,6 @@ class ModelRunner:
                 layer.self_attn.kv_scales = layer_scales
         self.weight_bytes = model_weight_bytes(self.model)
         self.decode_weight_bytes = decode_weight_bytes(self.model)  # what one decode step reads
-        arch = model_config.architecture
         pools = self._kv_pools(engine_config)
         # Rank 0's block manager hands out block ids for every rank's cache: all hold as many.
         self.pools = KVPools(
@@ -236,8 +247,15 @@ class ModelRunner:
         self.num_blocks = self.pools.full_blocks or self.pools.window_blocks
         # Layers whose window keeps its KV in the window pool (the second table of a hybrid model).
         self.windowed = self.pools.window_blocks > 0 and self.pools.full_blocks > 0
-        self.kv_caches = [
-            torch.empty(
+        # The Mamba state slots the block manager hands out (0: no Mamba layer); the one after them
+        # is the padding sequences'.
+        self.state_slots = (
+            engine_config.max_num_seqs + STATE_SLOTS_BEYOND_SEQS - 1 if arch.num_mamba_layers else 0
+        )
+        self.kv_caches: list[torch.Tensor | MambaState] = [
+            allocate_state(arch, self.state_slots + 1, self.device, self.kv_cache_dtype)
+            if arch.is_mamba_layer(layer)
+            else torch.empty(
                 self.kv_shape.planes,
                 self._layer_blocks(layer),
                 self.block_size,
@@ -274,7 +292,7 @@ class ModelRunner:
         # The graphs' per-token hidden states in and out (an EAGLE head's), real tokens first.
         self._token_states: tuple[torch.Tensor, torch.Tensor] | None = None
         self._keep_hidden_states()
-        if self.device.type == "cuda" and not engine_config.enforce_eager:
+        if self.device.type == "cuda" and not engine_config.enforce_eager and not self.state_slots:
             self._capture_graphs(engine_config.max_num_seqs, engine_config.speculative_config)
 
     def load_lora(self, slot: int, weights: list, scaling: float, whole: AdapterWeights | None) -> None:
@@ -337,8 +355,11 @@ class ModelRunner:
 
     @property
     def kv_cache_bytes(self) -> int:
-        """What the KV caches of every layer occupy on this rank."""
-        return sum(cache.numel() * cache.element_size() for cache in self.kv_caches)
+        """What the KV caches of every layer (a Mamba layer's states) occupy on this rank."""
+        return sum(
+            cache.nbytes if isinstance(cache, MambaState) else cache.numel() * cache.element_size()
+            for cache in self.kv_caches
+        )
 
     @property
     def window(self) -> int | None:
@@ -615,6 +636,11 @@ class ModelRunner:
             arrays["window_block_tables"], arrays["window_slot_mapping"] = _tables_and_slots(
                 window_tables, size, width, token_rows, real, bs, padded_tokens
             )
+        if self.state_slots:
+            arrays["state_slots"] = np.full(size, self.state_slots, dtype=np.int64)
+            arrays["state_slots"][:n] = [seq.state_slot for seq in seqs]
+            arrays["state_fresh"] = np.zeros(size, dtype=np.bool_)
+            arrays["state_fresh"][:n] = starts == 0
         if not every_logit:
             arrays |= {f"sampler.{k}": v for k, v in self.sampler.host_arrays(sampling, output_index).items()}
         if spans:
@@ -637,6 +663,8 @@ class ModelRunner:
         if self.windowed:
             meta.window_block_tables = staged["window_block_tables"]
             meta.window_slot_mapping = staged["window_slot_mapping"]
+        if self.state_slots:
+            meta.state_slots, meta.state_fresh = staged["state_slots"], staged["state_fresh"]
         step = StepInputs(
             staged["input_ids"],
             staged["positions"],

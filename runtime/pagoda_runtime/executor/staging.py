@@ -19,6 +19,7 @@ _TORCH = {
     np.dtype(np.int64): torch.int64,
     np.dtype(np.int32): torch.int32,
     np.dtype(np.float32): torch.float32,
+    np.dtype(np.bool_): torch.bool,
 }
 _RING = 2
 

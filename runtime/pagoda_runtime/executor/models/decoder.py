@@ -173,7 +173,8 @@ class CausalLM(nn.Module):
         rank takes). A rank's key/value rows are those of the KV heads its query heads read; its
         gate/up rows those of an MLP mlp_channels wide on each rank (the dense MLP's by default),
         up's its own layer's in an unfused (ungated) MLP."""
-        arch, tp, attn = self.config.architecture, self.tp, self.layers[0].self_attn
+        arch, tp = self.config.architecture, self.tp
+        attn = next(layer.self_attn for layer in self.layers if hasattr(layer, "self_attn"))
         q, kv, d = attn.q_size, attn.kv_size, arch.head_dim
         first_kv_head = tp.rank * arch.num_key_value_heads // tp.size
         kv_rows = slice(first_kv_head * d, first_kv_head * d + kv)

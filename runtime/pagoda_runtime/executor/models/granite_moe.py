@@ -1,7 +1,8 @@
 """IBM's Granite mixture-of-experts and Granite 4 models: GraniteMoeForCausalLM (granite-3.x-moe:
 1b-a400m, 3b-a800m), GraniteMoeSharedForCausalLM (a shared MLP beside the experts) and
-GraniteMoeHybridForCausalLM (Granite 4.0) where every layer attends (granite-4.0-micro; the
-Mamba-2 layers of the -h models are refused by name).
+GraniteMoeHybridForCausalLM (Granite 4.0: granite-4.0-micro, whose every layer attends, and the
+hybrid -h models, most of whose layers are Mamba-2 layers, models/mamba2.py, with the same norms,
+residual multiplier and MLP around them).
 
 Granite 3's layer (granite.py: the embedding, attention, residual and logit multipliers) with, as
 its MLP, top-k experts whose chosen logits' softmax weighs them (the softmax over all experts
@@ -43,11 +44,14 @@ from pagoda_runtime.executor.models.hf_config import (
     rope_scaling,
 )
 from pagoda_runtime.executor.models.layers import Attention
+from pagoda_runtime.executor.models.mamba2 import Mamba2Mixer, MambaDecoderLayer
 from pagoda_runtime.executor.models.moe import MoECausalLM, layer_mlp
 
 FAMILY = "Granite MoE / Granite 4"
-# What Granite 4's configs call a layer that attends (transformers 5 writes the second).
+# What Granite 4's configs call a layer that attends, and a Mamba layer (transformers 5 writes the
+# second of each).
 _ATTENTION = ("attention", "full_attention")
+_MAMBA = ("mamba", "linear_attention")
 MODEL_TYPES = {
     "GraniteMoeForCausalLM": "granitemoe",
     "GraniteMoeSharedForCausalLM": "granitemoeshared",
@@ -60,8 +64,11 @@ class GraniteMoeForCausalLM(MoECausalLM):
         self, layer: int, ops: AttentionOps, quantization: str, device: torch.device, dtype: torch.dtype
     ) -> nn.Module:
         config, tp = self.config, self.tp
-        attention = Attention(config, layer, ops, quantization, device, dtype, tp)
         mlp = layer_mlp(config, layer, quantization, device, dtype, tp)
+        if config.architecture.is_mamba_layer(layer):
+            mixer = Mamba2Mixer(config, quantization, device, dtype)
+            return MambaDecoderLayer(config, mixer, mlp, device, dtype, config.residual_multiplier)
+        attention = Attention(config, layer, ops, quantization, device, dtype, tp)
         return GraniteDecoderLayer(config, attention, mlp, device, dtype)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -113,7 +120,7 @@ def weight_shapes(config: ModelConfig) -> Shapes:
     for i in range(arch.num_hidden_layers):
         layer = layer_prefix(i)
         shapes |= norm_shapes(layer, ("input_layernorm", "post_attention_layernorm"), hidden)
-        shapes |= attention_shapes(arch, layer)
+        shapes |= mamba_shapes(arch, layer) if arch.is_mamba_layer(i) else attention_shapes(arch, layer)
         if experts:
             block = layer + "block_sparse_moe."
             shapes[block + "router.layer.weight"] = (experts, hidden)
@@ -125,16 +132,77 @@ def weight_shapes(config: ModelConfig) -> Shapes:
     return shapes
 
 
+def mamba_shapes(arch: ModelArchitecture, layer: str) -> Shapes:
+    """A Mamba-2 layer's tensors (models/mamba2.py), with its convolution's bias."""
+    mamba, heads, inner = layer + "mamba.", arch.mamba_num_heads, arch.mamba_intermediate_size
+    return {
+        mamba + "in_proj.weight": (inner + arch.mamba_conv_dim + heads, arch.hidden_size),
+        mamba + "conv1d.weight": (arch.mamba_conv_dim, 1, arch.mamba_conv_kernel),
+        mamba + "conv1d.bias": (arch.mamba_conv_dim,),
+        mamba + "dt_bias": (heads,),
+        mamba + "A_log": (heads,),
+        mamba + "D": (heads,),
+        mamba + "norm.weight": (inner,),
+        mamba + "out_proj.weight": (arch.hidden_size, inner),
+    }
+
+
+def _mamba_fields(raw: dict[str, Any], layers: int) -> dict[str, Any]:
+    """layer_types and the Mamba-2 shape, as ModelArchitecture's fields; none for a model whose every
+    layer attends. A config without layer_types is all Mamba, as transformers reads it."""
+    kinds = raw.get("layer_types") or raw.get("layers_block_type") or ["mamba"] * layers
+    unknown = sorted(set(kinds) - set(_ATTENTION) - set(_MAMBA))
+    if unknown or len(kinds) != layers:
+        raise ConfigError(
+            f"has layer_types {kinds!r}; a {FAMILY} model lists one of attention or mamba per layer"
+        )
+    if all(kind in _ATTENTION for kind in kinds):
+        return {}
+    if all(kind in _MAMBA for kind in kinds):
+        raise ConfigError(
+            "has no attention layer; Pagoda serves hybrid models whose Mamba-2 layers sit beside "
+            "attention layers (granite-4.0-h-*)"
+        )
+    if not raw.get("mamba_conv_bias", True) or raw.get("mamba_proj_bias", False):
+        raise ConfigError(
+            "sets mamba_conv_bias false or mamba_proj_bias true; Pagoda serves Granite 4's Mamba-2 "
+            "layers as released (a convolution bias, projections without bias)"
+        )
+    if tuple(map(_number, raw.get("time_step_limit") or (0.0, float("inf")))) != (0.0, float("inf")):
+        raise ConfigError(
+            f"limits the Mamba-2 time step to {raw['time_step_limit']}; Pagoda serves the unlimited "
+            "time step Granite 4 is released with"
+        )
+    heads = raw.get("mamba_n_heads", 128)
+    inner = raw.get("mamba_expand", 2) * field(raw, "hidden_size", FAMILY)
+    head_dim = raw.get("mamba_d_head", "auto")
+    head_dim = inner // heads if head_dim == "auto" else head_dim
+    if head_dim * heads != inner:
+        raise ConfigError(
+            f"has {heads} Mamba heads of {head_dim}, which do not make its mamba_expand x hidden_size "
+            f"({inner}) channels"
+        )
+    return {
+        "layer_types": tuple("mamba" if kind in _MAMBA else "full_attention" for kind in kinds),
+        "mamba_num_heads": heads,
+        "mamba_head_dim": head_dim,
+        "mamba_state_size": raw.get("mamba_d_state", 256),
+        "mamba_groups": raw.get("mamba_n_groups", 1),
+        "mamba_conv_kernel": raw.get("mamba_d_conv", 4),
+    }
+
+
+def _number(value: Any) -> Any:
+    """A float of config.json, where transformers 5 writes infinity as {"__float__": "Infinity"}."""
+    return float(value["__float__"]) if isinstance(value, dict) and "__float__" in value else value
+
+
 def config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
     model_type = MODEL_TYPES[architecture]
     check_activation(raw, "hidden_act", "silu", FAMILY)
-    others = sorted(set(raw.get("layer_types") or ()) - set(_ATTENTION))
-    if others:
-        raise ConfigError(
-            f"has {', '.join(others)} layers (the Mamba-2 layers of Granite 4's -h models); Pagoda serves "
-            "Granite 4 models whose every layer attends, such as granite-4.0-micro"
-        )
     fields = architecture_fields(raw, FAMILY)
+    if model_type == "granitemoehybrid":
+        fields |= _mamba_fields(raw, fields["num_hidden_layers"])
     experts = raw.get("num_local_experts", 0) or 0
     shared = raw.get("shared_intermediate_size", 0) if model_type != "granitemoe" else 0
     moe = {}

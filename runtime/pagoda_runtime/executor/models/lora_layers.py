@@ -153,7 +153,7 @@ def attach_lora(model: nn.Module, num_slots: int, max_rank: int, dtype: torch.dt
     slots = LoraSlots(num_slots, max_rank, device, dtype)
     slots.model = model
     for i, layer in enumerate(model.layers):
-        attn = layer.self_attn
+        attn = getattr(layer, "self_attn", None)  # a Mamba layer has none
         if not isinstance(attn, Attention):
             raise ValueError(
                 f"LoRA adapters are not served on {model.config.model_type} models (layer {i}'s attention "

@@ -1,0 +1,258 @@
+"""The Mamba-2 layer of hybrid models (Granite 4.0-H): a selective state space in place of attention.
+
+Each token's in_proj gives a gate z, the channels of a causal convolution (x, then B and C of each
+group of heads) and one time step per head. After the convolution and SiLU, each head h keeps a
+head_dim x state_size state H that every token t updates and reads:
+
+    H = exp(dt_t * A_h) * H + dt_t * x_t B_t^T        y_t = H C_t + D_h * x_t
+
+with dt_t = softplus(dt_t + dt_bias_h); y then goes through an RMSNorm gated by SiLU(z) and out_proj.
+
+A sequence's whole past is its state: the convolution's last kernel - 1 inputs and H per head, one
+slot per running sequence (`MambaState`, its slot from engine/state_block_manager.py) in place of KV
+blocks. A step's first token of a sequence (AttentionMetadata.state_fresh) starts from zeros; a
+prompt chunked over steps carries its slot from one chunk to the next. A prompt chunk runs the
+state space in its chunked (SSD) form, Q tokens at a time: within a chunk as a masked product,
+between chunks through the state; a decode step runs the recurrence for every sequence at once.
+Computed in float32; the state is held in the model's dtype (vLLM's default).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pagoda_runtime.contract.config import ModelConfig
+from pagoda_runtime.contract.sizing import ModelArchitecture
+from pagoda_runtime.executor.attention_metadata import AttentionMetadata
+from pagoda_runtime.executor.models.layers import RMSNorm
+from pagoda_runtime.executor.quantization import make_linear
+
+# Tokens of a prompt chunk the state space takes at once: its within-chunk product is Q x Q per head.
+SCAN_CHUNK = 128
+
+
+@dataclass
+class MambaState:
+    """One Mamba-2 layer's state, one slot per sequence: conv [slots, conv_dim, kernel - 1] (the
+    convolution's last inputs) and ssm [slots, heads, head_dim, state_size]."""
+
+    conv: torch.Tensor
+    ssm: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.conv, self.ssm))
+
+
+def allocate_state(
+    arch: ModelArchitecture, slots: int, device: torch.device, dtype: torch.dtype
+) -> MambaState:
+    heads, head_dim, size = arch.mamba_num_heads, arch.mamba_head_dim, arch.mamba_state_size
+    return MambaState(
+        torch.zeros(slots, arch.mamba_conv_dim, arch.mamba_conv_kernel - 1, device=device, dtype=dtype),
+        torch.zeros(slots, heads, head_dim, size, device=device, dtype=dtype),
+    )
+
+
+class GatedRMSNorm(nn.Module):
+    """RMSNorm of y * SiLU(z) over each group of `group_size` channels (the whole width where the
+    model has one group), in float32."""
+
+    def __init__(self, size: int, group_size: int, eps: float, device, dtype) -> None:
+        super().__init__()
+        self.eps, self.group_size = eps, group_size
+        self.weight = nn.Parameter(torch.ones(size, device=device, dtype=dtype), requires_grad=False)
+
+    def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        gated = y.float() * F.silu(z.float())
+        groups = gated.view(*gated.shape[:-1], -1, self.group_size)
+        normed = groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.view_as(gated).to(self.weight.dtype)
+
+
+class Mamba2Mixer(nn.Module):
+    """The layer's token mixer, called as attention is: (positions, x, state, meta, cos_sin_cache)."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        quantization: str,
+        device: torch.device,
+        dtype: torch.dtype,
+        *,
+        proj_bias: bool = False,
+        norm_groups: int = 1,
+        time_step_limit: tuple[float, float] = (0.0, float("inf")),
+    ) -> None:
+        super().__init__()
+        arch = config.architecture
+        self.heads, self.head_dim = arch.mamba_num_heads, arch.mamba_head_dim
+        self.groups, self.state_size = arch.mamba_groups, arch.mamba_state_size
+        self.inner, self.conv_dim = arch.mamba_intermediate_size, arch.mamba_conv_dim
+        self.kernel = arch.mamba_conv_kernel
+        self.time_step_limit = time_step_limit
+        self.in_proj = make_linear(
+            arch.hidden_size, self.inner + self.conv_dim + self.heads, proj_bias, quantization, device, dtype
+        )
+        self.conv1d = nn.utils.skip_init(
+            nn.Conv1d,
+            self.conv_dim,
+            self.conv_dim,
+            self.kernel,
+            groups=self.conv_dim,
+            device=device,
+            dtype=dtype,
+        )
+        self.conv1d.requires_grad_(False)
+        self.dt_bias = nn.Parameter(torch.zeros(self.heads, device=device, dtype=dtype), requires_grad=False)
+        self.A_log = nn.Parameter(torch.zeros(self.heads, device=device, dtype=dtype), requires_grad=False)
+        self.D = nn.Parameter(torch.zeros(self.heads, device=device, dtype=dtype), requires_grad=False)
+        self.norm = GatedRMSNorm(self.inner, self.inner // norm_groups, config.rms_norm_eps, device, dtype)
+        self.out_proj = make_linear(self.inner, arch.hidden_size, proj_bias, quantization, device, dtype)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        x: torch.Tensor,
+        state: MambaState,
+        meta: AttentionMetadata,
+        cos_sin_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        z, xbc, dt = self.in_proj(x).split([self.inner, self.conv_dim, self.heads], dim=-1)
+        dt = (F.softplus(dt.float() + self.dt_bias.float())).clamp(*self.time_step_limit)
+        if meta.max_query_len == 1:
+            y = self._decode(xbc, dt, state, meta)
+        else:
+            y = torch.empty(x.shape[0], self.inner, device=x.device, dtype=torch.float32)
+            starts, slots, fresh = _host_spans(meta)
+            for i, slot in enumerate(slots):
+                rows = slice(starts[i], starts[i + 1])
+                if rows.start < rows.stop:
+                    y[rows] = self._prefill(xbc[rows], dt[rows], state, slot, fresh[i])
+        return self.out_proj(self.norm(y, z).to(x.dtype))
+
+    @property
+    def _A(self) -> torch.Tensor:
+        return -torch.exp(self.A_log.float())
+
+    def _convolve(self, window: torch.Tensor) -> torch.Tensor:
+        """SiLU of the causal convolution over window [C, kernel - 1 + L]: L outputs [L, C]."""
+        out = F.conv1d(
+            window[None].to(self.conv1d.weight.dtype),
+            self.conv1d.weight,
+            self.conv1d.bias,
+            groups=self.conv_dim,
+        )
+        return F.silu(out[0].float()).T
+
+    def _split(self, xbc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [T, heads, head_dim], and B and C [T, heads, state_size] (each group's, for its heads)."""
+        n = self.groups * self.state_size
+        x, B, C = xbc.split([self.inner, n, n], dim=-1)
+        per_group = self.heads // self.groups
+        B = B.reshape(-1, self.groups, self.state_size).repeat_interleave(per_group, dim=1)
+        C = C.reshape(-1, self.groups, self.state_size).repeat_interleave(per_group, dim=1)
+        return x.reshape(-1, self.heads, self.head_dim), B, C
+
+    def _prefill(
+        self, xbc: torch.Tensor, dt: torch.Tensor, state: MambaState, slot: int, fresh: bool
+    ) -> torch.Tensor:
+        """One sequence's chunk of L tokens from its slot's state (zeros when fresh): y [L, inner]."""
+        conv = torch.zeros_like(state.conv[slot]) if fresh else state.conv[slot]
+        window = torch.cat([conv, xbc.T.to(conv.dtype)], dim=-1)
+        state.conv[slot] = window[:, -(self.kernel - 1) :]
+        x, B, C = self._split(self._convolve(window))
+        h = torch.zeros(state.ssm.shape[1:], device=xbc.device) if fresh else state.ssm[slot].float()
+        y, h = chunked_scan(x, dt, self._A, B, C, h)
+        state.ssm[slot] = h.to(state.ssm.dtype)
+        return (y + self.D.float()[:, None] * x).reshape(-1, self.inner)
+
+    def _decode(
+        self, xbc: torch.Tensor, dt: torch.Tensor, state: MambaState, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """One token of each sequence (row i: sequence i): the recurrence for all at once."""
+        slots = meta.state_slots
+        keep = (~meta.state_fresh).to(state.conv.dtype)
+        conv = state.conv.index_select(0, slots) * keep[:, None, None]
+        window = torch.cat([conv, xbc[:, :, None].to(conv.dtype)], dim=-1)
+        state.conv.index_copy_(0, slots, window[:, :, 1:])
+        weight = self.conv1d.weight[:, 0, :].float()
+        mixed = (window.float() * weight).sum(-1)
+        if self.conv1d.bias is not None:
+            mixed = mixed + self.conv1d.bias.float()
+        x, B, C = self._split(F.silu(mixed))
+        h = state.ssm.index_select(0, slots).float() * keep.float()[:, None, None, None]
+        decay = torch.exp(dt * self._A)  # [S, heads]
+        h = h * decay[:, :, None, None] + (dt[:, :, None] * x)[..., None] * B[:, :, None, :]
+        state.ssm.index_copy_(0, slots, h.to(state.ssm.dtype))
+        y = (h @ C[..., None]).squeeze(-1) + self.D.float()[:, None] * x
+        return y.reshape(-1, self.inner)
+
+
+def chunked_scan(
+    x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, h: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The state space over L tokens from state h [heads, head_dim, state], SCAN_CHUNK at a time,
+    in float32: x [L, heads, head_dim], dt [L, heads], A [heads], B and C [L, heads, state].
+    Returns y [L, heads, head_dim] (without the D skip) and the state after the last token."""
+    ys = []
+    for first in range(0, x.shape[0], SCAN_CHUNK):
+        part = slice(first, first + SCAN_CHUNK)
+        xq, dtq, Bq, Cq = x[part].float(), dt[part], B[part].float(), C[part].float()
+        # Log decay from the chunk's start to each token, per head: [Q, heads].
+        decay = torch.cumsum(dtq * A, dim=0)
+        q = xq.shape[0]
+        causal = torch.ones(q, q, dtype=torch.bool, device=x.device).tril()
+        between = (decay[:, None, :] - decay[None, :, :]).masked_fill(~causal[..., None], float("-inf"))
+        weights = torch.einsum("thn,shn->tsh", Cq, Bq) * torch.exp(between) * dtq[None]
+        y = torch.einsum("tsh,shp->thp", weights, xq)
+        y += torch.einsum("thn,hpn->thp", Cq, h) * torch.exp(decay)[..., None]
+        to_end = torch.exp(decay[-1][None] - decay) * dtq  # [Q, heads]
+        h = h * torch.exp(decay[-1])[:, None, None] + torch.einsum("sh,shp,shn->hpn", to_end, xq, Bq)
+        ys.append(y)
+    return torch.cat(ys), h
+
+
+def _host_spans(meta: AttentionMetadata) -> tuple[list[int], list[int], list[bool]]:
+    """The step's query starts, state slots and fresh flags on the host, read once a step."""
+    if "mamba_spans" not in meta.derived:
+        meta.derived["mamba_spans"] = (
+            meta.query_start_loc.tolist(),
+            meta.state_slots[: meta.num_seqs].tolist(),
+            meta.state_fresh[: meta.num_seqs].tolist(),
+        )
+    return meta.derived["mamba_spans"]
+
+
+class MambaDecoderLayer(nn.Module):
+    """A hybrid model's Mamba layer: x + mamba(norm(x)), then x + mlp(norm(x)), each output scaled by
+    residual_multiplier before it joins the residual stream (Granite's), the residual sums fused
+    into the norms as in the Llama layer."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        mixer: Mamba2Mixer,
+        mlp: nn.Module,
+        device,
+        dtype,
+        residual_multiplier: float = 1.0,
+    ) -> None:
+        super().__init__()
+        hidden = config.architecture.hidden_size
+        self.input_layernorm = RMSNorm(hidden, config.rms_norm_eps, device, dtype)
+        self.mamba = mixer
+        self.post_attention_layernorm = RMSNorm(hidden, config.rms_norm_eps, device, dtype)
+        self.mlp = mlp
+        self.residual_multiplier = residual_multiplier
+
+    def forward(self, positions, x, residual, state, meta, cos_sin_cache):
+        scale = self.residual_multiplier
+        x, residual = self.input_layernorm(x, residual)
+        x = self.mamba(positions, x, state, meta, cos_sin_cache) * scale
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x) * scale, residual
