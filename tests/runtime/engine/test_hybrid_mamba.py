@@ -1,0 +1,157 @@
+"""Hybrid Mamba-2 models (Granite 4.0-H's layout, tiny_models.HYBRID_VARIANTS): the engine's greedy
+tokens and logits equal transformers' in float32, whatever the batching does to a sequence's state
+(prompts chunked over steps, sequences joining and leaving a batch, preemption, n samples,
+scoring between steps), and what the runtime cannot do for them is refused in one sentence."""
+
+import pytest
+import torch
+from pagoda_runtime import LLM, SamplingParams
+from pagoda_runtime.contract.sizing import (
+    STATE_SLOTS_BEYOND_SEQS,
+    check_tensor_parallel,
+    kv_bytes_for_context,
+    kv_bytes_per_token,
+    kv_pools,
+    mamba_state_bytes,
+)
+from pagoda_runtime.engine.scoring import score
+from pagoda_runtime.executor.models import mamba2
+from pagoda_runtime.loading.model_source import ModelLoadError, load_model_source
+from transformers import AutoModelForCausalLM
+
+from tests.runtime.engine.hf_reference import hf_greedy
+from tests.runtime.tiny_models import build_tiny_model
+
+VARIANT = "granite4_hybrid"
+NEW_TOKENS = 10
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+PROMPTS = [
+    "Hello, world! How are",
+    "def add(a, b):",
+    "1",  # a one-token prompt: its first step is a decode-shaped step from a fresh state
+    " ".join(["The quick brown fox jumps over the lazy dog."] * 6),  # many chunks of 7 tokens
+]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("hybrid") / VARIANT, VARIANT)
+
+
+@pytest.fixture(scope="module")
+def hf(folder):
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def engine(folder, **kwargs):
+    return LLM(str(folder), dtype="float32", device="cpu", block_size=4, max_num_batched_tokens=7, **kwargs)
+
+
+def assert_matches_hf(outputs, hf):
+    for output in outputs:
+        for sample in output.outputs:
+            assert sample.token_ids == hf_greedy(hf, output.prompt_token_ids, NEW_TOKENS), output.prompt
+
+
+def assert_everything_free(llm):
+    bm = llm.engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks
+    assert bm.num_free_slots == llm.engine.runner.state_slots
+
+
+def test_greedy_tokens_match_transformers_as_prompts_are_chunked_and_batched(folder, hf):
+    llm = engine(folder)
+    assert_matches_hf(llm.generate(PROMPTS, GREEDY), hf)
+    # Again in another order: slots handed back are reused, each from a fresh state.
+    assert_matches_hf(llm.generate(PROMPTS[::-1], GREEDY), hf)
+    assert_everything_free(llm)
+    # A state holds a sequence's whole past: no prefix is shared, so prefix caching is off.
+    assert not llm.engine.block_manager.enable_prefix_caching
+    assert llm.engine.stats().prefix_cache_hits == 0
+
+
+def test_greedy_tokens_match_transformers_under_preemption(folder, hf):
+    arch = load_model_source(folder, torch.float32).config.architecture
+    states = (4 + STATE_SLOTS_BEYOND_SEQS) * mamba_state_bytes(arch, "float32")
+    layer_block = 4 * kv_bytes_per_token(arch, "float32")
+    # Blocks for one long prompt, not for two at once.
+    llm = engine(folder, max_model_len=160, max_num_seqs=4, kv_cache_memory=states + 45 * layer_block)
+    assert llm.engine.block_manager.num_blocks == 45
+    prompts = [PROMPTS[3] + " She", PROMPTS[3] + " He", PROMPTS[0]]
+    assert_matches_hf(llm.generate(prompts, GREEDY), hf)
+    assert llm.engine.stats().num_preemptions > 0
+    assert_everything_free(llm)
+
+
+def test_every_sample_of_a_request_computes_its_own_state(folder, hf):
+    llm = engine(folder)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, n=3)
+    outputs = llm.generate(PROMPTS[:2], params)
+    assert all(len(output.outputs) == 3 for output in outputs)
+    assert_matches_hf(outputs, hf)
+    assert_everything_free(llm)
+
+
+def test_logits_match_transformers_and_scoring_borrows_a_slot(folder, hf):
+    llm = engine(folder, max_num_seqs=1)
+    token_ids = llm.get_tokenizer().encode(PROMPTS[3])
+    with torch.inference_mode():
+        expected = hf(torch.tensor([token_ids])).logits[0].float()
+    torch.testing.assert_close(score(llm.engine, token_ids), expected, rtol=1e-4, atol=1e-4)
+    assert_everything_free(llm)
+
+
+def test_the_chunked_scan_equals_the_recurrence_across_chunks_and_from_a_state(monkeypatch):
+    monkeypatch.setattr(mamba2, "SCAN_CHUNK", 5)
+    torch.manual_seed(0)
+    tokens, heads, head_dim, size = 13, 3, 4, 6
+    x = torch.randn(tokens, heads, head_dim)
+    dt = torch.rand(tokens, heads)
+    A = -torch.rand(heads) * 2
+    B, C = torch.randn(tokens, heads, size), torch.randn(tokens, heads, size)
+    h = torch.randn(heads, head_dim, size)
+    y, last = mamba2.chunked_scan(x, dt, A, B, C, h)
+    expected = []
+    for t in range(tokens):
+        h = h * torch.exp(dt[t] * A)[:, None, None] + (dt[t][:, None] * x[t])[..., None] * B[t][:, None, :]
+        expected.append(h @ C[t][..., None])
+    torch.testing.assert_close(y, torch.stack(expected).squeeze(-1), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(last, h, rtol=1e-4, atol=1e-5)
+
+
+def test_sizing_counts_the_states_and_the_attention_layers_kv(folder):
+    arch = load_model_source(folder, torch.float32).config.architecture
+    assert (arch.num_mamba_layers, arch.num_attention_layers) == (2, 1)
+    conv = arch.mamba_conv_dim * (arch.mamba_conv_kernel - 1)
+    assert arch.mamba_state_numel == conv + 4 * 32 * 16
+    state = mamba_state_bytes(arch, "float32")
+    assert state == 2 * arch.mamba_state_numel * 4
+    per_token = kv_bytes_per_token(arch, "float32")
+    assert per_token == 2 * arch.num_key_value_heads * arch.head_dim * 4  # one attention layer's
+    assert kv_bytes_for_context(arch, 100, "float32") == 100 * per_token + state
+    budget = 10 * state + 50 * 4 * per_token
+    pools = kv_pools(arch, budget, 4, 512, 8, 64, "float32")
+    # Eight sequences and the spare slots take their states first; the 50 blocks are what is left.
+    assert STATE_SLOTS_BEYOND_SEQS == 2 and pools.full_blocks == 50
+
+
+def test_what_a_hybrid_model_is_not_served_with_is_refused(folder):
+    with pytest.raises(ValueError, match="speculative decoding is not served for hybrid Mamba models"):
+        engine(folder, speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match="LoRA adapters are not served"):
+        engine(folder, enable_lora=True)
+    arch = load_model_source(folder, torch.float32).config.architecture
+    with pytest.raises(ValueError, match="use a tensor-parallel size of 1"):
+        check_tensor_parallel(arch, 2)
+
+
+def test_a_config_without_attention_layers_is_refused(folder, tmp_path):
+    import json
+    import shutil
+
+    copy = shutil.copytree(folder, tmp_path / "all-mamba")
+    config = json.loads((copy / "config.json").read_text())
+    config["layer_types"] = ["mamba"] * 3
+    (copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="has no attention layer"):
+        load_model_source(copy, torch.float32)
