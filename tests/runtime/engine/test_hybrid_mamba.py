@@ -38,9 +38,27 @@ def folder(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("hybrid") / VARIANT, VARIANT)
 
 
+def grouped_gated_norm(norm, groups):
+    """transformers' gated RMSNorm normalized per group of heads, as mamba_ssm's kernel (which
+    trained Granite 4.0-H) and vLLM compute it; transformers' own reference normalizes over all
+    heads at once, which differs only where a model has several groups (the tiny one has two)."""
+
+    def forward(hidden_states, gate=None):
+        x = hidden_states.float() * torch.nn.functional.silu(gate.float())
+        x = x.view(*x.shape[:-1], groups, -1)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+        return norm.weight * x.flatten(-2).to(hidden_states.dtype)
+
+    return forward
+
+
 @pytest.fixture(scope="module")
 def hf(folder):
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    for layer in model.model.layers:
+        if layer.mamba is not None:
+            layer.mamba.norm.forward = grouped_gated_norm(layer.mamba.norm, model.config.mamba_n_groups)
+    return model
 
 
 def engine(folder, **kwargs):

@@ -66,7 +66,10 @@ class GraniteMoeForCausalLM(MoECausalLM):
         config, tp = self.config, self.tp
         mlp = layer_mlp(config, layer, quantization, device, dtype, tp)
         if config.architecture.is_mamba_layer(layer):
-            mixer = Mamba2Mixer(config, quantization, device, dtype)
+            # Normalized per group of heads, as mamba_ssm's kernels (which trained these models) and
+            # vLLM do; transformers' reference normalizes over all heads at once.
+            groups = config.architecture.mamba_groups
+            mixer = Mamba2Mixer(config, quantization, device, dtype, norm_groups=groups)
             return MambaDecoderLayer(config, mixer, mlp, device, dtype, config.residual_multiplier)
         attention = Attention(config, layer, ops, quantization, device, dtype, tp)
         return GraniteDecoderLayer(config, attention, mlp, device, dtype)
