@@ -82,6 +82,7 @@ from transformers import (
     MistralConfig,
     MixtralConfig,
     NemotronConfig,
+    NemotronHConfig,
     Olmo2Config,
     Olmo3Config,
     OlmoeConfig,
@@ -555,6 +556,26 @@ HYBRID_VARIANTS: dict[str, tuple[type, str, dict]] = {
             "mamba_n_groups": 2,
             "mamba_d_conv": 4,
             "mamba_chunk_size": 8,
+        },
+    ),
+    # Nemotron-H's layers: Mamba-2, attention without RoPE, and relu² MLPs apart; four groups of
+    # heads. time_step_min is transformers' floor of the scan's time step, which NVIDIA's own model
+    # (and Pagoda) does not apply: set below any step the tiny model takes.
+    "nemotron_h": (
+        NemotronHConfig,
+        "chatml",
+        {
+            "layers_block_type": ["mamba", "mlp", "attention", "mlp", "mamba", "mlp"],
+            "head_dim": 16,
+            "mamba_num_heads": 8,
+            "mamba_head_dim": 16,
+            "ssm_state_size": 16,
+            "n_groups": 4,
+            "conv_kernel": 4,
+            "chunk_size": 8,
+            "time_step_min": 1e-9,
+            "layer_norm_epsilon": 1e-5,
+            "tie_word_embeddings": False,
         },
     ),
 }

@@ -89,6 +89,7 @@ _FAMILY_NORMS = {
     "cohere2": (1, False),
     "glm4": (4, False),
     "apertus": (2, True),
+    "nemotron_h": (1, False),
 }
 # Families whose checkpoints store q, k and v as one tensor (a GGUF mix quantizes it as one).
 _FUSED_QKV = {"phi3"}
@@ -97,7 +98,7 @@ _WIDE_QK_NORM = {"olmo2", "olmo3", "olmoe", "minimax_m2"}
 # Families with attention sinks, an attention output bias, and biased routers and experts.
 _SINKS_AND_BIASES = {"gpt_oss"}
 # Families whose MLP is ungated (up and down only), with the learned numbers of its activation.
-_UNGATED_MLP = {"arcee": 0, "nemotron": 0, "apertus": 4}
+_UNGATED_MLP = {"arcee": 0, "nemotron": 0, "apertus": 4, "nemotron_h": 0}
 # Families whose norms hold a bias (Nemotron's LayerNorm1P).
 _NORM_BIAS = {"nemotron"}
 

@@ -115,13 +115,14 @@ class ModelArchitecture:
         minimum=1,
         default=None,
     )
-    layer_types: tuple[Literal["full_attention", "sliding_attention", "chunked_attention", "mamba"], ...] = (
-        _shape_field(
-            "Each layer's mixer, full_attention, sliding_attention, chunked_attention or mamba (a Mamba-2 "
-            "layer of a hybrid model, Granite 4.0-H) (layer_types); empty: every layer slides when "
-            "sliding_window is set (Mistral).",
-            default=(),
-        )
+    layer_types: tuple[
+        Literal["full_attention", "sliding_attention", "chunked_attention", "mamba", "mlp"], ...
+    ] = _shape_field(
+        "Each layer's mixer, full_attention, sliding_attention, chunked_attention or mamba (a Mamba-2 "
+        "layer of a hybrid model, Granite 4.0-H), or mlp where MLPs are layers of their own (Nemotron-H: "
+        "its attention and Mamba layers then hold none) (layer_types); empty: every layer slides when "
+        "sliding_window is set (Mistral).",
+        default=(),
     )
     attention_chunk_size: int | None = _shape_field(
         "Tokens of each attention chunk of the chunked_attention layers (attention_chunk_size, Llama "
@@ -294,9 +295,13 @@ class ModelArchitecture:
         where it attends to the whole context (or, a Mamba layer, to none)."""
         if self.window is None:
             return None
-        if self.layer_types and self.layer_types[layer] in ("full_attention", "mamba"):
+        if self.layer_types and self.layer_types[layer] in ("full_attention", "mamba", "mlp"):
             return None
         return self.window
+
+    def is_attention_layer(self, layer: int) -> bool:
+        """Whether layer `layer` attends, and so keeps keys and values."""
+        return not self.layer_types or self.layer_types[layer] not in ("mamba", "mlp")
 
     def is_mamba_layer(self, layer: int) -> bool:
         """Whether layer `layer` mixes tokens with a Mamba-2 state rather than attention (no KV)."""
@@ -309,7 +314,15 @@ class ModelArchitecture:
     @property
     def num_attention_layers(self) -> int:
         """The layers that keep keys and values."""
-        return self.num_hidden_layers - self.num_mamba_layers
+        return sum(self.is_attention_layer(i) for i in range(self.num_hidden_layers))
+
+    @property
+    def num_dense_mlp_layers(self) -> int:
+        """Dense MLPs, intermediate_size wide: one in each layer without experts, or, where MLPs are
+        layers of their own, one in each mlp layer."""
+        if "mlp" in self.layer_types:
+            return self.layer_types.count("mlp")
+        return self.num_hidden_layers - self.num_sparse_layers
 
     @property
     def mamba_intermediate_size(self) -> int:
@@ -399,9 +412,9 @@ class ModelArchitecture:
     def linear_shapes(self) -> list[tuple[int, int, int]]:
         """(out_features, in_features, how many) of the quantizable linear layers of the whole
         decoder: every layer's attention, the dense MLPs, and each expert of the sparse ones."""
-        h, n = self.hidden_size, self.num_hidden_layers
+        h = self.hidden_size
         shapes = self.attention_linear_shapes()
-        dense = n - self.num_sparse_layers
+        dense = self.num_dense_mlp_layers
         if dense:
             i = self.intermediate_size
             shapes += [(i, h, dense), (h, i, dense)] + ([(i, h, dense)] if self.gated_mlp else [])
@@ -493,7 +506,7 @@ class ModelArchitecture:
                 "Pagoda serves hybrid Mamba models on one GPU: their Mamba layers do not split over "
                 "tensor-parallel ranks yet; use a tensor-parallel size of 1"
             )
-        dense = self.num_hidden_layers > self.num_sparse_layers
+        dense = self.num_dense_mlp_layers > 0
         return replace(
             self,
             num_attention_heads=split_evenly(self.num_attention_heads, size, "attention heads"),
@@ -885,7 +898,7 @@ def check_tensor_parallel(
     if fmt is None or not fmt.group_size or size == 1:
         return sliced
     row_parallel = {"attention output": arch.attention_output_size}
-    if arch.num_hidden_layers > arch.num_sparse_layers:
+    if arch.num_dense_mlp_layers:
         row_parallel["MLP down"] = arch.intermediate_size
     if arch.num_sparse_layers:
         row_parallel["expert down"] = arch.moe_intermediate_size
@@ -924,8 +937,7 @@ def lora_slot_bytes(
     q, kv, h, i = sliced.q_size, sliced.kv_size, sliced.hidden_size, sliced.intermediate_size
     attention = (q + h) * 2 + (kv + h) * 2  # q and o; k and v
     mlp = (i + h) * 3  # gate, up and down
-    dense = sliced.num_hidden_layers - sliced.num_sparse_layers
-    per_rank_unit = attention * sliced.num_hidden_layers + mlp * dense
+    per_rank_unit = attention * sliced.num_attention_layers + mlp * sliced.num_dense_mlp_layers
     return max_loras * max_rank * per_rank_unit * FLOAT_DTYPE_BYTES.get(dtype, 2)
 
 

@@ -51,6 +51,21 @@ def attention_shapes(arch: ModelArchitecture, layer: str) -> Shapes:
     return shapes
 
 
+def mamba_shapes(arch: ModelArchitecture, layer: str) -> Shapes:
+    """A Mamba-2 layer's tensors (models/mamba2.py), with its convolution's bias."""
+    mamba, heads, inner = layer + "mamba.", arch.mamba_num_heads, arch.mamba_intermediate_size
+    return {
+        mamba + "in_proj.weight": (inner + arch.mamba_conv_dim + heads, arch.hidden_size),
+        mamba + "conv1d.weight": (arch.mamba_conv_dim, 1, arch.mamba_conv_kernel),
+        mamba + "conv1d.bias": (arch.mamba_conv_dim,),
+        mamba + "dt_bias": (heads,),
+        mamba + "A_log": (heads,),
+        mamba + "D": (heads,),
+        mamba + "norm.weight": (inner,),
+        mamba + "out_proj.weight": (arch.hidden_size, inner),
+    }
+
+
 def mlp_shapes(prefix: str, hidden: int, width: int) -> Shapes:
     """gate, up and down of a gated MLP `width` channels wide, under `prefix`."""
     return {

@@ -252,9 +252,12 @@ class ModelRunner:
         self.state_slots = (
             engine_config.max_num_seqs + STATE_SLOTS_BEYOND_SEQS - 1 if arch.num_mamba_layers else 0
         )
-        self.kv_caches: list[torch.Tensor | MambaState] = [
+        # A layer that neither attends nor keeps a state (Nemotron-H's MLP layers) holds nothing.
+        self.kv_caches: list[torch.Tensor | MambaState | None] = [
             allocate_state(arch, self.state_slots + 1, self.device, self.kv_cache_dtype)
             if arch.is_mamba_layer(layer)
+            else None
+            if not arch.is_attention_layer(layer)
             else torch.empty(
                 self.kv_shape.planes,
                 self._layer_blocks(layer),
@@ -359,6 +362,7 @@ class ModelRunner:
         return sum(
             cache.nbytes if isinstance(cache, MambaState) else cache.numel() * cache.element_size()
             for cache in self.kv_caches
+            if cache is not None
         )
 
     @property

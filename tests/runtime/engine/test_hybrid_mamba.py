@@ -1,7 +1,10 @@
-"""Hybrid Mamba-2 models (Granite 4.0-H's layout, tiny_models.HYBRID_VARIANTS): the engine's greedy
-tokens and logits equal transformers' in float32, whatever the batching does to a sequence's state
-(prompts chunked over steps, sequences joining and leaving a batch, preemption, n samples,
+"""Hybrid Mamba-2 models (Granite 4.0-H's and Nemotron-H's layouts, tiny_models.HYBRID_VARIANTS):
+the engine's greedy tokens and logits equal transformers' in float32, whatever the batching does to
+a sequence's state (prompts chunked over steps, sequences joining and leaving a batch, preemption, n samples,
 scoring between steps), and what the runtime cannot do for them is refused in one sentence."""
+
+import json
+import shutil
 
 import pytest
 import torch
@@ -20,9 +23,8 @@ from pagoda_runtime.loading.model_source import ModelLoadError, load_model_sourc
 from transformers import AutoModelForCausalLM
 
 from tests.runtime.engine.hf_reference import hf_greedy
-from tests.runtime.tiny_models import build_tiny_model
+from tests.runtime.tiny_models import HYBRID_VARIANTS, build_tiny_model
 
-VARIANT = "granite4_hybrid"
 NEW_TOKENS = 10
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
 PROMPTS = [
@@ -33,9 +35,9 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("hybrid") / VARIANT, VARIANT)
+@pytest.fixture(scope="module", params=sorted(HYBRID_VARIANTS))
+def folder(request, tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("hybrid") / request.param, request.param)
 
 
 def grouped_gated_norm(norm, groups):
@@ -56,7 +58,7 @@ def grouped_gated_norm(norm, groups):
 def hf(folder):
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     for layer in model.model.layers:
-        if layer.mamba is not None:
+        if getattr(layer, "mamba", None) is not None:  # Granite's; Nemotron-H's norm is per group
             layer.mamba.norm.forward = grouped_gated_norm(layer.mamba.norm, model.config.mamba_n_groups)
     return model
 
@@ -141,7 +143,8 @@ def test_sizing_counts_the_states_and_the_attention_layers_kv(folder):
     arch = load_model_source(folder, torch.float32).config.architecture
     assert (arch.num_mamba_layers, arch.num_attention_layers) == (2, 1)
     conv = arch.mamba_conv_dim * (arch.mamba_conv_kernel - 1)
-    assert arch.mamba_state_numel == conv + 4 * 32 * 16
+    heads = arch.mamba_num_heads * arch.mamba_head_dim * arch.mamba_state_size
+    assert arch.mamba_state_numel == conv + heads
     state = mamba_state_bytes(arch, "float32")
     assert state == 2 * arch.mamba_state_numel * 4
     per_token = kv_bytes_per_token(arch, "float32")
@@ -164,12 +167,10 @@ def test_what_a_hybrid_model_is_not_served_with_is_refused(folder):
 
 
 def test_a_config_without_attention_layers_is_refused(folder, tmp_path):
-    import json
-    import shutil
-
     copy = shutil.copytree(folder, tmp_path / "all-mamba")
     config = json.loads((copy / "config.json").read_text())
-    config["layer_types"] = ["mamba"] * 3
+    key = "layer_types" if config["model_type"] == "granitemoehybrid" else "layers_block_type"
+    config[key] = ["mamba"] * len(config[key])
     (copy / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ModelLoadError, match="has no attention layer"):
+    with pytest.raises(ModelLoadError, match="attention layer"):
         load_model_source(copy, torch.float32)

@@ -27,6 +27,7 @@ from pagoda_runtime.contract.weight_layout import (
     Shapes,
     attention_shapes,
     layer_prefix,
+    mamba_shapes,
     norm_shapes,
     vocabulary_shapes,
 )
@@ -133,21 +134,6 @@ def weight_shapes(config: ModelConfig) -> Shapes:
             shapes[layer + "shared_mlp.input_linear.weight"] = (2 * shared, hidden)
             shapes[layer + "shared_mlp.output_linear.weight"] = (hidden, shared)
     return shapes
-
-
-def mamba_shapes(arch: ModelArchitecture, layer: str) -> Shapes:
-    """A Mamba-2 layer's tensors (models/mamba2.py), with its convolution's bias."""
-    mamba, heads, inner = layer + "mamba.", arch.mamba_num_heads, arch.mamba_intermediate_size
-    return {
-        mamba + "in_proj.weight": (inner + arch.mamba_conv_dim + heads, arch.hidden_size),
-        mamba + "conv1d.weight": (arch.mamba_conv_dim, 1, arch.mamba_conv_kernel),
-        mamba + "conv1d.bias": (arch.mamba_conv_dim,),
-        mamba + "dt_bias": (heads,),
-        mamba + "A_log": (heads,),
-        mamba + "D": (heads,),
-        mamba + "norm.weight": (inner,),
-        mamba + "out_proj.weight": (arch.hidden_size, inner),
-    }
 
 
 def _mamba_fields(raw: dict[str, Any], layers: int) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from pagoda_runtime.executor.models import (
     minimax_m2,
     moe,
     nemotron,
+    nemotron_h,
     olmo2,
     olmoe,
     phi3,
@@ -117,6 +118,15 @@ FAMILIES: tuple[Family, ...] = (
         config_from_hf=nemotron.config_from_hf,
         weight_shapes=nemotron.weight_shapes,
         quantizations=("none", "int8", "int4", "fp8", "awq", "gptq"),
+    ),
+    Family(
+        name="Nemotron-H / Nemotron Nano 2",
+        architectures=("NemotronHForCausalLM",),
+        model_types=("nemotron_h",),
+        model=nemotron_h.NemotronHForCausalLM,
+        config_from_hf=nemotron_h.config_from_hf,
+        weight_shapes=nemotron_h.weight_shapes,
+        quantizations=("none", "int8", "int4", "fp8"),
     ),
     Family(
         name="Granite 3",
