@@ -174,3 +174,8 @@ def test_a_config_without_attention_layers_is_refused(folder, tmp_path):
     (copy / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match="attention layer"):
         load_model_source(copy, torch.float32)
+
+
+def test_sizing_counts_every_parameter_the_checkpoint_holds(folder, hf):
+    arch = load_model_source(folder, torch.float32).config.architecture
+    assert arch.num_parameters() == sum(p.numel() for p in hf.parameters())
