@@ -27,9 +27,12 @@ DEFAULT_OVERHEAD_BYTES = 2 * GIB
 # protocols) on a node of up to 8 GPUs: an upper estimate, not a measurement (no multi-GPU machine
 # was at hand), counted on every GPU of a tensor-parallel group.
 NCCL_COMMUNICATOR_BYTES = 512 * 2**20
-# Mamba state slots a hybrid model holds beyond max_num_seqs: one for a scoring pass beside a full
+# Recurrent state slots a hybrid model holds beyond max_num_seqs: one for a scoring pass beside a full
 # batch (engine/scoring.py), one that a padded batch's padding sequences write to.
 STATE_SLOTS_BEYOND_SEQS = 2
+# Layer kinds that keep no keys and values, and those of them that keep a recurrent state instead.
+_STATE_LAYERS = ("mamba", "linear_attention")
+_NO_KV_LAYERS = (*_STATE_LAYERS, "mlp")
 # The largest tensor-parallel size an error message lists.
 LISTED_PARALLEL_SIZES = 64
 
@@ -116,12 +119,16 @@ class ModelArchitecture:
         default=None,
     )
     layer_types: tuple[
-        Literal["full_attention", "sliding_attention", "chunked_attention", "mamba", "mlp"], ...
+        Literal[
+            "full_attention", "sliding_attention", "chunked_attention", "mamba", "linear_attention", "mlp"
+        ],
+        ...,
     ] = _shape_field(
-        "Each layer's mixer, full_attention, sliding_attention, chunked_attention or mamba (a Mamba-2 "
-        "layer of a hybrid model, Granite 4.0-H), or mlp where MLPs are layers of their own (Nemotron-H: "
-        "its attention and Mamba layers then hold none) (layer_types); empty: every layer slides when "
-        "sliding_window is set (Mistral).",
+        "Each layer's mixer, full_attention, sliding_attention, chunked_attention, mamba (a Mamba-2 "
+        "layer of a hybrid model, Granite 4.0-H) or linear_attention (a gated DeltaNet layer, Qwen3.5 "
+        "and Qwen3-Next), or mlp where MLPs are layers of their own (Nemotron-H: its attention and "
+        "Mamba layers then hold none) (layer_types); empty: every layer slides when sliding_window is "
+        "set (Mistral).",
         default=(),
     )
     attention_chunk_size: int | None = _shape_field(
@@ -241,6 +248,30 @@ class ModelArchitecture:
     mamba_conv_kernel: int = _shape_field(
         "Width of the Mamba-2 causal convolution (mamba_d_conv).", minimum=0, default=0
     )
+    linear_num_key_heads: int = _shape_field(
+        "Key (and query) heads of each gated DeltaNet layer (linear_num_key_heads); 0: no such layer.",
+        minimum=0,
+        default=0,
+    )
+    linear_num_value_heads: int = _shape_field(
+        "Value heads of each gated DeltaNet layer, each with its recurrent state (linear_num_value_heads).",
+        minimum=0,
+        default=0,
+    )
+    linear_key_head_dim: int = _shape_field(
+        "Size of a gated DeltaNet key head (linear_key_head_dim).", minimum=0, default=0
+    )
+    linear_value_head_dim: int = _shape_field(
+        "Size of a gated DeltaNet value head (linear_value_head_dim).", minimum=0, default=0
+    )
+    linear_conv_kernel: int = _shape_field(
+        "Width of the gated DeltaNet causal convolution (linear_conv_kernel_dim).", minimum=0, default=0
+    )
+    attention_output_gate: bool = _shape_field(
+        "Whether q_proj also gives each query channel a gate whose sigmoid scales the attention's output "
+        "before o_proj (Qwen3-Next, Qwen3.5).",
+        default=False,
+    )
     num_nextn_predict_layers: int = _shape_field(
         "Multi-token-prediction layers the checkpoint holds after its decoder layers "
         "(num_nextn_predict_layers, DeepSeek V3 and GLM-4.5), which speculative decoding's mtp method "
@@ -273,6 +304,21 @@ class ModelArchitecture:
             raise ValueError(
                 f"mamba_groups ({self.mamba_groups}) must divide mamba_num_heads ({self.mamba_num_heads})"
             )
+        if ("linear_attention" in self.layer_types) != (self.linear_num_value_heads > 0):
+            raise ValueError(
+                "layer_types lists linear_attention layers exactly when linear_num_value_heads is set"
+            )
+        if self.linear_num_value_heads and not (
+            self.linear_num_key_heads
+            and self.linear_num_value_heads % self.linear_num_key_heads == 0
+            and self.linear_key_head_dim
+            and self.linear_value_head_dim
+            and self.linear_conv_kernel > 1
+        ):
+            raise ValueError(
+                "a gated DeltaNet layer needs key heads dividing its value heads, both head sizes and "
+                "linear_conv_kernel > 1"
+            )
         if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
             raise ValueError(
                 f"num_experts_per_tok must be between 1 and num_experts ({self.num_experts}), "
@@ -295,13 +341,53 @@ class ModelArchitecture:
         where it attends to the whole context (or, a Mamba layer, to none)."""
         if self.window is None:
             return None
-        if self.layer_types and self.layer_types[layer] in ("full_attention", "mamba", "mlp"):
+        if self.layer_types and self.layer_types[layer] in ("full_attention", *_NO_KV_LAYERS):
             return None
         return self.window
 
     def is_attention_layer(self, layer: int) -> bool:
         """Whether layer `layer` attends, and so keeps keys and values."""
-        return not self.layer_types or self.layer_types[layer] not in ("mamba", "mlp")
+        return not self.layer_types or self.layer_types[layer] not in _NO_KV_LAYERS
+
+    def is_state_layer(self, layer: int) -> bool:
+        """Whether layer `layer` keeps a recurrent state per sequence (a Mamba-2 or gated DeltaNet
+        layer) instead of keys and values."""
+        return bool(self.layer_types) and self.layer_types[layer] in _STATE_LAYERS
+
+    @property
+    def num_state_layers(self) -> int:
+        return sum(kind in _STATE_LAYERS for kind in self.layer_types)
+
+    @property
+    def num_linear_attention_layers(self) -> int:
+        return sum(kind == "linear_attention" for kind in self.layer_types)
+
+    @property
+    def linear_key_dim(self) -> int:
+        return self.linear_num_key_heads * self.linear_key_head_dim
+
+    @property
+    def linear_value_dim(self) -> int:
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+    @property
+    def linear_conv_dim(self) -> int:
+        """Channels a gated DeltaNet convolution runs over: q, k and v."""
+        return 2 * self.linear_key_dim + self.linear_value_dim
+
+    @property
+    def linear_state_numel(self) -> int:
+        """What one sequence holds in one gated DeltaNet layer: the convolution's last
+        linear_conv_kernel - 1 inputs and each value head's key_head_dim x value_head_dim state."""
+        if not self.linear_num_value_heads:
+            return 0
+        conv = self.linear_conv_dim * (self.linear_conv_kernel - 1)
+        return conv + self.linear_num_value_heads * self.linear_key_head_dim * self.linear_value_head_dim
+
+    def state_numel(self, layer: int) -> int:
+        """What one sequence holds in layer `layer`'s recurrent state (0: the layer keeps none)."""
+        kind = self.layer_types[layer] if self.layer_types else None
+        return {"mamba": self.mamba_state_numel, "linear_attention": self.linear_state_numel}.get(kind, 0)
 
     def is_mamba_layer(self, layer: int) -> bool:
         """Whether layer `layer` mixes tokens with a Mamba-2 state rather than attention (no KV)."""
@@ -398,7 +484,8 @@ class ModelArchitecture:
         kv_a are whole on every rank and the others split by heads."""
         q, kv, h, n = self.q_size, self.kv_size, self.hidden_size, self.num_attention_layers
         if not self.kv_lora_rank:
-            return [(q, h, n), (kv, h, n), (kv, h, n), (h, q, n)]
+            gated = 2 * q if self.attention_output_gate else q
+            return [(gated, h, n), (kv, h, n), (kv, h, n), (h, q, n)]
         # kv_b_proj is absorbed into the queries and the output (latent_expansion_parameters).
         shapes = [
             (q, self.q_lora_rank or h, n),
@@ -428,6 +515,11 @@ class ModelArchitecture:
             # in_proj gives the gate, the convolution's channels and one time step per head.
             i, m = self.mamba_intermediate_size, self.num_mamba_layers
             shapes += [(i + self.mamba_conv_dim + self.mamba_num_heads, h, m), (h, i, m)]
+        if self.num_linear_attention_layers:
+            # in_proj_qkv, in_proj_z, in_proj_b and in_proj_a (held fused), and out_proj.
+            v, m = self.linear_value_dim, self.num_linear_attention_layers
+            heads = self.linear_num_value_heads
+            shapes += [(self.linear_conv_dim + v + 2 * heads, h, m), (h, v, m)]
         return shapes
 
     def layer_linear_shapes(self, layer: int) -> dict[str, tuple[int, int, int]]:
@@ -476,6 +568,9 @@ class ModelArchitecture:
         # A Mamba-2 layer's convolution (weights and bias), time-step bias, A, D and gated norm.
         conv = self.mamba_conv_dim * (self.mamba_conv_kernel + 1)
         norms += (conv + 3 * self.mamba_num_heads + self.mamba_intermediate_size) * self.num_mamba_layers
+        # A gated DeltaNet layer's convolution (no bias), time-step bias, A and gated norm (per head).
+        linear = self.linear_conv_dim * self.linear_conv_kernel + 2 * self.linear_num_value_heads
+        norms += (linear + self.linear_value_head_dim) * self.num_linear_attention_layers
         biases = self.q_size + 2 * self.kv_size if self.attention_bias else 0
         biases += self.hidden_size if self.attention_output_bias else 0
         biases += self.num_attention_heads if self.attention_sinks else 0
@@ -501,10 +596,10 @@ class ModelArchitecture:
         and routers are whole on every rank. Raises when the model does not split into `size` ranks."""
         if size == 1:
             return self
-        if self.num_mamba_layers:
+        if self.num_state_layers:
             raise ValueError(
-                "Pagoda serves hybrid Mamba models on one GPU: their Mamba layers do not split over "
-                "tensor-parallel ranks yet; use a tensor-parallel size of 1"
+                "Pagoda serves hybrid models (Mamba-2 or gated DeltaNet layers) on one GPU: those layers "
+                "do not split over tensor-parallel ranks yet; use a tensor-parallel size of 1"
             )
         dense = self.num_dense_mlp_layers > 0
         return replace(
@@ -801,10 +896,12 @@ def kv_bytes_per_token(arch: ModelArchitecture, kv_dtype: str = "auto") -> int:
     return arch.num_attention_layers * kv_layer_bytes_per_token(arch, kv_dtype)
 
 
-def mamba_state_bytes(arch: ModelArchitecture, kv_dtype: str = "auto") -> int:
-    """What one sequence holds in every Mamba-2 layer (ModelArchitecture.mamba_state_numel), in the
-    KV cache's dtype as vLLM's default keeps it; 0 for a model without Mamba layers."""
-    return arch.num_mamba_layers * arch.mamba_state_numel * KV_DTYPE_BYTES[_state_dtype(kv_dtype)]
+def state_bytes(arch: ModelArchitecture, kv_dtype: str = "auto") -> int:
+    """What one sequence holds in every layer's recurrent state (ModelArchitecture.state_numel:
+    Mamba-2 and gated DeltaNet layers), in the KV cache's dtype as vLLM's default keeps it; 0 for a
+    model without such layers."""
+    numel = sum(arch.state_numel(layer) for layer in range(arch.num_hidden_layers))
+    return numel * KV_DTYPE_BYTES[_state_dtype(kv_dtype)]
 
 
 def _state_dtype(kv_dtype: str) -> str:
@@ -830,7 +927,7 @@ def kv_bytes_for_context(arch: ModelArchitecture, tokens: int, kv_dtype: str = "
     held = (arch.num_attention_layers - sliding) * tokens
     if sliding:
         held += sliding * min(tokens, arch.window)
-    return held * kv_layer_bytes_per_token(arch, kv_dtype) + mamba_state_bytes(arch, kv_dtype)
+    return held * kv_layer_bytes_per_token(arch, kv_dtype) + state_bytes(arch, kv_dtype)
 
 
 @dataclass(frozen=True)
@@ -866,7 +963,7 @@ def kv_pools(
     layer_block = block_size * kv_layer_bytes_per_token(arch, kv_dtype)
     # A hybrid model's Mamba layers hold their states (one per running sequence and a few more)
     # before any KV.
-    budget_bytes -= (max_num_seqs + STATE_SLOTS_BEYOND_SEQS) * mamba_state_bytes(arch, kv_dtype)
+    budget_bytes -= (max_num_seqs + STATE_SLOTS_BEYOND_SEQS) * state_bytes(arch, kv_dtype)
     window = arch.window
     sliding = arch.num_sliding_layers if window is not None and window < max_model_len else 0
     layers = arch.num_attention_layers

@@ -120,10 +120,10 @@ def build_engine(
     # Before any weight is read: a model that does not split over the ranks fails in one sentence.
     arch = loaded.config.architecture
     sliced = check_tensor_parallel(arch, tp.size, quantization, loaded.group_size)
-    if arch.num_mamba_layers and engine_config.speculative_config is not None:
+    if arch.num_state_layers and engine_config.speculative_config is not None:
         raise ValueError(
-            "speculative decoding is not served for hybrid Mamba models (a Mamba state cannot be rolled "
-            "back past a rejected draft token); drop --speculative-config"
+            "speculative decoding is not served for hybrid models with Mamba-2 or gated DeltaNet layers "
+            "(their state cannot be rolled back past a rejected draft token); drop --speculative-config"
         )
     limit = engine_config.max_model_len or loaded.config.context_length
     draft = _load_draft(engine_config, placement, loaded, tp)

@@ -75,7 +75,7 @@ class Sequence:
         # cache_salt, or what else a proposer's KV depends on.
         self.cache_salt: object = group.params.cache_salt
         self.num_computed_tokens = 0  # tokens whose keys and values are in the cache
-        # A hybrid model's Mamba state slot while the sequence holds blocks (state_block_manager.py).
+        # A hybrid model's recurrent state slot while the sequence holds blocks (state_block_manager.py).
         self.state_slot = -1
         self.num_cached_tokens = 0  # of the prompt, found in the prefix cache at first admission
         self.num_preemptions = 0

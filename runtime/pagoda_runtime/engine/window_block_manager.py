@@ -256,14 +256,14 @@ def make_block_manager(
     max_num_batched_tokens: int,
     state_slots: int = 0,
 ) -> BlockManager:
-    """The manager for the runner's KV pools (sizing.kv_pools) and, for a hybrid model, its Mamba
-    state slots; raises when the window pool cannot hold one sequence's window and step, which
-    would leave it waiting for ever."""
+    """The manager for the runner's KV pools (sizing.kv_pools) and, for a hybrid model, its
+    recurrent state slots; raises when the window pool cannot hold one sequence's window and step,
+    which would leave it waiting for ever."""
     if state_slots:
         if pools.window_blocks:
-            raise ValueError("a hybrid Mamba model with sliding-window layers is not served")
+            raise ValueError("a hybrid model with recurrent and sliding-window layers is not served")
         if enable_prefix_caching:
-            logger.info("prefix caching is off: a Mamba state cannot be reused for a shared prefix")
+            logger.info("prefix caching is off: a recurrent state cannot be reused for a shared prefix")
         return StateBlockManager(pools.full_blocks, block_size, state_slots)
     if not pools.window_blocks:
         return BlockManager(pools.full_blocks, block_size, enable_prefix_caching)

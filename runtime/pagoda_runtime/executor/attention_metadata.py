@@ -10,8 +10,8 @@ the window).
 
 A model whose sliding-window layers keep their KV in a pool of their own (model_runner.py) has a
 second table and slot mapping for those layers; `for_window` gives a layer the metadata it reads.
-A hybrid model's Mamba layers read each sequence's state slot and whether its state starts this
-step (models/mamba2.py).
+A hybrid model's Mamba-2 and gated DeltaNet layers read each sequence's state slot and whether its
+state starts this step (models/recurrent_state.py).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class AttentionMetadata:
     # and the slots of this step's tokens there; None where those layers share the tables above.
     window_block_tables: torch.Tensor | None = None
     window_slot_mapping: torch.Tensor | None = None
-    # A hybrid model's: each sequence's Mamba state slot, int64 [num_seqs] (padding sequences a spare
+    # A hybrid model's: each sequence's recurrent state slot, int64 [num_seqs] (padding sequences a spare
     # slot), and whether this step computes its first token (its state starts from zeros), bool.
     state_slots: torch.Tensor | None = None
     state_fresh: torch.Tensor | None = None

@@ -26,10 +26,10 @@ A model with sliding-window layers shorter than the context keeps their KV in a 
 second block table and slot mapping for those layers; where every layer slides there is one pool,
 the window one.
 
-A hybrid model's Mamba layers hold a state per sequence instead of KV (models/mamba2.py): their
-entries of `kv_caches` are MambaStates of max_num_seqs + STATE_SLOTS_BEYOND_SEQS slots, which the
-block manager hands out (engine/state_block_manager.py) but for the last, the padding's. Such a
-model runs eagerly: no CUDA graph is captured for it.
+A hybrid model's Mamba-2 and gated DeltaNet layers hold a state per sequence instead of KV
+(models/recurrent_state.py): their entries of `kv_caches` are RecurrentStates of max_num_seqs +
+STATE_SLOTS_BEYOND_SEQS slots, which the block manager hands out (engine/state_block_manager.py)
+but for the last, the padding's. Such a model runs eagerly: no CUDA graph is captured for it.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ from pagoda_runtime.executor.kernels.lora_slots import lora_batch
 from pagoda_runtime.executor.kernels.reference import FP8_KV_DTYPE
 from pagoda_runtime.executor.models import build_model
 from pagoda_runtime.executor.models.lora_layers import LoraSlots, attach_lora
-from pagoda_runtime.executor.models.mamba2 import MambaState, allocate_state
+from pagoda_runtime.executor.models.recurrent_state import RecurrentState, allocate_state
 from pagoda_runtime.executor.prompt_logprobs import DevicePromptLogprobs, PromptSpan, prompt_spans
 from pagoda_runtime.executor.quantization.memory import decode_weight_bytes, model_weight_bytes
 from pagoda_runtime.executor.rejection_sampler import Drafts
@@ -217,9 +217,10 @@ class ModelRunner:
                 self.model, engine_config.max_loras, engine_config.max_lora_rank, self.dtype
             )
         arch = model_config.architecture
-        if self.kv_cache_dtype == FP8_KV_DTYPE and arch.num_mamba_layers:
+        if self.kv_cache_dtype == FP8_KV_DTYPE and arch.num_state_layers:
             raise ValueError(
-                "an fp8 KV cache is not served for hybrid Mamba models; use --kv-cache-dtype auto"
+                "an fp8 KV cache is not served for hybrid models (Mamba-2 or gated DeltaNet layers); "
+                "use --kv-cache-dtype auto"
             )
         if self.kv_cache_dtype == FP8_KV_DTYPE:
             scales = kv_scales.calibrate(
@@ -247,15 +248,15 @@ class ModelRunner:
         self.num_blocks = self.pools.full_blocks or self.pools.window_blocks
         # Layers whose window keeps its KV in the window pool (the second table of a hybrid model).
         self.windowed = self.pools.window_blocks > 0 and self.pools.full_blocks > 0
-        # The Mamba state slots the block manager hands out (0: no Mamba layer); the one after them
+        # The state slots the block manager hands out (0: no layer keeps a state); the one after them
         # is the padding sequences'.
         self.state_slots = (
-            engine_config.max_num_seqs + STATE_SLOTS_BEYOND_SEQS - 1 if arch.num_mamba_layers else 0
+            engine_config.max_num_seqs + STATE_SLOTS_BEYOND_SEQS - 1 if arch.num_state_layers else 0
         )
         # A layer that neither attends nor keeps a state (Nemotron-H's MLP layers) holds nothing.
-        self.kv_caches: list[torch.Tensor | MambaState | None] = [
-            allocate_state(arch, self.state_slots + 1, self.device, self.kv_cache_dtype)
-            if arch.is_mamba_layer(layer)
+        self.kv_caches: list[torch.Tensor | RecurrentState | None] = [
+            allocate_state(arch, layer, self.state_slots + 1, self.device, self.kv_cache_dtype)
+            if arch.is_state_layer(layer)
             else None
             if not arch.is_attention_layer(layer)
             else torch.empty(
@@ -360,7 +361,7 @@ class ModelRunner:
     def kv_cache_bytes(self) -> int:
         """What the KV caches of every layer (a Mamba layer's states) occupy on this rank."""
         return sum(
-            cache.nbytes if isinstance(cache, MambaState) else cache.numel() * cache.element_size()
+            cache.nbytes if isinstance(cache, RecurrentState) else cache.numel() * cache.element_size()
             for cache in self.kv_caches
             if cache is not None
         )

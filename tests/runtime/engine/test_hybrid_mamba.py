@@ -15,7 +15,7 @@ from pagoda_runtime.contract.sizing import (
     kv_bytes_for_context,
     kv_bytes_per_token,
     kv_pools,
-    mamba_state_bytes,
+    state_bytes,
 )
 from pagoda_runtime.engine.scoring import score
 from pagoda_runtime.executor.models import mamba2
@@ -92,7 +92,7 @@ def test_greedy_tokens_match_transformers_as_prompts_are_chunked_and_batched(fol
 
 def test_greedy_tokens_match_transformers_under_preemption(folder, hf):
     arch = load_model_source(folder, torch.float32).config.architecture
-    states = (4 + STATE_SLOTS_BEYOND_SEQS) * mamba_state_bytes(arch, "float32")
+    states = (4 + STATE_SLOTS_BEYOND_SEQS) * state_bytes(arch, "float32")
     layer_block = 4 * kv_bytes_per_token(arch, "float32")
     # Blocks for one long prompt, not for two at once.
     llm = engine(folder, max_model_len=160, max_num_seqs=4, kv_cache_memory=states + 45 * layer_block)
@@ -145,7 +145,7 @@ def test_sizing_counts_the_states_and_the_attention_layers_kv(folder):
     conv = arch.mamba_conv_dim * (arch.mamba_conv_kernel - 1)
     heads = arch.mamba_num_heads * arch.mamba_head_dim * arch.mamba_state_size
     assert arch.mamba_state_numel == conv + heads
-    state = mamba_state_bytes(arch, "float32")
+    state = state_bytes(arch, "float32")
     assert state == 2 * arch.mamba_state_numel * 4
     per_token = kv_bytes_per_token(arch, "float32")
     assert per_token == 2 * arch.num_key_value_heads * arch.head_dim * 4  # one attention layer's
@@ -157,7 +157,7 @@ def test_sizing_counts_the_states_and_the_attention_layers_kv(folder):
 
 
 def test_what_a_hybrid_model_is_not_served_with_is_refused(folder):
-    with pytest.raises(ValueError, match="speculative decoding is not served for hybrid Mamba models"):
+    with pytest.raises(ValueError, match="speculative decoding is not served for hybrid models"):
         engine(folder, speculative_config={"method": "ngram", "num_speculative_tokens": 2})
     with pytest.raises(ValueError, match="LoRA adapters are not served"):
         engine(folder, enable_lora=True)

@@ -9,7 +9,7 @@ head_dim x state_size state H that every token t updates and reads:
 with dt_t = softplus(dt_t + dt_bias_h); y then goes through an RMSNorm gated by SiLU(z) and out_proj.
 
 A sequence's whole past is its state: the convolution's last kernel - 1 inputs and H per head, one
-slot per running sequence (`MambaState`, its slot from engine/state_block_manager.py) in place of KV
+slot per running sequence (recurrent_state.py) in place of KV
 blocks. A step's first token of a sequence (AttentionMetadata.state_fresh) starts from zeros; a
 prompt chunked over steps carries its slot from one chunk to the next. A prompt chunk runs the
 state space in its chunked (SSD) form, Q tokens at a time: within a chunk as a masked product,
@@ -19,43 +19,18 @@ Computed in float32; the state is held in the model's dtype (vLLM's default).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from pagoda_runtime.contract.config import ModelConfig
-from pagoda_runtime.contract.sizing import ModelArchitecture
 from pagoda_runtime.executor.attention_metadata import AttentionMetadata
 from pagoda_runtime.executor.models.layers import RMSNorm
+from pagoda_runtime.executor.models.recurrent_state import RecurrentState
 from pagoda_runtime.executor.quantization import make_linear
 
 # Tokens of a prompt chunk the state space takes at once: its within-chunk product is Q x Q per head.
 SCAN_CHUNK = 128
-
-
-@dataclass
-class MambaState:
-    """One Mamba-2 layer's state, one slot per sequence: conv [slots, conv_dim, kernel - 1] (the
-    convolution's last inputs) and ssm [slots, heads, head_dim, state_size]."""
-
-    conv: torch.Tensor
-    ssm: torch.Tensor
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.conv, self.ssm))
-
-
-def allocate_state(
-    arch: ModelArchitecture, slots: int, device: torch.device, dtype: torch.dtype
-) -> MambaState:
-    heads, head_dim, size = arch.mamba_num_heads, arch.mamba_head_dim, arch.mamba_state_size
-    return MambaState(
-        torch.zeros(slots, arch.mamba_conv_dim, arch.mamba_conv_kernel - 1, device=device, dtype=dtype),
-        torch.zeros(slots, heads, head_dim, size, device=device, dtype=dtype),
-    )
 
 
 class GatedRMSNorm(nn.Module):
@@ -118,7 +93,7 @@ class Mamba2Mixer(nn.Module):
         self,
         positions: torch.Tensor,
         x: torch.Tensor,
-        state: MambaState,
+        state: RecurrentState,
         meta: AttentionMetadata,
         cos_sin_cache: torch.Tensor,
     ) -> torch.Tensor:
@@ -159,20 +134,24 @@ class Mamba2Mixer(nn.Module):
         return x.reshape(-1, self.heads, self.head_dim), B, C
 
     def _prefill(
-        self, xbc: torch.Tensor, dt: torch.Tensor, state: MambaState, slot: int, fresh: bool
+        self, xbc: torch.Tensor, dt: torch.Tensor, state: RecurrentState, slot: int, fresh: bool
     ) -> torch.Tensor:
         """One sequence's chunk of L tokens from its slot's state (zeros when fresh): y [L, inner]."""
         conv = torch.zeros_like(state.conv[slot]) if fresh else state.conv[slot]
         window = torch.cat([conv, xbc.T.to(conv.dtype)], dim=-1)
         state.conv[slot] = window[:, -(self.kernel - 1) :]
         x, B, C = self._split(self._convolve(window))
-        h = torch.zeros(state.ssm.shape[1:], device=xbc.device) if fresh else state.ssm[slot].float()
+        h = (
+            torch.zeros(state.recurrent.shape[1:], device=xbc.device)
+            if fresh
+            else state.recurrent[slot].float()
+        )
         y, h = chunked_scan(x, dt, self._A, B, C, h)
-        state.ssm[slot] = h.to(state.ssm.dtype)
+        state.recurrent[slot] = h.to(state.recurrent.dtype)
         return (y + self.D.float()[:, None] * x).reshape(-1, self.inner)
 
     def _decode(
-        self, xbc: torch.Tensor, dt: torch.Tensor, state: MambaState, meta: AttentionMetadata
+        self, xbc: torch.Tensor, dt: torch.Tensor, state: RecurrentState, meta: AttentionMetadata
     ) -> torch.Tensor:
         """One token of each sequence (row i: sequence i): the recurrence for all at once."""
         slots = meta.state_slots
@@ -185,10 +164,10 @@ class Mamba2Mixer(nn.Module):
         if self.conv1d.bias is not None:
             mixed = mixed + self.conv1d.bias.float()
         x, B, C = self._split(F.silu(mixed))
-        h = state.ssm.index_select(0, slots).float() * keep.float()[:, None, None, None]
+        h = state.recurrent.index_select(0, slots).float() * keep.float()[:, None, None, None]
         decay = torch.exp(dt * self._A)  # [S, heads]
         h = h * decay[:, :, None, None] + (dt[:, :, None] * x)[..., None] * B[:, :, None, :]
-        state.ssm.index_copy_(0, slots, h.to(state.ssm.dtype))
+        state.recurrent.index_copy_(0, slots, h.to(state.recurrent.dtype))
         y = (h @ C[..., None]).squeeze(-1) + self.D.float()[:, None] * x
         return y.reshape(-1, self.inner)
 
