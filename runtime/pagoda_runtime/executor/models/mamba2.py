@@ -26,7 +26,14 @@ from torch import nn
 from pagoda_runtime.contract.config import ModelConfig
 from pagoda_runtime.executor.attention_metadata import AttentionMetadata
 from pagoda_runtime.executor.models.layers import RMSNorm
-from pagoda_runtime.executor.models.recurrent_state import RecurrentState
+from pagoda_runtime.executor.models.recurrent_state import (
+    RecurrentState,
+    convolve_chunk,
+    convolve_step,
+    host_spans,
+    recurrent_chunk,
+    recurrent_step,
+)
 from pagoda_runtime.executor.quantization import make_linear
 
 # Tokens of a prompt chunk the state space takes at once: its within-chunk product is Q x Q per head.
@@ -103,7 +110,7 @@ class Mamba2Mixer(nn.Module):
             y = self._decode(xbc, dt, state, meta)
         else:
             y = torch.empty(x.shape[0], self.inner, device=x.device, dtype=torch.float32)
-            starts, slots, fresh = _host_spans(meta)
+            starts, slots, fresh = host_spans(meta)
             for i, slot in enumerate(slots):
                 rows = slice(starts[i], starts[i + 1])
                 if rows.start < rows.stop:
@@ -113,16 +120,6 @@ class Mamba2Mixer(nn.Module):
     @property
     def _A(self) -> torch.Tensor:
         return -torch.exp(self.A_log.float())
-
-    def _convolve(self, window: torch.Tensor) -> torch.Tensor:
-        """SiLU of the causal convolution over window [C, kernel - 1 + L]: L outputs [L, C]."""
-        out = F.conv1d(
-            window[None].to(self.conv1d.weight.dtype),
-            self.conv1d.weight,
-            self.conv1d.bias,
-            groups=self.conv_dim,
-        )
-        return F.silu(out[0].float()).T
 
     def _split(self, xbc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [T, heads, head_dim], and B and C [T, heads, state_size] (each group's, for its heads)."""
@@ -137,16 +134,8 @@ class Mamba2Mixer(nn.Module):
         self, xbc: torch.Tensor, dt: torch.Tensor, state: RecurrentState, slot: int, fresh: bool
     ) -> torch.Tensor:
         """One sequence's chunk of L tokens from its slot's state (zeros when fresh): y [L, inner]."""
-        conv = torch.zeros_like(state.conv[slot]) if fresh else state.conv[slot]
-        window = torch.cat([conv, xbc.T.to(conv.dtype)], dim=-1)
-        state.conv[slot] = window[:, -(self.kernel - 1) :]
-        x, B, C = self._split(self._convolve(window))
-        h = (
-            torch.zeros(state.recurrent.shape[1:], device=xbc.device)
-            if fresh
-            else state.recurrent[slot].float()
-        )
-        y, h = chunked_scan(x, dt, self._A, B, C, h)
+        x, B, C = self._split(convolve_chunk(state, slot, fresh, xbc, self.conv1d))
+        y, h = chunked_scan(x, dt, self._A, B, C, recurrent_chunk(state, slot, fresh))
         state.recurrent[slot] = h.to(state.recurrent.dtype)
         return (y + self.D.float()[:, None] * x).reshape(-1, self.inner)
 
@@ -154,20 +143,11 @@ class Mamba2Mixer(nn.Module):
         self, xbc: torch.Tensor, dt: torch.Tensor, state: RecurrentState, meta: AttentionMetadata
     ) -> torch.Tensor:
         """One token of each sequence (row i: sequence i): the recurrence for all at once."""
-        slots = meta.state_slots
-        keep = (~meta.state_fresh).to(state.conv.dtype)
-        conv = state.conv.index_select(0, slots) * keep[:, None, None]
-        window = torch.cat([conv, xbc[:, :, None].to(conv.dtype)], dim=-1)
-        state.conv.index_copy_(0, slots, window[:, :, 1:])
-        weight = self.conv1d.weight[:, 0, :].float()
-        mixed = (window.float() * weight).sum(-1)
-        if self.conv1d.bias is not None:
-            mixed = mixed + self.conv1d.bias.float()
-        x, B, C = self._split(F.silu(mixed))
-        h = state.recurrent.index_select(0, slots).float() * keep.float()[:, None, None, None]
+        x, B, C = self._split(convolve_step(state, meta, xbc, self.conv1d))
         decay = torch.exp(dt * self._A)  # [S, heads]
-        h = h * decay[:, :, None, None] + (dt[:, :, None] * x)[..., None] * B[:, :, None, :]
-        state.recurrent.index_copy_(0, slots, h.to(state.recurrent.dtype))
+        h = recurrent_step(state, meta) * decay[:, :, None, None]
+        h = h + (dt[:, :, None] * x)[..., None] * B[:, :, None, :]
+        state.recurrent.index_copy_(0, meta.state_slots, h.to(state.recurrent.dtype))
         y = (h @ C[..., None]).squeeze(-1) + self.D.float()[:, None] * x
         return y.reshape(-1, self.inner)
 
@@ -194,17 +174,6 @@ def chunked_scan(
         h = h * torch.exp(decay[-1])[:, None, None] + torch.einsum("sh,shp,shn->hpn", to_end, xq, Bq)
         ys.append(y)
     return torch.cat(ys), h
-
-
-def _host_spans(meta: AttentionMetadata) -> tuple[list[int], list[int], list[bool]]:
-    """The step's query starts, state slots and fresh flags on the host, read once a step."""
-    if "mamba_spans" not in meta.derived:
-        meta.derived["mamba_spans"] = (
-            meta.query_start_loc.tolist(),
-            meta.state_slots[: meta.num_seqs].tolist(),
-            meta.state_fresh[: meta.num_seqs].tolist(),
-        )
-    return meta.derived["mamba_spans"]
 
 
 class MambaDecoderLayer(nn.Module):

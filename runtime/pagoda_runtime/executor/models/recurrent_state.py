@@ -7,8 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from pagoda_runtime.contract.sizing import ModelArchitecture
+from pagoda_runtime.executor.attention_metadata import AttentionMetadata
 
 
 @dataclass
@@ -38,3 +41,55 @@ def allocate_state(
         torch.zeros(slots, *conv, device=device, dtype=dtype),
         torch.zeros(slots, *recurrent, device=device, dtype=dtype),
     )
+
+
+def host_spans(meta: AttentionMetadata) -> tuple[list[int], list[int], list[bool]]:
+    """The step's query starts, state slots and fresh flags on the host, read once a step (a prompt
+    chunk's step runs its sequences one by one)."""
+    if "state_spans" not in meta.derived:
+        meta.derived["state_spans"] = (
+            meta.query_start_loc.tolist(),
+            meta.state_slots[: meta.num_seqs].tolist(),
+            meta.state_fresh[: meta.num_seqs].tolist(),
+        )
+    return meta.derived["state_spans"]
+
+
+def convolve_chunk(
+    state: RecurrentState, slot: int, fresh: bool, x: torch.Tensor, conv: nn.Conv1d
+) -> torch.Tensor:
+    """SiLU of the depthwise causal convolution over one sequence's L new inputs x [L, C], after
+    the kernel - 1 its slot holds (zeros when fresh), which then become its last kernel - 1: [L, C]
+    in float32."""
+    held = torch.zeros_like(state.conv[slot]) if fresh else state.conv[slot]
+    window = torch.cat([held, x.T.to(held.dtype)], dim=-1)
+    state.conv[slot] = window[:, -held.shape[-1] :]
+    out = F.conv1d(window[None].to(conv.weight.dtype), conv.weight, conv.bias, groups=window.shape[0])
+    return F.silu(out[0].float()).T
+
+
+def convolve_step(
+    state: RecurrentState, meta: AttentionMetadata, x: torch.Tensor, conv: nn.Conv1d
+) -> torch.Tensor:
+    """The same for one input of each sequence (row i: sequence i's), all at once: [S, C] in float32."""
+    keep = (~meta.state_fresh).to(state.conv.dtype)
+    held = state.conv.index_select(0, meta.state_slots) * keep[:, None, None]
+    window = torch.cat([held, x[:, :, None].to(held.dtype)], dim=-1)
+    state.conv.index_copy_(0, meta.state_slots, window[:, :, 1:])
+    mixed = (window.float() * conv.weight[:, 0, :].float()).sum(-1)
+    if conv.bias is not None:
+        mixed = mixed + conv.bias.float()
+    return F.silu(mixed)
+
+
+def recurrent_chunk(state: RecurrentState, slot: int, fresh: bool) -> torch.Tensor:
+    """One sequence's recurrent state in float32, zeros when fresh."""
+    h = state.recurrent[slot].float()
+    return torch.zeros_like(h) if fresh else h
+
+
+def recurrent_step(state: RecurrentState, meta: AttentionMetadata) -> torch.Tensor:
+    """Each sequence's recurrent state in float32 (row i: sequence i's), zeros where fresh."""
+    h = state.recurrent.index_select(0, meta.state_slots).float()
+    keep = (~meta.state_fresh).float()
+    return h * keep.view(-1, *([1] * (h.dim() - 1)))
