@@ -90,8 +90,10 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2MoeConfig,
+    Qwen3_5TextConfig,
     Qwen3Config,
     Qwen3MoeConfig,
+    Qwen3NextConfig,
     SeedOssConfig,
     SmolLM3Config,
 )
@@ -556,6 +558,52 @@ HYBRID_VARIANTS: dict[str, tuple[type, str, dict]] = {
             "mamba_n_groups": 2,
             "mamba_d_conv": 4,
             "mamba_chunk_size": 8,
+        },
+    ),
+    # Qwen3.5's language model: gated DeltaNet layers (two key heads shared by four value heads)
+    # around gated attention with RoPE on a quarter of each head; its three multimodal rotary
+    # sections, which text positions make the plain rotation.
+    "qwen3_5": (
+        Qwen3_5TextConfig,
+        "chatml",
+        {
+            "num_hidden_layers": 3,
+            "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+            "head_dim": 32,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16,
+            "linear_conv_kernel_dim": 4,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.25,
+                "mrope_section": [2, 1, 1],
+                "mrope_interleaved": True,
+            },
+        },
+    ),
+    # Qwen3-Next: the same layers, its input projections fused per key head, experts beside a
+    # gated shared expert.
+    "qwen3_next": (
+        Qwen3NextConfig,
+        "chatml",
+        {
+            "num_hidden_layers": 3,
+            "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+            "head_dim": 32,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16,
+            "linear_conv_kernel_dim": 4,
+            "partial_rotary_factor": 0.25,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 48,
+            "norm_topk_prob": True,
         },
     ),
     # Nemotron-H's layers: Mamba-2, attention without RoPE, and relu² MLPs apart; four groups of

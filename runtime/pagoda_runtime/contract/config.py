@@ -90,6 +90,9 @@ _FAMILY_NORMS = {
     "glm4": (4, False),
     "apertus": (2, True),
     "nemotron_h": (1, False),
+    "qwen3_5": (2, True),
+    "qwen3_5_moe": (2, True),
+    "qwen3_next": (2, True),
 }
 # Families whose checkpoints store q, k and v as one tensor (a GGUF mix quantizes it as one).
 _FUSED_QKV = {"phi3"}

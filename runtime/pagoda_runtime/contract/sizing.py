@@ -304,6 +304,11 @@ class ModelArchitecture:
             raise ValueError(
                 f"mamba_groups ({self.mamba_groups}) must divide mamba_num_heads ({self.mamba_num_heads})"
             )
+        if self.layer_types and not self.num_attention_layers:
+            raise ValueError(
+                "no layer attends; Pagoda serves hybrids whose Mamba-2, gated DeltaNet or MLP layers "
+                "sit beside at least one attention layer"
+            )
         if ("linear_attention" in self.layer_types) != (self.linear_num_value_heads > 0):
             raise ValueError(
                 "layer_types lists linear_attention layers exactly when linear_num_value_heads is set"
@@ -560,7 +565,7 @@ class ModelArchitecture:
         norms *= 2 if self.norm_bias else 1
         norms += self.activation_parameters * self.num_hidden_layers
         if self.qk_norm:
-            norms += 2 * self.head_dim * self.num_hidden_layers
+            norms += 2 * self.head_dim * self.num_attention_layers
         if self.wide_qk_norm:
             norms += (self.q_size + self.kv_size) * self.num_hidden_layers
         # Latent attention's norms of its low-rank query and of its compressed keys and values.

@@ -1,8 +1,8 @@
 """Multimodal checkpoints served for their text alone: Gemma 3 (4B and up ship only as
 Gemma3ForConditionalGeneration), Mistral Small 3.1 / 3.2 (Mistral3ForConditionalGeneration),
-Llama 4 (Llama4ForConditionalGeneration), Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE (their
-language models are Qwen2's, Qwen3's and Qwen3-MoE's; on text the multimodal rotary embedding's
-three sections all take the token's position, which is the plain one).
+Llama 4 (Llama4ForConditionalGeneration), Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen3.5 and
+Qwen3.5-MoE (their language models are Qwen2's, Qwen3's, Qwen3-MoE's and Qwen3.5's; on text the
+multimodal rotary embedding's three sections all take the token's position, which is the plain one).
 
 Their config.json nests the language model's config under text_config, often with only the keys
 that differ from transformers' defaults, or (Qwen2-VL and Qwen2.5-VL as released) keeps it at the
@@ -26,6 +26,8 @@ TEXT_ARCHITECTURES = {
     "Qwen2_5_VLForConditionalGeneration": "Qwen2ForCausalLM",
     "Qwen3VLForConditionalGeneration": "Qwen3ForCausalLM",
     "Qwen3VLMoeForConditionalGeneration": "Qwen3MoeForCausalLM",
+    "Qwen3_5ForConditionalGeneration": "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeForCausalLM",
 }
 # The text config's model_type where text_config leaves it out (transformers' default for each).
 _TEXT_MODEL_TYPES = {

@@ -182,6 +182,8 @@ class CausalLM(nn.Module):
             "q_proj": ("qkv_proj", 0, slice(tp.rank * q, (tp.rank + 1) * q)),
             "k_proj": ("qkv_proj", q, kv_rows),
             "v_proj": ("qkv_proj", q + kv, kv_rows),
+            # The output gate's rows, where a family's checkpoint_parts takes them out of q_proj's.
+            "q_gate": ("qkv_proj", q + 2 * kv, slice(tp.rank * q, (tp.rank + 1) * q)),
         }
         channels = mlp_channels or arch.intermediate_size // tp.size
         rows = slice(tp.rank * channels, (tp.rank + 1) * channels)

@@ -44,8 +44,8 @@ from pagoda_runtime.executor.models.hf_config import (
     rope_parameters,
     rope_scaling,
 )
-from pagoda_runtime.executor.models.layers import Attention
-from pagoda_runtime.executor.models.mamba2 import Mamba2Mixer, MambaDecoderLayer
+from pagoda_runtime.executor.models.layers import Attention, StateDecoderLayer
+from pagoda_runtime.executor.models.mamba2 import Mamba2Mixer
 from pagoda_runtime.executor.models.moe import MoECausalLM, layer_mlp
 
 FAMILY = "Granite MoE / Granite 4"
@@ -71,7 +71,9 @@ class GraniteMoeForCausalLM(MoECausalLM):
             # vLLM do; transformers' reference normalizes over all heads at once.
             groups = config.architecture.mamba_groups
             mixer = Mamba2Mixer(config, quantization, device, dtype, norm_groups=groups)
-            return MambaDecoderLayer(config, mixer, mlp, device, dtype, config.residual_multiplier)
+            return StateDecoderLayer(
+                config, "mamba", mixer, mlp, device, dtype, residual_multiplier=config.residual_multiplier
+            )
         attention = Attention(config, layer, ops, quantization, device, dtype, tp)
         return GraniteDecoderLayer(config, attention, mlp, device, dtype)
 

@@ -79,9 +79,11 @@ class Attention(nn.Module):
         self.window = arch.layer_window(layer)
         self.chunked = arch.layer_chunked(layer)
         self.softcap = config.attn_logit_softcapping
+        # Qwen3.5's and Qwen3-Next's gate on the output, one per query channel, after k and v.
+        self.gate_size = self.q_size if arch.attention_output_gate else 0
         self.qkv_proj = make_linear(
             arch.hidden_size,
-            self.q_size + 2 * self.kv_size,
+            self.q_size + 2 * self.kv_size + self.gate_size,
             arch.attention_bias,
             quantization,
             device,
@@ -125,7 +127,7 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x)
         if self.qkv_lora is not None:
             qkv = self.qkv_lora(qkv, x)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v, gate = qkv.split([self.q_size, self.kv_size, self.kv_size, self.gate_size], dim=-1)
         q = q.reshape(-1, self.num_heads, self.head_dim)
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
@@ -149,6 +151,8 @@ class Attention(nn.Module):
             chunked=self.chunked,
         )
         out = out.reshape(-1, self.q_size)
+        if self.gate_size:
+            out = out * torch.sigmoid(gate)
         projected = self.o_proj(out)
         if self.o_lora is not None:
             # A row-parallel rank adds its partial delta to its partial sum, before the all-reduce.
@@ -274,6 +278,41 @@ class DecoderLayer(nn.Module):
         x = self.self_attn(positions, x, kv_cache, meta, cos_sin_cache)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
+
+
+class StateDecoderLayer(nn.Module):
+    """Llama's pre-norm layer around a token mixer that keeps a recurrent state per sequence instead
+    of attending (a Mamba-2 or gated DeltaNet layer, called as attention is and held under its
+    checkpoint name `mixer_name`): x + mixer(norm(x)), then x + mlp(norm(x)), each output scaled by
+    residual_multiplier before it joins the residual stream (Granite's); `norm`: the norms' class."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        mixer_name: str,
+        mixer: nn.Module,
+        mlp: nn.Module,
+        device,
+        dtype,
+        norm: Callable[..., nn.Module] = RMSNorm,
+        residual_multiplier: float = 1.0,
+    ) -> None:
+        super().__init__()
+        hidden = config.architecture.hidden_size
+        self.input_layernorm = norm(hidden, config.rms_norm_eps, device, dtype)
+        self.mixer_name = mixer_name
+        setattr(self, mixer_name, mixer)
+        self.post_attention_layernorm = norm(hidden, config.rms_norm_eps, device, dtype)
+        self.mlp = mlp
+        self.residual_multiplier = residual_multiplier
+
+    def forward(self, positions, x, residual, state, meta, cos_sin_cache):
+        scale = self.residual_multiplier
+        x, residual = self.input_layernorm(x, residual)
+        x = getattr(self, self.mixer_name)(positions, x, state, meta, cos_sin_cache)
+        x, residual = self.post_attention_layernorm(x * scale if scale != 1.0 else x, residual)
+        x = self.mlp(x)
+        return (x * scale if scale != 1.0 else x), residual
 
 
 class SandwichDecoderLayer(nn.Module):

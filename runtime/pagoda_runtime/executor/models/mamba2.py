@@ -25,7 +25,6 @@ from torch import nn
 
 from pagoda_runtime.contract.config import ModelConfig
 from pagoda_runtime.executor.attention_metadata import AttentionMetadata
-from pagoda_runtime.executor.models.layers import RMSNorm
 from pagoda_runtime.executor.models.recurrent_state import (
     RecurrentState,
     convolve_chunk,
@@ -174,33 +173,3 @@ def chunked_scan(
         h = h * torch.exp(decay[-1])[:, None, None] + torch.einsum("sh,shp,shn->hpn", to_end, xq, Bq)
         ys.append(y)
     return torch.cat(ys), h
-
-
-class MambaDecoderLayer(nn.Module):
-    """A hybrid model's Mamba layer: x + mamba(norm(x)), then x + mlp(norm(x)), each output scaled by
-    residual_multiplier before it joins the residual stream (Granite's), the residual sums fused
-    into the norms as in the Llama layer."""
-
-    def __init__(
-        self,
-        config: ModelConfig,
-        mixer: Mamba2Mixer,
-        mlp: nn.Module,
-        device,
-        dtype,
-        residual_multiplier: float = 1.0,
-    ) -> None:
-        super().__init__()
-        hidden = config.architecture.hidden_size
-        self.input_layernorm = RMSNorm(hidden, config.rms_norm_eps, device, dtype)
-        self.mamba = mixer
-        self.post_attention_layernorm = RMSNorm(hidden, config.rms_norm_eps, device, dtype)
-        self.mlp = mlp
-        self.residual_multiplier = residual_multiplier
-
-    def forward(self, positions, x, residual, state, meta, cos_sin_cache):
-        scale = self.residual_multiplier
-        x, residual = self.input_layernorm(x, residual)
-        x = self.mamba(positions, x, state, meta, cos_sin_cache) * scale
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x) * scale, residual

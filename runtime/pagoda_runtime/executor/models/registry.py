@@ -36,6 +36,7 @@ from pagoda_runtime.executor.models import (
     olmoe,
     phi3,
     qwen3,
+    qwen3_next,
 )
 from pagoda_runtime.executor.models.decoder import CausalLM, Weight
 
@@ -118,6 +119,15 @@ FAMILIES: tuple[Family, ...] = (
         config_from_hf=nemotron.config_from_hf,
         weight_shapes=nemotron.weight_shapes,
         quantizations=("none", "int8", "int4", "fp8", "awq", "gptq"),
+    ),
+    Family(
+        name="Qwen3.5 / Qwen3-Next",
+        architectures=tuple(qwen3_next.MODEL_TYPES),
+        model_types=tuple(qwen3_next.MODEL_TYPES.values()),
+        model=qwen3_next.Qwen3NextForCausalLM,
+        config_from_hf=qwen3_next.config_from_hf,
+        weight_shapes=qwen3_next.weight_shapes,
+        quantizations=("none", "int8", "int4", "fp8"),
     ),
     Family(
         name="Nemotron-H / Nemotron Nano 2",
