@@ -1,10 +1,10 @@
 """Multimodal checkpoints served for their text: tiny Gemma3ForConditionalGeneration,
-Mistral3ForConditionalGeneration, Llama4ForConditionalGeneration, Qwen2_5_VLForConditionalGeneration
-and Qwen3VLForConditionalGeneration models, saved by transformers as the hub holds them (the language
-model under language_model., or under model. beside visual. for Qwen2.5-VL, a vision tower beside
-it), decode as transformers' own multimodal model does on text, with text_config cut to the keys
-that differ from transformers' defaults as the released Gemma 3 configs are, or (Qwen2.5-VL) the
-text config at the top level as its released configs are."""
+Mistral3ForConditionalGeneration, Llama4ForConditionalGeneration, Qwen2_5_VLForConditionalGeneration,
+Qwen3VLForConditionalGeneration and Qwen3_5ForConditionalGeneration models, saved by transformers
+as the hub holds them (the language model under language_model., or under model. beside visual.
+for Qwen2.5-VL, a vision tower beside it), decode as transformers' own multimodal model does on
+text, with text_config cut to the keys that differ from transformers' defaults as the released
+Gemma 3 configs are, or (Qwen2.5-VL) the text config at the top level as its released configs are."""
 
 import json
 
@@ -27,6 +27,8 @@ from transformers import (
     Qwen2_5_VLForConditionalGeneration,
     Qwen2VLConfig,
     Qwen2VLForConditionalGeneration,
+    Qwen3_5Config,
+    Qwen3_5ForConditionalGeneration,
     Qwen3VLConfig,
     Qwen3VLForConditionalGeneration,
     Qwen3VLMoeConfig,
@@ -58,6 +60,8 @@ def multimodal(root, variant):
         _, config_class, model_class, sections, interleaved = QWEN_VL[variant]
         rope = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": sections}
         text_config["rope_parameters"] = rope | ({"mrope_interleaved": True} if interleaved else {})
+        if variant == "qwen3.5":
+            text_config["rope_parameters"]["partial_rotary_factor"] = 0.25
         vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
         if variant == "qwen2-vl":
             vision = dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2)
@@ -83,6 +87,8 @@ QWEN_VL = {
     "qwen2-vl": ("qwen2", Qwen2VLConfig, Qwen2VLForConditionalGeneration, [2, 3, 3], False),
     "qwen2.5-vl": ("qwen2", Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, [2, 3, 3], False),
     "qwen3-vl": ("qwen3", Qwen3VLConfig, Qwen3VLForConditionalGeneration, [4, 6, 6], True),
+    # A hybrid of gated DeltaNet and gated attention layers, RoPE on a quarter of each head.
+    "qwen3.5": ("qwen3_5", Qwen3_5Config, Qwen3_5ForConditionalGeneration, [2, 1, 1], True),
 }
 
 
