@@ -21,6 +21,7 @@ from pagoda_runtime.contract.sizing import (
 from pagoda_runtime.engine.scoring import score
 from pagoda_runtime.executor.models import gated_deltanet, mamba2
 from pagoda_runtime.loading.model_source import ModelLoadError, load_model_source
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from tests.runtime.engine.hf_reference import hf_greedy
@@ -209,3 +210,14 @@ def test_a_config_without_attention_layers_is_refused(folder, tmp_path):
 def test_sizing_counts_every_parameter_the_checkpoint_holds(folder, hf):
     arch = load_model_source(folder, torch.float32).config.architecture
     assert arch.num_parameters() == sum(p.numel() for p in hf.parameters())
+
+
+def test_a_multi_token_prediction_layer_in_the_checkpoint_is_left_unread(folder, hf, tmp_path):
+    if json.loads((folder / "config.json").read_text())["model_type"] not in ("qwen3_5_text", "qwen3_next"):
+        pytest.skip("Qwen3.5's and Qwen3-Next's checkpoints carry an MTP layer")
+    copy = shutil.copytree(folder, tmp_path / "with-mtp")
+    tensors = load_file(copy / "model.safetensors")
+    tensors["mtp.fc.weight"] = torch.zeros(64, 128)
+    tensors["mtp.layers.0.input_layernorm.weight"] = torch.zeros(64)
+    save_file(tensors, copy / "model.safetensors", metadata={"format": "pt"})
+    assert_matches_hf(engine(copy).generate(PROMPTS[:1], GREEDY), hf)
