@@ -253,9 +253,10 @@ class ModelRunner:
         self.state_slots = (
             engine_config.max_num_seqs + STATE_SLOTS_BEYOND_SEQS - 1 if arch.num_state_layers else 0
         )
+        rank_arch = arch.per_rank(tp.size)  # a rank keeps the states of its heads
         # A layer that neither attends nor keeps a state (Nemotron-H's MLP layers) holds nothing.
         self.kv_caches: list[torch.Tensor | RecurrentState | None] = [
-            allocate_state(arch, layer, self.state_slots + 1, self.device, self.kv_cache_dtype)
+            allocate_state(rank_arch, layer, self.state_slots + 1, self.device, self.kv_cache_dtype)
             if arch.is_state_layer(layer)
             else None
             if not arch.is_attention_layer(layer)

@@ -1,9 +1,10 @@
 """One step's inputs, from rank 0 (which schedules) to every other rank of the tensor-parallel group.
 
 Rank 0 flattens a scheduled batch into the tensors the forward reads (model_runner.py) and sends
-them as two broadcasts over the group's own backend: a fixed header of nine integers (what kind
+them as two broadcasts over the group's own backend: a fixed header of twelve integers (what kind
 of message, and the sizes), then one int64 tensor holding every field end to end (each token's
-LoRA slot too, when the step has adapter tokens). Between steps it sends the LoRA adapters it puts
+LoRA slot too, when the step has adapter tokens; each sequence's recurrent state slot and fresh
+flag, for a hybrid model). Between steps it sends the LoRA adapters it puts
 in device slots (lora_broadcast.py), which every rank puts in the same slot before the next step.
 Nothing is pickled, the same path works between processes of one machine and between pods (gloo
 on the CPU, NCCL on GPUs, where the tensors never leave the device), and the other ranks rebuild
@@ -38,7 +39,7 @@ from pagoda_runtime.parallel.lora_broadcast import LoraLoad, num_values, pack, u
 from pagoda_runtime.parallel.tensor_parallel import TensorParallel
 
 KEEPALIVE, STEP, STOP, LORA, DRAFT_STEP = 0, 1, 2, 3, 4
-_HEADER_LEN = 11
+_HEADER_LEN = 12
 # Rank 0 sends a keepalive after this long without a step, and at least four within a timeout.
 MAX_KEEPALIVE_INTERVAL_S = 10.0
 
@@ -77,6 +78,7 @@ def _header(kind: int, step: StepInputs | None = None) -> list[int]:
         int(step.replayable),
         int(step.lora_slots is not None),
         *((0, 0) if step.token_states is None else step.token_states.shape),
+        int(meta.state_slots is not None),
     ]
 
 
@@ -91,6 +93,7 @@ def _payload(step: StepInputs) -> torch.Tensor:
         meta.block_tables.reshape(-1),
         step.logits_rows,
         *(() if step.lora_slots is None else (step.lora_slots,)),
+        *(() if meta.state_slots is None else (meta.state_slots, meta.state_fresh)),
     )
     return torch.cat([part.to(torch.int64) for part in parts])
 
@@ -99,7 +102,11 @@ def _unpack(header: list[int], payload: torch.Tensor) -> StepInputs:
     _, num_tokens, num_seqs, width, max_query_len, max_seq_len, num_rows, replayable, lora = header[:9]
     sizes = [num_tokens, num_tokens, num_tokens, num_seqs + 1, num_seqs, num_seqs * width, num_rows]
     sizes.append(num_tokens * lora)
-    input_ids, positions, slots, query_start, seq_lens, tables, rows, lora_slots = payload.split(sizes)
+    # A hybrid model's recurrent state slots and fresh flags (padding sequences included).
+    states = header[11]
+    sizes += [num_seqs * states, num_seqs * states]
+    parts = payload.split(sizes)
+    input_ids, positions, slots, query_start, seq_lens, tables, rows, lora_slots, state_slots, fresh = parts
     meta = AttentionMetadata(
         slot_mapping=slots,
         query_start_loc=query_start.to(torch.int32),
@@ -108,6 +115,8 @@ def _unpack(header: list[int], payload: torch.Tensor) -> StepInputs:
         max_query_len=max_query_len,
         max_seq_len=max_seq_len,
     )
+    if states:
+        meta.state_slots, meta.state_fresh = state_slots, fresh.to(torch.bool)
     return StepInputs(
         input_ids, positions, meta, rows, bool(replayable), lora_slots.to(torch.int32) if lora else None
     )
@@ -229,6 +238,7 @@ class StepReceiver:
             if fields[0] == LORA:
                 self._receive_lora(fields[1], fields[2])
         size = 3 * fields[1] + 2 * fields[2] + 1 + fields[2] * fields[3] + fields[6] + fields[1] * fields[8]
+        size += 2 * fields[2] * fields[11]
         payload = torch.empty(size, dtype=torch.int64, device=self._device)
         dist.broadcast(payload, group_src=0, group=self._tp.group)
         step = _unpack(fields, payload)

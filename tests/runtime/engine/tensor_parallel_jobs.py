@@ -12,7 +12,12 @@ import itertools
 
 import torch
 from pagoda_runtime.contract.config import EngineConfig
-from pagoda_runtime.contract.sizing import kv_bytes_per_block, kv_heads_per_rank
+from pagoda_runtime.contract.sizing import (
+    STATE_SLOTS_BEYOND_SEQS,
+    kv_bytes_per_block,
+    kv_heads_per_rank,
+    state_bytes,
+)
 from pagoda_runtime.engine.build import build_engine
 from pagoda_runtime.engine.llm_engine import LLMEngine
 from pagoda_runtime.engine.sampling_params import SamplingParams
@@ -73,7 +78,11 @@ def greedy_runs(tp, jobs: list[tuple[str, str, dict]], prompts: list[str] = PROM
         if kv_blocks is not None:
             arch = load_model_source(model).config.architecture.per_rank(tp.size)
             per_block = kv_bytes_per_block(arch, settings["block_size"], "float32")
-            settings["kv_cache_memory"] = kv_blocks * per_block
+            # A hybrid model's recurrent states come out of the same budget first.
+            states = (settings.get("max_num_seqs", 0) + STATE_SLOTS_BEYOND_SEQS) * state_bytes(
+                arch, "float32"
+            )
+            settings["kv_cache_memory"] = kv_blocks * per_block + states
         # Groups launch each step before reading the last (their input ids broadcast from rank 0's
         # device), one process reads each step first: the ids must match across the two.
         engine_config = _engine_config(tp, model, **settings)

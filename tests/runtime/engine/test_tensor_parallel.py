@@ -1,8 +1,8 @@
 """Tensor parallelism on the CPU (gloo): a model split over 2, 3 or 4 ranks computes what one
 process computes. The logits of a sharded forward pass match one process's; greedy ids match on
-every architecture variant, quantized (int8, GPTQ, GGUF) and on the bundled model, with prefix
-caching, chunked prefill and preemption all at work, the groups with async scheduling (each
-step's input ids sent from rank 0's device) and one process without.
+every architecture variant, quantized (int8, GPTQ, GGUF), on gated DeltaNet hybrids and on the
+bundled model, with prefix caching, chunked prefill and preemption all at work, the groups with
+async scheduling (each step's input ids sent from rank 0's device) and one process without.
 
 Starting ranks costs seconds each (every one imports torch), so each group size is spawned once
 per module and runs all of its jobs (tensor_parallel_jobs.run_tasks)."""
@@ -56,7 +56,19 @@ def models(tmp_path_factory):
         ("gptq", str(gptq), tiny),
         ("gguf-q4_1", str(gguf), {**tiny, "quantization": "gguf"}),
     ]
-    return {"qwen2": str(folders["qwen2"]), "tiny": tiny_jobs, "packed": packed_jobs}
+    # Hybrids of gated DeltaNet and attention layers: two key heads, so two ranks; their recurrent
+    # states come out of the budget beside the blocks (max_num_seqs states).
+    hybrid = {**tiny, "max_num_seqs": 4}
+    hybrid_jobs = [
+        (variant, str(build_tiny_model(root / variant, variant)), hybrid)
+        for variant in ("qwen3_5", "qwen3_next")
+    ]
+    return {
+        "qwen2": str(folders["qwen2"]),
+        "tiny": tiny_jobs,
+        "packed": packed_jobs,
+        "hybrid": hybrid_jobs,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +77,7 @@ def one_process(models):
         "logits": {q: sharded_logits(SINGLE_PROCESS, models["qwen2"], q) for q in LOGIT_QUANTIZATIONS},
         "tiny": greedy_runs(SINGLE_PROCESS, models["tiny"]),
         "packed": greedy_runs(SINGLE_PROCESS, models["packed"]),
+        "hybrid": greedy_runs(SINGLE_PROCESS, models["hybrid"]),
         "bundled": greedy_runs(SINGLE_PROCESS, [BUNDLED_JOB], BUNDLED_PROMPTS),
     }
 
@@ -79,7 +92,11 @@ def sharded(models):
     }
     by_size = {
         # GPTQ groups and GGUF blocks of 32 split o_proj's 64 inputs over 2 ranks, not over 4.
-        2: {**tasks, "packed": ("greedy_runs", (models["packed"],))},
+        2: {
+            **tasks,
+            "packed": ("greedy_runs", (models["packed"],)),
+            "hybrid": ("greedy_runs", (models["hybrid"],)),
+        },
         3: {"bundled": ("greedy_runs", ([BUNDLED_JOB], BUNDLED_PROMPTS))},
         4: tasks,
     }
@@ -128,6 +145,15 @@ def test_packed_checkpoints_split_over_two_ranks_at_group_boundaries(one_process
     for name, run in sharded(2)["packed"].items():
         assert run["ids"] == one_process["packed"][name]["ids"], name
         assert run["preemptions"] > 0, name
+
+
+@pytest.mark.slow
+def test_gated_deltanet_hybrids_split_their_heads_and_states_over_two_ranks(one_process, sharded):
+    for name, run in sharded(2)["hybrid"].items():
+        whole = one_process["hybrid"][name]
+        assert run["ids"] == whole["ids"], name
+        assert run["preemptions"] > 0, name
+        assert run["weight_bytes"] == run["predicted_weight_bytes"] < whole["weight_bytes"], name
 
 
 @pytest.mark.slow

@@ -32,6 +32,7 @@ from pagoda_runtime.executor.models.recurrent_state import (
     recurrent_step,
 )
 from pagoda_runtime.executor.quantization import make_linear
+from pagoda_runtime.parallel.tensor_parallel import SINGLE_PROCESS, TensorParallel
 
 # Tokens of a prompt chunk the rule takes at once: a Q x Q triangular system per head.
 RULE_CHUNK = 64
@@ -55,10 +56,19 @@ class GatedDeltaNet(nn.Module):
     in_proj holds the checkpoint's in_proj_qkv, in_proj_z, in_proj_b and in_proj_a, in that order."""
 
     def __init__(
-        self, config: ModelConfig, quantization: str, device: torch.device, dtype: torch.dtype
+        self,
+        config: ModelConfig,
+        quantization: str,
+        device: torch.device,
+        dtype: torch.dtype,
+        tp: TensorParallel = SINGLE_PROCESS,
     ) -> None:
         super().__init__()
-        arch = config.architecture
+        whole = config.architecture
+        # Split over tensor-parallel ranks by key heads, each with the value heads that share it:
+        # in_proj column-parallel, out_proj row-parallel with a sum over the ranks after it.
+        arch = whole.per_rank(tp.size)
+        self.tp = tp
         self.k_heads, self.v_heads = arch.linear_num_key_heads, arch.linear_num_value_heads
         self.k_dim, self.v_dim = arch.linear_key_head_dim, arch.linear_value_head_dim
         self.conv_dim, self.value_size = arch.linear_conv_dim, arch.linear_value_dim
@@ -86,7 +96,15 @@ class GatedDeltaNet(nn.Module):
         )
         self.A_log = nn.Parameter(torch.zeros(self.v_heads, device=device, dtype=dtype), requires_grad=False)
         self.norm = GatedHeadNorm(self.v_dim, config.rms_norm_eps, device, dtype)
-        self.out_proj = make_linear(self.value_size, arch.hidden_size, False, quantization, device, dtype)
+        self.out_proj = make_linear(
+            self.value_size,
+            arch.hidden_size,
+            False,
+            quantization,
+            device,
+            dtype,
+            input_part=tp.part(whole.linear_value_dim, "gated DeltaNet value heads") if tp.size > 1 else None,
+        )
 
     def forward(
         self,
@@ -117,7 +135,7 @@ class GatedDeltaNet(nn.Module):
                 )
                 state.recurrent[slot] = h.to(state.recurrent.dtype)
         gated = self.norm(o, z.view_as(o))
-        return self.out_proj(gated.reshape(-1, self.value_size).to(x.dtype))
+        return self.tp.all_reduce(self.out_proj(gated.reshape(-1, self.value_size).to(x.dtype)))
 
     def _split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q and k [T, value heads, key_head_dim] (normalized, each key head's shared by its value

@@ -63,7 +63,7 @@ class Qwen3NextForCausalLM(CausalLM):
         config, tp = self.config, self.tp
         mlp = layer_mlp(config, layer, quantization, device, dtype, tp)
         if config.architecture.is_state_layer(layer):
-            mixer = GatedDeltaNet(config, quantization, device, dtype)
+            mixer = GatedDeltaNet(config, quantization, device, dtype, tp)
             return StateDecoderLayer(config, "linear_attn", mixer, mlp, device, dtype, norm=GemmaRMSNorm)
         attention = Attention(config, layer, ops, quantization, device, dtype, tp, qk_norm=GemmaRMSNorm)
         return DecoderLayer(config, attention, mlp, device, dtype, norm=GemmaRMSNorm)
@@ -75,7 +75,8 @@ class Qwen3NextForCausalLM(CausalLM):
         return weight_shapes(self.config)
 
     def _fused_parts(self, mlp_channels: int | None = None, fused_mlp: bool = True) -> dict:
-        arch = self.config.architecture
+        # checkpoint_parts has already cut this rank's rows of the DeltaNet's projections.
+        arch = self.config.architecture.per_rank(self.tp.size)
         parts = super()._fused_parts(mlp_channels, fused_mlp)
         offset = 0
         for name, rows in (
@@ -101,10 +102,37 @@ class Qwen3NextForCausalLM(CausalLM):
             yield f"{layer}.self_attn.q_gate.weight", gate.reshape(arch.q_size, -1)
             return
         layer, _, leaf = name.partition(".linear_attn.")
-        if leaf in ("in_proj_qkvz.weight", "in_proj_ba.weight"):
-            yield from self._next_projections(layer + ".linear_attn.", leaf, _whole(tensor, name))
+        if not leaf:
+            yield name, tensor
             return
-        yield name, tensor
+        parts = [(name, tensor)]
+        if leaf in ("in_proj_qkvz.weight", "in_proj_ba.weight"):
+            parts = self._next_projections(layer + ".linear_attn.", leaf, _whole(tensor, name))
+        for part_name, part in parts:
+            yield part_name, self._rank_rows(part_name, part)
+
+    def _rank_rows(self, name: str, tensor: Weight) -> Weight:
+        """This rank's rows of a DeltaNet tensor: of each of its consecutive parts (q, k and v; z;
+        b; a; the time-step bias and A), those of the rank's key heads and their value heads."""
+        arch, tp = self.config.architecture, self.tp
+        k, v, heads = arch.linear_key_dim, arch.linear_value_dim, arch.linear_num_value_heads
+        layout = {
+            "in_proj_qkv.weight": (k, k, v),
+            "conv1d.weight": (k, k, v),
+            "in_proj_z.weight": (v,),
+            "in_proj_b.weight": (heads,),
+            "in_proj_a.weight": (heads,),
+            "dt_bias": (heads,),
+            "A_log": (heads,),
+        }.get(name.rpartition(".linear_attn.")[2])
+        if tp.size == 1 or layout is None:
+            return tensor
+        pieces, start = [], 0
+        for rows in layout:
+            per_rank = rows // tp.size
+            pieces.append(_whole(tensor, name)[start + tp.rank * per_rank : start + (tp.rank + 1) * per_rank])
+            start += rows
+        return torch.cat(pieces)
 
     def _next_projections(self, prefix: str, leaf: str, tensor: torch.Tensor) -> Iterator[tuple[str, Weight]]:
         """Qwen3-Next's fused input projections, per key head [q, k, v, z] and [b, a], as Qwen3.5's."""
