@@ -601,11 +601,6 @@ class ModelArchitecture:
         and routers are whole on every rank. Raises when the model does not split into `size` ranks."""
         if size == 1:
             return self
-        if self.num_mamba_layers:
-            raise ValueError(
-                "Pagoda serves hybrid Mamba-2 models on one GPU: their Mamba layers do not split over "
-                "tensor-parallel ranks yet; use a tensor-parallel size of 1"
-            )
         dense = self.num_dense_mlp_layers > 0
         return replace(
             self,
@@ -625,6 +620,9 @@ class ModelArchitecture:
                 self.shared_expert_intermediate_size, size, "shared expert MLP channels"
             ),
             vocab_size=padded_vocab_size(self.vocab_size, size) // size,
+            # A Mamba-2 layer's heads and their groups (whose B and C, and whose norm, they share).
+            mamba_num_heads=split_evenly(self.mamba_num_heads, size, "Mamba-2 heads"),
+            mamba_groups=split_evenly(self.mamba_groups, size, "Mamba-2 groups of heads"),
             # A gated DeltaNet layer's key heads, and the value heads that share them, by rank.
             linear_num_key_heads=split_evenly(self.linear_num_key_heads, size, "gated DeltaNet key heads"),
             linear_num_value_heads=split_evenly(

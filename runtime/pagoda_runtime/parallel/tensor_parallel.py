@@ -58,6 +58,18 @@ class TensorParallel:
         per_rank = self.shard(n, what)
         return slice(self.rank * per_rank, (self.rank + 1) * per_rank)
 
+    def rows_of_parts(self, tensor: torch.Tensor, sizes: tuple[int, ...], what: str) -> torch.Tensor:
+        """This rank's rows of a tensor whose rows are consecutive parts of `sizes` rows, each split
+        over the ranks (a fused column-parallel projection, a convolution over those channels)."""
+        if self.size == 1:
+            return tensor
+        pieces, start = [], 0
+        for rows in sizes:
+            part = self.part(rows, what)
+            pieces.append(tensor[start + part.start : start + part.stop])
+            start += rows
+        return torch.cat(pieces)
+
     # ---- collectives -------------------------------------------------------------------------
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:

@@ -192,11 +192,11 @@ def test_what_a_hybrid_model_is_not_served_with_is_refused(folder):
     with pytest.raises(ValueError, match="LoRA adapters are not served"):
         engine(folder, enable_lora=True)
     arch = load_model_source(folder, torch.float32).config.architecture
-    if arch.num_mamba_layers:
-        with pytest.raises(ValueError, match="use a tensor-parallel size of 1"):
-            check_tensor_parallel(arch, 2)
-    else:  # gated DeltaNet layers split by key heads (test_tensor_parallel.py runs them)
-        assert check_tensor_parallel(arch, 2).linear_num_value_heads == arch.linear_num_value_heads // 2
+    # Two ranks split the recurrent heads and their states (test_tensor_parallel.py runs them); three
+    # split no head evenly.
+    assert state_bytes(check_tensor_parallel(arch, 2)) * 2 == state_bytes(arch)
+    with pytest.raises(ValueError, match="do not split evenly over 3 tensor-parallel ranks"):
+        check_tensor_parallel(arch, 3)
 
 
 def test_a_config_without_attention_layers_is_refused(folder, tmp_path):

@@ -1,7 +1,7 @@
 """Tensor parallelism on the CPU (gloo): a model split over 2, 3 or 4 ranks computes what one
 process computes. The logits of a sharded forward pass match one process's; greedy ids match on
-every architecture variant, quantized (int8, GPTQ, GGUF), on gated DeltaNet hybrids and on the
-bundled model, with prefix caching, chunked prefill and preemption all at work, the groups with
+every architecture variant, quantized (int8, GPTQ, GGUF), on Mamba-2 and gated DeltaNet hybrids
+and on the bundled model, with prefix caching, chunked prefill and preemption all at work, the groups with
 async scheduling (each step's input ids sent from rank 0's device) and one process without.
 
 Starting ranks costs seconds each (every one imports torch), so each group size is spawned once
@@ -31,7 +31,7 @@ from tests.runtime.engine.tensor_parallel_jobs import (
 )
 from tests.runtime.quantization.quantized_folders import build_quantized_folder
 from tests.runtime.tensor_parallel_ranks import run_on_ranks
-from tests.runtime.tiny_models import VARIANTS, build_tiny_gguf, build_tiny_model
+from tests.runtime.tiny_models import HYBRID_VARIANTS, VARIANTS, build_tiny_gguf, build_tiny_model
 
 # int4 and fp8 too: their packed columns (nibbles, float32 row scales) are cut for o_proj and down_proj.
 LOGIT_QUANTIZATIONS = ("none", "int8", "int4", "fp8")
@@ -56,12 +56,13 @@ def models(tmp_path_factory):
         ("gptq", str(gptq), tiny),
         ("gguf-q4_1", str(gguf), {**tiny, "quantization": "gguf"}),
     ]
-    # Hybrids of gated DeltaNet and attention layers: two key heads, so two ranks; their recurrent
-    # states come out of the budget beside the blocks (max_num_seqs states).
+    # Hybrids of Mamba-2 or gated DeltaNet layers and attention: two groups of Mamba heads (two
+    # DeltaNet key heads), so two ranks; their recurrent states come out of the budget beside the
+    # blocks (max_num_seqs states).
     hybrid = {**tiny, "max_num_seqs": 4}
     hybrid_jobs = [
         (variant, str(build_tiny_model(root / variant, variant)), hybrid)
-        for variant in ("qwen3_5", "qwen3_next")
+        for variant in sorted(HYBRID_VARIANTS)
     ]
     return {
         "qwen2": str(folders["qwen2"]),
@@ -148,7 +149,7 @@ def test_packed_checkpoints_split_over_two_ranks_at_group_boundaries(one_process
 
 
 @pytest.mark.slow
-def test_gated_deltanet_hybrids_split_their_heads_and_states_over_two_ranks(one_process, sharded):
+def test_hybrids_split_their_recurrent_heads_and_states_over_two_ranks(one_process, sharded):
     for name, run in sharded(2)["hybrid"].items():
         whole = one_process["hybrid"][name]
         assert run["ids"] == whole["ids"], name

@@ -32,7 +32,7 @@ from pagoda_runtime.contract.weight_layout import (
     vocabulary_shapes,
 )
 from pagoda_runtime.executor.kernels import AttentionOps
-from pagoda_runtime.executor.models import granite
+from pagoda_runtime.executor.models import granite, mamba2
 from pagoda_runtime.executor.models.decoder import Weight
 from pagoda_runtime.executor.models.granite import GraniteDecoderLayer
 from pagoda_runtime.executor.models.hf_config import (
@@ -70,7 +70,7 @@ class GraniteMoeForCausalLM(MoECausalLM):
             # Normalized per group of heads, as mamba_ssm's kernels (which trained these models) and
             # vLLM do; transformers' reference normalizes over all heads at once.
             groups = config.architecture.mamba_groups
-            mixer = Mamba2Mixer(config, quantization, device, dtype, norm_groups=groups)
+            mixer = Mamba2Mixer(config, quantization, device, dtype, tp, norm_groups=groups)
             return StateDecoderLayer(
                 config, "mamba", mixer, mlp, device, dtype, residual_multiplier=config.residual_multiplier
             )
@@ -84,6 +84,10 @@ class GraniteMoeForCausalLM(MoECausalLM):
         return weight_shapes(self.config)
 
     def checkpoint_parts(self, name: str, tensor: Weight) -> Iterator[tuple[str, Weight]]:
+        layer, mamba, leaf = name.partition(".mamba.")
+        if mamba:
+            yield name, mamba2.rank_rows(self.config, self.tp, leaf, _whole(tensor, name))
+            return
         layer, _, rest = name.partition(".block_sparse_moe.")
         if rest == "router.layer.weight":
             yield f"{layer}.mlp.gate.weight", tensor
@@ -102,9 +106,7 @@ class GraniteMoeForCausalLM(MoECausalLM):
 
 def _whole(tensor: Weight, name: str) -> torch.Tensor:
     if not isinstance(tensor, torch.Tensor):
-        raise ValueError(
-            f"the checkpoint holds {name} in a form a {FAMILY} model does not read: float experts"
-        )
+        raise ValueError(f"the checkpoint holds {name} quantized; a {FAMILY} model reads it as float")
     return tensor
 
 

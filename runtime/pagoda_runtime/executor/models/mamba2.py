@@ -34,6 +34,7 @@ from pagoda_runtime.executor.models.recurrent_state import (
     recurrent_step,
 )
 from pagoda_runtime.executor.quantization import make_linear
+from pagoda_runtime.parallel.tensor_parallel import SINGLE_PROCESS, TensorParallel
 
 # Tokens of a prompt chunk the state space takes at once: its within-chunk product is Q x Q per head.
 SCAN_CHUNK = 128
@@ -64,20 +65,23 @@ class Mamba2Mixer(nn.Module):
         quantization: str,
         device: torch.device,
         dtype: torch.dtype,
+        tp: TensorParallel = SINGLE_PROCESS,
         *,
-        proj_bias: bool = False,
         norm_groups: int = 1,
-        time_step_limit: tuple[float, float] = (0.0, float("inf")),
     ) -> None:
+        """norm_groups: the groups of heads the gated norm normalizes apart, over the whole layer."""
         super().__init__()
-        arch = config.architecture
+        whole = config.architecture
+        # Split over tensor-parallel ranks by heads and their groups: in_proj column-parallel,
+        # out_proj row-parallel with a sum over the ranks after it.
+        arch = whole.per_rank(tp.size)
+        self.tp = tp
         self.heads, self.head_dim = arch.mamba_num_heads, arch.mamba_head_dim
         self.groups, self.state_size = arch.mamba_groups, arch.mamba_state_size
         self.inner, self.conv_dim = arch.mamba_intermediate_size, arch.mamba_conv_dim
         self.kernel = arch.mamba_conv_kernel
-        self.time_step_limit = time_step_limit
         self.in_proj = make_linear(
-            arch.hidden_size, self.inner + self.conv_dim + self.heads, proj_bias, quantization, device, dtype
+            arch.hidden_size, self.inner + self.conv_dim + self.heads, False, quantization, device, dtype
         )
         self.conv1d = nn.utils.skip_init(
             nn.Conv1d,
@@ -92,8 +96,17 @@ class Mamba2Mixer(nn.Module):
         self.dt_bias = nn.Parameter(torch.zeros(self.heads, device=device, dtype=dtype), requires_grad=False)
         self.A_log = nn.Parameter(torch.zeros(self.heads, device=device, dtype=dtype), requires_grad=False)
         self.D = nn.Parameter(torch.zeros(self.heads, device=device, dtype=dtype), requires_grad=False)
-        self.norm = GatedRMSNorm(self.inner, self.inner // norm_groups, config.rms_norm_eps, device, dtype)
-        self.out_proj = make_linear(self.inner, arch.hidden_size, proj_bias, quantization, device, dtype)
+        group_size = whole.mamba_intermediate_size // norm_groups
+        self.norm = GatedRMSNorm(self.inner, group_size, config.rms_norm_eps, device, dtype)
+        self.out_proj = make_linear(
+            self.inner,
+            arch.hidden_size,
+            False,
+            quantization,
+            device,
+            dtype,
+            input_part=tp.part(whole.mamba_intermediate_size, "Mamba-2 heads") if tp.size > 1 else None,
+        )
 
     def forward(
         self,
@@ -104,7 +117,7 @@ class Mamba2Mixer(nn.Module):
         cos_sin_cache: torch.Tensor,
     ) -> torch.Tensor:
         z, xbc, dt = self.in_proj(x).split([self.inner, self.conv_dim, self.heads], dim=-1)
-        dt = (F.softplus(dt.float() + self.dt_bias.float())).clamp(*self.time_step_limit)
+        dt = F.softplus(dt.float() + self.dt_bias.float())
         if meta.max_query_len == 1:
             y = self._decode(xbc, dt, state, meta)
         else:
@@ -114,7 +127,7 @@ class Mamba2Mixer(nn.Module):
                 rows = slice(starts[i], starts[i + 1])
                 if rows.start < rows.stop:
                     y[rows] = self._prefill(xbc[rows], dt[rows], state, slot, fresh[i])
-        return self.out_proj(self.norm(y, z).to(x.dtype))
+        return self.tp.all_reduce(self.out_proj(self.norm(y, z).to(x.dtype)))
 
     @property
     def _A(self) -> torch.Tensor:
@@ -173,3 +186,22 @@ def chunked_scan(
         h = h * torch.exp(decay[-1])[:, None, None] + torch.einsum("sh,shp,shn->hpn", to_end, xq, Bq)
         ys.append(y)
     return torch.cat(ys), h
+
+
+def rank_rows(config: ModelConfig, tp: TensorParallel, leaf: str, tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's rows of a Mamba-2 layer's checkpoint tensor `leaf` (in_proj's z, x, B, C and dt;
+    the convolution's x, B and C channels; the per-head and per-channel parameters): those of its
+    heads and their groups. out_proj's columns are cut by its own load."""
+    arch = config.architecture
+    inner, heads = arch.mamba_intermediate_size, arch.mamba_num_heads
+    groups = arch.mamba_groups * arch.mamba_state_size
+    layout = {
+        "in_proj.weight": (inner, inner, groups, groups, heads),
+        "conv1d.weight": (inner, groups, groups),
+        "conv1d.bias": (inner, groups, groups),
+        "dt_bias": (heads,),
+        "A_log": (heads,),
+        "D": (heads,),
+        "norm.weight": (inner,),
+    }.get(leaf)
+    return tensor if layout is None else tp.rows_of_parts(tensor, layout, "Mamba-2 heads")

@@ -25,6 +25,7 @@ from pagoda_runtime.contract.config import ModelConfig
 from pagoda_runtime.contract.sizing import ModelArchitecture
 from pagoda_runtime.contract.weight_layout import Shapes, attention_shapes, layer_prefix, mamba_shapes
 from pagoda_runtime.executor.kernels import AttentionOps
+from pagoda_runtime.executor.models import mamba2
 from pagoda_runtime.executor.models.decoder import CausalLM, Weight
 from pagoda_runtime.executor.models.hf_config import ConfigError, check_activation, field
 from pagoda_runtime.executor.models.layers import Attention, RMSNorm, UngatedMLP, relu_squared
@@ -70,7 +71,7 @@ class NemotronHForCausalLM(CausalLM):
         kind = config.architecture.layer_types[layer]
         if kind == "mamba":
             groups = config.architecture.mamba_groups
-            mixer = Mamba2Mixer(config, quantization, device, dtype, norm_groups=groups)
+            mixer = Mamba2Mixer(config, quantization, device, dtype, tp, norm_groups=groups)
         elif kind == "mlp":
             mixer = UngatedMLP(config, quantization, device, dtype, tp, relu_squared)
         else:
@@ -88,6 +89,8 @@ class NemotronHForCausalLM(CausalLM):
         elif name.startswith("backbone.layers."):
             layer = int(name.split(".")[2])
             mixer = _MIXERS[self.config.architecture.layer_types[layer]]
+            if mixer == "mamba":
+                tensor = mamba2.rank_rows(self.config, self.tp, name.partition(".mixer.")[2], tensor)
             yield "model." + name.removeprefix("backbone.").replace(".mixer.", f".{mixer}.", 1), tensor
         else:
             yield name, tensor

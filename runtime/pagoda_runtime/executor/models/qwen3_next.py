@@ -114,7 +114,7 @@ class Qwen3NextForCausalLM(CausalLM):
     def _rank_rows(self, name: str, tensor: Weight) -> Weight:
         """This rank's rows of a DeltaNet tensor: of each of its consecutive parts (q, k and v; z;
         b; a; the time-step bias and A), those of the rank's key heads and their value heads."""
-        arch, tp = self.config.architecture, self.tp
+        arch = self.config.architecture
         k, v, heads = arch.linear_key_dim, arch.linear_value_dim, arch.linear_num_value_heads
         layout = {
             "in_proj_qkv.weight": (k, k, v),
@@ -125,14 +125,9 @@ class Qwen3NextForCausalLM(CausalLM):
             "dt_bias": (heads,),
             "A_log": (heads,),
         }.get(name.rpartition(".linear_attn.")[2])
-        if tp.size == 1 or layout is None:
+        if layout is None:
             return tensor
-        pieces, start = [], 0
-        for rows in layout:
-            per_rank = rows // tp.size
-            pieces.append(_whole(tensor, name)[start + tp.rank * per_rank : start + (tp.rank + 1) * per_rank])
-            start += rows
-        return torch.cat(pieces)
+        return self.tp.rows_of_parts(_whole(tensor, name), layout, "gated DeltaNet heads")
 
     def _next_projections(self, prefix: str, leaf: str, tensor: torch.Tensor) -> Iterator[tuple[str, Weight]]:
         """Qwen3-Next's fused input projections, per key head [q, k, v, z] and [b, a], as Qwen3.5's."""
