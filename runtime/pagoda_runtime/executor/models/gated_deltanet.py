@@ -23,11 +23,14 @@ from torch import nn
 
 from pagoda_runtime.contract.config import ModelConfig
 from pagoda_runtime.executor.attention_metadata import AttentionMetadata
+from pagoda_runtime.executor.models.layers import down_projection
 from pagoda_runtime.executor.models.recurrent_state import (
     RecurrentState,
     convolve_chunk,
     convolve_step,
+    depthwise_conv,
     host_spans,
+    per_head,
     recurrent_chunk,
     recurrent_step,
 )
@@ -80,30 +83,11 @@ class GatedDeltaNet(nn.Module):
             device,
             dtype,
         )
-        self.conv1d = nn.utils.skip_init(
-            nn.Conv1d,
-            self.conv_dim,
-            self.conv_dim,
-            arch.linear_conv_kernel,
-            groups=self.conv_dim,
-            bias=False,
-            device=device,
-            dtype=dtype,
-        )
-        self.conv1d.requires_grad_(False)
-        self.dt_bias = nn.Parameter(
-            torch.zeros(self.v_heads, device=device, dtype=dtype), requires_grad=False
-        )
-        self.A_log = nn.Parameter(torch.zeros(self.v_heads, device=device, dtype=dtype), requires_grad=False)
+        self.conv1d = depthwise_conv(self.conv_dim, arch.linear_conv_kernel, False, device, dtype)
+        self.dt_bias, self.A_log = (per_head(self.v_heads, device, dtype) for _ in range(2))
         self.norm = GatedHeadNorm(self.v_dim, config.rms_norm_eps, device, dtype)
-        self.out_proj = make_linear(
-            self.value_size,
-            arch.hidden_size,
-            False,
-            quantization,
-            device,
-            dtype,
-            input_part=tp.part(whole.linear_value_dim, "gated DeltaNet value heads") if tp.size > 1 else None,
+        self.out_proj = down_projection(
+            arch.hidden_size, whole.linear_value_dim, quantization, device, dtype, tp, "gated DeltaNet heads"
         )
 
     def forward(

@@ -169,17 +169,24 @@ class Attention(nn.Module):
 
 
 def down_projection(
-    hidden: int, width: int, quantization: str, device: torch.device, dtype: torch.dtype, tp: TensorParallel
+    hidden: int,
+    width: int,
+    quantization: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    tp: TensorParallel,
+    what: str = "MLP channels",
 ) -> nn.Module:
-    """An MLP's row-parallel down projection: this rank's share of `width` channels in, hidden out."""
+    """A row-parallel projection back to the hidden size, this rank's share of `width` inputs (of
+    `what`) in: an MLP's down_proj, a recurrent layer's out_proj."""
     return make_linear(
-        tp.shard(width, "MLP channels"),
+        tp.shard(width, what),
         hidden,
         False,
         quantization,
         device,
         dtype,
-        input_part=tp.part(width, "MLP channels") if tp.size > 1 else None,
+        input_part=tp.part(width, what) if tp.size > 1 else None,
     )
 
 

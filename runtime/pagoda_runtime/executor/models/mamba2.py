@@ -25,11 +25,14 @@ from torch import nn
 
 from pagoda_runtime.contract.config import ModelConfig
 from pagoda_runtime.executor.attention_metadata import AttentionMetadata
+from pagoda_runtime.executor.models.layers import down_projection
 from pagoda_runtime.executor.models.recurrent_state import (
     RecurrentState,
     convolve_chunk,
     convolve_step,
+    depthwise_conv,
     host_spans,
+    per_head,
     recurrent_chunk,
     recurrent_step,
 )
@@ -83,29 +86,12 @@ class Mamba2Mixer(nn.Module):
         self.in_proj = make_linear(
             arch.hidden_size, self.inner + self.conv_dim + self.heads, False, quantization, device, dtype
         )
-        self.conv1d = nn.utils.skip_init(
-            nn.Conv1d,
-            self.conv_dim,
-            self.conv_dim,
-            self.kernel,
-            groups=self.conv_dim,
-            device=device,
-            dtype=dtype,
-        )
-        self.conv1d.requires_grad_(False)
-        self.dt_bias = nn.Parameter(torch.zeros(self.heads, device=device, dtype=dtype), requires_grad=False)
-        self.A_log = nn.Parameter(torch.zeros(self.heads, device=device, dtype=dtype), requires_grad=False)
-        self.D = nn.Parameter(torch.zeros(self.heads, device=device, dtype=dtype), requires_grad=False)
+        self.conv1d = depthwise_conv(self.conv_dim, self.kernel, True, device, dtype)
+        self.dt_bias, self.A_log, self.D = (per_head(self.heads, device, dtype) for _ in range(3))
         group_size = whole.mamba_intermediate_size // norm_groups
         self.norm = GatedRMSNorm(self.inner, group_size, config.rms_norm_eps, device, dtype)
-        self.out_proj = make_linear(
-            self.inner,
-            arch.hidden_size,
-            False,
-            quantization,
-            device,
-            dtype,
-            input_part=tp.part(whole.mamba_intermediate_size, "Mamba-2 heads") if tp.size > 1 else None,
+        self.out_proj = down_projection(
+            arch.hidden_size, whole.mamba_intermediate_size, quantization, device, dtype, tp, "Mamba-2 heads"
         )
 
     def forward(

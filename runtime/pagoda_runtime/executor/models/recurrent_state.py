@@ -43,6 +43,19 @@ def allocate_state(
     )
 
 
+def depthwise_conv(channels: int, kernel: int, bias: bool, device, dtype) -> nn.Conv1d:
+    """A layer's causal convolution, one filter per channel, left for the checkpoint to fill."""
+    conv = nn.utils.skip_init(
+        nn.Conv1d, channels, channels, kernel, groups=channels, bias=bias, device=device, dtype=dtype
+    )
+    return conv.requires_grad_(False)
+
+
+def per_head(heads: int, device, dtype) -> nn.Parameter:
+    """One number per head (a time-step bias, A, D), filled from the checkpoint."""
+    return nn.Parameter(torch.zeros(heads, device=device, dtype=dtype), requires_grad=False)
+
+
 def host_spans(meta: AttentionMetadata) -> tuple[list[int], list[int], list[bool]]:
     """The step's query starts, state slots and fresh flags on the host, read once a step (a prompt
     chunk's step runs its sequences one by one)."""
