@@ -29,7 +29,7 @@ from pagoda_runtime.executor.models.recurrent_state import (
     convolve_chunk,
     convolve_step,
     depthwise_conv,
-    host_spans,
+    each_sequence,
     per_head,
     recurrent_chunk,
     recurrent_step,
@@ -107,17 +107,15 @@ class GatedDeltaNet(nn.Module):
             q, k, v = self._split(convolve_step(state, meta, qkv, self.conv1d))
             o = self._step(q, k, v, g, beta, state, meta)
         else:
-            o = torch.empty(x.shape[0], self.v_heads, self.v_dim, device=x.device)
-            starts, slots, fresh = host_spans(meta)
-            for i, slot in enumerate(slots):
-                rows = slice(starts[i], starts[i + 1])
-                if rows.start == rows.stop:
-                    continue
-                q, k, v = self._split(convolve_chunk(state, slot, fresh[i], qkv[rows], self.conv1d))
-                o[rows], h = chunked_delta_rule(
-                    q, k, v, g[rows], beta[rows], recurrent_chunk(state, slot, fresh[i])
-                )
+
+            def chunk(rows: slice, slot: int, fresh: bool) -> torch.Tensor:
+                q, k, v = self._split(convolve_chunk(state, slot, fresh, qkv[rows], self.conv1d))
+                h = recurrent_chunk(state, slot, fresh)
+                o, h = chunked_delta_rule(q, k, v, g[rows], beta[rows], h)
                 state.recurrent[slot] = h.to(state.recurrent.dtype)
+                return o
+
+            o = each_sequence(meta, torch.empty(x.shape[0], self.v_heads, self.v_dim, device=x.device), chunk)
         gated = self.norm(o, z.view_as(o))
         return self.tp.all_reduce(self.out_proj(gated.reshape(-1, self.value_size).to(x.dtype)))
 

@@ -31,7 +31,7 @@ from pagoda_runtime.executor.models.recurrent_state import (
     convolve_chunk,
     convolve_step,
     depthwise_conv,
-    host_spans,
+    each_sequence,
     per_head,
     recurrent_chunk,
     recurrent_step,
@@ -107,12 +107,11 @@ class Mamba2Mixer(nn.Module):
         if meta.max_query_len == 1:
             y = self._decode(xbc, dt, state, meta)
         else:
-            y = torch.empty(x.shape[0], self.inner, device=x.device, dtype=torch.float32)
-            starts, slots, fresh = host_spans(meta)
-            for i, slot in enumerate(slots):
-                rows = slice(starts[i], starts[i + 1])
-                if rows.start < rows.stop:
-                    y[rows] = self._prefill(xbc[rows], dt[rows], state, slot, fresh[i])
+            y = each_sequence(
+                meta,
+                torch.empty(x.shape[0], self.inner, device=x.device),
+                lambda rows, slot, fresh: self._prefill(xbc[rows], dt[rows], state, slot, fresh),
+            )
         return self.tp.all_reduce(self.out_proj(self.norm(y, z).to(x.dtype)))
 
     @property

@@ -4,6 +4,7 @@ causal convolution's last kernel - 1 inputs and the layer's recurrent state per 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -56,7 +57,7 @@ def per_head(heads: int, device, dtype) -> nn.Parameter:
     return nn.Parameter(torch.zeros(heads, device=device, dtype=dtype), requires_grad=False)
 
 
-def host_spans(meta: AttentionMetadata) -> tuple[list[int], list[int], list[bool]]:
+def _host_spans(meta: AttentionMetadata) -> tuple[list[int], list[int], list[bool]]:
     """The step's query starts, state slots and fresh flags on the host, read once a step (a prompt
     chunk's step runs its sequences one by one)."""
     if "state_spans" not in meta.derived:
@@ -66,6 +67,19 @@ def host_spans(meta: AttentionMetadata) -> tuple[list[int], list[int], list[bool
             meta.state_fresh[: meta.num_seqs].tolist(),
         )
     return meta.derived["state_spans"]
+
+
+def each_sequence(
+    meta: AttentionMetadata, out: torch.Tensor, chunk: Callable[[slice, int, bool], torch.Tensor]
+) -> torch.Tensor:
+    """A prompt-chunk step of a recurrent layer, sequence by sequence: `chunk(rows, slot, fresh)`
+    gives the output rows of one sequence's new tokens (and updates its slot), written into out."""
+    starts, slots, fresh = _host_spans(meta)
+    for i, slot in enumerate(slots):
+        rows = slice(starts[i], starts[i + 1])
+        if rows.start < rows.stop:
+            out[rows] = chunk(rows, slot, fresh[i])
+    return out
 
 
 def convolve_chunk(
