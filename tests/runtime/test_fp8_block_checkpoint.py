@@ -1,5 +1,5 @@
-"""Block-quantized FP8 checkpoints (Qwen3's -FP8 releases, DeepSeek V3): each projection stored as
-float8_e4m3fn with one scale per block, dequantized at load to exactly stored * scale, held as fp8
+"""Block-quantized FP8 checkpoints (Qwen3 and Qwen3-Next -FP8 releases, DeepSeek V3): each projection
+stored as float8_e4m3fn with one scale per block, dequantized at load to exactly stored * scale, held as fp8
 again under --quantization auto and as those floats under none."""
 
 import json
@@ -32,7 +32,7 @@ def quantized(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return stored, scales
 
 
-@pytest.fixture(scope="module", params=["qwen3", "qwen3_moe"])
+@pytest.fixture(scope="module", params=["qwen3", "qwen3_moe", "qwen3_next"])
 def checkpoints(request, tmp_path_factory):
     """(FP8 folder, float folder holding exactly its dequantized values)."""
     root = tmp_path_factory.mktemp(request.param)
