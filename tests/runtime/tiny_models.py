@@ -76,6 +76,7 @@ from transformers import (
     GraniteMoeConfig,
     GraniteMoeHybridConfig,
     GraniteMoeSharedConfig,
+    Lfm2Config,
     Llama4TextConfig,
     LlamaConfig,
     MiniMaxM2Config,
@@ -604,6 +605,19 @@ HYBRID_VARIANTS: dict[str, tuple[type, str, dict]] = {
             "moe_intermediate_size": 32,
             "shared_expert_intermediate_size": 48,
             "norm_topk_prob": True,
+        },
+    ),
+    # LFM2: gated short convolutions around attention with per-head q/k norms; its MLP width rule
+    # (two thirds of block_ff_dim, rounded up to a multiple of 32 here: 96).
+    "lfm2": (
+        Lfm2Config,
+        "chatml",
+        {
+            "num_hidden_layers": 3,
+            "layer_types": ["conv", "full_attention", "conv"],
+            "conv_L_cache": 3,
+            "block_multiple_of": 32,
+            "tie_word_embeddings": True,
         },
     ),
     # Nemotron-H's layers: Mamba-2, attention without RoPE, and relu² MLPs apart; four groups of

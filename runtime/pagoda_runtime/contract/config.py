@@ -93,6 +93,7 @@ _FAMILY_NORMS = {
     "qwen3_5": (2, True),
     "qwen3_5_moe": (2, True),
     "qwen3_next": (2, True),
+    "lfm2": (2, True),
 }
 # Families whose checkpoints store q, k and v as one tensor (a GGUF mix quantizes it as one).
 _FUSED_QKV = {"phi3"}

@@ -31,7 +31,7 @@ NCCL_COMMUNICATOR_BYTES = 512 * 2**20
 # batch (engine/scoring.py), one that a padded batch's padding sequences write to.
 STATE_SLOTS_BEYOND_SEQS = 2
 # Layer kinds that keep no keys and values, and those of them that keep a recurrent state instead.
-_STATE_LAYERS = ("mamba", "linear_attention")
+_STATE_LAYERS = ("mamba", "linear_attention", "conv")
 _NO_KV_LAYERS = (*_STATE_LAYERS, "mlp")
 # The largest tensor-parallel size an error message lists.
 LISTED_PARALLEL_SIZES = 64
@@ -120,15 +120,21 @@ class ModelArchitecture:
     )
     layer_types: tuple[
         Literal[
-            "full_attention", "sliding_attention", "chunked_attention", "mamba", "linear_attention", "mlp"
+            "full_attention",
+            "sliding_attention",
+            "chunked_attention",
+            "mamba",
+            "linear_attention",
+            "conv",
+            "mlp",
         ],
         ...,
     ] = _shape_field(
         "Each layer's mixer, full_attention, sliding_attention, chunked_attention, mamba (a Mamba-2 "
-        "layer of a hybrid model, Granite 4.0-H) or linear_attention (a gated DeltaNet layer, Qwen3.5 "
-        "and Qwen3-Next), or mlp where MLPs are layers of their own (Nemotron-H: its attention and "
-        "Mamba layers then hold none) (layer_types); empty: every layer slides when sliding_window is "
-        "set (Mistral).",
+        "layer of a hybrid model, Granite 4.0-H), linear_attention (a gated DeltaNet layer, Qwen3.5 "
+        "and Qwen3-Next) or conv (a gated short convolution, LFM2), or mlp where MLPs are layers of "
+        "their own (Nemotron-H: its attention and Mamba layers then hold none) (layer_types); empty: "
+        "every layer slides when sliding_window is set (Mistral).",
         default=(),
     )
     attention_chunk_size: int | None = _shape_field(
@@ -267,6 +273,11 @@ class ModelArchitecture:
     linear_conv_kernel: int = _shape_field(
         "Width of the gated DeltaNet causal convolution (linear_conv_kernel_dim).", minimum=0, default=0
     )
+    short_conv_kernel: int = _shape_field(
+        "Width of the gated short convolution of LFM2's conv layers (conv_L_cache); 0: no such layer.",
+        minimum=0,
+        default=0,
+    )
     attention_output_gate: bool = _shape_field(
         "Whether q_proj also gives each query channel a gate whose sigmoid scales the attention's output "
         "before o_proj (Qwen3-Next, Qwen3.5).",
@@ -324,6 +335,8 @@ class ModelArchitecture:
                 "a gated DeltaNet layer needs key heads dividing its value heads, both head sizes and "
                 "linear_conv_kernel > 1"
             )
+        if ("conv" in self.layer_types) != (self.short_conv_kernel > 1):
+            raise ValueError("layer_types lists conv layers exactly when short_conv_kernel (> 1) is set")
         if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
             raise ValueError(
                 f"num_experts_per_tok must be between 1 and num_experts ({self.num_experts}), "
@@ -392,7 +405,13 @@ class ModelArchitecture:
     def state_numel(self, layer: int) -> int:
         """What one sequence holds in layer `layer`'s recurrent state (0: the layer keeps none)."""
         kind = self.layer_types[layer] if self.layer_types else None
-        return {"mamba": self.mamba_state_numel, "linear_attention": self.linear_state_numel}.get(kind, 0)
+        # A short convolution keeps its last kernel - 1 inputs, each hidden_size wide.
+        conv = self.hidden_size * (self.short_conv_kernel - 1)
+        return {
+            "mamba": self.mamba_state_numel,
+            "linear_attention": self.linear_state_numel,
+            "conv": conv,
+        }.get(kind, 0)
 
     def is_mamba_layer(self, layer: int) -> bool:
         """Whether layer `layer` mixes tokens with a Mamba-2 state rather than attention (no KV)."""
@@ -525,6 +544,10 @@ class ModelArchitecture:
             v, m = self.linear_value_dim, self.num_linear_attention_layers
             heads = self.linear_num_value_heads
             shapes += [(self.linear_conv_dim + v + 2 * heads, h, m), (h, v, m)]
+        if "conv" in self.layer_types:
+            # The short convolution's in_proj (B, C and x) and out_proj.
+            m = self.layer_types.count("conv")
+            shapes += [(3 * h, h, m), (h, h, m)]
         return shapes
 
     def layer_linear_shapes(self, layer: int) -> dict[str, tuple[int, int, int]]:
@@ -576,6 +599,7 @@ class ModelArchitecture:
         # A gated DeltaNet layer's convolution (no bias), time-step bias, A and gated norm (per head).
         linear = self.linear_conv_dim * self.linear_conv_kernel + 2 * self.linear_num_value_heads
         norms += (linear + self.linear_value_head_dim) * self.num_linear_attention_layers
+        norms += self.hidden_size * self.short_conv_kernel * self.layer_types.count("conv")
         biases = self.q_size + 2 * self.kv_size if self.attention_bias else 0
         biases += self.hidden_size if self.attention_output_bias else 0
         biases += self.num_attention_heads if self.attention_sinks else 0
@@ -601,6 +625,11 @@ class ModelArchitecture:
         and routers are whole on every rank. Raises when the model does not split into `size` ranks."""
         if size == 1:
             return self
+        if "conv" in self.layer_types:
+            raise ValueError(
+                "Pagoda serves LFM2's short-convolution models on one GPU: their conv layers do not split "
+                "over tensor-parallel ranks; use a tensor-parallel size of 1"
+            )
         dense = self.num_dense_mlp_layers > 0
         return replace(
             self,

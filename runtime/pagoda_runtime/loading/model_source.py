@@ -192,6 +192,8 @@ def config_from_hf(
         config = HF_ARCHITECTURES[architecture].config_from_hf(raw, architecture)
     except ConfigError as e:
         raise ModelLoadError(f"{source} {e}") from e
+    except ValueError as e:  # a shape no model has (ModelArchitecture's own checks)
+        raise ModelLoadError(f"{source} describes a model Pagoda cannot build: {e}") from e
     eos = (generation or {}).get("eos_token_id", raw.get("eos_token_id"))
     try:
         matryoshka, classifier = matryoshka_of(raw), classifier_of(raw)

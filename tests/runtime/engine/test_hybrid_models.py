@@ -1,8 +1,9 @@
-"""Hybrid models, Mamba-2 or gated DeltaNet layers beside attention (Granite 4.0-H's, Nemotron-H's,
-Qwen3.5's and Qwen3-Next's layouts, tiny_models.HYBRID_VARIANTS): the engine's greedy tokens and
-logits equal transformers' in float32, whatever the batching does to a sequence's state (prompts
-chunked over steps, sequences joining and leaving a batch, preemption, n samples, scoring between
-steps), and what the runtime cannot do for them is refused in one sentence."""
+"""Hybrid models, Mamba-2, gated DeltaNet or short-convolution layers beside attention (Granite
+4.0-H's, Nemotron-H's, Qwen3.5's, Qwen3-Next's and LFM2's layouts, tiny_models.HYBRID_VARIANTS): the
+engine's greedy tokens and logits equal transformers' in float32, whatever the batching does to a
+sequence's state (prompts chunked over steps, sequences joining and leaving a batch, preemption, n
+samples, scoring between steps), and what the runtime cannot do for them is refused in one
+sentence."""
 
 import json
 import shutil
@@ -171,6 +172,8 @@ def test_sizing_counts_the_states_and_the_attention_layers_kv(folder):
     if arch.layer_types[layer] == "mamba":
         conv = arch.mamba_conv_dim * (arch.mamba_conv_kernel - 1)
         heads = arch.mamba_num_heads * arch.mamba_head_dim * arch.mamba_state_size
+    elif arch.layer_types[layer] == "conv":  # LFM2's short convolution: its window alone
+        conv, heads = arch.hidden_size * (arch.short_conv_kernel - 1), 0
     else:  # a gated DeltaNet layer: q, k and v convolved, a key x value state per value head
         conv = (2 * arch.linear_key_dim + arch.linear_value_dim) * (arch.linear_conv_kernel - 1)
         heads = arch.linear_num_value_heads * arch.linear_key_head_dim * arch.linear_value_head_dim
@@ -192,6 +195,10 @@ def test_what_a_hybrid_model_is_not_served_with_is_refused(folder):
     with pytest.raises(ValueError, match="LoRA adapters are not served"):
         engine(folder, enable_lora=True)
     arch = load_model_source(folder, torch.float32).config.architecture
+    if "conv" in arch.layer_types:
+        with pytest.raises(ValueError, match="use a tensor-parallel size of 1"):
+            check_tensor_parallel(arch, 2)
+        return
     # Two ranks split the recurrent heads and their states (test_tensor_parallel.py runs them); three
     # split no head evenly.
     assert state_bytes(check_tensor_parallel(arch, 2)) * 2 == state_bytes(arch)
@@ -203,7 +210,8 @@ def test_a_config_without_attention_layers_is_refused(folder, tmp_path):
     copy = shutil.copytree(folder, tmp_path / "all-mamba")
     config = json.loads((copy / "config.json").read_text())
     key = "layers_block_type" if config["model_type"] == "nemotron_h" else "layer_types"
-    recurrent = "linear_attention" if config["model_type"].startswith("qwen3") else "mamba"
+    recurrent = {"qwen3_5_text": "linear_attention", "qwen3_next": "linear_attention", "lfm2": "conv"}
+    recurrent = recurrent.get(config["model_type"], "mamba")
     config[key] = [recurrent] * len(config[key])
     (copy / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match="attention layer"):

@@ -32,9 +32,12 @@ def allocate_state(
     arch: ModelArchitecture, layer: int, slots: int, device: torch.device, dtype: torch.dtype
 ) -> RecurrentState:
     """Layer `layer`'s states (ModelArchitecture.state_numel per slot), zeroed."""
-    if arch.layer_types[layer] == "mamba":
+    kind = arch.layer_types[layer]
+    if kind == "mamba":
         conv = (arch.mamba_conv_dim, arch.mamba_conv_kernel - 1)
         recurrent = (arch.mamba_num_heads, arch.mamba_head_dim, arch.mamba_state_size)
+    elif kind == "conv":  # a short convolution keeps nothing but its window
+        conv, recurrent = (arch.hidden_size, arch.short_conv_kernel - 1), (0,)
     else:
         conv = (arch.linear_conv_dim, arch.linear_conv_kernel - 1)
         recurrent = (arch.linear_num_value_heads, arch.linear_key_head_dim, arch.linear_value_head_dim)
@@ -83,20 +86,21 @@ def each_sequence(
 
 
 def convolve_chunk(
-    state: RecurrentState, slot: int, fresh: bool, x: torch.Tensor, conv: nn.Conv1d
+    state: RecurrentState, slot: int, fresh: bool, x: torch.Tensor, conv: nn.Conv1d, silu: bool = True
 ) -> torch.Tensor:
-    """SiLU of the depthwise causal convolution over one sequence's L new inputs x [L, C], after
-    the kernel - 1 its slot holds (zeros when fresh), which then become its last kernel - 1: [L, C]
-    in float32."""
+    """The depthwise causal convolution (and its SiLU, unless `silu` is false: LFM2's) over one
+    sequence's L new inputs x [L, C], after the kernel - 1 its slot holds (zeros when fresh), which
+    then become its last kernel - 1: [L, C] in float32."""
     held = torch.zeros_like(state.conv[slot]) if fresh else state.conv[slot]
     window = torch.cat([held, x.T.to(held.dtype)], dim=-1)
     state.conv[slot] = window[:, -held.shape[-1] :]
     out = F.conv1d(window[None].to(conv.weight.dtype), conv.weight, conv.bias, groups=window.shape[0])
-    return F.silu(out[0].float()).T
+    out = out[0].float().T
+    return F.silu(out) if silu else out
 
 
 def convolve_step(
-    state: RecurrentState, meta: AttentionMetadata, x: torch.Tensor, conv: nn.Conv1d
+    state: RecurrentState, meta: AttentionMetadata, x: torch.Tensor, conv: nn.Conv1d, silu: bool = True
 ) -> torch.Tensor:
     """The same for one input of each sequence (row i: sequence i's), all at once: [S, C] in float32."""
     keep = (~meta.state_fresh).to(state.conv.dtype)
@@ -106,7 +110,7 @@ def convolve_step(
     mixed = (window.float() * conv.weight[:, 0, :].float()).sum(-1)
     if conv.bias is not None:
         mixed = mixed + conv.bias.float()
-    return F.silu(mixed)
+    return F.silu(mixed) if silu else mixed
 
 
 def recurrent_chunk(state: RecurrentState, slot: int, fresh: bool) -> torch.Tensor:

@@ -26,6 +26,7 @@ from pagoda_runtime.executor.models import (
     gpt_oss,
     granite,
     granite_moe,
+    lfm2,
     llama,
     llama4,
     minimax_m2,
@@ -127,6 +128,15 @@ FAMILIES: tuple[Family, ...] = (
         model=qwen3_next.Qwen3NextForCausalLM,
         config_from_hf=qwen3_next.config_from_hf,
         weight_shapes=qwen3_next.weight_shapes,
+        quantizations=("none", "int8", "int4", "fp8"),
+    ),
+    Family(
+        name="LFM2",
+        architectures=("Lfm2ForCausalLM",),
+        model_types=("lfm2",),
+        model=lfm2.Lfm2ForCausalLM,
+        config_from_hf=lfm2.config_from_hf,
+        weight_shapes=lfm2.weight_shapes,
         quantizations=("none", "int8", "int4", "fp8"),
     ),
     Family(
