@@ -317,7 +317,7 @@ class ModelArchitecture:
             )
         if self.layer_types and not self.num_attention_layers:
             raise ValueError(
-                "no layer attends; Pagoda serves hybrids whose Mamba-2, gated DeltaNet or MLP layers "
+                "no layer attends; Pagoda serves hybrids whose recurrent or MLP layers "
                 "sit beside at least one attention layer"
             )
         if ("linear_attention" in self.layer_types) != (self.linear_num_value_heads > 0):
@@ -368,8 +368,8 @@ class ModelArchitecture:
         return not self.layer_types or self.layer_types[layer] not in _NO_KV_LAYERS
 
     def is_state_layer(self, layer: int) -> bool:
-        """Whether layer `layer` keeps a recurrent state per sequence (a Mamba-2 or gated DeltaNet
-        layer) instead of keys and values."""
+        """Whether layer `layer` keeps a recurrent state per sequence (a Mamba-2, gated DeltaNet or
+        short-convolution layer) instead of keys and values."""
         return bool(self.layer_types) and self.layer_types[layer] in _STATE_LAYERS
 
     @property
@@ -935,8 +935,8 @@ def kv_bytes_per_token(arch: ModelArchitecture, kv_dtype: str = "auto") -> int:
 
 def state_bytes(arch: ModelArchitecture, kv_dtype: str = "auto") -> int:
     """What one sequence holds in every layer's recurrent state (ModelArchitecture.state_numel:
-    Mamba-2 and gated DeltaNet layers), in the KV cache's dtype as vLLM's default keeps it; 0 for a
-    model without such layers."""
+    Mamba-2, gated DeltaNet and short-convolution layers), in the KV cache's dtype as vLLM's
+    default keeps it; 0 for a model without such layers."""
     numel = sum(arch.state_numel(layer) for layer in range(arch.num_hidden_layers))
     return numel * KV_DTYPE_BYTES[_state_dtype(kv_dtype)]
 

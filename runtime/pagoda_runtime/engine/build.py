@@ -122,8 +122,9 @@ def build_engine(
     sliced = check_tensor_parallel(arch, tp.size, quantization, loaded.group_size)
     if arch.num_state_layers and engine_config.speculative_config is not None:
         raise ValueError(
-            "speculative decoding is not served for hybrid models with Mamba-2 or gated DeltaNet layers "
-            "(their state cannot be rolled back past a rejected draft token); drop --speculative-config"
+            "speculative decoding is not served for hybrid models with recurrent layers (Mamba-2, gated "
+            "DeltaNet, short convolutions): their state cannot be rolled back past a rejected draft "
+            "token; drop --speculative-config"
         )
     limit = engine_config.max_model_len or loaded.config.context_length
     draft = _load_draft(engine_config, placement, loaded, tp)

@@ -1,5 +1,6 @@
-"""The block manager of a hybrid model, whose Mamba-2 or gated DeltaNet layers keep one state per
-sequence beside the attention layers' KV blocks (executor/models/recurrent_state.py).
+"""The block manager of a hybrid model, whose recurrent layers (Mamba-2, gated DeltaNet, short
+convolutions) keep one state per sequence beside the attention layers' KV blocks
+(executor/models/recurrent_state.py).
 
 A sequence takes a state slot with its first blocks and gives it back with them, so a preempted
 sequence recomputes from a fresh state as it recomputes its KV. A state holds the whole past of one

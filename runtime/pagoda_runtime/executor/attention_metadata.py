@@ -10,7 +10,7 @@ the window).
 
 A model whose sliding-window layers keep their KV in a pool of their own (model_runner.py) has a
 second table and slot mapping for those layers; `for_window` gives a layer the metadata it reads.
-A hybrid model's Mamba-2 and gated DeltaNet layers read each sequence's state slot and whether its
+A hybrid model's recurrent layers read each sequence's state slot and whether its
 state starts this step (models/recurrent_state.py).
 """
 

@@ -26,7 +26,8 @@ A model with sliding-window layers shorter than the context keeps their KV in a 
 second block table and slot mapping for those layers; where every layer slides there is one pool,
 the window one.
 
-A hybrid model's Mamba-2 and gated DeltaNet layers hold a state per sequence instead of KV
+A hybrid model's recurrent layers (Mamba-2, gated DeltaNet, short convolutions) hold a state per
+sequence instead of KV
 (models/recurrent_state.py): their entries of `kv_caches` are RecurrentStates of max_num_seqs +
 STATE_SLOTS_BEYOND_SEQS slots, which the block manager hands out (engine/state_block_manager.py)
 but for the last, the padding's. Such a model runs eagerly: no CUDA graph is captured for it.
@@ -219,8 +220,8 @@ class ModelRunner:
         arch = model_config.architecture
         if self.kv_cache_dtype == FP8_KV_DTYPE and arch.num_state_layers:
             raise ValueError(
-                "an fp8 KV cache is not served for hybrid models (Mamba-2 or gated DeltaNet layers); "
-                "use --kv-cache-dtype auto"
+                "an fp8 KV cache is not served for hybrid models with recurrent layers (Mamba-2, gated "
+                "DeltaNet, short convolutions); use --kv-cache-dtype auto"
             )
         if self.kv_cache_dtype == FP8_KV_DTYPE:
             scales = kv_scales.calibrate(

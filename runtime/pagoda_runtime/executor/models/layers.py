@@ -289,9 +289,10 @@ class DecoderLayer(nn.Module):
 
 class StateDecoderLayer(nn.Module):
     """Llama's pre-norm layer around a token mixer that keeps a recurrent state per sequence instead
-    of attending (a Mamba-2 or gated DeltaNet layer, called as attention is and held under its
-    checkpoint name `mixer_name`): x + mixer(norm(x)), then x + mlp(norm(x)), each output scaled by
-    residual_multiplier before it joins the residual stream (Granite's); `norm`: the norms' class."""
+    of attending (a Mamba-2, gated DeltaNet or short-convolution layer, called as attention is and
+    held under its checkpoint name `mixer_name`): x + mixer(norm(x)), then x + mlp(norm(x)), each
+    output scaled by residual_multiplier before it joins the residual stream (Granite's); `norm`:
+    the norms' class."""
 
     def __init__(
         self,

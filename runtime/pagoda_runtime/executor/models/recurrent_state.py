@@ -1,4 +1,5 @@
-"""The state a hybrid model's Mamba-2 or gated DeltaNet layer keeps per sequence, in place of KV
+"""The state a hybrid model's recurrent layer (Mamba-2, gated DeltaNet, short convolution) keeps
+per sequence, in place of KV
 blocks: one slot per running sequence (engine/state_block_manager.py hands them out), each the
 causal convolution's last kernel - 1 inputs and the layer's recurrent state per head."""
 
