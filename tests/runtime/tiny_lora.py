@@ -47,9 +47,11 @@ def build_tiny_adapter(
     rslora: bool = False,
     config_overrides: dict | None = None,
     hidden_size: int | None = None,
+    attention_layers: tuple[int, ...] | None = None,
 ) -> Path:
     """An adapter of `rank` on `targets` of every layer of the model at base_folder; hidden_size
-    builds it for another hidden size (an adapter of another base model)."""
+    builds it for another hidden size (an adapter of another base model); attention_layers: the
+    layers whose attention it adapts, where not every layer attends (a hybrid's)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = AutoConfig.from_pretrained(base_folder)
@@ -59,6 +61,8 @@ def build_tiny_adapter(
     tensors = {}
     for layer in range(config.num_hidden_layers):
         for module in targets:
+            if module in _ATTENTION and attention_layers is not None and layer not in attention_layers:
+                continue
             fan_in, fan_out = _shapes(config, module)
             prefix = f"base_model.model.model.layers.{layer}.{'self_attn' if module in _ATTENTION else 'mlp'}"
             tensors[f"{prefix}.{module}.lora_A.weight"] = torch.randn(rank, fan_in, generator=generator) * 0.3

@@ -50,6 +50,9 @@ class LoraAdapter:
         return frozenset(module for _, module in self.weights)
 
 
+_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
 def projection_shape(config: ModelConfig, module: str) -> tuple[int, int]:
     """(in, out) features of a whole (unsharded) projection of the base model."""
     arch = config.architecture
@@ -148,6 +151,18 @@ def _weights(
             raise LoraAdapterError(
                 f"LoRA adapter {name!r} has weights for layer {layer}, but the base model has {layers} "
                 "layers; it was trained for another base model"
+            )
+        arch = config.architecture
+        if module in _ATTENTION and not arch.is_attention_layer(layer):
+            raise LoraAdapterError(
+                f"LoRA adapter {name!r} targets layer {layer}'s {module}, but that layer of this hybrid "
+                f"model is a {arch.layer_types[layer]} layer without attention; it was trained for "
+                "another base model"
+            )
+        if module == "q_proj" and arch.attention_output_gate:
+            raise LoraAdapterError(
+                f"LoRA adapter {name!r} targets q_proj, which in {config.model_type}'s gated attention also "
+                "gives the gate; Pagoda applies LoRA to its k_proj, v_proj, o_proj and MLP"
             )
         halves.setdefault((layer, module), {})[half] = tensor
     weights = {}

@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from tests.runtime.engine.hf_reference import hf_greedy
+from tests.runtime.tiny_lora import build_tiny_adapter, merged_reference
 from tests.runtime.tiny_models import HYBRID_VARIANTS, build_tiny_model
 
 NEW_TOKENS = 10
@@ -57,13 +58,17 @@ def grouped_gated_norm(norm, groups):
     return forward
 
 
+def reference(model):
+    """transformers' model, its Granite gated norms per group (Nemotron-H's already are)."""
+    for layer in model.model.layers:
+        if getattr(layer, "mamba", None) is not None:
+            layer.mamba.norm.forward = grouped_gated_norm(layer.mamba.norm, model.config.mamba_n_groups)
+    return model.eval()
+
+
 @pytest.fixture(scope="module")
 def hf(folder):
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    for layer in model.model.layers:
-        if getattr(layer, "mamba", None) is not None:  # Granite's; Nemotron-H's norm is per group
-            layer.mamba.norm.forward = grouped_gated_norm(layer.mamba.norm, model.config.mamba_n_groups)
-    return model
+    return reference(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32))
 
 
 def engine(folder, **kwargs):
@@ -192,8 +197,6 @@ def test_sizing_counts_the_states_and_the_attention_layers_kv(folder):
 def test_what_a_hybrid_model_is_not_served_with_is_refused(folder):
     with pytest.raises(ValueError, match="speculative decoding is not served for hybrid models"):
         engine(folder, speculative_config={"method": "ngram", "num_speculative_tokens": 2})
-    with pytest.raises(ValueError, match="LoRA adapters are not served"):
-        engine(folder, enable_lora=True)
     arch = load_model_source(folder, torch.float32).config.architecture
     if "conv" in arch.layer_types:
         with pytest.raises(ValueError, match="use a tensor-parallel size of 1"):
@@ -232,3 +235,32 @@ def test_a_multi_token_prediction_layer_in_the_checkpoint_is_left_unread(folder,
     tensors["mtp.layers.0.input_layernorm.weight"] = torch.zeros(64)
     save_file(tensors, copy / "model.safetensors", metadata={"format": "pt"})
     assert_matches_hf(engine(copy).generate(PROMPTS[:1], GREEDY), hf)
+
+
+def test_lora_adapters_reach_the_attention_layers_and_the_dense_mlps(folder, tmp_path):
+    model_type = json.loads((folder / "config.json").read_text())["model_type"]
+    if model_type in ("lfm2", "nemotron_h"):
+        pytest.skip("their adapters name the checkpoint's own modules (feed_forward, mixer), not read")
+    arch = load_model_source(folder, torch.float32).config.architecture
+    attending = tuple(i for i in range(arch.num_hidden_layers) if arch.is_attention_layer(i))
+    # A gated attention's q_proj gives its gate too: Pagoda adapts k, v and o there.
+    targets = ("k_proj", "v_proj", "o_proj") + (() if arch.attention_output_gate else ("q_proj",))
+    if not arch.num_experts:
+        targets += ("gate_proj", "up_proj", "down_proj")
+    adapter = build_tiny_adapter(tmp_path / "a", folder, 4, 1, targets, attention_layers=attending)
+    llm = engine(folder, enable_lora=True, max_lora_rank=8)
+    llm.add_lora("a", str(adapter))
+    merged = reference(merged_reference(folder, adapter))
+    outputs = llm.generate(PROMPTS, GREEDY, lora_name="a")
+    for output in outputs:
+        assert output.outputs[0].token_ids == hf_greedy(merged, output.prompt_token_ids, NEW_TOKENS)
+    base = llm.generate(PROMPTS, GREEDY)
+    assert [o.outputs[0].token_ids for o in base] != [o.outputs[0].token_ids for o in outputs]
+    state_layer = next(i for i in range(arch.num_hidden_layers) if arch.is_state_layer(i))
+    stray = build_tiny_adapter(tmp_path / "b", folder, 4, 2, ("k_proj",), attention_layers=(state_layer,))
+    with pytest.raises(ValueError, match=f"targets layer {state_layer}'s k_proj, but that layer"):
+        llm.add_lora("b", str(stray))
+    if arch.attention_output_gate:
+        gated = build_tiny_adapter(tmp_path / "c", folder, 4, 3, ("q_proj",), attention_layers=attending)
+        with pytest.raises(ValueError, match="also gives the gate"):
+            llm.add_lora("c", str(gated))

@@ -29,7 +29,8 @@ from pagoda_runtime.executor.models.layers import Attention, GatedMLP
 
 # The fused projection's attribute -> the Hugging Face modules of its output parts, in order.
 _PARTS = {
-    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    # A gated attention's qkv_proj ends with the gate's rows, which no adapter trains (q_gate).
+    "qkv_proj": ("q_proj", "k_proj", "v_proj", "q_gate"),
     "o_proj": ("o_proj",),
     "gate_up_proj": ("gate_proj", "up_proj"),
     "down_proj": ("down_proj",),
@@ -76,7 +77,7 @@ class LoraSlots:
         out = []
         for proj in self.projections:
             parts = []
-            for module in _PARTS[proj.attribute]:
+            for module in _PARTS[proj.attribute][: len(proj.output_slices)]:
                 weights = adapter.get((proj.layer, module))
                 if weights is None:
                     parts.append(None)
@@ -152,18 +153,21 @@ def attach_lora(model: nn.Module, num_slots: int, max_rank: int, dtype: torch.dt
     device = model.cos_sin_cache.device
     slots = LoraSlots(num_slots, max_rank, device, dtype)
     slots.model = model
+    hidden = model.config.architecture.hidden_size
     for i, layer in enumerate(model.layers):
-        attn = getattr(layer, "self_attn", None)  # a Mamba layer has none
-        if not isinstance(attn, Attention):
+        # A hybrid's recurrent layers (and Nemotron-H's MLP layers) have no attention to adapt.
+        attn = getattr(layer, "self_attn", None)
+        if attn is not None and not isinstance(attn, Attention):
             raise ValueError(
                 f"LoRA adapters are not served on {model.config.model_type} models (layer {i}'s attention "
                 "is not one LoRA reaches); serve this model without --enable-lora"
             )
-        kv = attn.kv_size
-        hidden = model.config.architecture.hidden_size
-        _attach(attn, "qkv_proj", LoraProjection(slots, i, "qkv_proj", hidden, (attn.q_size, kv, kv), device))
-        _attach(attn, "o_proj", LoraProjection(slots, i, "o_proj", attn.q_size, (hidden,), device))
-        if isinstance(layer.mlp, GatedMLP):
+        if attn is not None:
+            kv = attn.kv_size
+            slices = (attn.q_size, kv, kv) + ((attn.gate_size,) if attn.gate_size else ())
+            _attach(attn, "qkv_proj", LoraProjection(slots, i, "qkv_proj", hidden, slices, device))
+            _attach(attn, "o_proj", LoraProjection(slots, i, "o_proj", attn.q_size, (hidden,), device))
+        if isinstance(getattr(layer, "mlp", None), GatedMLP):
             channels = layer.mlp.channels
             mlp = layer.mlp
             _attach(
