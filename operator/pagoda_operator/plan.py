@@ -199,6 +199,7 @@ def _fit(
         draft=draft,
         head=head,
         lora_bytes=lora,
+        max_num_seqs=spec.runtime.max_num_seqs,
     )
 
 

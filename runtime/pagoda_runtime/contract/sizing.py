@@ -959,12 +959,13 @@ def kv_bytes_per_block(arch: ModelArchitecture, block_size: int, kv_dtype: str =
 
 def kv_bytes_for_context(arch: ModelArchitecture, tokens: int, kv_dtype: str = "auto") -> int:
     """Keys and values one sequence of `tokens` holds: every token in the full-attention layers, at
-    most the window (or chunk) in the windowed ones (the runtime frees the blocks behind it)."""
+    most the window (or chunk) in the windowed ones (the runtime frees the blocks behind it). A
+    hybrid's recurrent states are apart (state_bytes), held for every running sequence at once."""
     sliding = arch.num_sliding_layers
     held = (arch.num_attention_layers - sliding) * tokens
     if sliding:
         held += sliding * min(tokens, arch.window)
-    return held * kv_layer_bytes_per_token(arch, kv_dtype) + state_bytes(arch, kv_dtype)
+    return held * kv_layer_bytes_per_token(arch, kv_dtype)
 
 
 @dataclass(frozen=True)
@@ -1093,6 +1094,7 @@ class FitResult:
     draft_kv_bytes: int = 0  # the draft's KV of one sequence of max_model_len tokens, per GPU
     eagle_head: bool = False  # the draft is an EAGLE head, whole on every GPU
     lora_bytes: int = 0  # the LoRA adapter slots (lora_slot_bytes)
+    state_bytes: int = 0  # a hybrid's recurrent states, one per running sequence and the spares
 
     @property
     def required_bytes(self) -> int:
@@ -1104,6 +1106,7 @@ class FitResult:
             + self.draft_weight_bytes
             + self.draft_kv_bytes
             + self.lora_bytes
+            + self.state_bytes
         )
 
     def describe(self) -> str:
@@ -1115,6 +1118,8 @@ class FitResult:
             collectives = f", all-reduce buffers {self.all_reduce_bytes / GIB:.1f} GiB"
         if self.lora_bytes:
             collectives += f", LoRA adapter slots {self.lora_bytes / GIB:.2f} GiB"
+        if self.state_bytes:
+            collectives += f", recurrent states of the running sequences {self.state_bytes / GIB:.2f} GiB"
         draft = ""
         if self.draft_weight_bytes:
             what = "EAGLE head" if self.eagle_head else "draft"
@@ -1188,9 +1193,11 @@ def fits(
     draft: DraftModel | None = None,
     head: WholeDraft | None = None,
     lora_bytes: int = 0,
+    max_num_seqs: int = 1,
 ) -> FitResult:
     """Whether the weights plus the KV cache of one max_model_len sequence fit the device memory,
-    with a draft model's (or an EAGLE head's) weights and KV of that sequence beside them when it
+    with a hybrid's recurrent states of max_num_seqs sequences (held from the start) and a draft
+    model's (or an EAGLE head's) weights and KV of that sequence beside them when it
     speculates with one. An EAGLE head is held whole by every rank, so each GPU counts all of it.
 
     With tensor_parallel_size > 1 every figure is one GPU's (capacity_bytes too): its slice of the
@@ -1200,6 +1207,7 @@ def fits(
     sliced = check_tensor_parallel(arch, tensor_parallel_size, quantization)
     weights = weight_bytes(sliced, quantization, gguf_block=gguf_block)
     kv = kv_bytes_for_context(sliced, max_model_len, kv_dtype)
+    states = (max_num_seqs + STATE_SLOTS_BEYOND_SEQS) * state_bytes(sliced, kv_dtype)
     collectives = all_reduce_bytes(tensor_parallel_size)
     draft_weights = draft_kv = 0
     if draft is not None:
@@ -1222,5 +1230,6 @@ def fits(
         draft_kv_bytes=draft_kv,
         eagle_head=head is not None,
         lora_bytes=lora_bytes,
+        state_bytes=states,
     )
     return replace(result, fits=result.required_bytes <= capacity_bytes)

@@ -14,6 +14,7 @@ from pagoda_runtime import LLM, SamplingParams
 from pagoda_runtime.contract.sizing import (
     STATE_SLOTS_BEYOND_SEQS,
     check_tensor_parallel,
+    fits,
     kv_bytes_for_context,
     kv_bytes_per_token,
     kv_pools,
@@ -187,7 +188,12 @@ def test_sizing_counts_the_states_and_the_attention_layers_kv(folder):
     assert state == 2 * (conv + heads) * 4
     per_token = kv_bytes_per_token(arch, "float32")
     assert per_token == 2 * arch.num_key_value_heads * arch.head_dim * 4  # one attention layer's
-    assert kv_bytes_for_context(arch, 100, "float32") == 100 * per_token + state
+    assert kv_bytes_for_context(arch, 100, "float32") == 100 * per_token
+    # The fit gate counts the states of every running sequence (and the spares) beside one
+    # sequence's KV, as the runtime holds them from the start.
+    fit = fits(arch, "none", 100, 2**40, kv_dtype="float32", max_num_seqs=8)
+    assert fit.state_bytes == (8 + STATE_SLOTS_BEYOND_SEQS) * state and fit.kv_bytes == 100 * per_token
+    assert "recurrent states of the running sequences" in fit.describe()
     budget = 10 * state + 50 * 4 * per_token
     pools = kv_pools(arch, budget, 4, 512, 8, 64, "float32")
     # Eight sequences and the spare slots take their states first; the 50 blocks are what is left.
