@@ -48,15 +48,22 @@ def build_tiny_adapter(
     config_overrides: dict | None = None,
     hidden_size: int | None = None,
     attention_layers: tuple[int, ...] | None = None,
+    paths: dict[str, str] | None = None,
+    intermediate_size: int | None = None,
 ) -> Path:
     """An adapter of `rank` on `targets` of every layer of the model at base_folder; hidden_size
     builds it for another hidden size (an adapter of another base model); attention_layers: the
-    layers whose attention it adapts, where not every layer attends (a hybrid's)."""
+    layers whose attention it adapts, where not every layer attends (a hybrid's); paths: a target's
+    module path in a layer where the model names it otherwise than self_attn.<target> or
+    mlp.<target> (LFM2's feed_forward.w1, Nemotron-H's mixer.q_proj); intermediate_size: the MLP's
+    width where config.json's is not it (LFM2 derives it)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = AutoConfig.from_pretrained(base_folder)
     if hidden_size is not None:
         config.hidden_size = hidden_size
+    if intermediate_size is not None:
+        config.intermediate_size = intermediate_size
     generator = torch.Generator().manual_seed(seed)
     tensors = {}
     for layer in range(config.num_hidden_layers):
@@ -64,11 +71,10 @@ def build_tiny_adapter(
             if module in _ATTENTION and attention_layers is not None and layer not in attention_layers:
                 continue
             fan_in, fan_out = _shapes(config, module)
-            prefix = f"base_model.model.model.layers.{layer}.{'self_attn' if module in _ATTENTION else 'mlp'}"
-            tensors[f"{prefix}.{module}.lora_A.weight"] = torch.randn(rank, fan_in, generator=generator) * 0.3
-            tensors[f"{prefix}.{module}.lora_B.weight"] = (
-                torch.randn(fan_out, rank, generator=generator) * 0.3
-            )
+            path = (paths or {}).get(module) or f"{'self_attn' if module in _ATTENTION else 'mlp'}.{module}"
+            prefix = f"base_model.model.model.layers.{layer}.{path}"
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, fan_in, generator=generator) * 0.3
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(fan_out, rank, generator=generator) * 0.3
     save_file(tensors, folder / "adapter_model.safetensors")
     adapter_config = {
         "peft_type": "LORA",

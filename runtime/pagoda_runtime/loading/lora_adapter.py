@@ -32,8 +32,18 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 # The projections an adapter may train, under PEFT's (Hugging Face's) module names.
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _KEY = re.compile(
-    r"^base_model\.model\.(?:model\.)?layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight$"
+    r"^base_model\.model\.(?:model\.|backbone\.)?layers\.(\d+)\.(self_attn|mlp|mixer|feed_forward)\.(\w+)"
+    r"\.lora_([AB])(?:\.default)?\.weight$"
 )
+# The modules families name otherwise, under the Llama layout's names: LFM2's MLP (feed_forward.w1,
+# w3, w2) and attention output (self_attn.out_proj); Nemotron-H's attention sits in its layers'
+# `mixer`, its name there the same.
+_ALIASES = {
+    ("feed_forward", "w1"): "gate_proj",
+    ("feed_forward", "w3"): "up_proj",
+    ("feed_forward", "w2"): "down_proj",
+    ("self_attn", "out_proj"): "o_proj",
+}
 
 
 @dataclass(frozen=True)
@@ -141,7 +151,7 @@ def _weights(
                 f"LoRA adapter {name!r} holds {key!r}; Pagoda applies LoRA to the decoder layers' "
                 f"{', '.join(LORA_TARGETS)} only"
             )
-        layer, module, half = int(match[1]), match[2], match[3]
+        layer, module, half = int(match[1]), _ALIASES.get((match[2], match[3]), match[3]), match[4]
         if module not in LORA_TARGETS:
             raise LoraAdapterError(
                 f"LoRA adapter {name!r} targets {module!r}, which a {config.model_type} model does not "

@@ -245,15 +245,33 @@ def test_a_multi_token_prediction_layer_in_the_checkpoint_is_left_unread(folder,
 
 def test_lora_adapters_reach_the_attention_layers_and_the_dense_mlps(folder, tmp_path):
     model_type = json.loads((folder / "config.json").read_text())["model_type"]
-    if model_type in ("lfm2", "nemotron_h"):
-        pytest.skip("their adapters name the checkpoint's own modules (feed_forward, mixer), not read")
     arch = load_model_source(folder, torch.float32).config.architecture
     attending = tuple(i for i in range(arch.num_hidden_layers) if arch.is_attention_layer(i))
     # A gated attention's q_proj gives its gate too: Pagoda adapts k, v and o there.
     targets = ("k_proj", "v_proj", "o_proj") + (() if arch.attention_output_gate else ("q_proj",))
-    if not arch.num_experts:
+    if not arch.num_experts and arch.gated_mlp:
         targets += ("gate_proj", "up_proj", "down_proj")
-    adapter = build_tiny_adapter(tmp_path / "a", folder, 4, 1, targets, attention_layers=attending)
+    # The modules as each model's own transformers class names them, which its adapters do.
+    paths = {
+        "nemotron_h": {m: f"mixer.{m}" for m in targets},
+        "lfm2": {
+            "o_proj": "self_attn.out_proj",
+            "gate_proj": "feed_forward.w1",
+            "up_proj": "feed_forward.w3",
+            "down_proj": "feed_forward.w2",
+        },
+    }.get(model_type)
+    width = arch.intermediate_size
+    adapter = build_tiny_adapter(
+        tmp_path / "a",
+        folder,
+        4,
+        1,
+        targets,
+        attention_layers=attending,
+        paths=paths,
+        intermediate_size=width,
+    )
     llm = engine(folder, enable_lora=True, max_lora_rank=8)
     llm.add_lora("a", str(adapter))
     merged = reference(merged_reference(folder, adapter))
@@ -263,7 +281,9 @@ def test_lora_adapters_reach_the_attention_layers_and_the_dense_mlps(folder, tmp
     base = llm.generate(PROMPTS, GREEDY)
     assert [o.outputs[0].token_ids for o in base] != [o.outputs[0].token_ids for o in outputs]
     state_layer = next(i for i in range(arch.num_hidden_layers) if arch.is_state_layer(i))
-    stray = build_tiny_adapter(tmp_path / "b", folder, 4, 2, ("k_proj",), attention_layers=(state_layer,))
+    stray = build_tiny_adapter(
+        tmp_path / "b", folder, 4, 2, ("k_proj",), attention_layers=(state_layer,), paths=paths
+    )
     with pytest.raises(ValueError, match=f"targets layer {state_layer}'s k_proj, but that layer"):
         llm.add_lora("b", str(stray))
     if arch.attention_output_gate:
