@@ -1,6 +1,7 @@
 """On a CUDA GPU: CUDA-graph decode gives exactly the eager tokens in every batch bucket, float32
 greedy tokens equal transformers' on the same device for every tiny architecture of every family
-(sliding windows and their own KV pool under CUDA graphs too), bfloat16 logits
+(sliding windows and their own KV pool under CUDA graphs too; the hybrids' recurrent layers
+eagerly), bfloat16 logits
 stay about as close to transformers' float32 ones as transformers' own bfloat16 model on the same
 inputs, an 8k context decodes through split-K exactly as transformers does, no launch or sampling
 waits for the device with async scheduling, the sampling kernel keeps seeded samples independent of
@@ -21,7 +22,8 @@ from transformers import AutoModelForCausalLM
 
 from benchmarks.quant_quality import EVAL_TEXT
 from tests.runtime.engine.hf_reference import hf_greedy, hf_model_from_source
-from tests.runtime.tiny_models import VARIANTS, build_tiny_model
+from tests.runtime.engine.test_hybrid_models import reference as hybrid_reference
+from tests.runtime.tiny_models import HYBRID_VARIANTS, VARIANTS, build_tiny_model
 
 pytestmark = pytest.mark.gpu
 
@@ -66,6 +68,23 @@ def test_graphs_equal_eager_and_transformers_in_float32(tmp_path, variant):
     ):
         expected = hf_greedy(reference, prompt_ids, NEW_TOKENS, device="cuda")
         assert ids == expected
+
+
+@pytest.mark.parametrize("variant", sorted(HYBRID_VARIANTS))
+def test_hybrids_run_eagerly_on_the_gpu_as_transformers_does(tmp_path, variant):
+    """Mamba-2, gated DeltaNet and short-convolution layers on the card (no graphs captured for
+    them): float32 greedy tokens equal transformers' on the same device; bfloat16 serves."""
+    folder = build_tiny_model(tmp_path / variant, variant)
+    kwargs = dict(device="cuda", block_size=16, max_num_seqs=6, kv_cache_memory=2**26)
+    llm = LLM(str(folder), dtype="float32", **kwargs)
+    assert not llm.engine.runner._graphs
+    outputs = llm.generate(PROMPTS, GREEDY)
+    reference = hybrid_reference(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).cuda())
+    for output in outputs:
+        expected = hf_greedy(reference, output.prompt_token_ids, NEW_TOKENS, device="cuda")
+        assert output.outputs[0].token_ids == expected
+    bf16 = LLM(str(folder), dtype="bfloat16", **kwargs).generate(PROMPTS, GREEDY)
+    assert all(len(o.outputs[0].token_ids) == NEW_TOKENS for o in bf16)
 
 
 def test_bfloat16_graphs_equal_eager(tmp_path):
