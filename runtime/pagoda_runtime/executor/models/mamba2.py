@@ -1,4 +1,5 @@
-"""The Mamba-2 layer of hybrid models (Granite 4.0-H): a selective state space in place of attention.
+"""The Mamba-2 layer of hybrid models (Granite 4.0-H, Nemotron-H): a selective state space in place
+of attention.
 
 Each token's in_proj gives a gate z, the channels of a causal convolution (x, then B and C of each
 group of heads) and one time step per head. After the convolution and SiLU, each head h keeps a
@@ -9,12 +10,12 @@ head_dim x state_size state H that every token t updates and reads:
 with dt_t = softplus(dt_t + dt_bias_h); y then goes through an RMSNorm gated by SiLU(z) and out_proj.
 
 A sequence's whole past is its state: the convolution's last kernel - 1 inputs and H per head, one
-slot per running sequence (recurrent_state.py) in place of KV
-blocks. A step's first token of a sequence (AttentionMetadata.state_fresh) starts from zeros; a
-prompt chunked over steps carries its slot from one chunk to the next. A prompt chunk runs the
-state space in its chunked (SSD) form, Q tokens at a time: within a chunk as a masked product,
-between chunks through the state; a decode step runs the recurrence for every sequence at once.
-Computed in float32; the state is held in the model's dtype (vLLM's default).
+slot per running sequence (recurrent_state.py) in place of KV blocks. A step's first token of a
+sequence (AttentionMetadata.state_fresh) starts from zeros; a prompt chunked over steps carries its
+slot from one chunk to the next. A prompt chunk runs the state space in its chunked (SSD) form,
+SCAN_CHUNK tokens at a time: within a chunk as a masked product, between chunks through the state;
+a decode step runs the recurrence for every sequence at once. Computed in float32; the state is
+held in the KV cache's dtype (the model's, as vLLM's default holds it).
 """
 
 from __future__ import annotations
