@@ -32,18 +32,10 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 # The projections an adapter may train, under PEFT's (Hugging Face's) module names.
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _KEY = re.compile(
-    r"^base_model\.model\.(?:model\.|backbone\.)?layers\.(\d+)\.(self_attn|mlp|mixer|feed_forward)\.(\w+)"
-    r"\.lora_([AB])(?:\.default)?\.weight$"
+    r"^base_model\.model\.(?:model\.|backbone\.)?layers\.(\d+)(\..+\.)lora_([AB])(?:\.default)?\.weight$"
 )
-# The modules families name otherwise, under the Llama layout's names: LFM2's MLP (feed_forward.w1,
-# w3, w2) and attention output (self_attn.out_proj); Nemotron-H's attention sits in its layers'
-# `mixer`, its name there the same.
-_ALIASES = {
-    ("feed_forward", "w1"): "gate_proj",
-    ("feed_forward", "w3"): "up_proj",
-    ("feed_forward", "w2"): "down_proj",
-    ("self_attn", "out_proj"): "o_proj",
-}
+# A layer's module path in the Llama layout's names, as `_KEY` leaves it.
+_MODULE = re.compile(r"^\.(?:self_attn|mlp)\.(\w+)\.$")
 
 
 @dataclass(frozen=True)
@@ -139,6 +131,16 @@ def _rank_and_scaling(name: str, raw: dict, max_rank: int) -> tuple[int, float]:
     return rank, float(scaling)
 
 
+def _llama_layout(path: str, config: ModelConfig) -> str:
+    """A layer's module path (".feed_forward.w1.") in the Llama layout's names, where the family names
+    its modules otherwise (registry.Family.adapter_names: LFM2's, Nemotron-H's)."""
+    from pagoda_runtime.executor.models.registry import family_of
+
+    for theirs, ours in family_of(config).adapter_names.items():
+        path = path.replace(theirs, ours)
+    return path
+
+
 def _weights(
     name: str, tensors: dict[str, torch.Tensor], rank: int, config: ModelConfig
 ) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
@@ -146,12 +148,14 @@ def _weights(
     halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
         match = _KEY.match(key)
-        if match is None:
+        path = match and _llama_layout(match[2], config)
+        module = path and _MODULE.match(path)
+        if module is None:
             raise LoraAdapterError(
                 f"LoRA adapter {name!r} holds {key!r}; Pagoda applies LoRA to the decoder layers' "
                 f"{', '.join(LORA_TARGETS)} only"
             )
-        layer, module, half = int(match[1]), _ALIASES.get((match[2], match[3]), match[3]), match[4]
+        layer, module, half = int(match[1]), module[1], match[3]
         if module not in LORA_TARGETS:
             raise LoraAdapterError(
                 f"LoRA adapter {name!r} targets {module!r}, which a {config.model_type} model does not "

@@ -33,7 +33,7 @@ from pagoda_runtime.executor.models.short_conv import ShortConv
 
 FAMILY = "LFM2"
 # LFM2's checkpoint names -> the Llama layout's.
-_NAMES = {
+MODULE_NAMES = {
     ".operator_norm.": ".input_layernorm.",
     ".ffn_norm.": ".post_attention_layernorm.",
     ".feed_forward.w1.": ".mlp.gate_proj.",
@@ -65,7 +65,7 @@ class Lfm2ForCausalLM(CausalLM):
         if name == "model.embedding_norm.weight":
             yield "model.norm.weight", tensor
             return
-        for theirs, ours in _NAMES.items():
+        for theirs, ours in MODULE_NAMES.items():
             name = name.replace(theirs, ours)
         yield name, tensor
 
@@ -95,7 +95,7 @@ def weight_shapes(config: ModelConfig) -> Shapes:
             ours[layer + "self_attn.q_norm.weight"] = (arch.head_dim,)
             ours[layer + "self_attn.k_norm.weight"] = (arch.head_dim,)
     for name, shape in ours.items():
-        for theirs, our_name in _NAMES.items():
+        for theirs, our_name in MODULE_NAMES.items():
             name = name.replace(our_name, theirs)
         shapes[name] = shape
     return shapes

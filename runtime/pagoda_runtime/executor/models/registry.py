@@ -73,6 +73,9 @@ class Family:
     gguf: GGUFLayout | None = None
     # How the projections can be held (README's table): float, quantized online, or as stored.
     quantizations: tuple[str, ...] = ("none", "int8", "int4", "fp8", "awq", "gptq", "gguf")
+    # Module path fragments its checkpoints and PEFT adapters name otherwise than the Llama layout
+    # (".feed_forward.w1." for ".mlp.gate_proj."), where LoRA adapters are read.
+    adapter_names: dict[str, str] = field(default_factory=dict)
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -138,6 +141,7 @@ FAMILIES: tuple[Family, ...] = (
         config_from_hf=lfm2.config_from_hf,
         weight_shapes=lfm2.weight_shapes,
         quantizations=("none", "int8", "int4", "fp8"),
+        adapter_names=lfm2.MODULE_NAMES,
     ),
     Family(
         name="Nemotron-H / Nemotron Nano 2",
@@ -147,6 +151,8 @@ FAMILIES: tuple[Family, ...] = (
         config_from_hf=nemotron_h.config_from_hf,
         weight_shapes=nemotron_h.weight_shapes,
         quantizations=("none", "int8", "int4", "fp8"),
+        # Its attention's projections sit in each layer's mixer (an adapter's MLP targets refused).
+        adapter_names={".mixer.": ".self_attn."},
     ),
     Family(
         name="Granite 3",
