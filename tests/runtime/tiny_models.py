@@ -537,10 +537,24 @@ FAMILY_VARIANTS: dict[str, tuple[type, str, dict]] = {
 }
 VARIANTS.update(FAMILY_VARIANTS)
 
-# Hybrid models, Mamba-2 layers beside attention ones: apart from VARIANTS, whose tests assume every
-# layer keeps KV (prefix caching, tensor parallelism); tests/runtime/engine/test_hybrid_mamba.py
-# has theirs. Granite 4.0-H's layout: NoPE attention, experts beside a shared MLP; two groups of
-# heads and transformers' scan in chunks of 8 tokens, so that a prompt spans several.
+# Qwen3.5's and Qwen3-Next's layers: two DeltaNet key heads shared by four value heads, around one
+# gated attention layer.
+_DELTANET_LAYERS = {
+    "num_hidden_layers": 3,
+    "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+    "head_dim": 32,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_conv_kernel_dim": 4,
+}
+
+# Hybrid models, recurrent layers (Mamba-2, gated DeltaNet, short convolutions) beside attention:
+# apart from VARIANTS, whose tests assume every layer keeps KV (prefix caching);
+# tests/runtime/engine/test_hybrid_models.py has theirs. Granite 4.0-H's layout: NoPE attention,
+# experts beside a shared MLP; two groups of heads and transformers' scan in chunks of 8 tokens, so
+# that a prompt spans several.
 HYBRID_VARIANTS: dict[str, tuple[type, str, dict]] = {
     "granite4_hybrid": (
         GraniteMoeHybridConfig,
@@ -568,14 +582,7 @@ HYBRID_VARIANTS: dict[str, tuple[type, str, dict]] = {
         Qwen3_5TextConfig,
         "chatml",
         {
-            "num_hidden_layers": 3,
-            "layer_types": ["linear_attention", "full_attention", "linear_attention"],
-            "head_dim": 32,
-            "linear_num_key_heads": 2,
-            "linear_num_value_heads": 4,
-            "linear_key_head_dim": 16,
-            "linear_value_head_dim": 16,
-            "linear_conv_kernel_dim": 4,
+            **_DELTANET_LAYERS,
             "rope_parameters": {
                 "rope_type": "default",
                 "rope_theta": 10000.0,
@@ -591,14 +598,7 @@ HYBRID_VARIANTS: dict[str, tuple[type, str, dict]] = {
         Qwen3NextConfig,
         "chatml",
         {
-            "num_hidden_layers": 3,
-            "layer_types": ["linear_attention", "full_attention", "linear_attention"],
-            "head_dim": 32,
-            "linear_num_key_heads": 2,
-            "linear_num_value_heads": 4,
-            "linear_key_head_dim": 16,
-            "linear_value_head_dim": 16,
-            "linear_conv_kernel_dim": 4,
+            **_DELTANET_LAYERS,
             "partial_rotary_factor": 0.25,
             "num_experts": 4,
             "num_experts_per_tok": 2,

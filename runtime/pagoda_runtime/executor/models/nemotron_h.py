@@ -27,7 +27,7 @@ from pagoda_runtime.contract.weight_layout import Shapes, attention_shapes, laye
 from pagoda_runtime.executor.kernels import AttentionOps
 from pagoda_runtime.executor.models import mamba2
 from pagoda_runtime.executor.models.decoder import CausalLM, Weight
-from pagoda_runtime.executor.models.hf_config import ConfigError, check_activation, field
+from pagoda_runtime.executor.models.hf_config import ConfigError, architecture_fields, check_activation, field
 from pagoda_runtime.executor.models.layers import Attention, RMSNorm, UngatedMLP, relu_squared
 from pagoda_runtime.executor.models.mamba2 import Mamba2Mixer
 
@@ -161,18 +161,10 @@ def config_from_hf(raw: dict[str, Any], architecture: str) -> ModelConfig:
         raise ConfigError(
             "needs both Mamba-2 and attention layers; Pagoda serves Nemotron-H's hybrid of the two"
         )
-    heads = field(raw, "num_attention_heads", FAMILY)
-    hidden = field(raw, "hidden_size", FAMILY)
+    # Its layer count is the pattern's (old configs also say num_hidden_layers).
+    fields = architecture_fields({**raw, "num_hidden_layers": len(kinds)}, FAMILY)
     arch = ModelArchitecture(
-        num_hidden_layers=len(kinds),
-        hidden_size=hidden,
-        intermediate_size=field(raw, "intermediate_size", FAMILY),
-        num_attention_heads=heads,
-        num_key_value_heads=raw.get("num_key_value_heads") or heads,
-        head_dim=raw.get("head_dim") or hidden // heads,
-        vocab_size=field(raw, "vocab_size", FAMILY),
-        max_position_embeddings=raw.get("max_position_embeddings", 4096),
-        tie_word_embeddings=raw.get("tie_word_embeddings", False),
+        **fields,
         layer_types=kinds,
         mamba_num_heads=field(raw, "mamba_num_heads", FAMILY),
         mamba_head_dim=field(raw, "mamba_head_dim", FAMILY),
