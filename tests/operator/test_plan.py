@@ -57,3 +57,24 @@ def test_a_gguf_file_is_sized_by_the_block_type_its_name_states():
     assert not q5_k_m.fits and q5_k_m.weight_bytes > q8.weight_bytes
     # Unnamed: sized as dequantized, the most any GGUF file can take.
     assert sized("file:///m/llama.gguf").weight_bytes == q5_k_m.weight_bytes
+
+
+def test_a_hybrids_recurrent_states_are_counted_for_every_running_sequence():
+    # Qwen3-Next-80B-A3B in int4 on two GPUs: 36 DeltaNet layers hold 18.8 MiB of states a sequence
+    # on each GPU (half the value heads), for maxNumSeqs sequences and two spares, from the start:
+    # 256 sequences need 27.8 GiB a GPU, 1024 need 42.0 GiB.
+    model = {"source": "pvc://models/qwen3-next", "family": "qwen3-next-80b-a3b", "maxModelLen": 32768}
+    resources = {"gpus": 2, "gpuMemory": "40Gi"}
+    few = spec(model=model, resources=resources, variants=[{"name": "q", "quantization": "int4"}])
+    many = spec(
+        model=model,
+        resources=resources,
+        variants=[{"name": "q", "quantization": "int4"}],
+        runtime={"maxNumSeqs": 1024},
+    )
+    small, large = plan_variant(few, few.variants[0]).fit, plan_variant(many, many.variants[0]).fit
+    per_sequence = 36 * ((2 * 16 * 128 + 32 * 128) // 2 * 3 + 16 * 128 * 128) * 2
+    assert large.state_bytes == (1024 + 2) * per_sequence
+    assert small.state_bytes == (few.runtime.max_num_seqs + 2) * per_sequence
+    assert small.fits and not large.fits
+    assert "recurrent states of the running sequences" in large.describe()
